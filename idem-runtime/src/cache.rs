@@ -1,0 +1,251 @@
+//! A bounded in-process cache of completed records, in front of any store.
+//!
+//! A completed record never changes before it expires, so replaying it from memory is as
+//! correct as reading it from the database, and much cheaper. Records in progress are never
+//! cached: their state is exactly what must be read from the shared store.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use hashbrown::HashTable;
+
+use crate::error::Result;
+use crate::fingerprint::Fingerprint;
+use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
+use crate::store::Store;
+
+const SHARDS: usize = 16;
+
+/// A store with a bounded cache of completed records in front of it. Off unless you wrap a store
+/// in it.
+///
+/// Entries live at most `ttl` (one minute unless set) and never longer than the retention the
+/// record was completed with; when a shard is full, its oldest entry goes first.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_runtime::{CachedStore, MemoryStore};
+///
+/// let store = CachedStore::new(MemoryStore::new(), 10_000).ttl(Duration::from_secs(30));
+/// ```
+#[derive(Clone)]
+pub struct CachedStore<S> {
+    inner: S,
+    cache: Arc<Cache>,
+}
+
+struct Cache {
+    shards: Box<[Mutex<Shard>]>,
+    per_shard: usize,
+    ttl: Duration,
+    hasher: hashbrown::DefaultHashBuilder,
+}
+
+#[derive(Default)]
+struct Shard {
+    table: HashTable<Entry>,
+    order: VecDeque<(u64, u64)>,
+    next_seq: u64,
+}
+
+struct Entry {
+    hash: u64,
+    seq: u64,
+    scope: Box<str>,
+    key: Box<str>,
+    fingerprint: Fingerprint,
+    response: StoredResponse,
+    until: Instant,
+}
+
+impl<S> fmt::Debug for CachedStore<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachedStore")
+            .field("capacity", &(self.cache.per_shard * SHARDS))
+            .field("ttl", &self.cache.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl<S: Store> CachedStore<S> {
+    /// Caches up to `capacity` completed records (at least one per shard) in front of `inner`.
+    pub fn new(inner: S, capacity: usize) -> Self {
+        CachedStore {
+            inner,
+            cache: Arc::new(Cache {
+                shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+                per_shard: capacity.div_ceil(SHARDS).max(1),
+                ttl: Duration::from_secs(60),
+                hasher: hashbrown::DefaultHashBuilder::default(),
+            }),
+        }
+    }
+
+    /// Sets how long an entry may be served from memory.
+    pub fn ttl(self, ttl: Duration) -> Self {
+        let cache = Cache {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            per_shard: self.cache.per_shard,
+            ttl,
+            hasher: hashbrown::DefaultHashBuilder::default(),
+        };
+        CachedStore {
+            inner: self.inner,
+            cache: Arc::new(cache),
+        }
+    }
+
+    /// The store behind the cache.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// How many records are cached.
+    pub fn cached(&self) -> usize {
+        self.cache.shards.iter().map(|s| lock(s).table.len()).sum()
+    }
+}
+
+impl Cache {
+    fn hash(&self, scope: &str, key: &str) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        scope.hash(&mut h);
+        key.hash(&mut h);
+        h.finish()
+    }
+
+    fn shard(&self, hash: u64) -> MutexGuard<'_, Shard> {
+        lock(&self.shards[(hash >> 48) as usize % SHARDS])
+    }
+
+    fn get(&self, scope: &str, key: &str, fp: &Fingerprint) -> Option<BeginOutcome> {
+        let hash = self.hash(scope, key);
+        let mut shard = self.shard(hash);
+        let now = Instant::now();
+        let found = shard
+            .table
+            .find_entry(hash, |e| &*e.scope == scope && &*e.key == key)
+            .ok()?;
+        if found.get().until <= now {
+            found.remove();
+            return None;
+        }
+        let e = found.get();
+        Some(if e.fingerprint == *fp {
+            BeginOutcome::Replay(e.response.clone())
+        } else {
+            BeginOutcome::KeyReused
+        })
+    }
+
+    fn put(
+        &self,
+        scope: &str,
+        key: &str,
+        fp: Fingerprint,
+        response: StoredResponse,
+        retain: Duration,
+    ) {
+        let hash = self.hash(scope, key);
+        let until = Instant::now() + retain.min(self.ttl);
+        let mut shard = self.shard(hash);
+        let shard = &mut *shard;
+        if let Ok(mut e) = shard
+            .table
+            .find_entry(hash, |e| &*e.scope == scope && &*e.key == key)
+        {
+            e.get_mut().until = until;
+            return;
+        }
+        while shard.table.len() >= self.per_shard {
+            let Some((old_hash, old_seq)) = shard.order.pop_front() else {
+                break;
+            };
+            if let Ok(e) = shard.table.find_entry(old_hash, |e| e.seq == old_seq) {
+                e.remove();
+            }
+        }
+        let seq = shard.next_seq;
+        shard.next_seq += 1;
+        shard.order.push_back((hash, seq));
+        shard.table.insert_unique(
+            hash,
+            Entry {
+                hash,
+                seq,
+                scope: scope.into(),
+                key: key.into(),
+                fingerprint: fp,
+                response,
+                until,
+            },
+            |e| e.hash,
+        );
+    }
+}
+
+impl<S: Store> Store for CachedStore<S> {
+    async fn begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
+        if let Some(hit) = self.cache.get(req.scope, req.key, req.fingerprint) {
+            return Ok(hit);
+        }
+        let outcome = self.inner.begin(req).await?;
+        if let BeginOutcome::Replay(stored) = &outcome {
+            self.cache.put(
+                req.scope,
+                req.key,
+                *req.fingerprint,
+                stored.clone(),
+                req.policy.retain,
+            );
+        }
+        Ok(outcome)
+    }
+
+    async fn complete(
+        &self,
+        claim: ClaimRef<'_>,
+        response: &StoredResponse,
+        retain: Duration,
+    ) -> Result<()> {
+        self.inner.complete(claim, response, retain).await
+        // Not cached here: the fingerprint is not part of a claim. The first replay caches it.
+    }
+
+    fn release(&self, claim: ClaimRef<'_>) -> impl Future<Output = Result<()>> + Send {
+        self.inner.release(claim)
+    }
+
+    fn checkpoint(
+        &self,
+        claim: ClaimRef<'_>,
+        recovery_point: &[u8],
+        lease: Duration,
+    ) -> impl Future<Output = Result<()>> + Send {
+        self.inner.checkpoint(claim, recovery_point, lease)
+    }
+
+    fn lookup(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<Record>>> + Send {
+        self.inner.lookup(scope, key)
+    }
+
+    fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send {
+        self.inner.purge_expired()
+    }
+
+    fn release_in_background(&self, scope: String, key: String, fence: u64) {
+        self.inner.release_in_background(scope, key, fence)
+    }
+}

@@ -1,0 +1,242 @@
+//! The one error type of idem, and what each variant means on the wire.
+
+use std::fmt;
+use std::time::Duration;
+
+/// A boxed error from a store's driver, kept as the source of [`Error::Unavailable`] and
+/// [`Error::Store`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `Result` with idem's [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong when guarding a request.
+///
+/// Each variant maps to an HTTP status ([`Error::status`]) and a stable machine-readable code
+/// ([`Error::code`]) without depending on any web framework; the `axum` feature renders them as
+/// RFC 9457 `application/problem+json`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The idempotency key is missing or malformed. Nothing was read from or written to the
+    /// store. HTTP 400, `INVALID_IDEMPOTENCY_KEY`.
+    #[error("invalid idempotency key: {0}")]
+    InvalidKey(#[from] KeyError),
+
+    /// A value placed into the scope template made the scope longer than a store can index.
+    /// HTTP 400, `INVALID_IDEMPOTENCY_SCOPE`.
+    #[error("invalid idempotency scope: {len} bytes, at most {max} allowed")]
+    InvalidScope {
+        /// Length of the rendered scope in bytes.
+        len: usize,
+        /// The limit, [`crate::scope::MAX_SCOPE_LEN`].
+        max: usize,
+    },
+
+    /// Another request with the same scope and key is still running. The client should retry
+    /// after `retry_after` and will then get the stored result. HTTP 409, `REQUEST_IN_PROGRESS`,
+    /// with a `Retry-After` header.
+    #[error("a request with this idempotency key is still in progress; retry in {retry_after:?}")]
+    InProgress {
+        /// How long until the running request's lease ends (at least one second).
+        retry_after: Duration,
+    },
+
+    /// The key was already used for a request with a different fingerprint (a different body or
+    /// different arguments). HTTP 422, `KEY_REUSED_WITH_DIFFERENT_BODY`.
+    #[error("the idempotency key was already used for a different request")]
+    KeyReused,
+
+    /// This attempt's claim was taken over: its lease ran out and a retry re-claimed the record
+    /// with a higher fence. Its completion, release or checkpoint was refused, so it overwrote
+    /// nothing; the new owner's result is the one clients will be given. HTTP 409,
+    /// `REQUEST_SUPERSEDED`.
+    #[error("the claim with fence {fence} was superseded by a newer attempt; nothing was written")]
+    FenceLost {
+        /// The fence this attempt held.
+        fence: u64,
+    },
+
+    /// The response could not be encoded for storage (its `Serialize` implementation failed).
+    /// HTTP 500, `IDEMPOTENCY_INTERNAL_ERROR`.
+    #[error("could not encode the response for storage: {0}")]
+    Encode(String),
+
+    /// A stored response could not be decoded into the handler's return type, typically after a
+    /// deploy changed that type incompatibly. HTTP 500, `IDEMPOTENCY_INTERNAL_ERROR`.
+    #[error("could not decode the stored response: {0}")]
+    Decode(String),
+
+    /// The store could not be reached or is overloaded (connection refused or dropped, pool
+    /// timeout, database shutting down, lock contention). Safe to retry with the same key.
+    /// HTTP 503, `IDEMPOTENCY_STORE_UNAVAILABLE`.
+    #[error("the idempotency store is unavailable: {0}")]
+    Unavailable(#[source] BoxError),
+
+    /// The store answered with an error that retrying will not fix (a missing table, a
+    /// permission error). HTTP 500, `IDEMPOTENCY_INTERNAL_ERROR`.
+    #[error("the idempotency store failed: {0}")]
+    Store(#[source] BoxError),
+
+    /// A guarded function has no `store = …` argument and no default store was installed with
+    /// [`crate::set_default_store`]. HTTP 500, `IDEMPOTENCY_INTERNAL_ERROR`.
+    #[error(
+        "no idempotency store: pass `store = …` to #[idempotent] or call idem::set_default_store at start-up"
+    )]
+    NoDefaultStore,
+
+    /// An argument of a store or configuration call was rejected (for example a table name that
+    /// is not an identifier). HTTP 500, `IDEMPOTENCY_INTERNAL_ERROR`.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+impl Error {
+    /// The HTTP status this error should produce: 400, 409, 422, 500 or 503.
+    pub fn status(&self) -> u16 {
+        match self {
+            Error::InvalidKey(_) | Error::InvalidScope { .. } => 400,
+            Error::InProgress { .. } | Error::FenceLost { .. } => 409,
+            Error::KeyReused => 422,
+            Error::Unavailable(_) => 503,
+            Error::Encode(_)
+            | Error::Decode(_)
+            | Error::Store(_)
+            | Error::NoDefaultStore
+            | Error::Config(_) => 500,
+        }
+    }
+
+    /// The stable machine-readable code of this error, as used in problem+json bodies.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::InvalidKey(_) => "INVALID_IDEMPOTENCY_KEY",
+            Error::InvalidScope { .. } => "INVALID_IDEMPOTENCY_SCOPE",
+            Error::InProgress { .. } => "REQUEST_IN_PROGRESS",
+            Error::KeyReused => "KEY_REUSED_WITH_DIFFERENT_BODY",
+            Error::FenceLost { .. } => "REQUEST_SUPERSEDED",
+            Error::Unavailable(_) => "IDEMPOTENCY_STORE_UNAVAILABLE",
+            Error::Encode(_)
+            | Error::Decode(_)
+            | Error::Store(_)
+            | Error::NoDefaultStore
+            | Error::Config(_) => "IDEMPOTENCY_INTERNAL_ERROR",
+        }
+    }
+
+    /// When the client should try again, if it should: the remaining lease for
+    /// [`Error::InProgress`], one second for [`Error::Unavailable`] and [`Error::FenceLost`].
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::InProgress { retry_after } => Some(*retry_after),
+            Error::Unavailable(_) | Error::FenceLost { .. } => Some(Duration::from_secs(1)),
+            _ => None,
+        }
+    }
+
+    /// Whether repeating the same request with the same key can succeed.
+    pub fn is_retryable(&self) -> bool {
+        self.retry_after().is_some()
+    }
+}
+
+/// Why a key was rejected. Carried by [`Error::InvalidKey`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// No key was sent (for HTTP: no `Idempotency-Key` header).
+    Missing,
+    /// The key is the empty string.
+    Empty,
+    /// The key is longer than the policy allows.
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The policy's maximum.
+        max: usize,
+    },
+    /// The key holds a byte that is not visible ASCII (a control character, a space, or
+    /// non-ASCII).
+    InvalidByte {
+        /// Offset of the first offending byte.
+        index: usize,
+    },
+    /// The policy requires a UUID and the key is not one.
+    NotUuid,
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyError::Missing => f.write_str("no idempotency key was given"),
+            KeyError::Empty => f.write_str("the key is empty"),
+            KeyError::TooLong { len, max } => {
+                write!(f, "the key is {len} bytes long, at most {max} are allowed")
+            }
+            KeyError::InvalidByte { index } => write!(
+                f,
+                "the key must be visible ASCII (0x21..=0x7E); byte {index} is not"
+            ),
+            KeyError::NotUuid => f.write_str(
+                "the key must be a UUID (8-4-4-4-12 hexadecimal digits, e.g. 0b2c1c6e-1f7b-4f0f-9d3a-8f2f6f0a1111)",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_and_codes() {
+        let cases: Vec<(Error, u16, &str)> = vec![
+            (
+                Error::InvalidKey(KeyError::Empty),
+                400,
+                "INVALID_IDEMPOTENCY_KEY",
+            ),
+            (
+                Error::InvalidScope {
+                    len: 2000,
+                    max: 1024,
+                },
+                400,
+                "INVALID_IDEMPOTENCY_SCOPE",
+            ),
+            (
+                Error::InProgress {
+                    retry_after: Duration::from_secs(3),
+                },
+                409,
+                "REQUEST_IN_PROGRESS",
+            ),
+            (Error::KeyReused, 422, "KEY_REUSED_WITH_DIFFERENT_BODY"),
+            (Error::FenceLost { fence: 2 }, 409, "REQUEST_SUPERSEDED"),
+            (
+                Error::Unavailable("down".into()),
+                503,
+                "IDEMPOTENCY_STORE_UNAVAILABLE",
+            ),
+            (
+                Error::Store("no table".into()),
+                500,
+                "IDEMPOTENCY_INTERNAL_ERROR",
+            ),
+        ];
+        for (err, status, code) in cases {
+            assert_eq!(err.status(), status, "{err}");
+            assert_eq!(err.code(), code, "{err}");
+        }
+        assert_eq!(
+            Error::InProgress {
+                retry_after: Duration::from_secs(3)
+            }
+            .retry_after(),
+            Some(Duration::from_secs(3))
+        );
+        assert!(!Error::KeyReused.is_retryable());
+    }
+}

@@ -1,0 +1,86 @@
+//! The runtime of [idem](https://docs.rs/idem): keys, scopes, fingerprints, the idempotency
+//! record lifecycle and the stores that keep records.
+//!
+//! Applications depend on the `idem` crate, which re-exports everything here together with the
+//! `#[idempotent]` and `#[state_transition]` macros. This crate is what the macros expand to, and
+//! the API for guarding an operation by hand:
+//!
+//! ```
+//! use idem_runtime::{begin, Begun, Fingerprint, Key, MemoryStore, Policy, StoredResponse};
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let store = MemoryStore::new();
+//! let key = Key::parse("order-7f3a")?;
+//! let fp = Fingerprint::of(&("sku-9001", 2))?;
+//! if let Begun::Claimed(guard) = begin(&store, "order:u1".into(), key, fp, Policy::DEFAULT).await? {
+//!     guard.complete(&StoredResponse::ok(b"{\"orderNo\":\"A1\"}".to_vec())).await?;
+//! }
+//! # Ok::<(), idem_runtime::Error>(())
+//! # }).unwrap();
+//! ```
+//!
+//! # Features
+//!
+//! - `sqlite` (default): [`SqliteStore`], bundled SQLite through sqlx.
+//! - `postgres`: [`PgStore`].
+//! - `axum`: the `http` module: the `IdempotencyKey` extractor, problem+json errors, replay
+//!   headers.
+//! - `metrics`: counters for every outcome through the `metrics` facade.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(
+    missing_docs,
+    unreachable_pub,
+    missing_debug_implementations,
+    rust_2018_idioms
+)]
+#![forbid(unsafe_code)]
+
+pub mod cache;
+pub mod clock;
+mod default_store;
+pub mod error;
+pub mod fingerprint;
+pub mod guard;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub mod http;
+pub mod key;
+mod lifecycle;
+mod observe;
+pub mod record;
+pub mod replay;
+pub mod scope;
+pub mod store;
+pub mod sweeper;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod transactional;
+
+#[doc(hidden)]
+pub mod private;
+
+pub use crate::cache::CachedStore;
+pub use crate::clock::{Clock, ManualClock, SystemClock};
+pub use crate::default_store::{default_store, set_default_store};
+pub use crate::error::{BoxError, Error, KeyError, Result};
+pub use crate::fingerprint::{Fingerprint, Fingerprinter};
+pub use crate::guard::{Begun, Guard, begin, downstream_key};
+pub use crate::key::{Key, KeyPolicy, ToKey};
+pub use crate::record::{
+    BeginOutcome, BeginRequest, ClaimRef, Claimed, ExpiredLease, Policy, Record, RecordState,
+    StoredResponse,
+};
+pub use crate::replay::{FinalError, Idempotent, Replay};
+pub use crate::scope::ScopeBuilder;
+pub use crate::store::memory::MemoryStore;
+pub use crate::store::{DynStore, SharedStore, Store};
+pub use crate::sweeper::{Sweeper, spawn_sweeper};
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use crate::store::TxStore;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use crate::store::postgres::PgStore;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use crate::store::sqlite::SqliteStore;

@@ -1,0 +1,55 @@
+//! Tracing events, and `metrics` counters behind the `metrics` feature, for every outcome.
+//!
+//! Counter: `idem_outcomes_total`, label `outcome` = `claimed`, `reclaimed`, `replayed`,
+//! `in_progress`, `key_reused`, `completed`, `released`, `fence_lost`, `store_error`.
+
+/// One outcome of the record lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Claimed,
+    Reclaimed,
+    Replayed,
+    InProgress,
+    KeyReused,
+    Completed,
+    Released,
+    FenceLost,
+    StoreError,
+}
+
+impl Outcome {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Claimed => "claimed",
+            Outcome::Reclaimed => "reclaimed",
+            Outcome::Replayed => "replayed",
+            Outcome::InProgress => "in_progress",
+            Outcome::KeyReused => "key_reused",
+            Outcome::Completed => "completed",
+            Outcome::Released => "released",
+            Outcome::FenceLost => "fence_lost",
+            Outcome::StoreError => "store_error",
+        }
+    }
+}
+
+/// Records `outcome` for `(scope, key)` at the level it deserves.
+pub(crate) fn record(outcome: Outcome, scope: &str, key: &str, fence: u64) {
+    let name = outcome.as_str();
+    match outcome {
+        Outcome::Claimed | Outcome::Completed | Outcome::Replayed => {
+            tracing::debug!(target: "idem", outcome = name, scope, key, fence)
+        }
+        Outcome::InProgress | Outcome::Released => {
+            tracing::info!(target: "idem", outcome = name, scope, key, fence)
+        }
+        Outcome::KeyReused | Outcome::Reclaimed => {
+            tracing::warn!(target: "idem", outcome = name, scope, key, fence)
+        }
+        Outcome::FenceLost | Outcome::StoreError => {
+            tracing::error!(target: "idem", outcome = name, scope, key, fence)
+        }
+    }
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idem_outcomes_total", "outcome" => name).increment(1);
+}

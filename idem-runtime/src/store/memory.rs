@@ -1,0 +1,308 @@
+//! The in-memory store: for tests and single-process services.
+
+use std::fmt;
+use std::future::{Future, ready};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry as TableEntry;
+
+use crate::clock::{Clock, SystemClock, duration_ms};
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::lifecycle::{Decision, Seen, SeenState, decide};
+use crate::record::{
+    BeginOutcome, BeginRequest, ClaimRef, Claimed, Record, RecordState, StoredResponse,
+};
+use crate::store::Store;
+
+const SHARDS: usize = 64;
+
+/// A concurrent in-memory store.
+///
+/// Records are spread over 64 independently locked shards by a hash of `(scope, key)`; every
+/// operation holds one shard lock for a few hundred nanoseconds and never across an `.await`.
+/// Time comes from an injectable [`Clock`], so tests can expire leases and retention without
+/// sleeping. Clones share the same records.
+///
+/// ```
+/// # tokio_test_block_on(async {
+/// use idem_runtime::store::memory::MemoryStore;
+/// let store = MemoryStore::new();
+/// # });
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) { tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f); }
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shards: Box<[Mutex<HashTable<Entry>>]>,
+    hasher: hashbrown::DefaultHashBuilder,
+    clock: Arc<dyn Clock>,
+}
+
+struct Entry {
+    hash: u64,
+    scope: Box<str>,
+    key: Box<str>,
+    fingerprint: Fingerprint,
+    state: State,
+    fence: u64,
+    lease_until: i64,
+    expires_at: i64,
+    recovery_point: Option<Vec<u8>>,
+    response: Option<StoredResponse>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    InProgress,
+    Completed,
+    /// Released by its owner: free for the next claim, but kept so that fences keep growing.
+    Released,
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("records", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store on the system clock.
+    pub fn new() -> Self {
+        MemoryStore::with_clock(SystemClock)
+    }
+
+    /// An empty store on `clock` (a [`ManualClock`](crate::clock::ManualClock) in tests).
+    pub fn with_clock(clock: impl Clock) -> Self {
+        MemoryStore {
+            inner: Arc::new(Inner {
+                shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
+                hasher: hashbrown::DefaultHashBuilder::default(),
+                clock: Arc::new(clock),
+            }),
+        }
+    }
+
+    /// How many records are held, released and expired ones included until purged.
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    /// Whether no records are held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn hash(&self, scope: &str, key: &str) -> u64 {
+        let mut h = self.inner.hasher.build_hasher();
+        scope.hash(&mut h);
+        key.hash(&mut h);
+        h.finish()
+    }
+
+    fn shard(&self, hash: u64) -> MutexGuard<'_, HashTable<Entry>> {
+        // The high bits pick the shard; hashbrown uses the low bits and the top 7 for control.
+        lock(&self.inner.shards[(hash >> 48) as usize % SHARDS])
+    }
+
+    /// Runs `f` on the live entry owned by `claim`, or reports the fence lost.
+    fn with_owned<T>(
+        &self,
+        claim: ClaimRef<'_>,
+        f: impl FnOnce(&mut Entry, i64) -> T,
+    ) -> Result<T> {
+        let now = self.inner.clock.now_ms();
+        let hash = self.hash(claim.scope, claim.key);
+        let mut shard = self.shard(hash);
+        match shard.find_mut(hash, |e| &*e.scope == claim.scope && &*e.key == claim.key) {
+            Some(e)
+                if e.fence == claim.fence && e.state == State::InProgress && e.expires_at > now =>
+            {
+                Ok(f(e, now))
+            }
+            _ => Err(Error::FenceLost { fence: claim.fence }),
+        }
+    }
+
+    fn begin_now(&self, req: BeginRequest<'_>) -> BeginOutcome {
+        let now = self.inner.clock.now_ms();
+        let lease = duration_ms(req.policy.lease);
+        let retain = duration_ms(req.policy.retain);
+        let hash = self.hash(req.scope, req.key);
+        let mut shard = self.shard(hash);
+        let entry = shard.entry(
+            hash,
+            |e| &*e.scope == req.scope && &*e.key == req.key,
+            |e| e.hash,
+        );
+        let e = match entry {
+            TableEntry::Vacant(v) => {
+                v.insert(Entry {
+                    hash,
+                    scope: req.scope.into(),
+                    key: req.key.into(),
+                    fingerprint: *req.fingerprint,
+                    state: State::InProgress,
+                    fence: 1,
+                    lease_until: now.saturating_add(lease),
+                    expires_at: now.saturating_add(retain),
+                    recovery_point: None,
+                    response: None,
+                });
+                return BeginOutcome::Claimed(Claimed {
+                    fence: 1,
+                    reclaimed: false,
+                    recovery_point: None,
+                });
+            }
+            TableEntry::Occupied(o) => o.into_mut(),
+        };
+        let seen = Seen {
+            state: match e.state {
+                State::InProgress => SeenState::InProgress,
+                State::Completed => SeenState::Completed,
+                State::Released => SeenState::Released,
+            },
+            same_fingerprint: e.fingerprint == *req.fingerprint,
+            expired: e.expires_at <= now,
+            lease_left_ms: e.lease_until - now,
+        };
+        let (reclaim, keep_point) = match decide(seen, req.policy) {
+            Decision::Claim {
+                reclaim,
+                keep_recovery_point,
+            } => (reclaim, keep_recovery_point),
+            Decision::Replay => {
+                return BeginOutcome::Replay(
+                    e.response
+                        .clone()
+                        .unwrap_or_else(|| StoredResponse::ok(Vec::new())),
+                );
+            }
+            Decision::InProgress(retry_after) => return BeginOutcome::InProgress { retry_after },
+            Decision::KeyReused => return BeginOutcome::KeyReused,
+        };
+        // A fresh claim over an expired or released record, or a take-over of an abandoned one.
+        // The fence keeps growing either way, so no earlier owner can write again.
+        e.fence += 1;
+        e.fingerprint = *req.fingerprint;
+        e.state = State::InProgress;
+        e.lease_until = now.saturating_add(lease);
+        e.expires_at = now.saturating_add(retain);
+        e.response = None;
+        if !keep_point {
+            e.recovery_point = None;
+        }
+        BeginOutcome::Claimed(Claimed {
+            fence: e.fence,
+            reclaimed: reclaim,
+            recovery_point: e.recovery_point.clone(),
+        })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a shard lock cannot leave an entry half-written (every update is a
+    // handful of plain assignments), so a poisoned lock is still consistent.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Store for MemoryStore {
+    fn begin(&self, req: BeginRequest<'_>) -> impl Future<Output = Result<BeginOutcome>> + Send {
+        ready(Ok(self.begin_now(req)))
+    }
+
+    fn complete(
+        &self,
+        claim: ClaimRef<'_>,
+        response: &StoredResponse,
+        retain: Duration,
+    ) -> impl Future<Output = Result<()>> + Send {
+        ready(self.with_owned(claim, |e, now| {
+            e.state = State::Completed;
+            e.response = Some(response.clone());
+            e.recovery_point = None;
+            e.expires_at = now.saturating_add(duration_ms(retain));
+        }))
+    }
+
+    fn release(&self, claim: ClaimRef<'_>) -> impl Future<Output = Result<()>> + Send {
+        ready(self.with_owned(claim, |e, _| e.state = State::Released))
+    }
+
+    fn checkpoint(
+        &self,
+        claim: ClaimRef<'_>,
+        recovery_point: &[u8],
+        lease: Duration,
+    ) -> impl Future<Output = Result<()>> + Send {
+        ready(self.with_owned(claim, |e, now| {
+            e.recovery_point = Some(recovery_point.to_vec());
+            e.lease_until = now.saturating_add(duration_ms(lease));
+        }))
+    }
+
+    fn lookup(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<Record>>> + Send {
+        let now = self.inner.clock.now_ms();
+        let hash = self.hash(scope, key);
+        let shard = self.shard(hash);
+        let found = shard
+            .find(hash, |e| &*e.scope == scope && &*e.key == key)
+            .filter(|e| e.expires_at > now && e.state != State::Released)
+            .map(|e| Record {
+                fingerprint: e.fingerprint,
+                state: match e.state {
+                    State::Completed => RecordState::Completed,
+                    _ => RecordState::InProgress,
+                },
+                fence: e.fence,
+                response: e.response.clone(),
+                lease_remaining: (e.state == State::InProgress).then(|| {
+                    Duration::from_millis(e.lease_until.saturating_sub(now).max(0) as u64)
+                }),
+            });
+        ready(Ok(found))
+    }
+
+    fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send {
+        let now = self.inner.clock.now_ms();
+        let mut purged = 0u64;
+        for shard in self.inner.shards.iter() {
+            let mut shard = lock(shard);
+            let before = shard.len();
+            shard.retain(|e| e.expires_at > now);
+            purged += (before - shard.len()) as u64;
+        }
+        ready(Ok(purged))
+    }
+
+    fn release_in_background(&self, scope: String, key: String, fence: u64) {
+        // In memory, releasing is immediate and cannot block.
+        let _ = self.with_owned(
+            ClaimRef {
+                scope: &scope,
+                key: &key,
+                fence,
+            },
+            |e, _| e.state = State::Released,
+        );
+    }
+}

@@ -1,0 +1,209 @@
+//! Stores: where records live. One trait, three implementations, one conformance suite.
+//!
+//! The trait does not assume SQL: a store only needs an atomic "insert if absent", a
+//! compare-and-swap on the fence, and a clock of its own. Concurrency is decided by those
+//! primitives (a unique index and `INSERT … ON CONFLICT`, an `UPDATE … WHERE fence = $n`, a
+//! locked compare-and-swap in memory), never by read-then-write in the caller.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
+
+pub mod memory;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) mod sql;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub mod sqlite;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod tx;
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use tx::TxStore;
+
+/// A place where idempotency records live.
+///
+/// Every write after `begin` is conditional on the fence `begin` handed out: a caller whose
+/// claim was taken over gets [`Error::FenceLost`](crate::Error::FenceLost) and changes nothing.
+/// Implementations must pass the conformance suite in `tests/conformance.rs`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an idempotency store",
+    label = "not a store",
+    note = "pass a store by place (`store = app.idem`, not `store = &app.idem`): idem clones the handle, which is cheap",
+    note = "stores are `idem::MemoryStore`, `idem::SqliteStore`, `idem::PgStore` or a type implementing `idem::Store`"
+)]
+pub trait Store: Send + Sync + 'static {
+    /// Claims the record for `(scope, key)`, or reports why not: replay, in progress, key
+    /// reused. Takes over an abandoned claim (fence + 1) when the policy allows.
+    fn begin(&self, req: BeginRequest<'_>) -> impl Future<Output = Result<BeginOutcome>> + Send;
+
+    /// Stores the response and marks the record completed, if `claim.fence` still owns it.
+    fn complete(
+        &self,
+        claim: ClaimRef<'_>,
+        response: &StoredResponse,
+        retain: Duration,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Gives the claim up so that a retry can run, if `claim.fence` still owns it.
+    fn release(&self, claim: ClaimRef<'_>) -> impl Future<Output = Result<()>> + Send;
+
+    /// Records how far the side effect got and renews the lease, if `claim.fence` still owns
+    /// the record.
+    fn checkpoint(
+        &self,
+        claim: ClaimRef<'_>,
+        recovery_point: &[u8],
+        lease: Duration,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// The live record for `(scope, key)`, if any: for clients asking "did my request happen?".
+    fn lookup(&self, scope: &str, key: &str)
+    -> impl Future<Output = Result<Option<Record>>> + Send;
+
+    /// Deletes every record whose retention has ended; returns how many.
+    fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Releases a claim from a context that cannot wait (a guard dropped by a panic or a
+    /// cancelled future). Must not block; stores that do I/O spawn it on the current Tokio
+    /// runtime.
+    fn release_in_background(&self, scope: String, key: String, fence: u64);
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The object-safe form of [`Store`], for a store chosen at run time (see [`SharedStore`]).
+/// Implemented for every [`Store`].
+pub trait DynStore: Send + Sync + 'static {
+    /// See [`Store::begin`].
+    fn begin_dyn<'a>(&'a self, req: BeginRequest<'a>) -> BoxFuture<'a, Result<BeginOutcome>>;
+    /// See [`Store::complete`].
+    fn complete_dyn<'a>(
+        &'a self,
+        claim: ClaimRef<'a>,
+        response: &'a StoredResponse,
+        retain: Duration,
+    ) -> BoxFuture<'a, Result<()>>;
+    /// See [`Store::release`].
+    fn release_dyn<'a>(&'a self, claim: ClaimRef<'a>) -> BoxFuture<'a, Result<()>>;
+    /// See [`Store::checkpoint`].
+    fn checkpoint_dyn<'a>(
+        &'a self,
+        claim: ClaimRef<'a>,
+        recovery_point: &'a [u8],
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<()>>;
+    /// See [`Store::lookup`].
+    fn lookup_dyn<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Record>>>;
+    /// See [`Store::purge_expired`].
+    fn purge_expired_dyn(&self) -> BoxFuture<'_, Result<u64>>;
+    /// See [`Store::release_in_background`].
+    fn release_in_background_dyn(&self, scope: String, key: String, fence: u64);
+}
+
+impl<S: Store> DynStore for S {
+    fn begin_dyn<'a>(&'a self, req: BeginRequest<'a>) -> BoxFuture<'a, Result<BeginOutcome>> {
+        Box::pin(self.begin(req))
+    }
+    fn complete_dyn<'a>(
+        &'a self,
+        claim: ClaimRef<'a>,
+        response: &'a StoredResponse,
+        retain: Duration,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.complete(claim, response, retain))
+    }
+    fn release_dyn<'a>(&'a self, claim: ClaimRef<'a>) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.release(claim))
+    }
+    fn checkpoint_dyn<'a>(
+        &'a self,
+        claim: ClaimRef<'a>,
+        recovery_point: &'a [u8],
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.checkpoint(claim, recovery_point, lease))
+    }
+    fn lookup_dyn<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Record>>> {
+        Box::pin(self.lookup(scope, key))
+    }
+    fn purge_expired_dyn(&self) -> BoxFuture<'_, Result<u64>> {
+        Box::pin(self.purge_expired())
+    }
+    fn release_in_background_dyn(&self, scope: String, key: String, fence: u64) {
+        self.release_in_background(scope, key, fence)
+    }
+}
+
+/// A store behind an `Arc<dyn DynStore>`: any store, chosen at run time, cheap to clone.
+///
+/// This is what [`set_default_store`](crate::set_default_store) installs. Each call boxes its
+/// future; name a concrete store (`store = …`) on hot paths.
+#[derive(Clone)]
+pub struct SharedStore(Arc<dyn DynStore>);
+
+impl std::fmt::Debug for SharedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedStore")
+    }
+}
+
+impl SharedStore {
+    /// Wraps a store.
+    pub fn new<S: Store>(store: S) -> Self {
+        SharedStore(Arc::new(store))
+    }
+}
+
+impl Store for SharedStore {
+    fn begin(&self, req: BeginRequest<'_>) -> impl Future<Output = Result<BeginOutcome>> + Send {
+        async move { self.0.begin_dyn(req).await }
+    }
+    fn complete(
+        &self,
+        claim: ClaimRef<'_>,
+        response: &StoredResponse,
+        retain: Duration,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async move { self.0.complete_dyn(claim, response, retain).await }
+    }
+    fn release(&self, claim: ClaimRef<'_>) -> impl Future<Output = Result<()>> + Send {
+        async move { self.0.release_dyn(claim).await }
+    }
+    fn checkpoint(
+        &self,
+        claim: ClaimRef<'_>,
+        recovery_point: &[u8],
+        lease: Duration,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async move { self.0.checkpoint_dyn(claim, recovery_point, lease).await }
+    }
+    fn lookup(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<Record>>> + Send {
+        async move { self.0.lookup_dyn(scope, key).await }
+    }
+    fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send {
+        self.0.purge_expired_dyn()
+    }
+    fn release_in_background(&self, scope: String, key: String, fence: u64) {
+        self.0.release_in_background_dyn(scope, key, fence)
+    }
+}

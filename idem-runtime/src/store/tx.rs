@@ -1,0 +1,61 @@
+//! The transactional mode of the SQL stores.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
+use crate::store::Store;
+
+/// A store that can claim and complete inside the caller's database transaction.
+///
+/// Claim, business writes and completion then commit together: one commit makes the record and
+/// the effects durable, a rollback leaves neither, and a concurrent duplicate's claim waits on
+/// the record's unique index until the first transaction ends, then replays (or claims, if it
+/// rolled back). The mode adds no commit of its own.
+///
+/// `#[idempotent(…, transaction = tx)]` uses this trait; by hand:
+///
+/// ```no_run
+/// # async fn f(store: idem_runtime::SqliteStore, req: idem_runtime::BeginRequest<'_>) -> idem_runtime::Result<()> {
+/// use idem_runtime::{BeginOutcome, ClaimRef, StoredResponse, TxStore};
+/// let mut tx = store.begin_transaction().await?;
+/// if let BeginOutcome::Claimed(c) = store.begin_in(&mut tx, req).await? {
+///     sqlx::query("INSERT INTO orders (order_no) VALUES ('A1')").execute(&mut *tx).await.ok();
+///     let claim = ClaimRef { scope: req.scope, key: req.key, fence: c.fence };
+///     store.complete_in(&mut tx, claim, &StoredResponse::ok(b"{}".to_vec()), req.policy.retain).await?;
+///     tx.commit().await.map_err(|e| idem_runtime::Error::Unavailable(e.into()))?;
+/// }
+/// # Ok(()) }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run a guarded body inside a database transaction",
+    label = "not a transactional store",
+    note = "`transaction = …` needs `idem::SqliteStore` or `idem::PgStore`"
+)]
+pub trait TxStore: Store {
+    /// The sqlx database.
+    type Database: sqlx::Database;
+
+    /// Opens a transaction suited to a guarded body on this store's pool (SQLite:
+    /// `BEGIN IMMEDIATE`, so that two writers cannot deadlock on a lock upgrade).
+    fn begin_transaction(
+        &self,
+    ) -> impl Future<Output = Result<sqlx::Transaction<'static, Self::Database>>> + Send;
+
+    /// [`Store::begin`], inside the caller's transaction.
+    fn begin_in(
+        &self,
+        conn: &mut <Self::Database as sqlx::Database>::Connection,
+        req: BeginRequest<'_>,
+    ) -> impl Future<Output = Result<BeginOutcome>> + Send;
+
+    /// [`Store::complete`], inside the caller's transaction.
+    fn complete_in(
+        &self,
+        conn: &mut <Self::Database as sqlx::Database>::Connection,
+        claim: ClaimRef<'_>,
+        response: &StoredResponse,
+        retain: Duration,
+    ) -> impl Future<Output = Result<()>> + Send;
+}
