@@ -1,0 +1,311 @@
+//! Runtime pieces around the stores: cache, sweeper, downstream keys, table names, default
+//! store, the high-level guard.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem::{
+    BeginOutcome, BeginRequest, Begun, CachedStore, ClaimRef, Error, Fingerprint, Key, ManualClock,
+    MemoryStore, Policy, Record, SqliteStore, Store, StoredResponse,
+};
+
+/// A store that counts how often `begin` reaches it.
+#[derive(Clone)]
+struct Counting<S> {
+    inner: S,
+    begins: Arc<AtomicUsize>,
+}
+
+impl<S: Store> Store for Counting<S> {
+    async fn begin(&self, req: BeginRequest<'_>) -> idem::Result<BeginOutcome> {
+        self.begins.fetch_add(1, Ordering::SeqCst);
+        self.inner.begin(req).await
+    }
+    async fn complete(&self, c: ClaimRef<'_>, r: &StoredResponse, d: Duration) -> idem::Result<()> {
+        self.inner.complete(c, r, d).await
+    }
+    async fn release(&self, c: ClaimRef<'_>) -> idem::Result<()> {
+        self.inner.release(c).await
+    }
+    async fn checkpoint(&self, c: ClaimRef<'_>, p: &[u8], d: Duration) -> idem::Result<()> {
+        self.inner.checkpoint(c, p, d).await
+    }
+    async fn lookup(&self, s: &str, k: &str) -> idem::Result<Option<Record>> {
+        self.inner.lookup(s, k).await
+    }
+    async fn purge_expired(&self) -> idem::Result<u64> {
+        self.inner.purge_expired().await
+    }
+    fn release_in_background(&self, s: String, k: String, f: u64) {
+        self.inner.release_in_background(s, k, f)
+    }
+}
+
+fn req<'a>(key: &'a Key, fp: &'a Fingerprint) -> BeginRequest<'a> {
+    BeginRequest {
+        scope: "s",
+        key: key.as_str(),
+        fingerprint: fp,
+        policy: &Policy::DEFAULT,
+    }
+}
+
+#[tokio::test]
+async fn cache_serves_completed_records_and_never_in_progress_ones() {
+    let begins = Arc::new(AtomicUsize::new(0));
+    let store = CachedStore::new(
+        Counting {
+            inner: MemoryStore::new(),
+            begins: begins.clone(),
+        },
+        100,
+    );
+    let k = Key::parse("k").unwrap();
+    let f = Fingerprint::of("a").unwrap();
+    let c = match store.begin(req(&k, &f)).await.unwrap() {
+        BeginOutcome::Claimed(c) => c,
+        other => panic!("{other:?}"),
+    };
+    // In progress: every attempt asks the store.
+    for _ in 0..3 {
+        assert!(matches!(
+            store.begin(req(&k, &f)).await.unwrap(),
+            BeginOutcome::InProgress { .. }
+        ));
+    }
+    assert_eq!(begins.load(Ordering::SeqCst), 4);
+    store
+        .complete(
+            ClaimRef {
+                scope: "s",
+                key: "k",
+                fence: c.fence,
+            },
+            &StoredResponse::ok(b"r".to_vec()),
+            Policy::DEFAULT.retain,
+        )
+        .await
+        .unwrap();
+    // The first replay reads the store, the rest come from memory.
+    for _ in 0..5 {
+        match store.begin(req(&k, &f)).await.unwrap() {
+            BeginOutcome::Replay(r) => assert_eq!(r.body, b"r"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(begins.load(Ordering::SeqCst), 5);
+    assert_eq!(store.cached(), 1);
+    // Key reuse is answered from the cache too.
+    let other = Fingerprint::of("b").unwrap();
+    assert_eq!(
+        store.begin(req(&k, &other)).await.unwrap(),
+        BeginOutcome::KeyReused
+    );
+    assert_eq!(begins.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test]
+async fn cache_is_bounded_and_expires() {
+    let store = CachedStore::new(MemoryStore::new(), 16).ttl(Duration::from_millis(100));
+    let f = Fingerprint::of("a").unwrap();
+    for i in 0..200 {
+        let k = Key::parse(&format!("k{i}")).unwrap();
+        let BeginOutcome::Claimed(c) = store.begin(req(&k, &f)).await.unwrap() else {
+            panic!()
+        };
+        let claim = ClaimRef {
+            scope: "s",
+            key: k.as_str(),
+            fence: c.fence,
+        };
+        store
+            .complete(claim, &StoredResponse::ok(vec![]), Policy::DEFAULT.retain)
+            .await
+            .unwrap();
+        store.begin(req(&k, &f)).await.unwrap();
+    }
+    assert!(store.cached() <= 16, "{} cached", store.cached());
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let k = Key::parse("k199").unwrap();
+    // Expired from the cache, still replayed from the store.
+    assert!(matches!(
+        store.begin(req(&k, &f)).await.unwrap(),
+        BeginOutcome::Replay(_)
+    ));
+}
+
+#[tokio::test]
+async fn sweeper_purges_in_the_background() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let policy = Policy::DEFAULT.retain(Duration::from_secs(60));
+    let k = Key::parse("k").unwrap();
+    let f = Fingerprint::of("a").unwrap();
+    let r = BeginRequest {
+        scope: "s",
+        key: "k",
+        fingerprint: &f,
+        policy: &policy,
+    };
+    let BeginOutcome::Claimed(c) = store.begin(r).await.unwrap() else {
+        panic!()
+    };
+    store
+        .complete(
+            ClaimRef {
+                scope: "s",
+                key: k.as_str(),
+                fence: c.fence,
+            },
+            &StoredResponse::ok(vec![]),
+            policy.retain,
+        )
+        .await
+        .unwrap();
+    let _sweeper = idem::spawn_sweeper(store.clone(), Duration::from_millis(20));
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(store.len(), 1, "not expired yet");
+    clock.advance(Duration::from_secs(61));
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while store.len() > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(store.len(), 0, "the sweeper purged the expired record");
+}
+
+#[tokio::test]
+async fn downstream_keys_are_stable_per_request_and_distinct_per_step() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let key = Key::parse("k").unwrap();
+    let f = Fingerprint::of("a").unwrap();
+    let policy = Policy::DEFAULT.lease(Duration::from_secs(1));
+    let Begun::Claimed(first) = idem::begin(&store, "refund:A1".into(), key.clone(), f, policy)
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    let charge = first.downstream_key("charge");
+    assert_ne!(charge, first.downstream_key("notify"));
+    assert!(
+        charge.starts_with("idem-") && charge.len() == 37,
+        "{charge}"
+    );
+    std::mem::forget(first); // a crashed owner: its claim is never released
+    clock.advance(Duration::from_secs(2));
+    let Begun::Claimed(second) = idem::begin(&store, "refund:A1".into(), key.clone(), f, policy)
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert!(second.is_reclaim());
+    assert_eq!(
+        second.downstream_key("charge"),
+        charge,
+        "a take-over repeats the same downstream call"
+    );
+    assert_ne!(idem::downstream_key("refund:A2", "k", "charge"), charge);
+    assert_ne!(idem::downstream_key("refund:A1", "k2", "charge"), charge);
+}
+
+#[tokio::test]
+async fn guard_checkpoint_then_complete() {
+    let store = MemoryStore::new();
+    let key = Key::parse("k").unwrap();
+    let f = Fingerprint::of("a").unwrap();
+    let Begun::Claimed(mut g) = idem::begin(&store, "s".into(), key.clone(), f, Policy::DEFAULT)
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    g.checkpoint(b"step-1").await.unwrap();
+    g.complete(&StoredResponse::ok(b"ok".to_vec()))
+        .await
+        .unwrap();
+    match idem::begin(&store, "s".into(), key, f, Policy::DEFAULT)
+        .await
+        .unwrap()
+    {
+        Begun::Replay(r) => assert_eq!(r.body, b"ok"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn high_level_begin_reports_in_progress_and_reuse_as_errors() {
+    let store = MemoryStore::new();
+    let key = Key::parse("k").unwrap();
+    let f = Fingerprint::of("a").unwrap();
+    let _g = idem::begin(&store, "s".into(), key.clone(), f, Policy::DEFAULT)
+        .await
+        .unwrap();
+    match idem::begin(&store, "s".into(), key.clone(), f, Policy::DEFAULT).await {
+        Err(Error::InProgress { retry_after }) => assert!(retry_after >= Duration::from_secs(1)),
+        other => panic!("{other:?}"),
+    }
+    let other = Fingerprint::of("b").unwrap();
+    assert!(matches!(
+        idem::begin(&store, "s".into(), key, other, Policy::DEFAULT).await,
+        Err(Error::KeyReused)
+    ));
+}
+
+#[tokio::test]
+async fn table_names_must_be_identifiers() {
+    for bad in ["idem; DROP TABLE orders", "a-b", "\"x\"", ""] {
+        let r = SqliteStore::builder()
+            .table(bad)
+            .connect("sqlite::memory:")
+            .await;
+        assert!(matches!(r, Err(Error::Config(_))), "{bad:?}: {r:?}");
+    }
+    let ok = SqliteStore::builder()
+        .table("my_records")
+        .connect("sqlite::memory:")
+        .await
+        .unwrap();
+    assert_eq!(ok.table(), "my_records");
+    if let Some(url) = common::pg_url("table_names_must_be_identifiers (postgres)") {
+        let schema = common::PgSchema::create(&url, 2).await;
+        for bad in ["x.y.z", "x'; --", "1abc"] {
+            let r = idem::PgStore::builder()
+                .table(bad)
+                .build(schema.pool.clone())
+                .await;
+            assert!(matches!(r, Err(Error::Config(_))), "{bad:?}: {r:?}");
+        }
+        let qualified = format!("{}.records", schema.name);
+        let store = idem::PgStore::builder()
+            .table(&qualified)
+            .build(schema.pool.clone())
+            .await
+            .unwrap();
+        let k = Key::parse("k").unwrap();
+        let f = Fingerprint::of("a").unwrap();
+        assert!(matches!(
+            store.begin(req(&k, &f)).await.unwrap(),
+            BeginOutcome::Claimed(_)
+        ));
+    }
+}
+
+#[tokio::test]
+async fn unreachable_store_is_unavailable_not_a_crash() {
+    // Nothing listens on port 1.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/test")
+        .unwrap();
+    let store = idem::PgStore::new(pool);
+    let k = Key::parse("k").unwrap();
+    let f = Fingerprint::of("a").unwrap();
+    let err = store.begin(req(&k, &f)).await.unwrap_err();
+    assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+    assert_eq!(err.status(), 503);
+}
