@@ -1,13 +1,19 @@
-//! Procedural macros of [idem](https://docs.rs/idem). Depend on `idem`, which re-exports them.
+//! Procedural macros of [idem](https://docs.rs/idem). Depend on `idem`, which re-exports them
+//! with their documentation.
 
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 #![forbid(unsafe_code)]
 
+mod attr;
+mod bindings;
+mod duration;
+mod idempotent;
+mod template;
+
 use proc_macro::TokenStream;
 
-/// Makes an async function idempotent. See the `idem` crate for the documentation.
+/// Makes an `async fn` idempotent. Documented where users see it: `idem::idempotent`.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
-    let _ = args;
-    item
+    idempotent::expand(args.into(), item.into()).into()
 }

@@ -16,7 +16,9 @@ pub use crate::store::Store;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use crate::store::TxStore;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use crate::transactional::{run_transactional, run_transactional_final};
+pub use crate::transactional::{
+    TxClaim, TxStart, tx_finish, tx_finish_final, tx_start, tx_start_final,
+};
 pub use serde::Serialize;
 
 use crate::guard::{Begun, Guard, begin};

@@ -1,0 +1,48 @@
+//! Durations written as string literals: `"500ms"`, `"30s"`, `"5m"`, `"24h"`, `"7d"`.
+
+pub(crate) fn parse(text: &str) -> Result<u64, String> {
+    let help = "use a whole number followed by `ms`, `s`, `m`, `h` or `d`, e.g. \"30s\" or \"24h\"";
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("invalid duration \"{text}\": {help}"))?;
+    let factor = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("invalid duration \"{text}\": {help}")),
+    };
+    if n == 0 {
+        return Err(format!("duration \"{text}\" is zero: it must be positive"));
+    }
+    n.checked_mul(factor)
+        .ok_or_else(|| format!("duration \"{text}\" is too long"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn units() {
+        assert_eq!(super::parse("500ms"), Ok(500));
+        assert_eq!(super::parse("30s"), Ok(30_000));
+        assert_eq!(super::parse("5m"), Ok(300_000));
+        assert_eq!(super::parse("24h"), Ok(86_400_000));
+        assert_eq!(super::parse("7d"), Ok(604_800_000));
+        for bad in [
+            "",
+            "5",
+            "m",
+            "5 minutes",
+            "1.5h",
+            "-3s",
+            "0s",
+            "99999999999999999999d",
+        ] {
+            assert!(super::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,551 @@
+//! `#[idempotent]`: parse the arguments, validate them against the function, then rewrite the
+//! body into begin → replay or run → complete.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::visit::Visit;
+use syn::{Expr, FnArg, Ident, ItemFn, LitStr, Path, ReturnType, Type};
+
+use crate::attr::{Errors, Grammar, ident_list, lit_str};
+use crate::bindings::{self, Param};
+use crate::template::{self, Part, Template};
+
+const NAMES: &[&str] = &[
+    "scope",
+    "key",
+    "store",
+    "fingerprint",
+    "skip",
+    "lease",
+    "retain",
+    "on_error",
+    "on_expired_lease",
+    "transaction",
+    "crate",
+];
+
+/// The attribute's arguments as written.
+#[derive(Default)]
+struct Args {
+    scope: Option<LitStr>,
+    key: Option<Expr>,
+    store: Option<Expr>,
+    fingerprint: Option<(Span, Vec<Ident>)>,
+    skip: Option<(Span, Vec<Ident>)>,
+    lease: Option<LitStr>,
+    retain: Option<LitStr>,
+    on_error: Option<LitStr>,
+    on_expired_lease: Option<LitStr>,
+    transaction: Option<Ident>,
+    krate: Option<LitStr>,
+}
+
+impl Args {
+    fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
+        let mut args = Args::default();
+        let mut grammar = Grammar::new("idempotent", NAMES);
+        let parser = syn::meta::parser(|meta| {
+            let Some(name) = grammar.check(&meta, errors)? else {
+                return Ok(());
+            };
+            let span = meta.path.span();
+            match name.as_str() {
+                "scope" => args.scope = Some(lit_str(&meta, "scope", "\"refund:<order_no>\"")?),
+                "key" => args.key = Some(meta.value()?.parse()?),
+                "store" => args.store = Some(meta.value()?.parse()?),
+                "fingerprint" => args.fingerprint = Some((span, ident_list(&meta, "fingerprint")?)),
+                "skip" => args.skip = Some((span, ident_list(&meta, "skip")?)),
+                "lease" => args.lease = Some(lit_str(&meta, "lease", "\"30s\"")?),
+                "retain" => args.retain = Some(lit_str(&meta, "retain", "\"24h\"")?),
+                "on_error" => args.on_error = Some(lit_str(&meta, "on_error", "\"store_final\"")?),
+                "on_expired_lease" => {
+                    args.on_expired_lease =
+                        Some(lit_str(&meta, "on_expired_lease", "\"fail_closed\"")?)
+                }
+                "transaction" => args.transaction = Some(meta.value()?.parse()?),
+                "crate" => args.krate = Some(lit_str(&meta, "crate", "\"::idem\"")?),
+                _ => unreachable!("every accepted name is handled"),
+            }
+            Ok(())
+        });
+        if let Err(e) = syn::parse::Parser::parse2(parser, tokens) {
+            errors.push(e);
+        }
+        args
+    }
+}
+
+/// Everything the expansion needs, checked.
+struct Model {
+    krate: TokenStream,
+    template: Template,
+    scope_span: Span,
+    key: Expr,
+    store: Option<Expr>,
+    fingerprinted: Vec<(Ident, Vec<syn::Attribute>)>,
+    lease_ms: Option<u64>,
+    retain_ms: Option<u64>,
+    store_final: bool,
+    fail_closed: bool,
+    transaction: Option<Ident>,
+    ret: Type,
+}
+
+pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    let mut func: ItemFn = match syn::parse2(item.clone()) {
+        Ok(f) => f,
+        Err(_) => {
+            let e = syn::Error::new(
+                Span::call_site(),
+                "#[idempotent] applies to an `async fn` with a body",
+            )
+            .to_compile_error();
+            return quote!(#item #e);
+        }
+    };
+    let mut errors = Errors::default();
+    let skipped = strip_param_attrs(&mut func, &mut errors);
+    let args = Args::parse(args, &mut errors);
+    let model = validate(args, &func, &skipped, &mut errors);
+    match (errors.finish(), model) {
+        (Ok(()), Some(model)) => rewrite(model, func),
+        (result, _) => {
+            // The function stays as written, so the rest of the crate still type-checks and
+            // the user sees only the attribute's own errors.
+            let e = result.err().map(|e| e.to_compile_error());
+            quote!(#func #e)
+        }
+    }
+}
+
+/// Removes `#[idem(…)]` from parameters (the compiler would not know it) and returns which
+/// parameters said `#[idem(skip)]`.
+fn strip_param_attrs(func: &mut ItemFn, errors: &mut Errors) -> Vec<bool> {
+    func.sig
+        .inputs
+        .iter_mut()
+        .map(|arg| {
+            let attrs = match arg {
+                FnArg::Receiver(r) => &mut r.attrs,
+                FnArg::Typed(t) => &mut t.attrs,
+            };
+            let mut skip = false;
+            attrs.retain(|a| {
+                if !a.path().is_ident("idem") {
+                    return true;
+                }
+                let parsed = a.parse_nested_meta(|meta| {
+                    if meta.path.is_ident("skip") {
+                        skip = true;
+                        Ok(())
+                    } else {
+                        Err(meta.error(
+                            "unknown parameter option: the only one is `#[idem(skip)]`, which leaves the parameter out of the fingerprint",
+                        ))
+                    }
+                });
+                if let Err(e) = parsed {
+                    errors.push(e);
+                }
+                false
+            });
+            skip
+        })
+        .collect()
+}
+
+fn validate(args: Args, func: &ItemFn, skipped: &[bool], errors: &mut Errors) -> Option<Model> {
+    let sig = &func.sig;
+    if sig.asyncness.is_none() {
+        errors.at(
+            sig.fn_token.span,
+            "#[idempotent] needs an `async fn`: the claim is taken before the body and completed after it, across `.await`s",
+        );
+    }
+    let ret = match &sig.output {
+        ReturnType::Type(_, ty) => {
+            let mut finder = ImplTraitFinder(None);
+            finder.visit_type(ty);
+            if let Some(span) = finder.0 {
+                errors.at(
+                    span,
+                    "an #[idempotent] function cannot return `impl Trait`: a replay rebuilds the value from stored bytes, which needs a concrete type",
+                );
+            }
+            Some((**ty).clone())
+        }
+        ReturnType::Default => {
+            errors.at(
+                sig.paren_token.span.close(),
+                "an #[idempotent] function must return `Result<T, E>`: add `-> Result<T, E>` (the `Ok` value is stored and replayed)",
+            );
+            None
+        }
+    };
+
+    let mut params = bindings::params(sig);
+    for (p, skip) in params.iter_mut().zip(skipped) {
+        p.skipped |= *skip;
+    }
+    let bound: Vec<&Ident> = params.iter().flat_map(|p| &p.idents).collect();
+    let is_bound = |name: &str| bound.iter().any(|i| *i == name);
+    let names = || {
+        bound
+            .iter()
+            .map(|i| format!("`{i}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+
+    let template = match &args.scope {
+        None => {
+            errors.at(
+                Span::call_site(),
+                "missing `scope`: name what the operation acts on, e.g. `scope = \"refund:<order_no>\"` (a function's name is not an identity: renaming it must not reset idempotency)",
+            );
+            None
+        }
+        Some(lit) => match template::parse(&lit.value(), lit.span()) {
+            Err(e) => {
+                errors.push(e);
+                None
+            }
+            Ok(t) => {
+                for part in &t.parts {
+                    if let Part::Hole(h) = part {
+                        if !is_bound(&h.root) {
+                            errors.at(
+                                lit.span(),
+                                format_args!(
+                                    "`<{}>` in the scope names no argument of `{}`: its arguments are {}",
+                                    h.written,
+                                    sig.ident,
+                                    names()
+                                ),
+                            );
+                        }
+                    }
+                }
+                Some(t)
+            }
+        },
+    };
+    if args.key.is_none() {
+        errors.at(
+            Span::call_site(),
+            "missing `key`: the idempotency key, e.g. `key = key` for an `IdempotencyKey` argument or `key = msg.id` for a message",
+        );
+    }
+
+    let fingerprinted = fingerprinted(&args, &params, sig, errors);
+
+    let duration = |lit: &Option<LitStr>, errors: &mut Errors| {
+        lit.as_ref()
+            .and_then(|l| match crate::duration::parse(&l.value()) {
+                Ok(ms) => Some(ms),
+                Err(msg) => {
+                    errors.at(l.span(), msg);
+                    None
+                }
+            })
+    };
+    let lease_ms = duration(&args.lease, errors);
+    let retain_ms = duration(&args.retain, errors);
+    let (lease_eff, retain_eff) = (lease_ms.unwrap_or(300_000), retain_ms.unwrap_or(86_400_000));
+    if retain_eff < lease_eff {
+        let span = args
+            .retain
+            .as_ref()
+            .or(args.lease.as_ref())
+            .map_or_else(Span::call_site, LitStr::span);
+        errors.at(
+            span,
+            format_args!(
+                "the retention ({retain_eff} ms) is shorter than the lease ({lease_eff} ms): a record must outlive the claim that writes it"
+            ),
+        );
+    }
+    let store_final = match &args.on_error {
+        None => false,
+        Some(l) => match l.value().as_str() {
+            "release" => false,
+            "store_final" => true,
+            other => {
+                errors.at(
+                    l.span(),
+                    format_args!(
+                        "unknown error policy \"{other}\": use \"release\" (the default: an error frees the key for a retry) or \"store_final\" (errors that say they are final are stored and replayed)"
+                    ),
+                );
+                false
+            }
+        },
+    };
+    let fail_closed = match &args.on_expired_lease {
+        None => false,
+        Some(l) => match l.value().as_str() {
+            "reclaim" => false,
+            "fail_closed" => true,
+            other => {
+                errors.at(
+                    l.span(),
+                    format_args!(
+                        "unknown expired-lease policy \"{other}\": use \"reclaim\" (the default) or \"fail_closed\""
+                    ),
+                );
+                false
+            }
+        },
+    };
+    let krate = match &args.krate {
+        None => quote!(::idem),
+        Some(l) => match l.parse::<Path>() {
+            Ok(p) => p.into_token_stream(),
+            Err(_) => {
+                errors.at(
+                    l.span(),
+                    format_args!(
+                        "`crate` must be a path to the idem crate, such as \"::idem\" or \"my_app::deps::idem\", not \"{}\"",
+                        l.value()
+                    ),
+                );
+                quote!(::idem)
+            }
+        },
+    };
+    if let Some(tx) = &args.transaction {
+        if is_bound(&tx.to_string()) {
+            errors.at(
+                tx.span(),
+                format_args!(
+                    "`transaction = {tx}` would hide the argument `{tx}`: name the transaction something else"
+                ),
+            );
+        }
+    }
+
+    Some(Model {
+        krate,
+        template: template?,
+        scope_span: args.scope.as_ref()?.span(),
+        key: args.key?,
+        store: args.store,
+        fingerprinted: fingerprinted?,
+        lease_ms,
+        retain_ms,
+        store_final,
+        fail_closed,
+        transaction: args.transaction,
+        ret: ret?,
+    })
+}
+
+/// The identifiers that go into the fingerprint, each with the `#[cfg]`s of its parameter.
+fn fingerprinted(
+    args: &Args,
+    params: &[Param],
+    sig: &syn::Signature,
+    errors: &mut Errors,
+) -> Option<Vec<(Ident, Vec<syn::Attribute>)>> {
+    let find = |name: &Ident| params.iter().find(|p| p.idents.iter().any(|i| i == name));
+    let mut ok = true;
+    let mut check = |list: &[Ident], errors: &mut Errors| {
+        for name in list {
+            if find(name).is_none() {
+                ok = false;
+                errors.at(
+                    name.span(),
+                    format_args!("`{name}` is not an argument of `{}`", sig.ident),
+                );
+            }
+        }
+    };
+    if let (Some(_), Some((span, _))) = (&args.fingerprint, &args.skip) {
+        errors.at(
+            *span,
+            "use either `fingerprint(…)` (exactly these arguments) or `skip(…)` (all but these), not both",
+        );
+    }
+    let out: Vec<(Ident, Vec<syn::Attribute>)> = if let Some((_, list)) = &args.fingerprint {
+        check(list, errors);
+        list.iter()
+            .filter_map(|name| find(name).map(|p| (name.clone(), p.cfgs.clone())))
+            .collect()
+    } else {
+        let skip = args
+            .skip
+            .as_ref()
+            .map(|(_, l)| l.as_slice())
+            .unwrap_or_default();
+        check(skip, errors);
+        // The key identifies the request and the store keeps it: neither is part of what the
+        // request says.
+        let plain = |e: &Option<Expr>| match e {
+            Some(Expr::Path(p)) if p.qself.is_none() => p.path.get_ident().cloned(),
+            _ => None,
+        };
+        let implicit = [plain(&args.key), plain(&args.store)];
+        params
+            .iter()
+            .filter(|p| !p.skipped && !p.is_receiver)
+            .flat_map(|p| p.idents.iter().map(move |i| (i, p)))
+            .filter(|(i, _)| !skip.contains(i) && !implicit.iter().flatten().any(|k| k == *i))
+            .map(|(i, p)| (i.clone(), p.cfgs.clone()))
+            .collect()
+    };
+    ok.then_some(out)
+}
+
+struct ImplTraitFinder(Option<Span>);
+
+impl<'ast> Visit<'ast> for ImplTraitFinder {
+    fn visit_type_impl_trait(&mut self, t: &'ast syn::TypeImplTrait) {
+        self.0.get_or_insert(t.span());
+    }
+}
+
+fn rewrite(model: Model, func: ItemFn) -> TokenStream {
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+        ..
+    } = func;
+    let Model {
+        krate,
+        template,
+        scope_span,
+        key,
+        store,
+        fingerprinted,
+        lease_ms,
+        retain_ms,
+        store_final,
+        fail_closed,
+        transaction,
+        ret,
+    } = model;
+    let private = quote!(#krate::__private);
+    let local = |name: &str| format_ident!("__idem_{}", name, span = Span::mixed_site());
+    let (v_store, v_scope, v_fp, v_policy) =
+        (local("store"), local("scope"), local("fp"), local("policy"));
+
+    let store_init = match &store {
+        Some(e) => quote_spanned!(e.span()=> (#e).clone()),
+        None => quote!(#private::DefaultStore),
+    };
+
+    let cap = template.literal_len + 16;
+    let scope_steps = template.parts.iter().map(|part| match part {
+        Part::Text(t) => quote!(#v_scope.literal(#t);),
+        Part::Hole(h) => {
+            let root = Ident::new(&h.root, scope_span);
+            let fields = h.fields.iter().map(|f| match f.parse::<u32>() {
+                Ok(index) => syn::Member::Unnamed(syn::Index {
+                    index,
+                    span: scope_span,
+                }),
+                Err(_) => syn::Member::Named(Ident::new(f, scope_span)),
+            });
+            quote_spanned!(scope_span=> #v_scope.value(&#root #(.#fields)*);)
+        }
+    });
+
+    let fp_steps = fingerprinted.iter().map(|(ident, cfgs)| {
+        quote_spanned! {ident.span()=>
+            #(#cfgs)*
+            #private::Fingerprintable::add_to(&#ident, &mut #v_fp)?;
+        }
+    });
+
+    let lease = lease_ms.map(|ms| quote!(.lease(::core::time::Duration::from_millis(#ms))));
+    let retain = retain_ms.map(|ms| quote!(.retain(::core::time::Duration::from_millis(#ms))));
+    let expired = fail_closed.then(|| quote!(.expired_lease(#private::ExpiredLease::FailClosed)));
+    let key_expr = quote_spanned!(key.span()=> #private::key(&(#key)));
+
+    let prepared = quote! {
+        #private::Prepared {
+            key: #key_expr,
+            scope: {
+                let mut #v_scope = #private::ScopeBuilder::with_capacity(#cap);
+                #(#scope_steps)*
+                #v_scope.finish()
+            },
+            fingerprint: (|| {
+                let mut #v_fp = #private::Fingerprinter::new();
+                #(#fp_steps)*
+                ::core::result::Result::Ok::<_, #private::Error>(#v_fp.finish())
+            })(),
+            policy: #v_policy,
+        }
+    };
+
+    let ret_span = ret.span();
+    let fake_return = quote_spanned! {ret_span=>
+        #[allow(
+            unreachable_code,
+            clippy::diverging_sub_expression,
+            clippy::empty_loop,
+            clippy::let_unit_value
+        )]
+        if false {
+            let __idem_fake_return: #ret = loop {};
+            return __idem_fake_return;
+        }
+    };
+    let stmts = &block.stmts;
+    let body = quote! {
+        async move {
+            #fake_return
+            #(#stmts)*
+        }
+    };
+    let call = match &transaction {
+        None => {
+            let runner = if store_final {
+                quote_spanned!(ret_span=> run_final)
+            } else {
+                quote_spanned!(ret_span=> run)
+            };
+            quote! {
+                #private::#runner::<_, #ret, _, _>(&#v_store, #prepared, #body).await
+            }
+        }
+        Some(tx) => {
+            let (start, finish) = if store_final {
+                (
+                    quote_spanned!(ret_span=> tx_start_final),
+                    quote_spanned!(ret_span=> tx_finish_final),
+                )
+            } else {
+                (
+                    quote_spanned!(ret_span=> tx_start),
+                    quote_spanned!(ret_span=> tx_finish),
+                )
+            };
+            let (v_claim, v_out, v_done) = (local("claim"), local("out"), local("done"));
+            quote! {
+                let mut #v_claim = match #private::#start::<_, #ret, _>(&#v_store, #prepared).await {
+                    #private::TxStart::Done(#v_done) => return #v_done,
+                    #private::TxStart::Claimed(#v_claim) => #v_claim,
+                };
+                let #v_out: #ret = {
+                    let #tx = #v_claim.transaction();
+                    #body.await
+                };
+                #private::#finish::<_, #ret, _>(&#v_store, #v_claim, #v_out).await
+            }
+        }
+    };
+
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            let #v_store = #store_init;
+            let #v_policy = #private::Policy::DEFAULT #lease #retain #expired;
+            #call
+        }
+    }
+}

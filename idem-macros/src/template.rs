@@ -1,0 +1,167 @@
+//! The scope template language: text with `<placeholder>`s naming arguments or their fields.
+//!
+//! `refund:<order_no>`, `order:<user.id>:<cart.0>`. A placeholder is an argument name followed
+//! by `.field` or `.0` steps. Two placeholders must be separated by a delimiter other than a
+//! letter, digit, `-`, `_`, `.`, `~` or `%` (values are percent-encoded to exactly that alphabet),
+//! so that every scope splits back into its values one way only.
+
+use proc_macro2::Span;
+
+/// A parsed template.
+#[derive(Debug)]
+pub(crate) struct Template {
+    pub(crate) parts: Vec<Part>,
+    /// Bytes of literal text: the capacity hint for the rendered scope.
+    pub(crate) literal_len: usize,
+}
+
+#[derive(Debug)]
+pub(crate) enum Part {
+    Text(String),
+    Hole(Hole),
+}
+
+#[derive(Debug)]
+pub(crate) struct Hole {
+    /// The argument.
+    pub(crate) root: String,
+    /// Field steps after it: names or tuple indices.
+    pub(crate) fields: Vec<String>,
+    /// The placeholder as written, for messages.
+    pub(crate) written: String,
+}
+
+fn is_value_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'%')
+}
+
+fn is_ident(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c == '_' || c.is_alphabetic())
+        && chars.all(|c| c == '_' || c.is_alphanumeric())
+        && s != "_"
+}
+
+pub(crate) fn parse(text: &str, span: Span) -> syn::Result<Template> {
+    let err = |msg: String| syn::Error::new(span, msg);
+    if text.is_empty() {
+        return Err(err(
+            "the scope template is empty: name the operation and what it acts on, e.g. `scope = \"refund:<order_no>\"`".into(),
+        ));
+    }
+    let mut parts = Vec::new();
+    let mut literal_len = 0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        match rest.find(['<', '>']) {
+            None => {
+                literal_len += rest.len();
+                parts.push(Part::Text(rest.to_owned()));
+                rest = "";
+            }
+            Some(i) if rest.as_bytes()[i] == b'>' => {
+                return Err(err(format!(
+                    "unmatched `>` in scope template `{text}`: placeholders look like `<order_no>`, and `<` and `>` cannot appear in the text"
+                )));
+            }
+            Some(i) => {
+                if i > 0 {
+                    literal_len += i;
+                    parts.push(Part::Text(rest[..i].to_owned()));
+                }
+                let after = &rest[i + 1..];
+                let Some(close) = after
+                    .find(['>', '<'])
+                    .filter(|&j| after.as_bytes()[j] == b'>')
+                else {
+                    return Err(err(format!(
+                        "unclosed `<` in scope template `{text}`: close the placeholder, e.g. `<order_no>`"
+                    )));
+                };
+                let inner = after[..close].trim();
+                if inner.is_empty() {
+                    return Err(err(format!(
+                        "empty placeholder `<>` in scope template `{text}`: name an argument inside, e.g. `<order_no>`"
+                    )));
+                }
+                let mut steps = inner.split('.');
+                let root = steps.next().unwrap_or_default();
+                let fields: Vec<String> = steps.map(str::to_owned).collect();
+                let field_ok = |f: &String| {
+                    is_ident(f) || (!f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()))
+                };
+                if !is_ident(root) || !fields.iter().all(field_ok) {
+                    return Err(err(format!(
+                        "`<{inner}>` in scope template `{text}` is not an argument or a field path: use `<name>` or `<name.field>`"
+                    )));
+                }
+                if let Some(Part::Hole(prev)) = parts.last() {
+                    return Err(err(format!(
+                        "placeholders `<{}>` and `<{inner}>` in scope template `{text}` must be separated by a delimiter such as `:`, so that different values can never render the same scope",
+                        prev.written
+                    )));
+                }
+                if let (Some(Part::Text(between)), Some(Part::Hole(prev))) = (
+                    parts.last(),
+                    parts.len().checked_sub(2).and_then(|k| parts.get(k)),
+                ) {
+                    if between.bytes().all(is_value_byte) {
+                        return Err(err(format!(
+                            "placeholders `<{}>` and `<{inner}>` in scope template `{text}` are separated only by `{between}`, which values can contain: add a delimiter such as `:` or `/`",
+                            prev.written
+                        )));
+                    }
+                }
+                parts.push(Part::Hole(Hole {
+                    root: root.to_owned(),
+                    fields,
+                    written: inner.to_owned(),
+                }));
+                rest = &after[close + 1..];
+            }
+        }
+    }
+    Ok(Template { parts, literal_len })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holes(t: &str) -> Vec<String> {
+        parse(t, Span::call_site())
+            .unwrap()
+            .parts
+            .into_iter()
+            .filter_map(|p| match p {
+                Part::Hole(h) => Some(h.written),
+                Part::Text(_) => None,
+            })
+            .collect()
+    }
+
+    fn error(t: &str) -> String {
+        parse(t, Span::call_site()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn accepts() {
+        assert_eq!(holes("refund:<order_no>"), ["order_no"]);
+        assert_eq!(holes("order:<user.id>:<cart.0>"), ["user.id", "cart.0"]);
+        assert_eq!(holes("consumer:payments"), Vec::<String>::new());
+        assert_eq!(holes("<a>/<b>"), ["a", "b"]);
+    }
+
+    #[test]
+    fn rejects() {
+        assert!(error("").contains("empty"));
+        assert!(error("refund:<order_no").contains("unclosed"));
+        assert!(error("refund:<a<b>").contains("unclosed"));
+        assert!(error("refund:>").contains("unmatched"));
+        assert!(error("refund:<>").contains("empty placeholder"));
+        assert!(error("refund:<order no>").contains("not an argument"));
+        assert!(error("refund:<1x>").contains("not an argument"));
+        assert!(error("<a><b>").contains("separated"));
+        assert!(error("<a>-<b>").contains("separated only by"));
+    }
+}

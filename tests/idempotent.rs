@@ -1,0 +1,463 @@
+//! `#[idempotent]` across the signatures it must support, and its behaviour, on the memory and
+//! SQLite stores.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use idem::{Error, Idempotent, MemoryStore, SqliteStore, Store, idempotent};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Refund {
+    order_no: String,
+    cents: u64,
+    run: usize,
+}
+
+/// The application state of the handlers below: a store and a counter of body runs.
+#[derive(Clone)]
+struct App<S> {
+    store: S,
+    runs: Arc<AtomicUsize>,
+}
+
+impl<S> App<S> {
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+    fn run(&self) -> usize {
+        self.runs.fetch_add(1, Ordering::SeqCst) + 1
+    }
+}
+
+// ---- the signature matrix -------------------------------------------------------------------
+
+#[idempotent(scope = "refund:<order_no>", key = key, store = app.store, skip(app))]
+async fn free_fn<S: Store + Clone>(
+    app: &App<S>,
+    order_no: String,
+    key: &str,
+    cents: u64,
+) -> Result<Refund, Error> {
+    let run = app.run();
+    Ok(Refund {
+        order_no,
+        cents,
+        run,
+    })
+}
+
+struct Service<S> {
+    app: App<S>,
+    handled: Vec<String>,
+}
+
+impl<S: Store + Clone> Service<S> {
+    #[idempotent(scope = "svc:<order_no>", key = key, store = self.app.store)]
+    async fn by_ref(&self, order_no: &str, key: &str) -> Result<usize, Error> {
+        Ok(self.app.run())
+    }
+
+    #[idempotent(scope = "svc-mut:<order_no>", key = key, store = self.app.store)]
+    async fn by_mut(&mut self, order_no: String, key: String) -> Result<usize, Error> {
+        self.handled.push(order_no);
+        Ok(self.app.run())
+    }
+}
+
+#[idempotent(scope = "generic:<id>", key = key, store = app.store, skip(app))]
+async fn generic<S, T>(app: &App<S>, id: u32, key: &str, item: T) -> Result<(T, usize), Error>
+where
+    S: Store + Clone,
+    T: Serialize + DeserializeOwned + Send,
+{
+    Ok((item, app.run()))
+}
+
+#[idempotent(scope = "impl-arg", key = key.as_ref(), store = app.store, skip(app, key))]
+async fn impl_trait_args<S: Store + Clone>(
+    app: &App<S>,
+    key: impl AsRef<str>,
+    payload: impl Serialize,
+) -> Result<usize, Error> {
+    let _ = &payload;
+    Ok(app.run())
+}
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+enum Parsed {
+    Early,
+    Late(u64),
+}
+
+#[idempotent(scope = "early:<input>", key = key, store = app.store, skip(app))]
+async fn early_return_and_try<S: Store + Clone>(
+    app: &App<S>,
+    input: String,
+    key: &str,
+) -> Result<Parsed, Error> {
+    app.run();
+    if input == "early" {
+        return Ok(Parsed::Early);
+    }
+    let n: u64 = input
+        .parse()
+        .map_err(|_| Error::Encode("not a number".into()))?;
+    Ok(Parsed::Late(n))
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct RefundReq {
+    cents: u64,
+}
+
+#[idempotent(scope = "axum:<order_no>", key = key, store = app.store)]
+async fn extractor_patterns<S: Store + Clone>(
+    #[idem(skip)] State(app): State<App<S>>,
+    axum::extract::Path(order_no): axum::extract::Path<String>,
+    key: String,
+    Json(req): Json<RefundReq>,
+) -> Result<Json<Refund>, Error> {
+    let run = app.run();
+    Ok(Json(Refund {
+        order_no,
+        cents: req.cents,
+        run,
+    }))
+}
+
+/// Not serializable: fingerprinting it would not compile, so it must really be cfg'd out.
+#[allow(dead_code)]
+struct Opaque;
+
+#[idempotent(scope = "cfg", key = key, store = app.store, skip(app))]
+async fn cfg_on_argument<S: Store + Clone>(
+    app: &App<S>,
+    key: &str,
+    #[cfg(any())] gone: Opaque,
+    #[cfg(all())] kept: u32,
+) -> Result<u32, Error> {
+    app.run();
+    Ok(kept)
+}
+
+#[idempotent(scope = "tracked:<n>", key = key, store = app.store, skip(app))]
+async fn tracked<S: Store + Clone>(
+    app: &App<S>,
+    n: u32,
+    key: &str,
+) -> Result<Idempotent<u32>, Error> {
+    app.run();
+    Ok(Idempotent::Fresh(n))
+}
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+enum PayError {
+    Declined(String),
+    GatewayDown,
+    Idem(String),
+}
+
+impl From<Error> for PayError {
+    fn from(e: Error) -> Self {
+        PayError::Idem(e.code().to_owned())
+    }
+}
+
+impl idem::FinalError for PayError {
+    fn is_final(&self) -> bool {
+        matches!(self, PayError::Declined(_))
+    }
+}
+
+#[idempotent(scope = "pay:<card>", key = key, store = app.store, skip(app), on_error = "store_final")]
+async fn pay<S: Store + Clone>(app: &App<S>, card: &str, key: &str) -> Result<u64, PayError> {
+    let run = app.run();
+    match card {
+        "declined" => Err(PayError::Declined(format!("run {run}"))),
+        "flaky" if run == 1 => Err(PayError::GatewayDown),
+        _ => Ok(run as u64),
+    }
+}
+
+#[idempotent(scope = "slow:<id>", key = key, store = app.store, skip(app, delay, panic))]
+async fn slow<S: Store + Clone>(
+    app: &App<S>,
+    id: u32,
+    key: &str,
+    delay: Duration,
+    panic: bool,
+) -> Result<usize, Error> {
+    let run = app.run();
+    tokio::time::sleep(delay).await;
+    assert!(!panic, "the body panicked");
+    Ok(run)
+}
+
+async fn memory_app() -> App<MemoryStore> {
+    App {
+        store: MemoryStore::new(),
+        runs: Arc::new(AtomicUsize::new(0)),
+    }
+}
+
+async fn sqlite_app() -> App<SqliteStore> {
+    App {
+        store: SqliteStore::in_memory().await.unwrap(),
+        runs: Arc::new(AtomicUsize::new(0)),
+    }
+}
+
+macro_rules! on_every_store {
+    ($($name:ident => $make:ident),*) => {$(
+mod $name {
+    use super::*;
+
+    #[tokio::test]
+    async fn free_function_replays_without_running() {
+        let app = $make().await;
+        let first = free_fn(&app, "A1".into(), "k1", 250).await.unwrap();
+        let again = free_fn(&app, "A1".into(), "k1", 250).await.unwrap();
+        assert_eq!(first, again);
+        assert_eq!(app.runs(), 1, "a replay must not run the body");
+        // Another key, or the same key for another order, is another request.
+        free_fn(&app, "A1".into(), "k2", 250).await.unwrap();
+        free_fn(&app, "A2".into(), "k1", 250).await.unwrap();
+        assert_eq!(app.runs(), 3);
+    }
+
+    #[tokio::test]
+    async fn same_key_different_arguments_is_key_reuse() {
+        let app = $make().await;
+        free_fn(&app, "A1".into(), "k1", 250).await.unwrap();
+        let err = free_fn(&app, "A1".into(), "k1", 999).await.unwrap_err();
+        assert!(matches!(err, Error::KeyReused), "{err:?}");
+        assert_eq!(err.status(), 422);
+        assert_eq!(app.runs(), 1);
+    }
+
+    #[tokio::test]
+    async fn methods_by_ref_and_by_mut() {
+        let app = $make().await;
+        let svc = Service { app: app.clone(), handled: vec![] };
+        assert_eq!(svc.by_ref("A1", "k").await.unwrap(), 1);
+        assert_eq!(svc.by_ref("A1", "k").await.unwrap(), 1);
+        let mut svc = svc;
+        assert_eq!(svc.by_mut("B1".into(), "k".into()).await.unwrap(), 2);
+        assert_eq!(svc.by_mut("B1".into(), "k".into()).await.unwrap(), 2);
+        assert_eq!(svc.handled, ["B1"], "the replay did not run the body");
+    }
+
+    #[tokio::test]
+    async fn generics_and_where_clauses() {
+        let app = $make().await;
+        assert_eq!(generic(&app, 1, "k", vec!["x".to_string()]).await.unwrap(), (vec!["x".to_string()], 1));
+        assert_eq!(generic(&app, 1, "k", vec!["x".to_string()]).await.unwrap(), (vec!["x".to_string()], 1));
+        assert!(matches!(generic(&app, 1, "k", vec!["y".to_string()]).await, Err(Error::KeyReused)));
+    }
+
+    #[tokio::test]
+    async fn impl_trait_arguments() {
+        let app = $make().await;
+        assert_eq!(impl_trait_args(&app, "k", [1, 2]).await.unwrap(), 1);
+        assert_eq!(impl_trait_args(&app, String::from("k"), [1, 2]).await.unwrap(), 1);
+        assert!(matches!(impl_trait_args(&app, "k", [3]).await, Err(Error::KeyReused)));
+    }
+
+    #[tokio::test]
+    async fn early_return_and_question_mark() {
+        let app = $make().await;
+        assert_eq!(early_return_and_try(&app, "early".into(), "k1").await.unwrap(), Parsed::Early);
+        assert_eq!(early_return_and_try(&app, "7".into(), "k2").await.unwrap(), Parsed::Late(7));
+        assert!(early_return_and_try(&app, "x".into(), "k3").await.is_err());
+        // The error released the claim: the retry runs the body again.
+        assert!(early_return_and_try(&app, "x".into(), "k3").await.is_err());
+        assert_eq!(app.runs(), 4);
+    }
+
+    #[tokio::test]
+    async fn axum_extractor_patterns() {
+        let app = $make().await;
+        let call = |cents| {
+            extractor_patterns(
+                State(app.clone()),
+                axum::extract::Path("A1".to_string()),
+                "k".into(),
+                Json(RefundReq { cents }),
+            )
+        };
+        let Json(first) = call(100).await.unwrap();
+        let Json(again) = call(100).await.unwrap();
+        assert_eq!(first, again);
+        assert_eq!(app.runs(), 1);
+        assert!(matches!(call(200).await, Err(Error::KeyReused)));
+    }
+
+    #[tokio::test]
+    async fn cfg_on_an_argument() {
+        let app = $make().await;
+        assert_eq!(cfg_on_argument(&app, "k", 7).await.unwrap(), 7);
+        assert!(matches!(cfg_on_argument(&app, "k", 8).await, Err(Error::KeyReused)));
+    }
+
+    #[tokio::test]
+    async fn the_future_is_send() {
+        let app = $make().await;
+        let spawned = {
+            let app = app.clone();
+            tokio::spawn(async move { free_fn(&app, "A1".into(), "k".into(), 1).await })
+        };
+        spawned.await.unwrap().unwrap();
+        let a2 = app.clone();
+        let direct = tokio::spawn(async move { slow(&a2, 1, "k2", Duration::ZERO, false).await });
+        assert_eq!(direct.await.unwrap().unwrap(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_caller_can_tell_a_replay() {
+        let app = $make().await;
+        let first = tracked(&app, 5, "k").await.unwrap();
+        let again = tracked(&app, 5, "k").await.unwrap();
+        assert!(!first.is_replay());
+        assert!(again.is_replay());
+        assert_eq!(*first, *again);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_calls_run_the_body_once() {
+        let app = $make().await;
+        let mut tasks = Vec::new();
+        for _ in 0..64 {
+            let app = app.clone();
+            tasks.push(tokio::spawn(async move {
+                slow(&app, 9, "same-key", Duration::from_millis(200), false).await
+            }));
+        }
+        let (mut ok, mut busy) = (0, 0);
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(run) => {
+                    assert_eq!(run, 1);
+                    ok += 1;
+                }
+                Err(Error::InProgress { .. }) => busy += 1,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        assert_eq!(app.runs(), 1, "64 concurrent calls ran the body more than once");
+        assert_eq!(ok + busy, 64);
+        assert!(ok >= 1);
+        // Once done, everyone gets the first answer.
+        assert_eq!(slow(&app, 9, "same-key", Duration::ZERO, false).await.unwrap(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_error_releases_and_the_retry_runs() {
+        let app = $make().await;
+        assert_eq!(pay(&app, "flaky", "k").await, Err(PayError::GatewayDown));
+        assert_eq!(pay(&app, "flaky", "k").await, Ok(2));
+        assert_eq!(pay(&app, "flaky", "k").await, Ok(2));
+        assert_eq!(app.runs(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_final_error_is_stored_and_replayed() {
+        let app = $make().await;
+        let first = pay(&app, "declined", "k").await;
+        assert_eq!(first, Err(PayError::Declined("run 1".into())));
+        assert_eq!(pay(&app, "declined", "k").await, first);
+        assert_eq!(app.runs(), 1, "a stored final error must not run the body again");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_future_releases_within_a_second() {
+        let app = $make().await;
+        let timed_out = tokio::time::timeout(
+            Duration::from_millis(50),
+            slow(&app, 1, "k", Duration::from_secs(60), false),
+        )
+        .await;
+        assert!(timed_out.is_err());
+        let started = std::time::Instant::now();
+        loop {
+            match slow(&app, 1, "k", Duration::ZERO, false).await {
+                Ok(run) => {
+                    assert_eq!(run, 2);
+                    break;
+                }
+                Err(Error::InProgress { .. }) if started.elapsed() < Duration::from_secs(1) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                other => panic!("the abandoned claim was not released within 1 s: {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panic_releases() {
+        let app = $make().await;
+        let a = app.clone();
+        let panicked = tokio::spawn(async move { slow(&a, 1, "k", Duration::ZERO, true).await }).await;
+        assert!(panicked.unwrap_err().is_panic());
+        let started = std::time::Instant::now();
+        loop {
+            match slow(&app, 1, "k", Duration::ZERO, false).await {
+                Ok(run) => {
+                    assert_eq!(run, 2);
+                    break;
+                }
+                Err(Error::InProgress { .. }) if started.elapsed() < Duration::from_secs(1) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                other => panic!("the panicked claim was not released: {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bad_key_is_rejected_before_the_store() {
+        let app = $make().await;
+        for bad in ["", "has space", "naïve"] {
+            let err = free_fn(&app, "A1".into(), bad, 1).await.unwrap_err();
+            assert!(matches!(err, Error::InvalidKey(_)), "{bad:?}: {err:?}");
+            assert_eq!(err.status(), 400);
+        }
+        let long = "k".repeat(256);
+        assert!(matches!(free_fn(&app, "A1".into(), &long, 1).await, Err(Error::InvalidKey(_))));
+        assert_eq!(app.runs(), 0);
+        assert!(app.store.lookup("refund:A1", "has space").await.unwrap().is_none());
+    }
+}
+    )*};
+}
+
+on_every_store!(memory => memory_app, sqlite => sqlite_app);
+
+// ---- the default store ----------------------------------------------------------------------
+
+static DEFAULT_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+#[idempotent(scope = "default:<n>", key = key)]
+async fn uses_the_default_store(n: u32, key: &str) -> Result<u32, Error> {
+    DEFAULT_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(n)
+}
+
+#[tokio::test]
+async fn the_default_store_is_used_when_none_is_named() {
+    // Installed once for this test binary; no other test here uses the default store.
+    idem::set_default_store(MemoryStore::new()).unwrap();
+    assert!(matches!(
+        idem::set_default_store(MemoryStore::new()),
+        Err(Error::Config(_))
+    ));
+    assert_eq!(uses_the_default_store(3, "k").await.unwrap(), 3);
+    assert_eq!(uses_the_default_store(3, "k").await.unwrap(), 3);
+    assert_eq!(DEFAULT_RUNS.load(Ordering::SeqCst), 1);
+}
