@@ -113,23 +113,28 @@ pub(crate) fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
     Ok(())
 }
 
-/// Parses `"…"` after `=`, with a message naming the argument when it is something else.
+/// Parses `"…"` after `=`. Anything else is reported (naming the argument) and skipped, so the
+/// remaining arguments are still read and checked.
 pub(crate) fn lit_str(
     meta: &ParseNestedMeta<'_>,
     name: &str,
     example: &str,
-) -> syn::Result<syn::LitStr> {
+    errors: &mut Errors,
+) -> syn::Result<Option<syn::LitStr>> {
     let value = meta.value()?;
     let expr: syn::Expr = value.parse()?;
     match expr {
         syn::Expr::Lit(syn::ExprLit {
             lit: syn::Lit::Str(s),
             ..
-        }) => Ok(s),
-        other => Err(syn::Error::new_spanned(
-            other,
-            format_args!("`{name}` takes a string literal, e.g. `{name} = {example}`"),
-        )),
+        }) => Ok(Some(s)),
+        other => {
+            errors.push(syn::Error::new_spanned(
+                other,
+                format_args!("`{name}` takes a string literal, e.g. `{name} = {example}`"),
+            ));
+            Ok(None)
+        }
     }
 }
 

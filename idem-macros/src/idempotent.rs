@@ -1,7 +1,7 @@
 //! `#[idempotent]`: parse the arguments, validate them against the function, then rewrite the
 //! body into begin → replay or run → complete.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit::Visit;
@@ -39,6 +39,8 @@ struct Args {
     on_expired_lease: Option<LitStr>,
     transaction: Option<Ident>,
     krate: Option<LitStr>,
+    /// Names that were written, valid or not: a malformed `scope` is not also a missing one.
+    given: Vec<String>,
 }
 
 impl Args {
@@ -50,27 +52,30 @@ impl Args {
                 return Ok(());
             };
             let span = meta.path.span();
+            args.given.push(name.clone());
             match name.as_str() {
-                "scope" => args.scope = Some(lit_str(&meta, "scope", "\"refund:<order_no>\"")?),
+                "scope" => args.scope = lit_str(&meta, "scope", "\"refund:<order_no>\"", errors)?,
                 "key" => args.key = Some(meta.value()?.parse()?),
                 "store" => args.store = Some(meta.value()?.parse()?),
                 "fingerprint" => args.fingerprint = Some((span, ident_list(&meta, "fingerprint")?)),
                 "skip" => args.skip = Some((span, ident_list(&meta, "skip")?)),
-                "lease" => args.lease = Some(lit_str(&meta, "lease", "\"30s\"")?),
-                "retain" => args.retain = Some(lit_str(&meta, "retain", "\"24h\"")?),
-                "on_error" => args.on_error = Some(lit_str(&meta, "on_error", "\"store_final\"")?),
+                "lease" => args.lease = lit_str(&meta, "lease", "\"30s\"", errors)?,
+                "retain" => args.retain = lit_str(&meta, "retain", "\"24h\"", errors)?,
+                "on_error" => args.on_error = lit_str(&meta, "on_error", "\"store_final\"", errors)?,
                 "on_expired_lease" => {
                     args.on_expired_lease =
-                        Some(lit_str(&meta, "on_expired_lease", "\"fail_closed\"")?)
+                        lit_str(&meta, "on_expired_lease", "\"fail_closed\"", errors)?
                 }
                 "transaction" => args.transaction = Some(meta.value()?.parse()?),
-                "crate" => args.krate = Some(lit_str(&meta, "crate", "\"::idem\"")?),
+                "crate" => args.krate = lit_str(&meta, "crate", "\"::idem\"", errors)?,
                 _ => unreachable!("every accepted name is handled"),
             }
             Ok(())
         });
         if let Err(e) = syn::parse::Parser::parse2(parser, tokens) {
+            // The arguments after a syntax error were not read: do not call them missing.
             errors.push(e);
+            args.given.extend(NAMES.iter().map(|n| n.to_string()));
         }
         args
     }
@@ -113,8 +118,9 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         (result, _) => {
             // The function stays as written, so the rest of the crate still type-checks and
             // the user sees only the attribute's own errors.
+            // Arguments used only by the attribute would otherwise warn as unused.
             let e = result.err().map(|e| e.to_compile_error());
-            quote!(#func #e)
+            quote!(#[allow(unused_variables)] #func #e)
         }
     }
 }
@@ -164,6 +170,16 @@ fn validate(args: Args, func: &ItemFn, skipped: &[bool], errors: &mut Errors) ->
         );
     }
     let ret = match &sig.output {
+        ReturnType::Type(_, ty) if obviously_not_result(ty) => {
+            errors.at(
+                ty.span(),
+                format_args!(
+                    "an #[idempotent] function must return `Result<T, E>`, not `{}`: the `Ok` value is stored and replayed, an `Err` releases the claim so a retry can run",
+                    ty.to_token_stream()
+                ),
+            );
+            None
+        }
         ReturnType::Type(_, ty) => {
             let mut finder = ImplTraitFinder(None);
             finder.visit_type(ty);
@@ -198,7 +214,9 @@ fn validate(args: Args, func: &ItemFn, skipped: &[bool], errors: &mut Errors) ->
             .join(", ")
     };
 
+    let given = |name: &str| args.given.iter().any(|g| g == name);
     let template = match &args.scope {
+        None if given("scope") => None,
         None => {
             errors.at(
                 Span::call_site(),
@@ -231,7 +249,7 @@ fn validate(args: Args, func: &ItemFn, skipped: &[bool], errors: &mut Errors) ->
             }
         },
     };
-    if args.key.is_none() {
+    if !given("key") {
         errors.at(
             Span::call_site(),
             "missing `key`: the idempotency key, e.g. `key = key` for an `IdempotencyKey` argument or `key = msg.id` for a message",
@@ -428,13 +446,50 @@ fn rewrite(model: Model, func: ItemFn) -> TokenStream {
         ret,
     } = model;
     let private = quote!(#krate::__private);
+    // The runtime path, re-spanned onto a user token: an unmet trait bound of the function it
+    // names is then reported there, under the return type or the store, not on the attribute.
+    let private_at = |span: Span| respan(private.clone(), span);
     let local = |name: &str| format_ident!("__idem_{}", name, span = Span::mixed_site());
     let (v_store, v_scope, v_fp, v_policy) =
         (local("store"), local("scope"), local("fp"), local("policy"));
 
+    // Spans for the calls that check the user's types: the store, the `Ok` type, the error type.
+    let ret_span = ret.span();
+    let (ok_span, err_span) = match result_args(&ret) {
+        Some((ok, err)) => (ok.span(), Some((err.span(), err.clone()))),
+        None => (ret_span, None),
+    };
+    let store_span = store
+        .as_ref()
+        .map(Spanned::span)
+        .or(transaction.as_ref().map(Ident::span))
+        .unwrap_or(ret_span);
+    let at = |span: Span, name: &Ident| Ident::new(&name.to_string(), Span::mixed_site().located_at(span));
+
+    let checked_store = if transaction.is_some() {
+        quote!(tx_store)
+    } else {
+        quote!(store)
+    };
+    let p_store = private_at(store_span);
     let store_init = match &store {
-        Some(e) => quote_spanned!(e.span()=> (#e).clone()),
-        None => quote!(#private::DefaultStore),
+        Some(e) => quote_spanned!(store_span=> #p_store::#checked_store((#e).clone())),
+        None => quote_spanned!(store_span=> #p_store::#checked_store(#p_store::DefaultStore)),
+    };
+    let errors_fn = if store_final {
+        quote!(errors_final)
+    } else {
+        quote!(errors)
+    };
+    let errors_init = match &err_span {
+        Some((span, err)) => {
+            let p = private_at(*span);
+            quote_spanned!(*span=> #p::#errors_fn::<#err>())
+        }
+        None => {
+            let p = private_at(ret_span);
+            quote_spanned!(ret_span=> #p::#errors_fn())
+        }
     };
 
     let cap = template.literal_len + 16;
@@ -454,16 +509,18 @@ fn rewrite(model: Model, func: ItemFn) -> TokenStream {
     });
 
     let fp_steps = fingerprinted.iter().map(|(ident, cfgs)| {
+        let p = private_at(ident.span());
         quote_spanned! {ident.span()=>
             #(#cfgs)*
-            #private::Fingerprintable::add_to(&#ident, &mut #v_fp)?;
+            #p::Fingerprintable::add_to(&#ident, &mut #v_fp)?;
         }
     });
 
     let lease = lease_ms.map(|ms| quote!(.lease(::core::time::Duration::from_millis(#ms))));
     let retain = retain_ms.map(|ms| quote!(.retain(::core::time::Duration::from_millis(#ms))));
     let expired = fail_closed.then(|| quote!(.expired_lease(#private::ExpiredLease::FailClosed)));
-    let key_expr = quote_spanned!(key.span()=> #private::key(&(#key)));
+    let key_private = private_at(key.span());
+    let key_expr = quote_spanned!(key.span()=> #key_private::key(&(#key)));
 
     let prepared = quote! {
         #private::Prepared {
@@ -482,7 +539,9 @@ fn rewrite(model: Model, func: ItemFn) -> TokenStream {
         }
     };
 
-    let ret_span = ret.span();
+    // `Self`, through the trait: when the return type is not a `Result`, this is an error type
+    // after the one error saying so, and the rest of the expansion stays quiet.
+    let p_ret = private_at(ret_span);
     let fake_return = quote_spanned! {ret_span=>
         #[allow(
             unreachable_code,
@@ -491,7 +550,7 @@ fn rewrite(model: Model, func: ItemFn) -> TokenStream {
             clippy::let_unit_value
         )]
         if false {
-            let __idem_fake_return: #ret = loop {};
+            let __idem_fake_return = #p_ret::unreachable::<#ret>();
             return __idem_fake_return;
         }
     };
@@ -502,40 +561,41 @@ fn rewrite(model: Model, func: ItemFn) -> TokenStream {
             #(#stmts)*
         }
     };
+    let (v_errors, v_claim, v_out, v_result) =
+        (local("errors"), local("claim"), local("out"), local("result"));
+    let p_ok = private_at(ok_span);
+    let (store_ok, errors_ok) = (at(ok_span, &v_store), at(ok_span, &v_errors));
     let call = match &transaction {
         None => {
-            let runner = if store_final {
-                quote_spanned!(ret_span=> run_final)
-            } else {
-                quote_spanned!(ret_span=> run)
-            };
-            quote! {
-                #private::#runner::<_, #ret, _, _>(&#v_store, #prepared, #body).await
+            // Spanned as a whole: a call's unmet bounds are reported on the call's span.
+            quote_spanned! {ok_span=>
+                #p_ok::run(&#store_ok, #prepared, #errors_ok, #body).await
             }
         }
         Some(tx) => {
-            let (start, finish) = if store_final {
-                (
-                    quote_spanned!(ret_span=> tx_start_final),
-                    quote_spanned!(ret_span=> tx_finish_final),
-                )
-            } else {
-                (
-                    quote_spanned!(ret_span=> tx_start),
-                    quote_spanned!(ret_span=> tx_finish),
-                )
+            let (claim_ok, out_ok) = (at(ok_span, &v_claim), at(ok_span, &v_out));
+            let start = quote_spanned!(ok_span=> #p_ok::tx_start(&#store_ok, #prepared).await);
+            // Spanned on the `Ok` type too: an unmet bound on `out` is traced back to here.
+            let body = quote_spanned! {ok_span=>
+                async move {
+                    #fake_return
+                    #(#stmts)*
+                }
             };
-            let (v_claim, v_out, v_done) = (local("claim"), local("out"), local("done"));
+            let run_body = quote_spanned! {ok_span=>
+                let #out_ok = match #claim_ok.transaction() {
+                    ::core::option::Option::Some(#tx) => ::core::option::Option::Some(#body.await),
+                    ::core::option::Option::None => ::core::option::Option::None,
+                };
+            };
+            // `.await` included: awaiting re-checks the future's bounds, on the await's span.
+            let finish = quote_spanned! {ok_span=>
+                #p_ok::tx_finish(&#store_ok, #claim_ok, #errors_ok, #out_ok).await
+            };
             quote! {
-                let mut #v_claim = match #private::#start::<_, #ret, _>(&#v_store, #prepared).await {
-                    #private::TxStart::Done(#v_done) => return #v_done,
-                    #private::TxStart::Claimed(#v_claim) => #v_claim,
-                };
-                let #v_out: #ret = {
-                    let #tx = #v_claim.transaction();
-                    #body.await
-                };
-                #private::#finish::<_, #ret, _>(&#v_store, #v_claim, #v_out).await
+                let mut #v_claim = #start;
+                #run_body
+                #finish
             }
         }
     };
@@ -544,8 +604,73 @@ fn rewrite(model: Model, func: ItemFn) -> TokenStream {
         #(#attrs)*
         #vis #sig {
             let #v_store = #store_init;
+            let #v_errors = #errors_init;
             let #v_policy = #private::Policy::DEFAULT #lease #retain #expired;
-            #call
+            // Unannotated: the body's type (from the fake return edge above) decides, so that a
+            // return type that is not a `Result` is reported once.
+            let #v_result = { #call };
+            #v_result
         }
+    }
+}
+
+/// `tokens` with every span set to `span`.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|tt| match tt {
+            TokenTree::Group(g) => {
+                let mut group = Group::new(g.delimiter(), respan(g.stream(), span));
+                group.set_span(span);
+                TokenTree::Group(group)
+            }
+            mut other => {
+                other.set_span(span);
+                other
+            }
+        })
+        .collect()
+}
+
+/// `T` and `E` of a return type written `Result<T, E>` (any path ending in `Result`).
+fn result_args(ty: &Type) -> Option<(&Type, &Type)> {
+    let Type::Path(p) = ty else { return None };
+    let last = p.path.segments.last().filter(|s| s.ident == "Result")?;
+    let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    let mut types = args.args.iter().filter_map(|a| match a {
+        syn::GenericArgument::Type(t) => Some(t),
+        _ => None,
+    });
+    match (types.next(), types.next(), types.next()) {
+        (Some(ok), Some(err), None) => Some((ok, err)),
+        _ => None,
+    }
+}
+
+/// Return types that cannot be a `Result` or an alias of one, rejected before type checking so
+/// the message is one, on the type. Anything else is checked by the compiler (`IdemResult`).
+fn obviously_not_result(ty: &Type) -> bool {
+    const NOT_RESULT: &[&str] = &[
+        "bool", "char", "str", "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32",
+        "i64", "i128", "isize", "f32", "f64", "String", "Vec", "Option", "Box", "HashMap",
+        "BTreeMap", "Json", "StatusCode", "Response",
+    ];
+    match ty {
+        Type::Path(p) => p.qself.is_none()
+            && p
+                .path
+                .segments
+                .last()
+                .is_some_and(|s| NOT_RESULT.iter().any(|n| s.ident == n)),
+        Type::Paren(p) => obviously_not_result(&p.elem),
+        Type::Tuple(_)
+        | Type::Reference(_)
+        | Type::Array(_)
+        | Type::Slice(_)
+        | Type::Never(_)
+        | Type::Ptr(_) => true,
+        _ => false,
     }
 }

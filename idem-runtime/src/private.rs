@@ -1,5 +1,11 @@
 //! Support for the code `#[idempotent]` generates. Not a stable API: names and signatures here
 //! change without notice.
+//!
+//! Each property of the user's function is required by exactly one generated call, spanned on
+//! the tokens it is about, so that a mistake produces one error in the right place:
+//! the store ([`store`], [`tx_store`]), the `Ok` type ([`run`], [`tx_finish`]), the error type
+//! ([`errors`], [`errors_final`]), the key ([`key`]), each fingerprinted argument
+//! ([`Fingerprintable`]).
 
 #![allow(missing_docs)]
 
@@ -16,10 +22,7 @@ pub use crate::store::Store;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use crate::store::TxStore;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use crate::transactional::{
-    TxClaim, TxStart, tx_finish, tx_finish_final, tx_start, tx_start_final,
-};
-pub use serde::Serialize;
+pub use crate::transactional::{IsTxStore, TxClaim, TxStart, tx_finish, tx_start, tx_store};
 
 use crate::guard::{Begun, Guard, begin};
 use crate::replay::{decode_final, encode_final};
@@ -33,6 +36,9 @@ use crate::replay::{decode_final, encode_final};
 pub trait IdemResult: Sized {
     type Ok;
     type Err;
+    /// `Self`, named through the trait: a return type that is not a `Result` then becomes an
+    /// error type after its one error, and nothing downstream reports it again.
+    type Checked;
     fn from_ok(v: Self::Ok) -> Self;
     fn from_err(e: Self::Err) -> Self;
     fn into_result(self) -> Result<Self::Ok, Self::Err>;
@@ -41,6 +47,7 @@ pub trait IdemResult: Sized {
 impl<T, E> IdemResult for Result<T, E> {
     type Ok = T;
     type Err = E;
+    type Checked = Self;
     fn from_ok(v: T) -> Self {
         Ok(v)
     }
@@ -50,6 +57,12 @@ impl<T, E> IdemResult for Result<T, E> {
     fn into_result(self) -> Self {
         self
     }
+}
+
+/// The type of the fake return edge: `R` itself, named through the trait, so that a return type
+/// that is not a `Result` is reported here once and is an error type everywhere after.
+pub fn unreachable<R: IdemResult>() -> R::Checked {
+    unreachable!("only called under `if false`")
 }
 
 /// An argument that goes into the fingerprint.
@@ -68,44 +81,95 @@ impl<T: serde::Serialize + ?Sized> Fingerprintable for T {
     }
 }
 
-/// The error type of a guarded function must take idem's errors.
-#[diagnostic::on_unimplemented(
-    message = "the error type `{Self}` of an #[idempotent] function must implement `From<idem::Error>`",
-    label = "idem's errors (in progress, key reused, store unavailable) are returned through this type",
-    note = "add `impl From<idem::Error> for {Self}`, or use `idem::Error` itself"
-)]
-pub trait FromIdemError: Sized {
-    fn from_idem(e: Error) -> Self;
-}
-
-impl<E: From<Error>> FromIdemError for E {
-    fn from_idem(e: Error) -> Self {
-        E::from(e)
-    }
-}
-
 pub fn key<K: ToKey + ?Sized>(k: &K) -> Result<Key, Error> {
     k.to_key()
 }
 
-pub fn fingerprint_arg<T: Fingerprintable + ?Sized>(
-    f: &mut Fingerprinter,
-    value: &T,
-) -> Result<(), Error> {
-    value.add_to(f)
+/// A value that gives a store: a store, or a smart pointer to one (`Arc<PgStore>`).
+///
+/// Two implementations, told apart by the marker `M`: a value that is neither makes the handle
+/// an error type after one error, so nothing downstream reports the same mistake again.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an idempotency store",
+    label = "not a store",
+    note = "stores are `idem::MemoryStore`, `idem::SqliteStore`, `idem::PgStore`, `idem::CachedStore<_>`, a type implementing `idem::Store`, or a pointer to one such as `Arc<PgStore>`"
+)]
+pub trait IsStore<M> {
+    type Handle: Store + Clone;
+    fn into_handle(self) -> Self::Handle;
 }
 
-/// Compile-time checks on the return type, emitted with the user's spans.
-pub const fn assert_result<R: IdemResult>() {}
-pub const fn assert_replay<T: Replay<M>, M>() {}
-pub const fn assert_from_error<E: FromIdemError>() {}
-pub const fn assert_final<E: FinalError>() {}
+#[derive(Debug)]
+pub enum Direct {}
+#[derive(Debug)]
+pub enum Pointer {}
 
-pub(crate) fn fail<R: IdemResult>(e: Error) -> R
+impl<S: Store + Clone> IsStore<Direct> for S {
+    type Handle = S;
+    fn into_handle(self) -> S {
+        self
+    }
+}
+
+impl<P, S> IsStore<Pointer> for P
 where
-    R::Err: FromIdemError,
+    P: std::ops::Deref<Target = S>,
+    S: Store + Clone,
 {
-    R::from_err(R::Err::from_idem(e))
+    type Handle = S;
+    fn into_handle(self) -> S {
+        (*self).clone()
+    }
+}
+
+pub fn store<S: IsStore<M>, M>(s: S) -> S::Handle {
+    s.into_handle()
+}
+
+/// How idem's errors become the function's error type, and which of its errors are final.
+pub struct ErrorOps<E> {
+    pub(crate) from_idem: fn(Error) -> E,
+    pub(crate) finals: Option<FinalOps<E>>,
+}
+
+pub(crate) struct FinalOps<E> {
+    pub(crate) is_final: fn(&E) -> bool,
+    pub(crate) encode: fn(&E) -> Result<StoredResponse, Error>,
+    pub(crate) decode: fn(StoredResponse) -> Result<E, Error>,
+}
+
+impl<E> std::fmt::Debug for ErrorOps<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ErrorOps")
+            .field("stores_final_errors", &self.finals.is_some())
+            .finish()
+    }
+}
+
+impl<E> ErrorOps<E> {
+    pub(crate) fn fail<R: IdemResult<Err = E>>(&self, e: Error) -> R {
+        R::from_err((self.from_idem)(e))
+    }
+}
+
+/// Errors release the claim.
+pub fn errors<E: From<Error>>() -> ErrorOps<E> {
+    ErrorOps {
+        from_idem: E::from,
+        finals: None,
+    }
+}
+
+/// Final errors are stored and replayed; the others release the claim.
+pub fn errors_final<E: From<Error> + FinalError>() -> ErrorOps<E> {
+    ErrorOps {
+        from_idem: E::from,
+        finals: Some(FinalOps {
+            is_final: E::is_final,
+            encode: encode_final::<E>,
+            decode: decode_final::<E>,
+        }),
+    }
 }
 
 #[derive(Debug)]
@@ -125,72 +189,39 @@ impl Prepared {
 }
 
 /// The separate-commits flow: claim (committed), body, complete or release.
-pub async fn run<S, R, M, F>(store: &S, prepared: Prepared, body: F) -> R
+pub async fn run<S, R, M, F>(store: &S, prepared: Prepared, errors: ErrorOps<R::Err>, body: F) -> R
 where
     S: Store,
     R: IdemResult,
     R::Ok: Replay<M>,
-    R::Err: FromIdemError,
     F: Future<Output = R>,
 {
     let (scope, key, fp, policy) = match prepared.into_parts() {
         Ok(parts) => parts,
-        Err(e) => return fail(e),
+        Err(e) => return errors.fail(e),
     };
     match begin(store, scope, key, fp, policy).await {
-        Err(e) => fail(e),
-        Ok(Begun::Replay(stored)) => replay::<R, M>(stored),
-        Ok(Begun::Claimed(guard)) => {
-            let out = body.await;
-            match out.into_result() {
-                Ok(v) => complete(guard, v).await,
-                Err(e) => {
-                    // Only successes are worth replaying: give the claim up for a real retry.
-                    let _ = guard.release().await;
-                    R::from_err(e)
-                }
-            }
-        }
-    }
-}
-
-/// The separate-commits flow for functions whose final errors are stored and replayed.
-pub async fn run_final<S, R, M, F>(store: &S, prepared: Prepared, body: F) -> R
-where
-    S: Store,
-    R: IdemResult,
-    R::Ok: Replay<M>,
-    R::Err: FromIdemError + FinalError,
-    F: Future<Output = R>,
-{
-    let (scope, key, fp, policy) = match prepared.into_parts() {
-        Ok(parts) => parts,
-        Err(e) => return fail(e),
-    };
-    match begin(store, scope, key, fp, policy).await {
-        Err(e) => fail(e),
-        Ok(Begun::Replay(stored)) if stored.is_error => {
-            note_replay(&stored);
-            match decode_final::<R::Err>(stored) {
-                Ok(e) => R::from_err(e),
-                Err(e) => fail(e),
-            }
-        }
-        Ok(Begun::Replay(stored)) => replay::<R, M>(stored),
+        Err(e) => errors.fail(e),
+        Ok(Begun::Replay(stored)) => replay::<R, M>(stored, &errors),
         Ok(Begun::Claimed(guard)) => match body.await.into_result() {
-            Ok(v) => complete(guard, v).await,
-            Err(e) if e.is_final() => match encode_final(&e) {
-                Ok(stored) => {
-                    let _ = guard.complete(&stored).await;
-                    R::from_err(e)
-                }
-                Err(enc) => {
-                    tracing::error!(target: "idem", error = %enc, "cannot store a final error; releasing instead");
-                    let _ = guard.release().await;
-                    R::from_err(e)
-                }
-            },
+            Ok(v) => complete::<S, R, M>(guard, v, &errors).await,
             Err(e) => {
+                if let Some(finals) = &errors.finals {
+                    if (finals.is_final)(&e) {
+                        match (finals.encode)(&e) {
+                            Ok(stored) => {
+                                let _ = guard.complete(&stored).await;
+                                return R::from_err(e);
+                            }
+                            Err(enc) => tracing::error!(
+                                target: "idem", error = %enc,
+                                "cannot store a final error; releasing the claim instead"
+                            ),
+                        }
+                    }
+                }
+                // Only successes (and final errors) are worth replaying: free the key for a
+                // real retry.
                 let _ = guard.release().await;
                 R::from_err(e)
             }
@@ -198,30 +229,35 @@ where
     }
 }
 
-pub(crate) fn replay<R, M>(stored: crate::record::StoredResponse) -> R
+/// A stored response, as the function's return value: its `Ok`, or a stored final error.
+pub(crate) fn replay<R, M>(stored: StoredResponse, errors: &ErrorOps<R::Err>) -> R
 where
     R: IdemResult,
     R::Ok: Replay<M>,
-    R::Err: FromIdemError,
 {
-    if stored.is_error {
-        return fail(Error::Decode(
-            "the stored response is a final error, but this function does not store final errors (on_error = \"store_final\")".into(),
-        ));
-    }
     note_replay(&stored);
+    if stored.is_error {
+        return match &errors.finals {
+            Some(finals) => match (finals.decode)(stored) {
+                Ok(e) => R::from_err(e),
+                Err(e) => errors.fail(e),
+            },
+            None => errors.fail(Error::Decode(
+                "the stored response is a final error, but this function does not store final errors (on_error = \"store_final\")".into(),
+            )),
+        };
+    }
     match R::Ok::decode(stored) {
         Ok(v) => R::from_ok(v),
-        Err(e) => fail(e),
+        Err(e) => errors.fail(e),
     }
 }
 
-async fn complete<S, R, M>(guard: Guard<'_, S>, v: R::Ok) -> R
+async fn complete<S, R, M>(guard: Guard<'_, S>, v: R::Ok, errors: &ErrorOps<R::Err>) -> R
 where
     S: Store,
     R: IdemResult,
     R::Ok: Replay<M>,
-    R::Err: FromIdemError,
 {
     let stored = match v.encode() {
         Ok(stored) => stored,
@@ -230,13 +266,13 @@ where
             // gets "in progress", then re-claims after the lease) rather than run it twice.
             tracing::error!(target: "idem", error = %e, "cannot encode the response for storage");
             guard.keep_claimed();
-            return fail(e);
+            return errors.fail(e);
         }
     };
     match guard.complete(&stored).await {
         Ok(()) => R::from_ok(v),
         // A newer attempt owns the record; its answer is the one that will be replayed.
-        Err(e @ Error::FenceLost { .. }) => fail(e),
+        Err(e @ Error::FenceLost { .. }) => errors.fail(e),
         // The effect happened and this is its answer: hand it back. The record stays claimed
         // until its lease runs out (see Guard::complete).
         Err(e) => {
@@ -247,7 +283,7 @@ where
 }
 
 /// Tells the HTTP layer, when there is one around this request, that the response is a replay.
-pub(crate) fn note_replay(stored: &crate::record::StoredResponse) {
+pub(crate) fn note_replay(stored: &StoredResponse) {
     #[cfg(feature = "axum")]
     crate::http::note_replay(stored);
     #[cfg(not(feature = "axum"))]

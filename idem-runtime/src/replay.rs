@@ -11,6 +11,9 @@ pub mod marker {
     /// Any `Serialize + DeserializeOwned` value, stored as JSON.
     #[derive(Debug)]
     pub enum Serde {}
+    /// A type with its own [`ReplayBytes`](super::ReplayBytes) encoding.
+    #[derive(Debug)]
+    pub enum Bytes {}
     /// A response type of the HTTP integration.
     #[derive(Debug)]
     pub enum Http {}
@@ -21,14 +24,14 @@ pub mod marker {
 
 /// A value that can be stored when first returned and rebuilt, byte for byte, on replay.
 ///
-/// Implemented for every `Serialize + DeserializeOwned` type (stored as JSON), for
-/// [`Idempotent<T>`], and under the `axum` feature for `Json<T>` and `(StatusCode, Json<T>)`.
+/// Implemented for every `Serialize + DeserializeOwned` type (stored as JSON), for every
+/// [`ReplayBytes`] type (your own encoding), for [`Idempotent<T>`], and under the `axum` feature for `Json<T>` and `(StatusCode, Json<T>)`.
 /// The type parameter `M` is a marker that lets these implementations coexist; it is always
 /// inferred, never written.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be replayed: an #[idempotent] function's `Ok` type must be storable",
     label = "cannot be stored and replayed",
-    note = "derive `serde::Serialize` and `serde::Deserialize` for it, or return `axum::Json<T>` / `(StatusCode, axum::Json<T>)` with the `axum` feature"
+    note = "derive `serde::Serialize` and `serde::Deserialize` for it, implement `idem::replay::ReplayBytes` for an encoding of your own, or return `axum::Json<T>` / `(StatusCode, axum::Json<T>)` (feature `axum`)"
 )]
 pub trait Replay<M = marker::Serde>: Sized {
     /// Encodes the first response for storage.
@@ -46,6 +49,44 @@ impl<T: Serialize + DeserializeOwned> Replay<marker::Serde> for T {
 
     fn decode(stored: StoredResponse) -> Result<Self, Error> {
         serde_json::from_slice(&stored.body).map_err(|e| Error::Decode(e.to_string()))
+    }
+}
+
+/// A replay encoding of your own, for `Ok` types that are not serde types (a protobuf message,
+/// a type from a crate without serde support).
+///
+/// Implement this or derive serde, not both: with both, the compiler cannot tell which encoding
+/// to use.
+///
+/// ```
+/// use idem_runtime::{Error, replay::ReplayBytes};
+///
+/// struct Receipt(u64);
+///
+/// impl ReplayBytes for Receipt {
+///     fn to_replay_bytes(&self) -> Result<Vec<u8>, Error> {
+///         Ok(self.0.to_be_bytes().to_vec())
+///     }
+///     fn from_replay_bytes(bytes: &[u8]) -> Result<Self, Error> {
+///         let b: [u8; 8] = bytes.try_into().map_err(|_| Error::Decode("8 bytes expected".into()))?;
+///         Ok(Receipt(u64::from_be_bytes(b)))
+///     }
+/// }
+/// ```
+pub trait ReplayBytes: Sized {
+    /// Encodes the value for storage.
+    fn to_replay_bytes(&self) -> Result<Vec<u8>, Error>;
+    /// Decodes a stored value.
+    fn from_replay_bytes(bytes: &[u8]) -> Result<Self, Error>;
+}
+
+impl<T: ReplayBytes> Replay<marker::Bytes> for T {
+    fn encode(&self) -> Result<StoredResponse, Error> {
+        self.to_replay_bytes().map(StoredResponse::ok)
+    }
+
+    fn decode(stored: StoredResponse) -> Result<Self, Error> {
+        T::from_replay_bytes(&stored.body)
     }
 }
 

@@ -1,9 +1,9 @@
 //! The transactional flow of `#[idempotent(…, transaction = tx)]`: claim, body and completion in
 //! one database transaction.
 //!
-//! The macro calls [`tx_start`], runs the body inline with `&mut` the claim's transaction, then
-//! calls [`tx_finish`]: no closure, so nothing higher-ranked stands between the body and the
-//! caller's `Send` checks.
+//! The macro calls [`tx_start`], runs the body inline on the transaction it opened (no closure,
+//! so nothing higher-ranked stands between the body and the caller's `Send` checks), then
+//! [`tx_finish`], which is the one call that needs the return type's bounds.
 
 use std::fmt;
 
@@ -12,34 +12,75 @@ use crate::fingerprint::Fingerprint;
 use crate::guard::{Begun, begin as begin_separate};
 use crate::key::Key;
 use crate::observe::{self, Outcome};
-use crate::private::{FromIdemError, IdemResult, Prepared, fail, note_replay, replay};
+use crate::private::{Direct, ErrorOps, IdemResult, Pointer, Prepared, replay};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Policy, StoredResponse};
-use crate::replay::{FinalError, Replay, decode_final, encode_final};
+use crate::replay::Replay;
 use crate::store::TxStore;
 use crate::store::sql::map_err;
 
 type Tx<S> = sqlx::Transaction<'static, <S as TxStore>::Database>;
 
-/// What [`tx_start`] found.
-pub enum TxStart<S: TxStore, R> {
-    /// Replayed or refused: return this.
-    Done(R),
-    /// Claimed inside an open transaction: run the body on it, then [`tx_finish`].
-    Claimed(TxClaim<S>),
+/// A value that gives a transactional store; see [`crate::private::IsStore`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run a guarded body inside a database transaction",
+    label = "not a transactional store",
+    note = "`transaction = …` needs `idem::SqliteStore` or `idem::PgStore` (or a pointer to one)"
+)]
+pub trait IsTxStore<M> {
+    /// The store.
+    type Handle: TxStore + Clone;
+    /// The store.
+    fn into_handle(self) -> Self::Handle;
 }
 
-impl<S: TxStore, R> fmt::Debug for TxStart<S, R> {
+impl<S: TxStore + Clone> IsTxStore<Direct> for S {
+    type Handle = S;
+    fn into_handle(self) -> S {
+        self
+    }
+}
+
+impl<P, S> IsTxStore<Pointer> for P
+where
+    P: std::ops::Deref<Target = S>,
+    S: TxStore + Clone,
+{
+    type Handle = S;
+    fn into_handle(self) -> S {
+        (*self).clone()
+    }
+}
+
+/// Checks that `s` gives a transactional store; see [`crate::private::store`].
+pub fn tx_store<S: IsTxStore<M>, M>(s: S) -> S::Handle {
+    s.into_handle()
+}
+
+/// What [`tx_start`] found: a claim inside an open transaction, or the end of the story (a
+/// replay, or a refusal).
+pub struct TxStart<T> {
+    state: Result<TxClaim<T>, Result<StoredResponse, Error>>,
+}
+
+impl<T> fmt::Debug for TxStart<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TxStart::Done(_) => f.write_str("Done"),
-            TxStart::Claimed(c) => f.debug_tuple("Claimed").field(c).finish(),
+        match &self.state {
+            Ok(c) => f.debug_tuple("Claimed").field(c).finish(),
+            Err(done) => f.debug_tuple("Done").field(done).finish(),
         }
     }
 }
 
-/// A claim held inside an open transaction.
-pub struct TxClaim<S: TxStore> {
-    tx: Tx<S>,
+impl<T> TxStart<T> {
+    /// The transaction to run the body in, when the claim was taken.
+    pub fn transaction(&mut self) -> Option<&mut T> {
+        self.state.as_mut().ok().map(|c| &mut c.tx)
+    }
+}
+
+/// A claim held inside the open transaction `T`.
+pub struct TxClaim<T> {
+    tx: T,
     scope: String,
     key: Key,
     fingerprint: Fingerprint,
@@ -47,7 +88,7 @@ pub struct TxClaim<S: TxStore> {
     fence: u64,
 }
 
-impl<S: TxStore> fmt::Debug for TxClaim<S> {
+impl<T> fmt::Debug for TxClaim<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TxClaim")
             .field("scope", &self.scope)
@@ -57,52 +98,19 @@ impl<S: TxStore> fmt::Debug for TxClaim<S> {
     }
 }
 
-impl<S: TxStore> TxClaim<S> {
-    /// The transaction the body runs in.
-    pub fn transaction(&mut self) -> &mut Tx<S> {
-        &mut self.tx
-    }
-}
-
 /// Opens the transaction and claims inside it; a replay or a refusal ends it at once.
-pub async fn tx_start<S, R, M>(store: &S, prepared: Prepared) -> TxStart<S, R>
-where
-    S: TxStore,
-    R: IdemResult,
-    R::Ok: Replay<M>,
-    R::Err: FromIdemError,
-{
-    match start(store, prepared).await {
-        Ok(Started::Claimed(c)) => TxStart::Claimed(c),
-        Ok(Started::Done(stored)) => TxStart::Done(replay::<R, M>(stored)),
-        Err(e) => TxStart::Done(fail(e)),
-    }
-}
-
-/// [`tx_start`] for functions whose final errors are stored.
-pub async fn tx_start_final<S, R, M>(store: &S, prepared: Prepared) -> TxStart<S, R>
-where
-    S: TxStore,
-    R: IdemResult,
-    R::Ok: Replay<M>,
-    R::Err: FromIdemError + FinalError,
-{
-    match start(store, prepared).await {
-        Ok(Started::Claimed(c)) => TxStart::Claimed(c),
-        Ok(Started::Done(stored)) if stored.is_error => {
-            note_replay(&stored);
-            TxStart::Done(match decode_final::<R::Err>(stored) {
-                Ok(e) => R::from_err(e),
-                Err(e) => fail(e),
-            })
-        }
-        Ok(Started::Done(stored)) => TxStart::Done(replay::<R, M>(stored)),
-        Err(e) => TxStart::Done(fail(e)),
+pub async fn tx_start<S: TxStore>(store: &S, prepared: Prepared) -> TxStart<Tx<S>> {
+    TxStart {
+        state: match start(store, prepared).await {
+            Ok(Started::Claimed(c)) => Ok(c),
+            Ok(Started::Done(stored)) => Err(Ok(stored)),
+            Err(e) => Err(Err(e)),
+        },
     }
 }
 
 enum Started<S: TxStore> {
-    Claimed(TxClaim<S>),
+    Claimed(TxClaim<Tx<S>>),
     Done(StoredResponse),
 }
 
@@ -149,34 +157,32 @@ async fn start<S: TxStore>(store: &S, prepared: Prepared) -> Result<Started<S>, 
     }
 }
 
-/// Completes and commits on `Ok`, rolls back on `Err`.
-pub async fn tx_finish<S, R, M>(store: &S, claim: TxClaim<S>, out: R) -> R
+/// The function's return value. For a claim, with the body's `out`: completes and commits on
+/// `Ok`; on `Err` rolls back, then records a final error on its own if the function stores
+/// final errors and the identity is still free. Otherwise the replay, or the refusal.
+pub async fn tx_finish<S, R, M>(
+    store: &S,
+    start: TxStart<Tx<S>>,
+    errors: ErrorOps<R::Err>,
+    out: Option<R>,
+) -> R
 where
     S: TxStore,
     R: IdemResult,
     R::Ok: Replay<M>,
-    R::Err: FromIdemError,
 {
-    match out.into_result() {
-        Ok(v) => commit::<S, R, M>(store, claim, v).await,
-        Err(e) => {
-            rollback(claim).await;
-            R::from_err(e)
+    let (claim, out) = match (start.state, out) {
+        (Ok(claim), Some(out)) => (claim, out),
+        (Err(Ok(stored)), _) => return replay::<R, M>(stored, &errors),
+        (Err(Err(e)), _) => return errors.fail(e),
+        (Ok(claim), None) => {
+            // Unreachable from generated code: a claim always runs the body.
+            rollback::<S>(claim).await;
+            return errors.fail(Error::Config("the guarded body did not run".into()));
         }
-    }
-}
-
-/// [`tx_finish`] for functions whose final errors are stored: the transaction rolls back, then
-/// the error is recorded on its own, if the identity is still free.
-pub async fn tx_finish_final<S, R, M>(store: &S, claim: TxClaim<S>, out: R) -> R
-where
-    S: TxStore,
-    R: IdemResult,
-    R::Ok: Replay<M>,
-    R::Err: FromIdemError + FinalError,
-{
+    };
     match out.into_result() {
-        Ok(v) => commit::<S, R, M>(store, claim, v).await,
+        Ok(v) => commit::<S, R, M>(store, claim, v, &errors).await,
         Err(e) => {
             let (scope, key, fingerprint, policy) = (
                 claim.scope.clone(),
@@ -184,13 +190,15 @@ where
                 claim.fingerprint,
                 claim.policy,
             );
-            rollback(claim).await;
-            if e.is_final() {
-                if let Ok(stored) = encode_final(&e) {
-                    if let Ok(Begun::Claimed(guard)) =
-                        begin_separate(store, scope, key, fingerprint, policy).await
-                    {
-                        let _ = guard.complete(&stored).await;
+            rollback::<S>(claim).await;
+            if let Some(finals) = &errors.finals {
+                if (finals.is_final)(&e) {
+                    if let Ok(stored) = (finals.encode)(&e) {
+                        if let Ok(Begun::Claimed(guard)) =
+                            begin_separate(store, scope, key, fingerprint, policy).await
+                        {
+                            let _ = guard.complete(&stored).await;
+                        }
                     }
                 }
             }
@@ -199,16 +207,20 @@ where
     }
 }
 
-async fn commit<S, R, M>(store: &S, mut claim: TxClaim<S>, v: R::Ok) -> R
+async fn commit<S, R, M>(
+    store: &S,
+    mut claim: TxClaim<Tx<S>>,
+    v: R::Ok,
+    errors: &ErrorOps<R::Err>,
+) -> R
 where
     S: TxStore,
     R: IdemResult,
     R::Ok: Replay<M>,
-    R::Err: FromIdemError,
 {
     let stored = match v.encode() {
         Ok(s) => s,
-        Err(e) => return fail(e),
+        Err(e) => return errors.fail(e),
     };
     let c = ClaimRef {
         scope: &claim.scope,
@@ -219,30 +231,21 @@ where
         .complete_in(&mut claim.tx, c, &stored, claim.policy.retain)
         .await
     {
-        return fail(e);
+        return errors.fail(e);
     }
     match claim.tx.commit().await {
         Ok(()) => {
-            observe::record(
-                Outcome::Completed,
-                &claim.scope,
-                claim.key.as_str(),
-                claim.fence,
-            );
+            observe::record(Outcome::Completed, &claim.scope, claim.key.as_str(), claim.fence);
             R::from_ok(v)
         }
         // Nothing was committed (or, if the connection dropped during COMMIT, everything was):
         // either way a retry with the same key gets the right answer.
-        Err(e) => fail(map_err(e)),
+        Err(e) => errors.fail(map_err(e)),
     }
 }
 
-async fn rollback<S: TxStore>(claim: TxClaim<S>) {
+async fn rollback<S: TxStore>(claim: TxClaim<Tx<S>>) {
+    // Errors are moot: a connection that is gone has rolled the transaction back too.
     let _ = claim.tx.rollback().await;
-    observe::record(
-        Outcome::Released,
-        &claim.scope,
-        claim.key.as_str(),
-        claim.fence,
-    );
+    observe::record(Outcome::Released, &claim.scope, claim.key.as_str(), claim.fence);
 }

@@ -1,0 +1,6 @@
+use idem::idempotent;
+
+#[idempotent(scope = "refund:<order_no>", key = key)]
+async fn refund(order_no: String, key: String) {}
+
+fn main() {}
