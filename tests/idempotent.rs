@@ -141,7 +141,7 @@ async fn cfg_on_argument<S: Store + Clone>(
     app: &App<S>,
     key: &str,
     #[cfg(any())] gone: Opaque,
-    #[cfg(all())] kept: u32,
+    #[cfg(test)] kept: u32,
 ) -> Result<u32, Error> {
     app.run();
     Ok(kept)
@@ -198,6 +198,27 @@ async fn slow<S: Store + Clone>(
     tokio::time::sleep(delay).await;
     assert!(!panic, "the body panicked");
     Ok(run)
+}
+
+/// Not a serde type: replayed through its own encoding.
+#[derive(Debug, PartialEq)]
+struct Receipt(u64);
+
+impl idem::replay::ReplayBytes for Receipt {
+    fn to_replay_bytes(&self) -> Result<Vec<u8>, Error> {
+        Ok(self.0.to_be_bytes().to_vec())
+    }
+    fn from_replay_bytes(bytes: &[u8]) -> Result<Self, Error> {
+        let b: [u8; 8] = bytes
+            .try_into()
+            .map_err(|_| Error::Decode("8 bytes".into()))?;
+        Ok(Receipt(u64::from_be_bytes(b)))
+    }
+}
+
+#[idempotent(scope = "receipt:<n>", key = key, store = app.store, skip(app))]
+async fn own_encoding<S: Store + Clone>(app: &App<S>, n: u64, key: &str) -> Result<Receipt, Error> {
+    Ok(Receipt(n * 100 + app.run() as u64))
 }
 
 async fn memory_app() -> App<MemoryStore> {
@@ -317,6 +338,14 @@ mod $name {
         let a2 = app.clone();
         let direct = tokio::spawn(async move { slow(&a2, 1, "k2", Duration::ZERO, false).await });
         assert_eq!(direct.await.unwrap().unwrap(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_type_with_its_own_encoding_replays() {
+        let app = $make().await;
+        assert_eq!(own_encoding(&app, 7, "k").await.unwrap(), Receipt(701));
+        assert_eq!(own_encoding(&app, 7, "k").await.unwrap(), Receipt(701));
+        assert_eq!(app.runs(), 1);
     }
 
     #[tokio::test]

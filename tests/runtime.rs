@@ -170,7 +170,7 @@ async fn sweeper_purges_in_the_background() {
     assert_eq!(store.len(), 1, "not expired yet");
     clock.advance(Duration::from_secs(61));
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    while store.len() > 0 && std::time::Instant::now() < deadline {
+    while !store.is_empty() && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(store.len(), 0, "the sweeper purged the expired record");

@@ -61,7 +61,9 @@ impl Args {
                 "skip" => args.skip = Some((span, ident_list(&meta, "skip")?)),
                 "lease" => args.lease = lit_str(&meta, "lease", "\"30s\"", errors)?,
                 "retain" => args.retain = lit_str(&meta, "retain", "\"24h\"", errors)?,
-                "on_error" => args.on_error = lit_str(&meta, "on_error", "\"store_final\"", errors)?,
+                "on_error" => {
+                    args.on_error = lit_str(&meta, "on_error", "\"store_final\"", errors)?
+                }
                 "on_expired_lease" => {
                     args.on_expired_lease =
                         lit_str(&meta, "on_expired_lease", "\"fail_closed\"", errors)?
@@ -231,9 +233,10 @@ fn validate(args: Args, func: &ItemFn, skipped: &[bool], errors: &mut Errors) ->
             }
             Ok(t) => {
                 for part in &t.parts {
-                    if let Part::Hole(h) = part {
-                        if !is_bound(&h.root) {
-                            errors.at(
+                    if let Part::Hole(h) = part
+                        && !is_bound(&h.root)
+                    {
+                        errors.at(
                                 lit.span(),
                                 format_args!(
                                     "`<{}>` in the scope names no argument of `{}`: its arguments are {}",
@@ -242,7 +245,6 @@ fn validate(args: Args, func: &ItemFn, skipped: &[bool], errors: &mut Errors) ->
                                     names()
                                 ),
                             );
-                        }
                     }
                 }
                 Some(t)
@@ -332,15 +334,15 @@ fn validate(args: Args, func: &ItemFn, skipped: &[bool], errors: &mut Errors) ->
             }
         },
     };
-    if let Some(tx) = &args.transaction {
-        if is_bound(&tx.to_string()) {
-            errors.at(
+    if let Some(tx) = &args.transaction
+        && is_bound(&tx.to_string())
+    {
+        errors.at(
                 tx.span(),
                 format_args!(
                     "`transaction = {tx}` would hide the argument `{tx}`: name the transaction something else"
                 ),
             );
-        }
     }
 
     Some(Model {
@@ -464,7 +466,9 @@ fn rewrite(model: Model, func: ItemFn) -> TokenStream {
         .map(Spanned::span)
         .or(transaction.as_ref().map(Ident::span))
         .unwrap_or(ret_span);
-    let at = |span: Span, name: &Ident| Ident::new(&name.to_string(), Span::mixed_site().located_at(span));
+    let at = |span: Span, name: &Ident| {
+        Ident::new(&name.to_string(), Span::mixed_site().located_at(span))
+    };
 
     let checked_store = if transaction.is_some() {
         quote!(tx_store)
@@ -561,8 +565,12 @@ fn rewrite(model: Model, func: ItemFn) -> TokenStream {
             #(#stmts)*
         }
     };
-    let (v_errors, v_claim, v_out, v_result) =
-        (local("errors"), local("claim"), local("out"), local("result"));
+    let (v_errors, v_claim, v_out, v_result) = (
+        local("errors"),
+        local("claim"),
+        local("out"),
+        local("result"),
+    );
     let p_ok = private_at(ok_span);
     let (store_ok, errors_ok) = (at(ok_span, &v_store), at(ok_span, &v_errors));
     let call = match &transaction {
@@ -653,17 +661,41 @@ fn result_args(ty: &Type) -> Option<(&Type, &Type)> {
 /// the message is one, on the type. Anything else is checked by the compiler (`IdemResult`).
 fn obviously_not_result(ty: &Type) -> bool {
     const NOT_RESULT: &[&str] = &[
-        "bool", "char", "str", "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32",
-        "i64", "i128", "isize", "f32", "f64", "String", "Vec", "Option", "Box", "HashMap",
-        "BTreeMap", "Json", "StatusCode", "Response",
+        "bool",
+        "char",
+        "str",
+        "u8",
+        "u16",
+        "u32",
+        "u64",
+        "u128",
+        "usize",
+        "i8",
+        "i16",
+        "i32",
+        "i64",
+        "i128",
+        "isize",
+        "f32",
+        "f64",
+        "String",
+        "Vec",
+        "Option",
+        "Box",
+        "HashMap",
+        "BTreeMap",
+        "Json",
+        "StatusCode",
+        "Response",
     ];
     match ty {
-        Type::Path(p) => p.qself.is_none()
-            && p
-                .path
-                .segments
-                .last()
-                .is_some_and(|s| NOT_RESULT.iter().any(|n| s.ident == n)),
+        Type::Path(p) => {
+            p.qself.is_none()
+                && p.path
+                    .segments
+                    .last()
+                    .is_some_and(|s| NOT_RESULT.iter().any(|n| s.ident == n))
+        }
         Type::Paren(p) => obviously_not_result(&p.elem),
         Type::Tuple(_)
         | Type::Reference(_)

@@ -12,7 +12,7 @@ mod template;
 
 use proc_macro::TokenStream;
 
-/// Makes an `async fn` idempotent. Documented where users see it: `idem::idempotent`.
+/// Makes an `async fn` idempotent.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     idempotent::expand(args.into(), item.into()).into()

@@ -104,13 +104,12 @@ pub(crate) fn parse(text: &str, span: Span) -> syn::Result<Template> {
                 if let (Some(Part::Text(between)), Some(Part::Hole(prev))) = (
                     parts.last(),
                     parts.len().checked_sub(2).and_then(|k| parts.get(k)),
-                ) {
-                    if between.bytes().all(is_value_byte) {
-                        return Err(err(format!(
-                            "placeholders `<{}>` and `<{inner}>` in scope template `{text}` are separated only by `{between}`, which values can contain: add a delimiter such as `:` or `/`",
-                            prev.written
-                        )));
-                    }
+                ) && between.bytes().all(is_value_byte)
+                {
+                    return Err(err(format!(
+                        "placeholders `<{}>` and `<{inner}>` in scope template `{text}` are separated only by `{between}`, which values can contain: add a delimiter such as `:` or `/`",
+                        prev.written
+                    )));
                 }
                 parts.push(Part::Hole(Hole {
                     root: root.to_owned(),

@@ -1,6 +1,5 @@
 //! The store used by `#[idempotent]` functions that do not name one.
 
-use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -56,12 +55,8 @@ impl Store for DefaultStore {
     ) -> Result<()> {
         get()?.checkpoint(claim, recovery_point, lease).await
     }
-    fn lookup(
-        &self,
-        scope: &str,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<Record>>> + Send {
-        async move { get()?.lookup(scope, key).await }
+    async fn lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
+        get()?.lookup(scope, key).await
     }
     async fn purge_expired(&self) -> Result<u64> {
         get()?.purge_expired().await

@@ -89,48 +89,46 @@ mod tests {
 
     #[test]
     fn table() {
-        use Decision::*;
-        use SeenState::*;
+        use Decision as D;
+        use SeenState as S;
         let p = Policy::DEFAULT;
         let closed = Policy::DEFAULT.expired_lease(ExpiredLease::FailClosed);
-        assert_eq!(decide(seen(Completed, true, false, 0), &p), Replay);
-        assert_eq!(decide(seen(Completed, false, false, 0), &p), KeyReused);
-        assert_eq!(decide(seen(InProgress, false, false, 10), &p), KeyReused);
+        let claim = |reclaim, keep_recovery_point| D::Claim {
+            reclaim,
+            keep_recovery_point,
+        };
+        assert_eq!(decide(seen(S::Completed, true, false, 0), &p), D::Replay);
         assert_eq!(
-            decide(seen(InProgress, true, false, 1500), &p),
-            InProgress(Duration::from_millis(1500))
+            decide(seen(S::Completed, false, false, 0), &p),
+            D::KeyReused
         );
         assert_eq!(
-            decide(seen(InProgress, true, false, 0), &p),
-            Claim {
-                reclaim: true,
-                keep_recovery_point: true
-            }
+            decide(seen(S::InProgress, false, false, 10), &p),
+            D::KeyReused
         );
         assert_eq!(
-            decide(seen(InProgress, true, false, -5), &closed),
-            InProgress(closed.lease)
+            decide(seen(S::InProgress, true, false, 1500), &p),
+            D::InProgress(Duration::from_millis(1500))
         );
         assert_eq!(
-            decide(seen(Completed, false, true, 0), &p),
-            Claim {
-                reclaim: false,
-                keep_recovery_point: false
-            }
+            decide(seen(S::InProgress, true, false, 0), &p),
+            claim(true, true)
         );
         assert_eq!(
-            decide(seen(Released, false, false, 0), &p),
-            Claim {
-                reclaim: false,
-                keep_recovery_point: false
-            }
+            decide(seen(S::InProgress, true, false, -5), &closed),
+            D::InProgress(closed.lease)
         );
         assert_eq!(
-            decide(seen(Released, true, false, 0), &p),
-            Claim {
-                reclaim: false,
-                keep_recovery_point: true
-            }
+            decide(seen(S::Completed, false, true, 0), &p),
+            claim(false, false)
+        );
+        assert_eq!(
+            decide(seen(S::Released, false, false, 0), &p),
+            claim(false, false)
+        );
+        assert_eq!(
+            decide(seen(S::Released, true, false, 0), &p),
+            claim(false, true)
         );
     }
 }

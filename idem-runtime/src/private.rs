@@ -206,18 +206,18 @@ where
         Ok(Begun::Claimed(guard)) => match body.await.into_result() {
             Ok(v) => complete::<S, R, M>(guard, v, &errors).await,
             Err(e) => {
-                if let Some(finals) = &errors.finals {
-                    if (finals.is_final)(&e) {
-                        match (finals.encode)(&e) {
-                            Ok(stored) => {
-                                let _ = guard.complete(&stored).await;
-                                return R::from_err(e);
-                            }
-                            Err(enc) => tracing::error!(
-                                target: "idem", error = %enc,
-                                "cannot store a final error; releasing the claim instead"
-                            ),
+                if let Some(finals) = &errors.finals
+                    && (finals.is_final)(&e)
+                {
+                    match (finals.encode)(&e) {
+                        Ok(stored) => {
+                            let _ = guard.complete(&stored).await;
+                            return R::from_err(e);
                         }
+                        Err(enc) => tracing::error!(
+                            target: "idem", error = %enc,
+                            "cannot store a final error; releasing the claim instead"
+                        ),
                     }
                 }
                 // Only successes (and final errors) are worth replaying: free the key for a

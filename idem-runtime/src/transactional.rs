@@ -191,16 +191,13 @@ where
                 claim.policy,
             );
             rollback::<S>(claim).await;
-            if let Some(finals) = &errors.finals {
-                if (finals.is_final)(&e) {
-                    if let Ok(stored) = (finals.encode)(&e) {
-                        if let Ok(Begun::Claimed(guard)) =
-                            begin_separate(store, scope, key, fingerprint, policy).await
-                        {
-                            let _ = guard.complete(&stored).await;
-                        }
-                    }
-                }
+            if let Some(finals) = &errors.finals
+                && (finals.is_final)(&e)
+                && let Ok(stored) = (finals.encode)(&e)
+                && let Ok(Begun::Claimed(guard)) =
+                    begin_separate(store, scope, key, fingerprint, policy).await
+            {
+                let _ = guard.complete(&stored).await;
             }
             R::from_err(e)
         }
@@ -235,7 +232,12 @@ where
     }
     match claim.tx.commit().await {
         Ok(()) => {
-            observe::record(Outcome::Completed, &claim.scope, claim.key.as_str(), claim.fence);
+            observe::record(
+                Outcome::Completed,
+                &claim.scope,
+                claim.key.as_str(),
+                claim.fence,
+            );
             R::from_ok(v)
         }
         // Nothing was committed (or, if the connection dropped during COMMIT, everything was):
@@ -247,5 +249,10 @@ where
 async fn rollback<S: TxStore>(claim: TxClaim<Tx<S>>) {
     // Errors are moot: a connection that is gone has rolled the transaction back too.
     let _ = claim.tx.rollback().await;
-    observe::record(Outcome::Released, &claim.scope, claim.key.as_str(), claim.fence);
+    observe::record(
+        Outcome::Released,
+        &claim.scope,
+        claim.key.as_str(),
+        claim.fence,
+    );
 }

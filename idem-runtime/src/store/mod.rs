@@ -171,34 +171,30 @@ impl SharedStore {
 }
 
 impl Store for SharedStore {
-    fn begin(&self, req: BeginRequest<'_>) -> impl Future<Output = Result<BeginOutcome>> + Send {
-        async move { self.0.begin_dyn(req).await }
+    async fn begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
+        self.0.begin_dyn(req).await
     }
-    fn complete(
+    async fn complete(
         &self,
         claim: ClaimRef<'_>,
         response: &StoredResponse,
         retain: Duration,
-    ) -> impl Future<Output = Result<()>> + Send {
-        async move { self.0.complete_dyn(claim, response, retain).await }
+    ) -> Result<()> {
+        self.0.complete_dyn(claim, response, retain).await
     }
-    fn release(&self, claim: ClaimRef<'_>) -> impl Future<Output = Result<()>> + Send {
-        async move { self.0.release_dyn(claim).await }
+    async fn release(&self, claim: ClaimRef<'_>) -> Result<()> {
+        self.0.release_dyn(claim).await
     }
-    fn checkpoint(
+    async fn checkpoint(
         &self,
         claim: ClaimRef<'_>,
         recovery_point: &[u8],
         lease: Duration,
-    ) -> impl Future<Output = Result<()>> + Send {
-        async move { self.0.checkpoint_dyn(claim, recovery_point, lease).await }
+    ) -> Result<()> {
+        self.0.checkpoint_dyn(claim, recovery_point, lease).await
     }
-    fn lookup(
-        &self,
-        scope: &str,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<Record>>> + Send {
-        async move { self.0.lookup_dyn(scope, key).await }
+    async fn lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
+        self.0.lookup_dyn(scope, key).await
     }
     fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send {
         self.0.purge_expired_dyn()

@@ -1,7 +1,6 @@
 //! The PostgreSQL store: production, shared by any number of service instances.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -396,20 +395,14 @@ impl Store for PgStore {
         owned(done.rows_affected(), claim)
     }
 
-    fn lookup(
-        &self,
-        scope: &str,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<Record>>> + Send {
-        async move {
-            let row = sqlx::query(self.sql.lookup.clone())
-                .bind(scope)
-                .bind(key)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(map_err)?;
-            row.map(|row| record(&row)).transpose()
-        }
+    async fn lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
+        let row = sqlx::query(self.sql.lookup.clone())
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_err)?;
+        row.map(|row| record(&row)).transpose()
     }
 
     async fn purge_expired(&self) -> Result<u64> {

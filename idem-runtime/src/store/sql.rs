@@ -180,10 +180,10 @@ where
     match tokio::runtime::Handle::try_current() {
         Ok(rt) => {
             rt.spawn(async move {
-                if let Err(e) = release.await {
-                    if !matches!(e, Error::FenceLost { .. }) {
-                        tracing::warn!(target: "idem", error = %e, "releasing a dropped claim failed; it is re-claimed when its lease runs out");
-                    }
+                if let Err(e) = release.await
+                    && !matches!(e, Error::FenceLost { .. })
+                {
+                    tracing::warn!(target: "idem", error = %e, "releasing a dropped claim failed; it is re-claimed when its lease runs out");
                 }
             });
         }

@@ -1,7 +1,6 @@
 //! The SQLite store: the embedded default, on a file or in memory.
 
 use std::fmt;
-use std::future::Future;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -436,48 +435,42 @@ impl Store for SqliteStore {
         owned(done.rows_affected(), claim)
     }
 
-    fn lookup(
-        &self,
-        scope: &str,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<Record>>> + Send {
-        async move {
-            let row = sqlx::query(self.sql.lookup.clone())
-                .bind(scope)
-                .bind(key)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(map_err)?;
-            row.map(|row| {
-                let get = || -> Result<Record, sqlx::Error> {
-                    let fp: Vec<u8> = row.try_get("fingerprint")?;
-                    let state: String = row.try_get("state")?;
-                    let completed = state == "completed";
-                    let left: i64 = row.try_get("lease_left_ms")?;
-                    Ok(Record {
-                        fingerprint: crate::fingerprint::Fingerprint::from_slice(&fp)
-                            .unwrap_or(crate::fingerprint::Fingerprint::from_bytes([0; 32])),
-                        state: if completed {
-                            RecordState::Completed
-                        } else {
-                            RecordState::InProgress
-                        },
-                        fence: row.try_get::<i64, _>("fence")?.max(0) as u64,
-                        response: completed.then(|| {
-                            sql::stored_response(
-                                row.try_get("response_status").ok().flatten(),
-                                row.try_get("response_error").unwrap_or(false),
-                                row.try_get("response_body").ok().flatten(),
-                            )
-                        }),
-                        lease_remaining: (!completed)
-                            .then(|| Duration::from_millis(left.max(0) as u64)),
-                    })
-                };
-                get().map_err(map_err)
-            })
-            .transpose()
-        }
+    async fn lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
+        let row = sqlx::query(self.sql.lookup.clone())
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_err)?;
+        row.map(|row| {
+            let get = || -> Result<Record, sqlx::Error> {
+                let fp: Vec<u8> = row.try_get("fingerprint")?;
+                let state: String = row.try_get("state")?;
+                let completed = state == "completed";
+                let left: i64 = row.try_get("lease_left_ms")?;
+                Ok(Record {
+                    fingerprint: crate::fingerprint::Fingerprint::from_slice(&fp)
+                        .unwrap_or(crate::fingerprint::Fingerprint::from_bytes([0; 32])),
+                    state: if completed {
+                        RecordState::Completed
+                    } else {
+                        RecordState::InProgress
+                    },
+                    fence: row.try_get::<i64, _>("fence")?.max(0) as u64,
+                    response: completed.then(|| {
+                        sql::stored_response(
+                            row.try_get("response_status").ok().flatten(),
+                            row.try_get("response_error").unwrap_or(false),
+                            row.try_get("response_body").ok().flatten(),
+                        )
+                    }),
+                    lease_remaining: (!completed)
+                        .then(|| Duration::from_millis(left.max(0) as u64)),
+                })
+            };
+            get().map_err(map_err)
+        })
+        .transpose()
     }
 
     async fn purge_expired(&self) -> Result<u64> {
