@@ -175,7 +175,197 @@ pub use idem_runtime::{
 };
 
 #[doc(inline)]
-pub use idem_runtime::{clock, error, fingerprint, guard, key, record, replay, scope, store};
+pub use idem_runtime::{
+    clock, error, fingerprint, guard, key, record, replay, scope, store, transition,
+};
+
+#[doc(inline)]
+pub use idem_runtime::transition::{Created, StateMachine, Transition, Versioned};
+
+/// Generates the guarded `UPDATE` of a state transition and classifies what happened when it
+/// did not apply: [`Transition`]`::{Applied, AlreadyApplied, GuardMismatch, Illegal, NotFound}`.
+///
+/// Declare an `async fn` without a body. Its first argument is the executor: anything
+/// [`sqlx::Acquire`](https://docs.rs/sqlx/latest/sqlx/trait.Acquire.html) for PostgreSQL or SQLite
+/// (a `&PgPool`, a `&mut PgConnection`, a `&mut Transaction<…>`). Every other argument fills the
+/// column of the same name. It returns `Result<Transition<R, S>, E>` with `R` the `returning` row
+/// (or `()`), `S` the machine's enum (or `String`), and `E: From<idem::Error>`.
+///
+/// One round trip when the transition applies; one more, a `SELECT` by key, only when it does
+/// not. A guard mismatch (the row is in a `from` state but a guard column differs) is logged at
+/// `warn` and returned, never swallowed.
+///
+/// # Arguments
+///
+/// | argument | meaning |
+/// |---|---|
+/// | `table = "orders"` | **required.** The table (`schema.table` allowed). |
+/// | `key = "order_no"` | **required.** The key column(s), comma-separated. |
+/// | `from = "PENDING"` or `from = ["PENDING", "PAID"]` | **required.** The states the transition starts from. |
+/// | `to = "PAID"` | **required.** The target state; not one of `from`. |
+/// | `state = "status"` | The state column (default `status`). |
+/// | `guard = "amount_cents"` | Extra columns that must equal their arguments. |
+/// | `set = "paid_at = now(), paid_by"` | Extra columns to set: from the argument of the same name, or `now()` (the database's clock). |
+/// | `returning = Order` | A `sqlx::FromRow` type: the row after the update (`RETURNING *`), or as found. |
+/// | `machine = OrderStatus` | A [`state_machine!`]: `from` and `to` must be its states and every `from → to` one of its edges, checked at compile time; `Illegal { current }` is then typed. |
+/// | `crate = "path::to::idem"` | Where idem is, when it is re-exported. |
+///
+/// Table and column names must be SQL identifiers (letters, digits, `_`): anything else,
+/// such as an injection attempt in a name, is a compile error. Names are quoted, so they are
+/// case-sensitive as written. Values are always bound as parameters.
+///
+/// # Examples
+///
+/// ```
+/// use idem::{Error, Transition};
+///
+/// idem::state_machine! {
+///     pub enum OrderStatus {
+///         Pending = "PENDING",
+///         Paid = "PAID",
+///         Shipped = "SHIPPED",
+///         Done = "DONE",
+///         Cancelled = "CANCELLED",
+///     }
+///     Pending -> Paid -> Shipped -> Done;
+///     Pending -> Cancelled;
+///     Paid -> Cancelled;
+/// }
+///
+/// #[derive(sqlx::FromRow)]
+/// pub struct Order { pub order_no: String, pub status: String }
+///
+/// #[idem::state_transition(
+///     table = "orders", key = "order_no", from = "PENDING", to = "PAID",
+///     guard = "amount_cents", set = "paid_at = now()", returning = Order, machine = OrderStatus,
+/// )]
+/// pub async fn mark_paid(db: &sqlx::PgPool, order_no: &str, amount_cents: i64)
+///     -> Result<Transition<Order, OrderStatus>, Error>;
+/// ```
+///
+/// A transition the machine does not allow does not compile:
+///
+/// ```compile_fail
+/// # use idem::{Error, Transition};
+/// # idem::state_machine! {
+/// #     pub enum OrderStatus { Pending = "PENDING", Paid = "PAID", Shipped = "SHIPPED", Cancelled = "CANCELLED" }
+/// #     Pending -> Paid -> Shipped;
+/// #     Pending -> Cancelled;
+/// #     Paid -> Cancelled;
+/// # }
+/// // There is no SHIPPED -> CANCELLED edge.
+/// #[idem::state_transition(table = "orders", key = "order_no", from = "SHIPPED", to = "CANCELLED", machine = OrderStatus)]
+/// pub async fn cancel(db: &sqlx::PgPool, order_no: &str) -> Result<Transition<(), OrderStatus>, Error>;
+/// ```
+///
+/// # Expansion
+///
+/// The example above runs, on PostgreSQL (SQLite writes `CURRENT_TIMESTAMP` for `now()`):
+///
+/// ```sql
+/// UPDATE "orders" SET "status" = $3, "paid_at" = now()
+///  WHERE "order_no" = $1 AND "status" IN ($4) AND "amount_cents" = $2 RETURNING *
+/// -- $1 order_no, $2 amount_cents, $3 'PAID', $4 'PENDING'
+/// ```
+///
+/// and, only when no row was updated:
+///
+/// ```sql
+/// SELECT "status" AS "__idem_state", * FROM "orders" WHERE "order_no" = $1
+/// ```
+///
+/// then: no row → `NotFound`; state `PAID` → `AlreadyApplied(row)`; state `PENDING` (so the
+/// amount differs) → `GuardMismatch(row)` and a warn event; any other state →
+/// `Illegal { current }`. With a machine, a `const` block in the body checks the edge at
+/// compile time.
+#[doc(inline)]
+pub use idem_macros::state_transition;
+
+/// Declares a state machine once: an enum of states with their column texts, and the edges
+/// between them. `#[state_transition(machine = …)]` refuses, at compile time, a transition the
+/// machine does not allow.
+///
+/// The enum gets `Debug`, `Clone`, `Copy`, `Eq`, `Hash`, `as_str`, `parse`, `can_become`,
+/// `Display`, `FromStr`, serde (as its text) and [`StateMachine`].
+///
+/// ```
+/// idem::state_machine! {
+///     /// The order lifecycle.
+///     pub enum OrderStatus {
+///         Pending = "PENDING",
+///         Paid = "PAID",
+///         Shipped = "SHIPPED",
+///         Done = "DONE",
+///         Cancelled = "CANCELLED",
+///     }
+///     Pending -> Paid -> Shipped -> Done;
+///     Pending -> Cancelled;
+///     Paid -> Cancelled;
+/// }
+///
+/// assert!(OrderStatus::Paid.can_become(OrderStatus::Cancelled));
+/// assert!(!OrderStatus::Shipped.can_become(OrderStatus::Cancelled));
+/// assert_eq!(OrderStatus::parse("DONE"), Some(OrderStatus::Done));
+/// ```
+#[doc(inline)]
+pub use idem_macros::state_machine;
+
+/// Generates an optimistic, versioned `UPDATE`: it applies only if the row still has the
+/// version that was read, and says [`Versioned`]`::{Updated { version }, Stale { current_version
+/// }, NotFound}`. Retry stale updates with [`transition::retry_versioned`].
+///
+/// Arguments: `table`, `key` (columns), `set` (columns, from the arguments of the same name),
+/// `version` (the column, default `version`; the argument of that name is the version read),
+/// `crate`.
+///
+/// ```
+/// use idem::{Error, Versioned};
+///
+/// #[idem::versioned_update(table = "user_profile", key = "user_id", set = "nickname")]
+/// pub async fn set_nickname(db: &sqlx::PgPool, user_id: i64, nickname: &str, version: i64)
+///     -> Result<Versioned, Error>;
+/// ```
+///
+/// # Expansion
+///
+/// ```sql
+/// UPDATE "user_profile" SET "nickname" = $2, "version" = "version" + 1
+///  WHERE "user_id" = $1 AND "version" = $3 RETURNING "version"
+/// -- only when nothing was updated:
+/// SELECT "version" FROM "user_profile" WHERE "user_id" = $1
+/// ```
+#[doc(inline)]
+pub use idem_macros::versioned_update;
+
+/// Generates a create-once insert by a unique business number: it inserts, or, when the number
+/// is taken, returns the row that has it ([`Created`]`::{Inserted, Existing}`), never a
+/// unique-violation error. Safe inside a transaction (no statement fails).
+///
+/// Arguments: `table`, `unique` (the column(s) of a unique index, which must be among the
+/// arguments), `returning` (a `sqlx::FromRow` type), `crate`. Every argument after the executor
+/// is an inserted column.
+///
+/// ```
+/// use idem::{Created, Error};
+///
+/// #[derive(sqlx::FromRow)]
+/// pub struct Order { pub id: i64, pub order_no: String }
+///
+/// #[idem::create_once(table = "orders", unique = "order_no", returning = Order)]
+/// pub async fn insert_order(db: &sqlx::PgPool, order_no: &str, user_id: i64, amount_cents: i64)
+///     -> Result<Created<Order>, Error>;
+/// ```
+///
+/// # Expansion
+///
+/// ```sql
+/// INSERT INTO "orders" ("order_no", "user_id", "amount_cents") VALUES ($1, $2, $3)
+///  ON CONFLICT ("order_no") DO NOTHING RETURNING *
+/// -- only when the number was taken:
+/// SELECT * FROM "orders" WHERE "order_no" = $1
+/// ```
+#[doc(inline)]
+pub use idem_macros::create_once;
 
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
@@ -191,6 +381,11 @@ pub use idem_runtime::PgStore;
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 #[doc(inline)]
 pub use idem_runtime::TxStore;
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+#[doc(no_inline)]
+pub use idem_runtime::sqlx;
 
 /// Support for macro-generated code. Not a public API: anything here may change in any release.
 #[doc(hidden)]

@@ -150,3 +150,23 @@ pub(crate) fn ident_list(meta: &ParseNestedMeta<'_>, name: &str) -> syn::Result<
     let list = content.parse_terminated(syn::ext::IdentExt::parse_any, syn::Token![,])?;
     Ok(list.into_iter().collect())
 }
+
+/// The path to the idem crate: `::idem`, or the `crate = "…"` argument, checked.
+pub(crate) fn krate(lit: Option<&syn::LitStr>, errors: &mut Errors) -> proc_macro2::TokenStream {
+    match lit {
+        None => quote::quote!(::idem),
+        Some(l) => match l.parse::<syn::Path>() {
+            Ok(p) => quote::ToTokens::into_token_stream(p),
+            Err(_) => {
+                errors.at(
+                    l.span(),
+                    format_args!(
+                        "`crate` must be a path to the idem crate, such as \"::idem\" or \"my_app::deps::idem\", not \"{}\"",
+                        l.value()
+                    ),
+                );
+                quote::quote!(::idem)
+            }
+        },
+    }
+}

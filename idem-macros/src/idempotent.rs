@@ -5,7 +5,7 @@ use proc_macro2::{Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit::Visit;
-use syn::{Expr, FnArg, Ident, ItemFn, LitStr, Path, ReturnType, Type};
+use syn::{Expr, FnArg, Ident, ItemFn, LitStr, ReturnType, Type};
 
 use crate::attr::{Errors, Grammar, ident_list, lit_str};
 use crate::bindings::{self, Param};
@@ -318,22 +318,7 @@ fn validate(args: Args, func: &ItemFn, skipped: &[bool], errors: &mut Errors) ->
             }
         },
     };
-    let krate = match &args.krate {
-        None => quote!(::idem),
-        Some(l) => match l.parse::<Path>() {
-            Ok(p) => p.into_token_stream(),
-            Err(_) => {
-                errors.at(
-                    l.span(),
-                    format_args!(
-                        "`crate` must be a path to the idem crate, such as \"::idem\" or \"my_app::deps::idem\", not \"{}\"",
-                        l.value()
-                    ),
-                );
-                quote!(::idem)
-            }
-        },
-    };
+    let krate = crate::attr::krate(args.krate.as_ref(), errors);
     if let Some(tx) = &args.transaction
         && is_bound(&tx.to_string())
     {

@@ -8,7 +8,11 @@ mod attr;
 mod bindings;
 mod duration;
 mod idempotent;
+mod machine;
+mod sql;
 mod template;
+mod transition;
+mod versioned;
 
 use proc_macro::TokenStream;
 
@@ -16,4 +20,28 @@ use proc_macro::TokenStream;
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     idempotent::expand(args.into(), item.into()).into()
+}
+
+/// Generates the guarded `UPDATE` of a state transition.
+#[proc_macro_attribute]
+pub fn state_transition(args: TokenStream, item: TokenStream) -> TokenStream {
+    transition::expand(args.into(), item.into()).into()
+}
+
+/// Generates an optimistic, versioned `UPDATE`.
+#[proc_macro_attribute]
+pub fn versioned_update(args: TokenStream, item: TokenStream) -> TokenStream {
+    versioned::expand_versioned(args.into(), item.into()).into()
+}
+
+/// Generates an insert that returns the existing row when a unique business number is taken.
+#[proc_macro_attribute]
+pub fn create_once(args: TokenStream, item: TokenStream) -> TokenStream {
+    versioned::expand_create_once(args.into(), item.into()).into()
+}
+
+/// Declares a state machine: an enum of states with their column texts, and its edges.
+#[proc_macro]
+pub fn state_machine(input: TokenStream) -> TokenStream {
+    machine::expand(input.into()).into()
 }

@@ -55,6 +55,7 @@ pub mod store;
 pub mod sweeper;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod transactional;
+pub mod transition;
 
 #[doc(hidden)]
 pub mod private;
@@ -78,9 +79,14 @@ pub use crate::sweeper::{Sweeper, spawn_sweeper};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use crate::store::TxStore;
+
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use crate::store::postgres::PgStore;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use crate::store::sqlite::SqliteStore;
+/// The sqlx idem is built with: use it for pools and rows, so the versions agree.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+pub use sqlx;

@@ -24,6 +24,14 @@ pub use crate::store::TxStore;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use crate::transactional::{IsTxStore, TxClaim, TxStart, tx_finish, tx_start, tx_store};
 
+pub use crate::transition::{
+    Created, Miss, StateMachine, StateValue, Transition, Versioned, classify_miss,
+    warn_guard_mismatch,
+};
+pub use serde;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use sqlx;
+
 use crate::guard::{Begun, Guard, begin};
 use crate::replay::{decode_final, encode_final};
 
@@ -288,4 +296,88 @@ pub(crate) fn note_replay(stored: &StoredResponse) {
     crate::http::note_replay(stored);
     #[cfg(not(feature = "axum"))]
     let _ = stored;
+}
+
+/// A driver error, sorted into "retry later" and "broken"; see [`crate::Error`].
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub fn sql_error(e: sqlx::Error) -> Error {
+    crate::store::sql::map_err(e)
+}
+
+/// The connection the generated statements run on: a pool's, or the caller's own.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[allow(clippy::type_complexity)]
+pub fn transition_acquire<'c, A: sqlx::Acquire<'c>>(
+    executor: A,
+) -> std::pin::Pin<Box<dyn Future<Output = Result<A::Connection, sqlx::Error>> + Send + 'c>> {
+    executor.acquire()
+}
+
+/// Which SQL dialect a connection speaks.
+#[diagnostic::on_unimplemented(
+    message = "idem's generated SQL runs on PostgreSQL and SQLite, not on `{Self}`",
+    label = "the executor must be a PostgreSQL or SQLite pool, connection or transaction"
+)]
+pub trait Dialect {
+    const POSTGRES: bool;
+}
+
+#[cfg(feature = "postgres")]
+impl Dialect for sqlx::PgConnection {
+    const POSTGRES: bool = true;
+}
+
+#[cfg(feature = "sqlite")]
+impl Dialect for sqlx::SqliteConnection {
+    const POSTGRES: bool = false;
+}
+
+pub fn is_postgres<C: Dialect + ?Sized>(_conn: &C) -> bool {
+    C::POSTGRES
+}
+
+/// A row kept changing under every attempt.
+pub fn contention(table: &str) -> Error {
+    Error::Unavailable(format!("a row of {table} kept changing under every attempt").into())
+}
+
+pub fn unknown_state(machine: &str, text: &str) -> Error {
+    Error::Decode(format!("{text:?} is not a state of {machine}"))
+}
+
+pub const fn const_str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+pub const fn const_str_in(text: &str, all: &[&str]) -> bool {
+    let mut i = 0;
+    while i < all.len() {
+        if const_str_eq(text, all[i]) {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+pub const fn const_edge_in(from: &str, to: &str, edges: &[(&str, &str)]) -> bool {
+    let mut i = 0;
+    while i < edges.len() {
+        if const_str_eq(from, edges[i].0) && const_str_eq(to, edges[i].1) {
+            return true;
+        }
+        i += 1;
+    }
+    false
 }

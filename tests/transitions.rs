@@ -1,0 +1,393 @@
+//! `#[state_transition]`, `state_machine!`, `#[versioned_update]` and `#[create_once]` against
+//! SQLite and PostgreSQL: every outcome, on every kind of executor, and under races.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem::transition::{Retry, retry_versioned};
+use idem::{Created, Error, Transition, Versioned};
+
+idem::state_machine! {
+    /// The order lifecycle: PENDING → PAID → SHIPPED → DONE, and cancellation before shipping.
+    pub enum OrderStatus {
+        Pending = "PENDING",
+        Paid = "PAID",
+        Shipped = "SHIPPED",
+        Done = "DONE",
+        Cancelled = "CANCELLED",
+    }
+    Pending -> Paid -> Shipped -> Done;
+    Pending -> Cancelled;
+    Paid -> Cancelled;
+}
+
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Order {
+    pub id: i64,
+    pub order_no: String,
+    pub user_id: i64,
+    pub amount_cents: i64,
+    pub status: String,
+}
+
+/// The same functions for each database: only the executor's database differs.
+macro_rules! order_functions {
+    ($db:ty) => {
+        use super::*;
+
+        #[idem::state_transition(
+            table = "orders",
+            key = "order_no",
+            from = "PENDING",
+            to = "PAID",
+            guard = "amount_cents",
+            set = "paid_at = now()",
+            returning = Order,
+            machine = OrderStatus
+        )]
+        pub async fn mark_paid(
+            db: impl sqlx::Acquire<'_, Database = $db>,
+            order_no: &str,
+            amount_cents: i64,
+        ) -> Result<Transition<Order, OrderStatus>, Error>;
+
+        #[idem::state_transition(table = "orders", key = "order_no", from = "PAID", to = "SHIPPED", machine = OrderStatus)]
+        pub async fn ship(
+            db: impl sqlx::Acquire<'_, Database = $db>,
+            order_no: &str,
+        ) -> Result<Transition<(), OrderStatus>, Error>;
+
+        #[idem::state_transition(table = "orders", key = "order_no", from = ["PENDING", "PAID"], to = "CANCELLED", machine = OrderStatus)]
+        pub async fn cancel(
+            db: impl sqlx::Acquire<'_, Database = $db>,
+            order_no: &str,
+        ) -> Result<Transition<(), OrderStatus>, Error>;
+
+        // No machine: states are plain text, and several key columns.
+        #[idem::state_transition(table = "orders", key = "user_id, order_no", state = "status", from = "SHIPPED", to = "DONE")]
+        pub async fn confirm(
+            db: impl sqlx::Acquire<'_, Database = $db>,
+            user_id: i64,
+            order_no: &str,
+        ) -> Result<Transition, Error>;
+
+        #[idem::versioned_update(table = "user_profile", key = "user_id", set = "nickname, points")]
+        pub async fn update_profile(
+            db: impl sqlx::Acquire<'_, Database = $db>,
+            user_id: i64,
+            nickname: &str,
+            points: i64,
+            version: i64,
+        ) -> Result<Versioned, Error>;
+
+        #[idem::create_once(table = "orders", unique = "order_no", returning = Order)]
+        pub async fn insert_order(
+            db: impl sqlx::Acquire<'_, Database = $db>,
+            order_no: &str,
+            user_id: i64,
+            amount_cents: i64,
+        ) -> Result<Created<Order>, Error>;
+    };
+}
+
+mod sqlite_fns {
+    order_functions!(sqlx::Sqlite);
+}
+
+mod pg_fns {
+    order_functions!(sqlx::Postgres);
+}
+
+/// Captures warn-level events of the transition module.
+#[derive(Clone, Default)]
+struct Warnings(Arc<Mutex<Vec<String>>>);
+
+impl tracing::Subscriber for Warnings {
+    fn enabled(&self, m: &tracing::Metadata<'_>) -> bool {
+        *m.level() == tracing::Level::WARN && m.target() == "idem::transition"
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, e: &tracing::Event<'_>) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("{:?}", e.fields().collect::<Vec<_>>()));
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+macro_rules! suite {
+    ($name:ident, $fns:ident, $setup:ident, $conn:ty) => {
+        mod $name {
+            use super::$fns::*;
+            use super::*;
+
+            #[tokio::test]
+            async fn payment_callback_outcomes() {
+                let Some(db) = $setup("payment_callback_outcomes").await else { return };
+                let pool = &db.pool;
+                let first = insert_order(pool, "A1", 7, 250).await.unwrap().into_row();
+                assert_eq!(first.status, "PENDING");
+
+                // Applied, in one statement, with the row as it is now.
+                match mark_paid(pool, "A1", 250).await.unwrap() {
+                    Transition::Applied(o) => {
+                        assert_eq!(o.status, "PAID");
+                        assert_eq!(o.id, first.id);
+                    }
+                    other => panic!("{other:?}"),
+                }
+                let paid_at: Option<String> = sqlx::query_scalar("SELECT CAST(paid_at AS TEXT) FROM orders WHERE order_no = 'A1'")
+                    .fetch_one(pool).await.unwrap();
+                assert!(paid_at.is_some(), "set = \"paid_at = now()\" wrote the database's time");
+
+                // The duplicate callback: an idempotent success, with the row.
+                match mark_paid(pool, "A1", 250).await.unwrap() {
+                    Transition::AlreadyApplied(o) => assert_eq!(o.status, "PAID"),
+                    other => panic!("{other:?}"),
+                }
+
+                // A callback with another amount for a pending order: surfaced, logged, not applied.
+                insert_order(pool, "A2", 7, 300).await.unwrap();
+                let warnings = Warnings::default();
+                let outcome = {
+                    let _guard = tracing::subscriber::set_default(warnings.clone());
+                    mark_paid(pool, "A2", 999).await.unwrap()
+                };
+                match outcome {
+                    Transition::GuardMismatch(o) => assert_eq!(o.status, "PENDING"),
+                    other => panic!("{other:?}"),
+                }
+                assert_eq!(warnings.0.lock().unwrap().len(), 1, "a guard mismatch is logged at warn");
+
+                // Shipped orders cannot be paid.
+                assert!(mark_paid(pool, "A2", 300).await.unwrap().is_applied());
+                assert!(ship(pool, "A2").await.unwrap().is_applied());
+                assert_eq!(
+                    mark_paid(pool, "A2", 300).await.unwrap(),
+                    Transition::Illegal { current: OrderStatus::Shipped }
+                );
+                assert_eq!(mark_paid(pool, "nope", 1).await.unwrap(), Transition::NotFound);
+            }
+
+            #[tokio::test]
+            async fn several_from_states_and_plain_text_states() {
+                let Some(db) = $setup("several_from_states").await else { return };
+                let pool = &db.pool;
+                insert_order(pool, "C1", 1, 10).await.unwrap();
+                insert_order(pool, "C2", 1, 10).await.unwrap();
+                assert!(mark_paid(pool, "C2", 10).await.unwrap().is_applied());
+                assert_eq!(cancel(pool, "C1").await.unwrap(), Transition::Applied(()));
+                assert_eq!(cancel(pool, "C2").await.unwrap(), Transition::Applied(()));
+                assert_eq!(cancel(pool, "C2").await.unwrap(), Transition::AlreadyApplied(()));
+                assert_eq!(
+                    ship(pool, "C2").await.unwrap(),
+                    Transition::Illegal { current: OrderStatus::Cancelled }
+                );
+
+                insert_order(pool, "D1", 5, 10).await.unwrap();
+                assert!(mark_paid(pool, "D1", 10).await.unwrap().is_applied());
+                assert!(ship(pool, "D1").await.unwrap().is_applied());
+                assert_eq!(confirm(pool, 6, "D1").await.unwrap(), Transition::NotFound, "both keys must match");
+                assert_eq!(confirm(pool, 5, "D1").await.unwrap(), Transition::Applied(()));
+                assert_eq!(
+                    confirm(pool, 1, "C1").await.unwrap(),
+                    Transition::Illegal { current: "CANCELLED".to_string() }
+                );
+            }
+
+            #[tokio::test]
+            async fn any_executor() {
+                let Some(db) = $setup("any_executor").await else { return };
+                let pool = &db.pool;
+                insert_order(pool, "E1", 1, 10).await.unwrap();
+                // A connection.
+                let mut conn = pool.acquire().await.unwrap();
+                assert!(mark_paid(&mut *conn, "E1", 10).await.unwrap().is_applied());
+                drop(conn);
+                // A transaction: rolled back, the transition is gone; committed, it stays.
+                let mut tx = pool.begin().await.unwrap();
+                assert!(ship(&mut tx, "E1").await.unwrap().is_applied());
+                tx.rollback().await.unwrap();
+                let mut tx = pool.begin().await.unwrap();
+                assert!(ship(&mut tx, "E1").await.unwrap().is_applied());
+                tx.commit().await.unwrap();
+                assert_eq!(ship(pool, "E1").await.unwrap(), Transition::AlreadyApplied(()));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn concurrent_duplicate_callbacks_apply_once() {
+                let Some(db) = $setup("concurrent_duplicate_callbacks").await else { return };
+                insert_order(&db.pool, "R1", 1, 500).await.unwrap();
+                let mut tasks = Vec::new();
+                for _ in 0..32 {
+                    let pool = db.pool.clone();
+                    tasks.push(tokio::spawn(async move { mark_paid(&pool, "R1", 500).await.unwrap() }));
+                }
+                let (mut applied, mut already) = (0, 0);
+                for t in tasks {
+                    match t.await.unwrap() {
+                        Transition::Applied(_) => applied += 1,
+                        Transition::AlreadyApplied(_) => already += 1,
+                        other => panic!("{other:?}"),
+                    }
+                }
+                assert_eq!((applied, already), (1, 31));
+            }
+
+            #[tokio::test]
+            async fn versioned_update_outcomes() {
+                let Some(db) = $setup("versioned_update_outcomes").await else { return };
+                let pool = &db.pool;
+                sqlx::query("INSERT INTO user_profile (user_id, nickname, points, version) VALUES (1, 'a', 0, 0)")
+                    .execute(pool).await.unwrap();
+                assert_eq!(update_profile(pool, 1, "b", 5, 0).await.unwrap(), Versioned::Updated { version: 1 });
+                assert_eq!(update_profile(pool, 1, "c", 6, 0).await.unwrap(), Versioned::Stale { current_version: 1 });
+                assert_eq!(update_profile(pool, 2, "c", 6, 0).await.unwrap(), Versioned::NotFound);
+                let (nick, points): (String, i64) = sqlx::query_as("SELECT nickname, points FROM user_profile WHERE user_id = 1")
+                    .fetch_one(pool).await.unwrap();
+                assert_eq!((nick.as_str(), points), ("b", 5), "the stale update changed nothing");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn concurrent_versioned_updates_lose_nothing() {
+                let Some(db) = $setup("concurrent_versioned_updates").await else { return };
+                sqlx::query("INSERT INTO user_profile (user_id, nickname, points, version) VALUES (1, 'n', 0, 0)")
+                    .execute(&db.pool).await.unwrap();
+                let retry = Retry { attempts: 200, base: Duration::from_millis(2), max: Duration::from_millis(50) };
+                let mut tasks = Vec::new();
+                for _ in 0..32 {
+                    let pool = db.pool.clone();
+                    tasks.push(tokio::spawn(async move {
+                        retry_versioned(retry, || async {
+                            let (points, version): (i64, i64) =
+                                sqlx::query_as("SELECT points, version FROM user_profile WHERE user_id = 1")
+                                    .fetch_one(&pool)
+                                    .await
+                                    .map_err(|e| Error::Store(e.into()))?;
+                            update_profile(&pool, 1, "n", points + 1, version).await
+                        })
+                        .await
+                        .unwrap()
+                    }));
+                }
+                for t in tasks {
+                    assert!(matches!(t.await.unwrap(), Versioned::Updated { .. }));
+                }
+                let (points, version): (i64, i64) =
+                    sqlx::query_as("SELECT points, version FROM user_profile WHERE user_id = 1")
+                        .fetch_one(&db.pool).await.unwrap();
+                assert_eq!((points, version), (32, 32), "every success is accounted for");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn concurrent_create_once_inserts_one_row() {
+                let Some(db) = $setup("concurrent_create_once").await else { return };
+                let mut tasks = Vec::new();
+                for _ in 0..32 {
+                    let pool = db.pool.clone();
+                    tasks.push(tokio::spawn(async move { insert_order(&pool, "N1", 3, 70).await.unwrap() }));
+                }
+                let mut inserted = 0;
+                let mut ids = std::collections::HashSet::new();
+                for t in tasks {
+                    let created = t.await.unwrap();
+                    inserted += usize::from(created.is_inserted());
+                    ids.insert(created.into_row().id);
+                }
+                assert_eq!(inserted, 1);
+                assert_eq!(ids.len(), 1, "every caller gets the one row");
+                let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE order_no = 'N1'")
+                    .fetch_one(&db.pool).await.unwrap();
+                assert_eq!(n, 1);
+                // A later insert of the same number returns the row as first written.
+                match insert_order(&db.pool, "N1", 99, 1).await.unwrap() {
+                    Created::Existing(o) => assert_eq!((o.user_id, o.amount_cents), (3, 70)),
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+    };
+}
+
+struct SqliteDb {
+    pool: sqlx::SqlitePool,
+    _file: common::SqliteFile,
+}
+
+async fn sqlite(_test: &str) -> Option<SqliteDb> {
+    let file = common::SqliteFile::new();
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(idem::SqliteStore::connect_options(&file.url).unwrap())
+        .await
+        .unwrap();
+    for stmt in [
+        "CREATE TABLE orders (id INTEGER PRIMARY KEY, order_no TEXT NOT NULL UNIQUE, user_id INTEGER NOT NULL, \
+         amount_cents INTEGER NOT NULL, status TEXT NOT NULL DEFAULT 'PENDING', paid_at TEXT)",
+        "CREATE TABLE user_profile (user_id INTEGER PRIMARY KEY, nickname TEXT NOT NULL, points INTEGER NOT NULL, \
+         version INTEGER NOT NULL)",
+    ] {
+        sqlx::query(stmt).execute(&pool).await.unwrap();
+    }
+    Some(SqliteDb { pool, _file: file })
+}
+
+struct PgDb {
+    pool: sqlx::PgPool,
+    _schema: common::PgSchema,
+}
+
+async fn postgres(test: &str) -> Option<PgDb> {
+    let url = common::pg_url(test)?;
+    let schema = common::PgSchema::create(&url, 40).await;
+    for stmt in [
+        "CREATE TABLE orders (id bigserial PRIMARY KEY, order_no text NOT NULL UNIQUE, user_id bigint NOT NULL, \
+         amount_cents bigint NOT NULL, status text NOT NULL DEFAULT 'PENDING', paid_at timestamptz)",
+        "CREATE TABLE user_profile (user_id bigint PRIMARY KEY, nickname text NOT NULL, points bigint NOT NULL, \
+         version bigint NOT NULL)",
+    ] {
+        sqlx::query(stmt).execute(&schema.pool).await.unwrap();
+    }
+    Some(PgDb {
+        pool: schema.pool.clone(),
+        _schema: schema,
+    })
+}
+
+suite!(on_sqlite, sqlite_fns, sqlite, sqlx::SqliteConnection);
+suite!(on_postgres, pg_fns, postgres, sqlx::PgConnection);
+
+#[test]
+fn the_machine_knows_its_edges() {
+    use idem::StateMachine;
+    assert!(OrderStatus::Pending.can_become(OrderStatus::Paid));
+    assert!(OrderStatus::Paid.can_become(OrderStatus::Cancelled));
+    assert!(!OrderStatus::Shipped.can_become(OrderStatus::Cancelled));
+    assert!(!OrderStatus::Done.can_become(OrderStatus::Pending));
+    assert_eq!(
+        OrderStatus::from_text("SHIPPED"),
+        Some(OrderStatus::Shipped)
+    );
+    assert_eq!("PAID".parse::<OrderStatus>().unwrap(), OrderStatus::Paid);
+    assert!("paid".parse::<OrderStatus>().is_err());
+    assert_eq!(OrderStatus::Paid.to_string(), "PAID");
+    assert_eq!(
+        serde_json::to_string(&OrderStatus::Done).unwrap(),
+        "\"DONE\""
+    );
+    assert_eq!(
+        serde_json::from_str::<OrderStatus>("\"CANCELLED\"").unwrap(),
+        OrderStatus::Cancelled
+    );
+    let next: Vec<_> = OrderStatus::Pending.next_states().collect();
+    assert_eq!(next, [OrderStatus::Paid, OrderStatus::Cancelled]);
+    assert_eq!(<OrderStatus as StateMachine>::EDGES.len(), 5);
+}

@@ -1,0 +1,9 @@
+idem::state_machine! {
+    pub enum OrderStatus {
+        Pending = "PENDING",
+        Paid = "PAID",
+    }
+    Pending -> Paid -> Refunded;
+}
+
+fn main() {}
