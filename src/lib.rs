@@ -78,6 +78,7 @@
 /// | `on_error = "release"` | `"release"` (default): an `Err` frees the key so a retry runs the body again. `"store_final"`: errors for which [`FinalError::is_final`] holds are stored and replayed like successes. |
 /// | `on_expired_lease = "reclaim"` | `"reclaim"` (default): an abandoned claim is taken over (fence + 1, with its recovery point). `"fail_closed"`: keep answering "in progress". |
 /// | `transaction = tx` | Transactional mode ([`TxStore`]: SQLite or PostgreSQL): the body gets `tx: &mut sqlx::Transaction<'static, DB>`; the claim, the body's SQL and the completion commit together, and an `Err` or a panic rolls all of them back. |
+/// | `claim = c` | The body gets `c: `[`ClaimInfo`]: its fence, whether it took over an abandoned claim, the recovery point, and [`ClaimInfo::downstream_key`] for calls to the outside world. |
 /// | `crate = "path::to::idem"` | Where idem is, when it is re-exported under another path. |
 ///
 /// # Examples
@@ -167,7 +168,8 @@ pub use idem_macros::idempotent;
 
 #[doc(inline)]
 pub use idem_runtime::{
-    BeginOutcome, BeginRequest, Begun, BoxError, CachedStore, ClaimRef, Claimed, Clock, DynStore,
+    BeginOutcome, BeginRequest, Begun, BoxError, CachedStore, ClaimInfo, ClaimRef, Claimed, Clock,
+    DynStore,
     Error, ExpiredLease, FinalError, Fingerprint, Fingerprinter, Guard, Idempotent, Key, KeyError,
     KeyPolicy, ManualClock, MemoryStore, Policy, Record, RecordState, Replay, Result, ScopeBuilder,
     SharedStore, Store, StoredResponse, Sweeper, SystemClock, ToKey, begin, default_store,
@@ -281,6 +283,20 @@ pub use idem_runtime::transition::{Created, StateMachine, Transition, Versioned}
 #[doc(inline)]
 pub use idem_macros::state_transition;
 
+/// Renders a scope template from the variables in scope, exactly as `#[idempotent]` renders it
+/// from a function's arguments: for looking a record up by key in another handler.
+///
+/// Evaluates to `Result<String, idem::Error>` (too long a scope is [`Error::InvalidScope`]).
+///
+/// ```
+/// struct User { id: u64 }
+/// let user = User { id: 7 };
+/// let scope = idem::scope!("order:<user.id>").unwrap();
+/// assert_eq!(scope, "order:7");
+/// ```
+#[doc(inline)]
+pub use idem_macros::scope;
+
 /// Declares a state machine once: an enum of states with their column texts, and the edges
 /// between them. `#[state_transition(machine = …)]` refuses, at compile time, a transition the
 /// machine does not allow.
@@ -371,6 +387,11 @@ pub use idem_macros::create_once;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 #[doc(inline)]
 pub use idem_runtime::SqliteStore;
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+#[doc(inline)]
+pub use idem_runtime::http;
 
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]

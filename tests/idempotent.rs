@@ -221,6 +221,13 @@ async fn own_encoding<S: Store + Clone>(app: &App<S>, n: u64, key: &str) -> Resu
     Ok(Receipt(n * 100 + app.run() as u64))
 }
 
+#[idempotent(scope = "charge:<order_no>", key = key, store = app.store, skip(app), claim = claim)]
+async fn sees_its_claim<S: Store + Clone>(app: &App<S>, order_no: &str, key: &str) -> Result<(String, u64), Error> {
+    app.run();
+    assert_eq!(claim.scope(), format!("charge:{order_no}"));
+    Ok((claim.downstream_key("gateway"), claim.fence()))
+}
+
 async fn memory_app() -> App<MemoryStore> {
     App {
         store: MemoryStore::new(),
@@ -345,6 +352,16 @@ mod $name {
         let app = $make().await;
         assert_eq!(own_encoding(&app, 7, "k").await.unwrap(), Receipt(701));
         assert_eq!(own_encoding(&app, 7, "k").await.unwrap(), Receipt(701));
+        assert_eq!(app.runs(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_body_can_see_its_claim() {
+        let app = $make().await;
+        let (downstream, fence) = sees_its_claim(&app, "A1", "k").await.unwrap();
+        assert_eq!(fence, 1);
+        assert_eq!(downstream, idem::downstream_key("charge:A1", "k", "gateway"));
+        assert_eq!(sees_its_claim(&app, "A1", "k").await.unwrap().0, downstream);
         assert_eq!(app.runs(), 1);
     }
 

@@ -22,6 +22,7 @@ const NAMES: &[&str] = &[
     "on_error",
     "on_expired_lease",
     "transaction",
+    "claim",
     "crate",
 ];
 
@@ -38,6 +39,7 @@ struct Args {
     on_error: Option<LitStr>,
     on_expired_lease: Option<LitStr>,
     transaction: Option<Ident>,
+    claim: Option<Ident>,
     krate: Option<LitStr>,
     /// Names that were written, valid or not: a malformed `scope` is not also a missing one.
     given: Vec<String>,
@@ -69,6 +71,7 @@ impl Args {
                         lit_str(&meta, "on_expired_lease", "\"fail_closed\"", errors)?
                 }
                 "transaction" => args.transaction = Some(meta.value()?.parse()?),
+                "claim" => args.claim = Some(meta.value()?.parse()?),
                 "crate" => args.krate = lit_str(&meta, "crate", "\"::idem\"", errors)?,
                 _ => unreachable!("every accepted name is handled"),
             }
@@ -96,6 +99,7 @@ struct Model {
     store_final: bool,
     fail_closed: bool,
     transaction: Option<Ident>,
+    claim: Option<Ident>,
     ret: Type,
 }
 
@@ -319,15 +323,15 @@ fn validate(args: Args, func: &ItemFn, skipped: &[bool], errors: &mut Errors) ->
         },
     };
     let krate = crate::attr::krate(args.krate.as_ref(), errors);
-    if let Some(tx) = &args.transaction
-        && is_bound(&tx.to_string())
-    {
-        errors.at(
-                tx.span(),
+    for name in [&args.transaction, &args.claim].into_iter().flatten() {
+        if is_bound(&name.to_string()) {
+            errors.at(
+                name.span(),
                 format_args!(
-                    "`transaction = {tx}` would hide the argument `{tx}`: name the transaction something else"
+                    "`{name}` would hide the argument `{name}`: name it something else"
                 ),
             );
+        }
     }
 
     Some(Model {
@@ -342,6 +346,7 @@ fn validate(args: Args, func: &ItemFn, skipped: &[bool], errors: &mut Errors) ->
         store_final,
         fail_closed,
         transaction: args.transaction,
+        claim: args.claim,
         ret: ret?,
     })
 }
@@ -430,6 +435,7 @@ fn rewrite(model: Model, func: ItemFn) -> TokenStream {
         store_final,
         fail_closed,
         transaction,
+        claim,
         ret,
     } = model;
     let private = quote!(#krate::__private);
@@ -437,8 +443,7 @@ fn rewrite(model: Model, func: ItemFn) -> TokenStream {
     // names is then reported there, under the return type or the store, not on the attribute.
     let private_at = |span: Span| respan(private.clone(), span);
     let local = |name: &str| format_ident!("__idem_{}", name, span = Span::mixed_site());
-    let (v_store, v_scope, v_fp, v_policy) =
-        (local("store"), local("scope"), local("fp"), local("policy"));
+    let (v_store, v_fp, v_policy) = (local("store"), local("fp"), local("policy"));
 
     // Spans for the calls that check the user's types: the store, the `Ok` type, the error type.
     let ret_span = ret.span();
@@ -481,21 +486,8 @@ fn rewrite(model: Model, func: ItemFn) -> TokenStream {
         }
     };
 
-    let cap = template.literal_len + 16;
-    let scope_steps = template.parts.iter().map(|part| match part {
-        Part::Text(t) => quote!(#v_scope.literal(#t);),
-        Part::Hole(h) => {
-            let root = Ident::new(&h.root, scope_span);
-            let fields = h.fields.iter().map(|f| match f.parse::<u32>() {
-                Ok(index) => syn::Member::Unnamed(syn::Index {
-                    index,
-                    span: scope_span,
-                }),
-                Err(_) => syn::Member::Named(Ident::new(f, scope_span)),
-            });
-            quote_spanned!(scope_span=> #v_scope.value(&#root #(.#fields)*);)
-        }
-    });
+    let scope_lit = LitStr::new("", scope_span);
+    let scope_expr = crate::scope::render(&template, &scope_lit, &private);
 
     let fp_steps = fingerprinted.iter().map(|(ident, cfgs)| {
         let p = private_at(ident.span());
@@ -514,11 +506,7 @@ fn rewrite(model: Model, func: ItemFn) -> TokenStream {
     let prepared = quote! {
         #private::Prepared {
             key: #key_expr,
-            scope: {
-                let mut #v_scope = #private::ScopeBuilder::with_capacity(#cap);
-                #(#scope_steps)*
-                #v_scope.finish()
-            },
+            scope: #scope_expr,
             fingerprint: (|| {
                 let mut #v_fp = #private::Fingerprinter::new();
                 #(#fp_steps)*
@@ -561,6 +549,10 @@ fn rewrite(model: Model, func: ItemFn) -> TokenStream {
     let call = match &transaction {
         None => {
             // Spanned as a whole: a call's unmet bounds are reported on the call's span.
+            let body = match &claim {
+                None => quote!(#private::Plain(#body)),
+                Some(c) => quote!(#private::WithClaim(move |#c: #private::ClaimInfo| #body)),
+            };
             quote_spanned! {ok_span=>
                 #p_ok::run(&#store_ok, #prepared, #errors_ok, #body).await
             }
@@ -575,9 +567,13 @@ fn rewrite(model: Model, func: ItemFn) -> TokenStream {
                     #(#stmts)*
                 }
             };
+            let (claimed, bindings) = match &claim {
+                None => (quote!(#claim_ok.transaction()), quote!(#tx)),
+                Some(c) => (quote!(#claim_ok.claimed()), quote!((#tx, #c))),
+            };
             let run_body = quote_spanned! {ok_span=>
-                let #out_ok = match #claim_ok.transaction() {
-                    ::core::option::Option::Some(#tx) => ::core::option::Option::Some(#body.await),
+                let #out_ok = match #claimed {
+                    ::core::option::Option::Some(#bindings) => ::core::option::Option::Some(#body.await),
                     ::core::option::Option::None => ::core::option::Option::None,
                 };
             };

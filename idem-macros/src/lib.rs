@@ -9,6 +9,7 @@ mod bindings;
 mod duration;
 mod idempotent;
 mod machine;
+mod scope;
 mod sql;
 mod template;
 mod transition;
@@ -44,4 +45,10 @@ pub fn create_once(args: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro]
 pub fn state_machine(input: TokenStream) -> TokenStream {
     machine::expand(input.into()).into()
+}
+
+/// Renders a scope template from the variables in scope.
+#[proc_macro]
+pub fn scope(input: TokenStream) -> TokenStream {
+    scope::expand(input.into()).into()
 }

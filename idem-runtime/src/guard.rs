@@ -180,6 +180,17 @@ impl<'s, S: Store> Guard<'s, S> {
         downstream_key(&self.scope, self.key.as_str(), step)
     }
 
+    /// What the body may know about its claim, owned: see [`ClaimInfo`].
+    pub fn info(&self) -> ClaimInfo {
+        ClaimInfo {
+            scope: self.scope.clone(),
+            key: self.key.clone(),
+            fence: self.fence,
+            reclaimed: self.reclaimed,
+            recovery_point: self.recovery_point.clone(),
+        }
+    }
+
     fn claim(&self) -> ClaimRef<'_> {
         ClaimRef {
             scope: &self.scope,
@@ -303,4 +314,47 @@ pub fn downstream_key(scope: &str, key: &str, step: &str) -> String {
         out.push_str(&format!("{b:02x}"));
     }
     out
+}
+
+/// What a guarded body knows about its claim: `#[idempotent(…, claim = c)]` hands it to the body
+/// as `c`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimInfo {
+    pub(crate) scope: String,
+    pub(crate) key: Key,
+    pub(crate) fence: u64,
+    pub(crate) reclaimed: bool,
+    pub(crate) recovery_point: Option<Vec<u8>>,
+}
+
+impl ClaimInfo {
+    /// The scope.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// The key.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The fence this claim holds.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// Whether this claim took over an abandoned one.
+    pub fn is_reclaim(&self) -> bool {
+        self.reclaimed
+    }
+
+    /// How far a previous attempt got, if it recorded it.
+    pub fn recovery_point(&self) -> Option<&[u8]> {
+        self.recovery_point.as_deref()
+    }
+
+    /// The downstream key for `step`: see [`Guard::downstream_key`].
+    pub fn downstream_key(&self, step: &str) -> String {
+        downstream_key(&self.scope, self.key.as_str(), step)
+    }
 }

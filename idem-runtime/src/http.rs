@@ -1,8 +1,51 @@
-//! HTTP integration for axum (feature `axum`).
+//! HTTP integration for axum (feature `axum`): the `Idempotency-Key` extractor, errors as
+//! RFC 9457 problem details, the replay layer, and the lookup by key for recovering clients.
+//!
+//! ```no_run
+//! use axum::{Router, routing::post, Json};
+//! use idem::http::{IdempotencyKey, IdempotencyLayer};
+//! use idem::{idempotent, MemoryStore};
+//!
+//! #[idempotent(scope = "order", key = key, store = STORE)]
+//! async fn create_order(key: IdempotencyKey, Json(body): Json<serde_json::Value>)
+//!     -> Result<Json<serde_json::Value>, idem::Error>
+//! {
+//!     Ok(Json(body))
+//! }
+//! # static STORE: std::sync::LazyLock<MemoryStore> = std::sync::LazyLock::new(MemoryStore::new);
+//!
+//! let app: Router = Router::new()
+//!     .route("/orders", post(create_order))
+//!     // Replays carry `Idempotent-Replayed: true` and the stored bytes.
+//!     .layer(IdempotencyLayer::new());
+//! ```
 
 use std::cell::RefCell;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Once};
+use std::task::{Context, Poll};
 
-use crate::record::StoredResponse;
+use axum::body::Body;
+use axum::extract::FromRequestParts;
+use axum::response::{IntoResponse, Response};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use http::request::Parts;
+use http::{HeaderName, HeaderValue, Request, StatusCode};
+
+use crate::error::{Error, KeyError};
+use crate::key::{Key, KeyPolicy, ToKey};
+use crate::record::{RecordState, StoredResponse};
+use crate::store::Store;
+
+/// `Idempotency-Key`, the request header of the IETF draft.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// `Idempotent-Replayed: true` marks a response that was replayed, not computed.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+const PROBLEM_JSON: &str = "application/problem+json";
 
 tokio::task_local! {
     /// Set by the replay layer around a request; a replay leaves its stored response here.
@@ -11,6 +54,274 @@ tokio::task_local! {
 
 pub(crate) fn note_replay(stored: &StoredResponse) {
     let _ = REPLAYED.try_with(|slot| *slot.borrow_mut() = Some(stored.clone()));
+}
+
+/// Which header carries the key, and which keys are accepted. Set on [`IdempotencyLayer`]; the
+/// extractor falls back to `Idempotency-Key` with [`KeyPolicy::DEFAULT`].
+#[derive(Debug, Clone)]
+pub struct KeyConfig {
+    header: HeaderName,
+    policy: KeyPolicy,
+}
+
+impl Default for KeyConfig {
+    fn default() -> Self {
+        KeyConfig {
+            header: IDEMPOTENCY_KEY,
+            policy: KeyPolicy::DEFAULT,
+        }
+    }
+}
+
+/// The idempotency key of a request, validated before any store access.
+///
+/// A missing or malformed key rejects the request with 400 `application/problem+json`, code
+/// `INVALID_IDEMPOTENCY_KEY`. Use it as the `key = …` of `#[idempotent]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey(pub Key);
+
+impl IdempotencyKey {
+    /// The key.
+    pub fn as_str(&self) -> &str {
+        self.0.as_str()
+    }
+}
+
+impl ToKey for IdempotencyKey {
+    fn to_key(&self) -> Result<Key, Error> {
+        Ok(self.0.clone())
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Error> {
+        let default = KeyConfig::default();
+        let config = parts.extensions.get::<KeyConfig>().unwrap_or(&default);
+        let value = parts
+            .headers
+            .get(&config.header)
+            .ok_or(Error::InvalidKey(KeyError::Missing))?;
+        let text = value.to_str().map_err(|_| {
+            let index = value
+                .as_bytes()
+                .iter()
+                .position(|b| !b.is_ascii_graphic())
+                .unwrap_or(0);
+            Error::InvalidKey(KeyError::InvalidByte { index })
+        })?;
+        Key::parse_with(text, config.policy).map(IdempotencyKey)
+    }
+}
+
+/// A problem detail (RFC 9457) as a response.
+pub fn problem(status: StatusCode, code: &str, detail: &str) -> Response {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "code": code,
+        "detail": detail,
+    });
+    let mut resp = (status, body.to_string()).into_response();
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    resp
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if status.is_server_error() {
+            tracing::error!(target: "idem", error = %self, "idempotency guard failed");
+        }
+        // Internal errors say what kind of failure it was, not what the store said.
+        let detail = match &self {
+            Error::Unavailable(_) => "the idempotency store is unavailable; retry with the same key".to_owned(),
+            Error::Store(_) | Error::Config(_) | Error::NoDefaultStore => {
+                "the idempotency guard failed".to_owned()
+            }
+            other => other.to_string(),
+        };
+        let mut resp = problem(status, self.code(), &detail);
+        if let Some(after) = self.retry_after() {
+            let secs = after.as_secs().max(1) + u64::from(after.subsec_nanos() > 0);
+            resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+impl<T: IntoResponse> IntoResponse for crate::replay::Idempotent<T> {
+    fn into_response(self) -> Response {
+        let replayed = self.is_replay();
+        let mut resp = self.into_inner().into_response();
+        if replayed {
+            resp.headers_mut()
+                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+        }
+        resp
+    }
+}
+
+/// The answer for a client recovering from a timeout, asking whether its request happened:
+/// 200 with the stored result when it completed, 409 with `Retry-After` while it runs, 404 when
+/// nothing is known (safe to send the request again with the same key).
+pub async fn lookup<S: Store>(store: &S, scope: &str, key: &Key) -> Response {
+    match store.lookup(scope, key.as_str()).await {
+        Err(e) => e.into_response(),
+        Ok(None) => problem(
+            StatusCode::NOT_FOUND,
+            "IDEMPOTENCY_KEY_NOT_FOUND",
+            "no request with this key is known: it is safe to send it again with the same key",
+        ),
+        Ok(Some(record)) => match (record.state, record.response) {
+            (RecordState::Completed, Some(stored)) => {
+                let mut resp = Response::new(Body::from(stored.body));
+                resp.headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                resp.headers_mut()
+                    .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+                resp
+            }
+            _ => Error::InProgress {
+                retry_after: record
+                    .lease_remaining
+                    .unwrap_or_default()
+                    .max(std::time::Duration::from_secs(1)),
+            }
+            .into_response(),
+        },
+    }
+}
+
+/// A tower layer for idempotent axum handlers: replays are answered with the stored bytes and
+/// `Idempotent-Replayed: true`, and the key extractor uses its header name and key policy.
+///
+/// Without it, replays still return the first answer, decoded and rendered again (equal, and
+/// byte-identical for types whose serialization is deterministic), but without the header.
+#[derive(Debug, Clone, Default)]
+pub struct IdempotencyLayer {
+    config: Arc<LayerConfig>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct LayerConfig {
+    key: KeyConfig,
+    replay_status: Option<StatusCode>,
+}
+
+impl IdempotencyLayer {
+    /// `Idempotency-Key`, the default key policy, replays with their original status.
+    pub fn new() -> Self {
+        IdempotencyLayer::default()
+    }
+
+    fn edit(mut self, f: impl FnOnce(&mut LayerConfig)) -> Self {
+        f(Arc::make_mut(&mut self.config));
+        self
+    }
+
+    /// The header that carries the key.
+    pub fn header(self, name: HeaderName) -> Self {
+        self.edit(|c| c.key.header = name)
+    }
+
+    /// Which keys are accepted, e.g. [`KeyPolicy::Uuid`].
+    pub fn key_policy(self, policy: KeyPolicy) -> Self {
+        self.edit(|c| c.key.policy = policy)
+    }
+
+    /// Answer replays with this status instead of the original one (some APIs answer 201 the
+    /// first time and 200 on every replay).
+    pub fn replay_status(self, status: StatusCode) -> Self {
+        self.edit(|c| c.replay_status = Some(status))
+    }
+}
+
+impl<S> tower_layer::Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService {
+            inner,
+            config: self.config.clone(),
+        }
+    }
+}
+
+/// The service of [`IdempotencyLayer`].
+#[derive(Clone)]
+pub struct IdempotencyService<S> {
+    inner: S,
+    config: Arc<LayerConfig>,
+}
+
+impl<S> fmt::Debug for IdempotencyService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyService")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, B> tower_service::Service<Request<B>> for IdempotencyService<S>
+where
+    S: tower_service::Service<Request<B>, Response = Response> + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        req.extensions_mut().insert(self.config.key.clone());
+        let fut = self.inner.call(req);
+        let config = self.config.clone();
+        Box::pin(REPLAYED.scope(RefCell::new(None), async move {
+            let resp = fut.await?;
+            let replay = REPLAYED.with(|slot| slot.borrow_mut().take());
+            Ok(match replay {
+                Some(stored) => replayed(resp, stored, config.replay_status),
+                None => resp,
+            })
+        }))
+    }
+}
+
+/// Marks a replay, and answers it with the stored bytes when the response type stored its
+/// HTTP status (`Json<T>`, `(StatusCode, Json<T>)`): exactly what the first request got.
+fn replayed(mut resp: Response, stored: StoredResponse, status: Option<StatusCode>) -> Response {
+    if let (Some(first), false) = (stored.status, stored.is_error) {
+        let (mut parts, _) = resp.into_parts();
+        parts.status = status.unwrap_or_else(|| StatusCode::from_u16(first).unwrap_or(StatusCode::OK));
+        parts.headers.remove(CONTENT_LENGTH);
+        resp = Response::from_parts(parts, Body::from(stored.body));
+    }
+    resp.headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    resp
+}
+
+/// Warns once when a replay happens outside [`IdempotencyLayer`].
+pub(crate) fn warn_without_layer() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        tracing::warn!(
+            target: "idem",
+            "an HTTP response was replayed outside idem::http::IdempotencyLayer: add the layer for byte-identical replays and the Idempotent-Replayed header"
+        );
+    });
+}
+
+pub(crate) fn in_layer() -> bool {
+    REPLAYED.try_with(|_| ()).is_ok()
 }
 
 mod replay_impls {
@@ -32,6 +343,9 @@ mod replay_impls {
     }
 
     fn value<T: DeserializeOwned>(stored: &StoredResponse) -> Result<T, Error> {
+        if !super::in_layer() {
+            super::warn_without_layer();
+        }
         serde_json::from_slice(&stored.body).map_err(|e| Error::Decode(e.to_string()))
     }
 

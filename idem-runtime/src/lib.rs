@@ -65,7 +65,7 @@ pub use crate::clock::{Clock, ManualClock, SystemClock};
 pub use crate::default_store::{default_store, set_default_store};
 pub use crate::error::{BoxError, Error, KeyError, Result};
 pub use crate::fingerprint::{Fingerprint, Fingerprinter};
-pub use crate::guard::{Begun, Guard, begin, downstream_key};
+pub use crate::guard::{Begun, ClaimInfo, Guard, begin, downstream_key};
 pub use crate::key::{Key, KeyPolicy, ToKey};
 pub use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, ExpiredLease, Policy, Record, RecordState,

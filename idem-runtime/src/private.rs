@@ -32,6 +32,8 @@ pub use serde;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use sqlx;
 
+pub use crate::guard::ClaimInfo;
+
 use crate::guard::{Begun, Guard, begin};
 use crate::replay::{decode_final, encode_final};
 
@@ -196,13 +198,46 @@ impl Prepared {
     }
 }
 
+/// The body of a guarded function: a future, or a closure that takes the claim's
+/// [`ClaimInfo`] (`claim = …`).
+pub trait Body<R> {
+    type Fut: Future<Output = R>;
+    fn start(self, claim: impl FnOnce() -> ClaimInfo) -> Self::Fut;
+}
+
+/// A body that does not look at its claim.
+#[derive(Debug)]
+pub struct Plain<F>(pub F);
+
+impl<R, F: Future<Output = R>> Body<R> for Plain<F> {
+    type Fut = F;
+    fn start(self, _claim: impl FnOnce() -> ClaimInfo) -> F {
+        self.0
+    }
+}
+
+/// A body that is handed its claim.
+#[derive(Debug)]
+pub struct WithClaim<C>(pub C);
+
+impl<R, C, F> Body<R> for WithClaim<C>
+where
+    C: FnOnce(ClaimInfo) -> F,
+    F: Future<Output = R>,
+{
+    type Fut = F;
+    fn start(self, claim: impl FnOnce() -> ClaimInfo) -> F {
+        (self.0)(claim())
+    }
+}
+
 /// The separate-commits flow: claim (committed), body, complete or release.
-pub async fn run<S, R, M, F>(store: &S, prepared: Prepared, errors: ErrorOps<R::Err>, body: F) -> R
+pub async fn run<S, R, M, B>(store: &S, prepared: Prepared, errors: ErrorOps<R::Err>, body: B) -> R
 where
     S: Store,
     R: IdemResult,
     R::Ok: Replay<M>,
-    F: Future<Output = R>,
+    B: Body<R>,
 {
     let (scope, key, fp, policy) = match prepared.into_parts() {
         Ok(parts) => parts,
@@ -211,7 +246,7 @@ where
     match begin(store, scope, key, fp, policy).await {
         Err(e) => errors.fail(e),
         Ok(Begun::Replay(stored)) => replay::<R, M>(stored, &errors),
-        Ok(Begun::Claimed(guard)) => match body.await.into_result() {
+        Ok(Begun::Claimed(guard)) => match body.start(|| guard.info()).await.into_result() {
             Ok(v) => complete::<S, R, M>(guard, v, &errors).await,
             Err(e) => {
                 if let Some(finals) = &errors.finals

@@ -76,6 +76,20 @@ impl<T> TxStart<T> {
     pub fn transaction(&mut self) -> Option<&mut T> {
         self.state.as_mut().ok().map(|c| &mut c.tx)
     }
+
+    /// The transaction and what the body may know about its claim, when the claim was taken.
+    pub fn claimed(&mut self) -> Option<(&mut T, crate::guard::ClaimInfo)> {
+        self.state.as_mut().ok().map(|c| {
+            let info = crate::guard::ClaimInfo {
+                scope: c.scope.clone(),
+                key: c.key.clone(),
+                fence: c.fence,
+                reclaimed: false,
+                recovery_point: None,
+            };
+            (&mut c.tx, info)
+        })
+    }
 }
 
 /// A claim held inside the open transaction `T`.
