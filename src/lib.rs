@@ -169,11 +169,10 @@ pub use idem_macros::idempotent;
 #[doc(inline)]
 pub use idem_runtime::{
     BeginOutcome, BeginRequest, Begun, BoxError, CachedStore, ClaimInfo, ClaimRef, Claimed, Clock,
-    DynStore,
-    Error, ExpiredLease, FinalError, Fingerprint, Fingerprinter, Guard, Idempotent, Key, KeyError,
-    KeyPolicy, ManualClock, MemoryStore, Policy, Record, RecordState, Replay, Result, ScopeBuilder,
-    SharedStore, Store, StoredResponse, Sweeper, SystemClock, ToKey, begin, default_store,
-    downstream_key, set_default_store, spawn_sweeper,
+    DynStore, Error, ExpiredLease, FinalError, Fingerprint, Fingerprinter, Guard, Idempotent, Key,
+    KeyError, KeyPolicy, ManualClock, MemoryStore, Policy, Record, RecordState, Replay, Result,
+    ScopeBuilder, SharedStore, Store, StoredResponse, Sweeper, SystemClock, ToKey, begin,
+    default_store, downstream_key, set_default_store, spawn_sweeper,
 };
 
 #[doc(inline)]
@@ -413,3 +412,8 @@ pub use idem_runtime::sqlx;
 pub mod __private {
     pub use idem_runtime::private::*;
 }
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

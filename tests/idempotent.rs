@@ -222,7 +222,11 @@ async fn own_encoding<S: Store + Clone>(app: &App<S>, n: u64, key: &str) -> Resu
 }
 
 #[idempotent(scope = "charge:<order_no>", key = key, store = app.store, skip(app), claim = claim)]
-async fn sees_its_claim<S: Store + Clone>(app: &App<S>, order_no: &str, key: &str) -> Result<(String, u64), Error> {
+async fn sees_its_claim<S: Store + Clone>(
+    app: &App<S>,
+    order_no: &str,
+    key: &str,
+) -> Result<(String, u64), Error> {
     app.run();
     assert_eq!(claim.scope(), format!("charge:{order_no}"));
     Ok((claim.downstream_key("gateway"), claim.fence()))

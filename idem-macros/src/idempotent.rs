@@ -327,9 +327,7 @@ fn validate(args: Args, func: &ItemFn, skipped: &[bool], errors: &mut Errors) ->
         if is_bound(&name.to_string()) {
             errors.at(
                 name.span(),
-                format_args!(
-                    "`{name}` would hide the argument `{name}`: name it something else"
-                ),
+                format_args!("`{name}` would hide the argument `{name}`: name it something else"),
             );
         }
     }

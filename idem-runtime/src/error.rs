@@ -36,7 +36,7 @@ pub enum Error {
     /// Another request with the same scope and key is still running. The client should retry
     /// after `retry_after` and will then get the stored result. HTTP 409, `REQUEST_IN_PROGRESS`,
     /// with a `Retry-After` header.
-    #[error("a request with this idempotency key is still in progress; retry in {retry_after:?}")]
+    #[error("a request with this idempotency key is still in progress; retry in {} s", whole_seconds(*retry_after))]
     InProgress {
         /// How long until the running request's lease ends (at least one second).
         retry_after: Duration,
@@ -138,6 +138,11 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         self.retry_after().is_some()
     }
+}
+
+/// `d` rounded up to whole seconds, at least one: what `Retry-After` says.
+pub(crate) fn whole_seconds(d: Duration) -> u64 {
+    (d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1)
 }
 
 /// Why a key was rejected. Carried by [`Error::InvalidKey`].

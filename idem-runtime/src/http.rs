@@ -115,41 +115,91 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
     }
 }
 
-/// A problem detail (RFC 9457) as a response.
+/// An RFC 9457 problem detail, rendered as `application/problem+json` with its members in the
+/// order the RFC lists them, then `code`, `detail` and any extension members.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    title: &'static str,
+    status: u16,
+    code: String,
+    detail: String,
+    #[serde(flatten)]
+    extra: serde_json::Map<String, serde_json::Value>,
+    #[serde(skip)]
+    retry_after: Option<u64>,
+}
+
+impl Problem {
+    /// A problem with a machine-readable `code` and a human-readable `detail`.
+    pub fn new(status: StatusCode, code: impl Into<String>, detail: impl Into<String>) -> Self {
+        Problem {
+            kind: "about:blank",
+            title: status.canonical_reason().unwrap_or("Error"),
+            status: status.as_u16(),
+            code: code.into(),
+            detail: detail.into(),
+            extra: serde_json::Map::new(),
+            retry_after: None,
+        }
+    }
+
+    /// Adds an extension member, such as `"currentVersion": 7`.
+    pub fn with(mut self, name: &str, value: impl Into<serde_json::Value>) -> Self {
+        self.extra.insert(name.to_owned(), value.into());
+        self
+    }
+
+    /// Sets `Retry-After`, in seconds.
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_vec(&self).unwrap_or_default();
+        let mut resp = (status, body).into_response();
+        resp.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+/// A problem detail (RFC 9457) as a response; see [`Problem`].
 pub fn problem(status: StatusCode, code: &str, detail: &str) -> Response {
-    let body = serde_json::json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "code": code,
-        "detail": detail,
-    });
-    let mut resp = (status, body.to_string()).into_response();
-    resp.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-    resp
+    Problem::new(status, code, detail).into_response()
 }
 
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status =
+            StatusCode::from_u16(self.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         if status.is_server_error() {
             tracing::error!(target: "idem", error = %self, "idempotency guard failed");
         }
         // Internal errors say what kind of failure it was, not what the store said.
         let detail = match &self {
-            Error::Unavailable(_) => "the idempotency store is unavailable; retry with the same key".to_owned(),
+            Error::Unavailable(_) => {
+                "the idempotency store is unavailable; retry with the same key".to_owned()
+            }
             Error::Store(_) | Error::Config(_) | Error::NoDefaultStore => {
                 "the idempotency guard failed".to_owned()
             }
             other => other.to_string(),
         };
-        let mut resp = problem(status, self.code(), &detail);
+        let mut p = Problem::new(status, self.code(), detail);
         if let Some(after) = self.retry_after() {
-            let secs = after.as_secs().max(1) + u64::from(after.subsec_nanos() > 0);
-            resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
+            p = p.retry_after(crate::error::whole_seconds(after));
         }
-        resp
+        p.into_response()
     }
 }
 
@@ -300,7 +350,8 @@ where
 fn replayed(mut resp: Response, stored: StoredResponse, status: Option<StatusCode>) -> Response {
     if let (Some(first), false) = (stored.status, stored.is_error) {
         let (mut parts, _) = resp.into_parts();
-        parts.status = status.unwrap_or_else(|| StatusCode::from_u16(first).unwrap_or(StatusCode::OK));
+        parts.status =
+            status.unwrap_or_else(|| StatusCode::from_u16(first).unwrap_or(StatusCode::OK));
         parts.headers.remove(CONTENT_LENGTH);
         resp = Response::from_parts(parts, Body::from(stored.body));
     }

@@ -1,0 +1,464 @@
+//! The HTTP API: handlers, extractors, errors and the router.
+
+use std::time::Duration;
+
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use idem::http::{IdempotencyKey, IdempotencyLayer, Problem};
+use idem::{Key, Transition, Versioned, idempotent};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::db::{Db, Order, OrderStatus, PgDb, SqliteDb};
+use crate::gateway::{Gateway, MoneyMove};
+
+/// The application state.
+#[derive(Clone)]
+pub struct App<D> {
+    pub db: D,
+    pub gateway: Gateway,
+}
+
+/// Connects to `database_url` (PostgreSQL), or opens the SQLite file it names, and returns the
+/// router with a description of the database.
+pub async fn build(database_url: &str) -> Result<(Router, String), idem::Error> {
+    if database_url.starts_with("postgres") {
+        let db = PgDb::connect(database_url).await?;
+        Ok((
+            router(App {
+                db,
+                gateway: Gateway::default(),
+            }),
+            "PostgreSQL".into(),
+        ))
+    } else {
+        let db = SqliteDb::open(database_url).await?;
+        Ok((
+            router(App {
+                db,
+                gateway: Gateway::default(),
+            }),
+            format!("SQLite ({database_url})"),
+        ))
+    }
+}
+
+/// Every route, behind the idempotency layer. Replays answer 200 (the first answer may be
+/// 201), with the first body byte for byte and `Idempotent-Replayed: true`.
+pub fn router<D: Db>(app: App<D>) -> Router {
+    Router::new()
+        .route("/api/orders", post(create_order::<D>))
+        .route("/api/orders/by-key/{key}", get(order_by_key::<D>))
+        .route("/api/payments/callback", post(payment_callback::<D>))
+        .route("/api/orders/{order_no}/refunds", post(refund::<D>))
+        .route("/api/orders/{order_no}/ship", post(ship::<D>))
+        .route("/api/orders/{order_no}/confirm", post(confirm::<D>))
+        .route(
+            "/api/users/{user_id}/profile",
+            get(profile::<D>).patch(update_profile::<D>),
+        )
+        .route("/api/gateway/ledger", get(ledger::<D>))
+        .layer(IdempotencyLayer::new().replay_status(StatusCode::OK))
+        .with_state(app)
+}
+
+// ---- errors ------------------------------------------------------------------------------------
+
+/// The API's errors, as RFC 9457 problem details.
+#[derive(Debug)]
+pub enum AppError {
+    Idem(idem::Error),
+    Problem(Box<Problem>),
+}
+
+impl AppError {
+    fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
+        AppError::Problem(Box::new(Problem::new(status, code, detail)))
+    }
+}
+
+impl From<idem::Error> for AppError {
+    fn from(e: idem::Error) -> Self {
+        AppError::Idem(e)
+    }
+}
+
+impl From<Problem> for AppError {
+    fn from(p: Problem) -> Self {
+        AppError::Problem(Box::new(p))
+    }
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        match self {
+            AppError::Idem(e) => e.into_response(),
+            AppError::Problem(p) => (*p).into_response(),
+        }
+    }
+}
+
+// ---- extractors --------------------------------------------------------------------------------
+
+/// The caller: demo authentication by the `X-User-Id` header, user 1 ("demo") without it.
+#[derive(Debug, Clone, Copy)]
+pub struct User {
+    pub id: i64,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for User {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, AppError> {
+        match parts.headers.get("x-user-id") {
+            None => Ok(User { id: 1 }),
+            Some(v) => v
+                .to_str()
+                .ok()
+                .and_then(|s| s.parse::<i64>().ok())
+                .filter(|id| *id > 0)
+                .map(|id| User { id })
+                .ok_or_else(|| {
+                    AppError::new(
+                        StatusCode::BAD_REQUEST,
+                        "INVALID_USER",
+                        "X-User-Id must be a positive integer",
+                    )
+                }),
+        }
+    }
+}
+
+/// A demo knob: `X-Demo-Delay-Ms` makes order creation slow, to watch a concurrent retry get
+/// 409 while the first request runs.
+#[derive(Debug, Clone, Copy)]
+pub struct DemoDelay(Duration);
+
+impl<S: Send + Sync> FromRequestParts<S> for DemoDelay {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, AppError> {
+        match parts.headers.get("x-demo-delay-ms") {
+            None => Ok(DemoDelay(Duration::ZERO)),
+            Some(v) => v
+                .to_str()
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .filter(|ms| *ms <= 10_000)
+                .map(|ms| DemoDelay(Duration::from_millis(ms)))
+                .ok_or_else(|| {
+                    AppError::new(
+                        StatusCode::BAD_REQUEST,
+                        "INVALID_DELAY",
+                        "X-Demo-Delay-Ms must be 0..=10000",
+                    )
+                }),
+        }
+    }
+}
+
+// ---- orders ------------------------------------------------------------------------------------
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateOrder {
+    pub sku_id: i64,
+    pub qty: i64,
+}
+
+/// The catalogue: a fixed price per SKU.
+fn price_cents(sku_id: i64) -> i64 {
+    500 + sku_id.rem_euclid(100) * 25
+}
+
+/// `POST /api/orders`: 201 with the order; the same request again replays it; another body
+/// under the same key is 422; while the first runs, 409.
+///
+/// Scoped per user: one user's key never replays another user's order.
+#[idempotent(
+    scope = "order:<user.id>",
+    key = key,
+    store = app.db.store(),
+    skip(app, user, delay),
+    lease = "30s",
+    claim = claim
+)]
+pub async fn create_order<D: Db>(
+    State(app): State<App<D>>,
+    user: User,
+    delay: DemoDelay,
+    key: IdempotencyKey,
+    Json(req): Json<CreateOrder>,
+) -> Result<(StatusCode, Json<Order>), AppError> {
+    if !(1..=100).contains(&req.qty) || req.sku_id <= 0 {
+        return Err(AppError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "INVALID_ORDER",
+            "skuId must be positive and qty between 1 and 100",
+        ));
+    }
+    tokio::time::sleep(delay.0).await;
+    // The order number comes from the request's identity (user and key): even if its record
+    // were gone, the same request could not create a second order. The unique index is the
+    // hard stop behind the guard.
+    let order_no = format!(
+        "ORD-{}",
+        claim.downstream_key("order")[5..21].to_ascii_uppercase()
+    );
+    let order = Order {
+        order_no,
+        user_id: user.id,
+        sku_id: req.sku_id,
+        qty: req.qty,
+        amount_cents: price_cents(req.sku_id) * req.qty,
+        status: OrderStatus::Pending.as_str().into(),
+    };
+    let created = app.db.create_order(&order).await?;
+    Ok((StatusCode::CREATED, Json(created.into_row())))
+}
+
+/// `GET /api/orders/by-key/{key}`: did my request happen? 200 with its result, 409 while it
+/// runs, 404 when unknown (safe to send it again with the same key).
+pub async fn order_by_key<D: Db>(
+    State(app): State<App<D>>,
+    user: User,
+    Path(key): Path<String>,
+) -> Result<Response, AppError> {
+    let key = Key::parse(&key)?;
+    let scope = idem::scope!("order:<user.id>")?;
+    Ok(idem::http::lookup(app.db.store(), &scope, &key).await)
+}
+
+// ---- payments ----------------------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PaymentCallback {
+    pub order_no: String,
+    pub amount_cents: i64,
+}
+
+/// The answer to a state transition: the order, and whether this call was a duplicate.
+#[derive(Debug, Serialize)]
+pub struct TransitionAnswer {
+    pub duplicated: bool,
+    pub order: Order,
+}
+
+fn transition_answer(
+    outcome: Transition<Order, OrderStatus>,
+    what: &str,
+) -> Result<Json<TransitionAnswer>, AppError> {
+    match outcome {
+        Transition::Applied(order) => Ok(Json(TransitionAnswer {
+            duplicated: false,
+            order,
+        })),
+        Transition::AlreadyApplied(order) => Ok(Json(TransitionAnswer {
+            duplicated: true,
+            order,
+        })),
+        Transition::GuardMismatch(order) => Err(Problem::new(
+            StatusCode::CONFLICT,
+            "AMOUNT_MISMATCH",
+            format!("the {what} does not match order {}", order.order_no),
+        )
+        .with("expectedAmountCents", order.amount_cents)
+        .into()),
+        Transition::Illegal { current } => Err(Problem::new(
+            StatusCode::CONFLICT,
+            "ILLEGAL_TRANSITION",
+            format!("the order is {current}"),
+        )
+        .with("currentStatus", current.as_str())
+        .into()),
+        Transition::NotFound => Err(AppError::new(
+            StatusCode::NOT_FOUND,
+            "ORDER_NOT_FOUND",
+            "no such order",
+        )),
+    }
+}
+
+/// `POST /api/payments/callback`: PENDING → PAID when the amount matches. A duplicate callback
+/// is 200 with `"duplicated": true`; a mismatched amount is 409 and a warning in the log.
+pub async fn payment_callback<D: Db>(
+    State(app): State<App<D>>,
+    Json(cb): Json<PaymentCallback>,
+) -> Result<Json<TransitionAnswer>, AppError> {
+    let outcome = app.db.mark_paid(&cb.order_no, cb.amount_cents).await?;
+    if let Transition::GuardMismatch(order) = &outcome {
+        tracing::warn!(
+            order_no = %order.order_no,
+            paid_cents = cb.amount_cents,
+            expected_cents = order.amount_cents,
+            "payment callback amount does not match the order: not applied"
+        );
+    }
+    transition_answer(outcome, "paid amount")
+}
+
+// ---- refunds -----------------------------------------------------------------------------------
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Refund {
+    pub refund_id: String,
+    pub order_no: String,
+    pub amount_cents: i64,
+    pub status: String,
+}
+
+/// `POST /api/orders/{order_no}/refunds`: refunds a paid order through the gateway, once per
+/// (order, key): the gateway call carries the guard's downstream key, so even a take-over of an
+/// abandoned attempt cannot move the money twice. Then PAID → CANCELLED.
+#[idempotent(scope = "refund:<order_no>", key = key, store = app.db.store(), skip(app, user), claim = claim)]
+pub async fn refund<D: Db>(
+    State(app): State<App<D>>,
+    user: User,
+    Path(order_no): Path<String>,
+    key: IdempotencyKey,
+) -> Result<(StatusCode, Json<Refund>), AppError> {
+    let order = match app.db.find_order(&order_no).await? {
+        Some(o) if o.user_id == user.id => o,
+        _ => {
+            return Err(AppError::new(
+                StatusCode::NOT_FOUND,
+                "ORDER_NOT_FOUND",
+                "no such order",
+            ));
+        }
+    };
+    if order.status != OrderStatus::Paid.as_str() {
+        return Err(Problem::new(
+            StatusCode::CONFLICT,
+            "ORDER_NOT_REFUNDABLE",
+            format!(
+                "only a PAID order can be refunded; this one is {}",
+                order.status
+            ),
+        )
+        .with("currentStatus", order.status)
+        .into());
+    }
+    let money = app
+        .gateway
+        .refund(
+            &claim.downstream_key("gateway-refund"),
+            &order_no,
+            order.amount_cents,
+        )
+        .await;
+    let cancelled = app.db.cancel_paid(&order_no).await?;
+    if !cancelled.is_done() {
+        // The money moved but the order changed state meanwhile: say so, do not hide it.
+        tracing::error!(order_no, refund = %money.id, outcome = cancelled.kind(), "refunded, but could not cancel the order");
+    }
+    Ok((
+        StatusCode::CREATED,
+        Json(Refund {
+            refund_id: money.id,
+            order_no,
+            amount_cents: money.amount_cents,
+            status: OrderStatus::Cancelled.as_str().into(),
+        }),
+    ))
+}
+
+/// The gateway's ledger.
+#[derive(Debug, Serialize)]
+pub struct Ledger {
+    pub count: usize,
+    pub moves: Vec<MoneyMove>,
+}
+
+/// `GET /api/gateway/ledger`: every money move, to count them.
+pub async fn ledger<D: Db>(State(app): State<App<D>>) -> Json<Ledger> {
+    let moves = app.gateway.moves();
+    Json(Ledger {
+        count: moves.len(),
+        moves,
+    })
+}
+
+// ---- shipping ----------------------------------------------------------------------------------
+
+/// `POST /api/orders/{order_no}/ship`: PAID → SHIPPED.
+pub async fn ship<D: Db>(
+    State(app): State<App<D>>,
+    Path(order_no): Path<String>,
+) -> Result<Json<TransitionAnswer>, AppError> {
+    transition_answer(app.db.ship(&order_no).await?, "shipment")
+}
+
+/// `POST /api/orders/{order_no}/confirm`: SHIPPED → DONE.
+pub async fn confirm<D: Db>(
+    State(app): State<App<D>>,
+    Path(order_no): Path<String>,
+) -> Result<Json<TransitionAnswer>, AppError> {
+    transition_answer(app.db.confirm(&order_no).await?, "confirmation")
+}
+
+// ---- profiles ----------------------------------------------------------------------------------
+
+/// `GET /api/users/{user_id}/profile`.
+pub async fn profile<D: Db>(
+    State(app): State<App<D>>,
+    Path(user_id): Path<i64>,
+) -> Result<Response, AppError> {
+    match app.db.profile(user_id).await? {
+        Some(p) => Ok(Json(p).into_response()),
+        None => Err(AppError::new(
+            StatusCode::NOT_FOUND,
+            "USER_NOT_FOUND",
+            "no such user",
+        )),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ProfileUpdate {
+    pub nickname: String,
+    pub version: i64,
+}
+
+/// `PATCH /api/users/{user_id}/profile` with the version read: 200 with the new version, or
+/// 409 with the latest one when someone updated it first (read again, then retry).
+pub async fn update_profile<D: Db>(
+    State(app): State<App<D>>,
+    Path(user_id): Path<i64>,
+    Json(update): Json<ProfileUpdate>,
+) -> Result<Json<Value>, AppError> {
+    if update.nickname.is_empty() || update.nickname.len() > 64 {
+        return Err(AppError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "INVALID_NICKNAME",
+            "1 to 64 bytes",
+        ));
+    }
+    match app
+        .db
+        .update_profile(user_id, &update.nickname, update.version)
+        .await?
+    {
+        Versioned::Updated { version } => {
+            Ok(Json(json!({ "userId": user_id, "version": version })))
+        }
+        Versioned::Stale { current_version } => Err(Problem::new(
+            StatusCode::CONFLICT,
+            "STALE_VERSION",
+            "the profile was updated since it was read: read it again and retry",
+        )
+        .with("currentVersion", current_version)
+        .into()),
+        Versioned::NotFound => Err(AppError::new(
+            StatusCode::NOT_FOUND,
+            "USER_NOT_FOUND",
+            "no such user",
+        )),
+    }
+}

@@ -1,0 +1,39 @@
+//! The refund service: idem's flows end to end over HTTP.
+//!
+//! ```text
+//! cargo run --example refund_service                       # SQLite file refund_service.db
+//! DATABASE_URL=postgres://postgres@127.0.0.1/test cargo run --example refund_service
+//! IDEM_ADDR=127.0.0.1:8080 cargo run --example refund_service
+//! ```
+//!
+//! See the README for a walkthrough with curl.
+
+mod app;
+mod db;
+mod gateway;
+
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    let addr = std::env::var("IDEM_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "sqlite://refund_service.db".into());
+    let (router, database) = app::build(&url).await?;
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    // Tests read this line to find the port when IDEM_ADDR asks for port 0.
+    println!(
+        "refund_service listening on http://{} ({database})",
+        listener.local_addr()?
+    );
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}

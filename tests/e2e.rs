@@ -1,0 +1,493 @@
+//! The refund service over real HTTP: a server on an ephemeral port and a real client, on
+//! SQLite and on PostgreSQL, and two server processes sharing PostgreSQL.
+
+mod common;
+
+#[allow(dead_code)]
+#[path = "../examples/refund_service/app.rs"]
+mod app;
+#[allow(dead_code)]
+#[path = "../examples/refund_service/db.rs"]
+mod db;
+#[allow(dead_code)]
+#[path = "../examples/refund_service/gateway.rs"]
+mod gateway;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use reqwest::{Client, StatusCode};
+use serde_json::{Value, json};
+
+struct Server {
+    base: String,
+    /// A query that counts orders, through the database the server uses.
+    db_url: String,
+    _pg: Option<common::PgSchema>,
+    _file: Option<common::SqliteFile>,
+}
+
+impl Server {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    async fn count_orders(&self) -> i64 {
+        if self.db_url.starts_with("postgres") {
+            let pool = sqlx::PgPool::connect(&self.db_url).await.unwrap();
+            let n = sqlx::query_scalar("SELECT count(*) FROM orders")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+            n
+        } else {
+            let pool = sqlx::SqlitePool::connect(&self.db_url).await.unwrap();
+            let n = sqlx::query_scalar("SELECT count(*) FROM orders")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+            n
+        }
+    }
+}
+
+async fn serve(url: &str) -> String {
+    let (router, _) = app::build(url).await.expect("build the service");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    base
+}
+
+async fn sqlite(_test: &str) -> Option<Server> {
+    let file = common::SqliteFile::new();
+    let base = serve(&file.url).await;
+    Some(Server {
+        base,
+        db_url: file.url.clone(),
+        _pg: None,
+        _file: Some(file),
+    })
+}
+
+/// `DATABASE_URL` with the test's own schema as the search path.
+fn pg_url_in(url: &str, schema: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}options=-c%20search_path%3D{schema}")
+}
+
+async fn postgres(test: &str) -> Option<Server> {
+    let url = common::pg_url(test)?;
+    let schema = common::PgSchema::create(&url, 2).await;
+    let db_url = pg_url_in(&url, &schema.name);
+    let base = serve(&db_url).await;
+    Some(Server {
+        base,
+        db_url,
+        _pg: Some(schema),
+        _file: None,
+    })
+}
+
+fn client() -> Client {
+    Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+async fn post_order(
+    c: &Client,
+    s: &Server,
+    key: &str,
+    body: &str,
+) -> (StatusCode, reqwest::header::HeaderMap, String) {
+    let r = c
+        .post(s.url("/api/orders"))
+        .header("Idempotency-Key", key)
+        .header("Content-Type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap();
+    (r.status(), r.headers().clone(), r.text().await.unwrap())
+}
+
+fn code(body: &str) -> String {
+    serde_json::from_str::<Value>(body).unwrap()["code"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+macro_rules! e2e {
+    ($name:ident, $start:ident) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn the_three_calls_and_the_lookup() {
+                let Some(s) = $start("the_three_calls").await else { return };
+                let c = client();
+                let key = "0b2c1c6e-1f7b-4f0f-9d3a-8f2f6f0a1111";
+                let (st, h, first) = post_order(&c, &s, key, r#"{"skuId": 9001, "qty": 2}"#).await;
+                assert_eq!(st, StatusCode::CREATED, "{first}");
+                assert!(h.get("idempotent-replayed").is_none());
+                let order: Value = serde_json::from_str(&first).unwrap();
+                assert_eq!(order["status"], "PENDING");
+
+                let (st, h, again) = post_order(&c, &s, key, r#"{"skuId": 9001, "qty": 2}"#).await;
+                assert_eq!(st, StatusCode::OK);
+                assert_eq!(h["idempotent-replayed"], "true");
+                assert_eq!(again, first, "the replay is byte-identical");
+
+                // Same key and body, other spacing and key order: the same request.
+                let (st, _, spaced) = post_order(&c, &s, key, r#"{ "qty" : 2, "skuId":9001 }"#).await;
+                assert_eq!((st, spaced.as_str()), (StatusCode::OK, first.as_str()));
+
+                let (st, h, body) = post_order(&c, &s, key, r#"{"skuId": 9002, "qty": 2}"#).await;
+                assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY);
+                assert_eq!(h["content-type"], "application/problem+json");
+                assert_eq!(code(&body), "KEY_REUSED_WITH_DIFFERENT_BODY");
+                assert_eq!(s.count_orders().await, 1);
+
+                let r = c.get(s.url(&format!("/api/orders/by-key/{key}"))).send().await.unwrap();
+                assert_eq!(r.status(), StatusCode::OK);
+                assert_eq!(r.text().await.unwrap(), first);
+                let r = c.get(s.url("/api/orders/by-key/never-sent")).send().await.unwrap();
+                assert_eq!(r.status(), StatusCode::NOT_FOUND);
+                assert_eq!(code(&r.text().await.unwrap()), "IDEMPOTENCY_KEY_NOT_FOUND");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn in_progress_is_409_with_retry_after() {
+                let Some(s) = $start("in_progress").await else { return };
+                let c = client();
+                let slow = {
+                    let (c, url) = (c.clone(), s.url("/api/orders"));
+                    tokio::spawn(async move {
+                        c.post(url)
+                            .header("Idempotency-Key", "slow")
+                            .header("X-Demo-Delay-Ms", "1500")
+                            .header("Content-Type", "application/json")
+                            .body(r#"{"skuId": 1, "qty": 1}"#)
+                            .send()
+                            .await
+                            .unwrap()
+                            .status()
+                    })
+                };
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                let (st, h, body) = post_order(&c, &s, "slow", r#"{"skuId": 1, "qty": 1}"#).await;
+                assert_eq!(st, StatusCode::CONFLICT, "{body}");
+                assert_eq!(code(&body), "REQUEST_IN_PROGRESS");
+                let after: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+                assert!((1..=30).contains(&after), "{after}");
+                let r = c.get(s.url("/api/orders/by-key/slow")).send().await.unwrap();
+                assert_eq!(r.status(), StatusCode::CONFLICT);
+                assert_eq!(slow.await.unwrap(), StatusCode::CREATED);
+                let (st, _, _) = post_order(&c, &s, "slow", r#"{"skuId": 1, "qty": 1}"#).await;
+                assert_eq!(st, StatusCode::OK);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn keys_are_scoped_per_user() {
+                let Some(s) = $start("keys_per_user").await else { return };
+                let c = client();
+                let send = |user: &'static str| {
+                    c.post(s.url("/api/orders"))
+                        .header("Idempotency-Key", "shared-key")
+                        .header("X-User-Id", user)
+                        .header("Content-Type", "application/json")
+                        .body(r#"{"skuId": 7, "qty": 1}"#)
+                        .send()
+                };
+                let a = send("2").await.unwrap();
+                assert_eq!(a.status(), StatusCode::CREATED);
+                let a: Value = a.json().await.unwrap();
+                let b = send("3").await.unwrap();
+                assert_eq!(b.status(), StatusCode::CREATED, "another user's key never replays");
+                let b: Value = b.json().await.unwrap();
+                assert_ne!(a["orderNo"], b["orderNo"]);
+                assert_eq!((a["userId"].as_i64(), b["userId"].as_i64()), (Some(2), Some(3)));
+                let r = c.get(s.url("/api/orders/by-key/shared-key")).header("X-User-Id", "4").send().await.unwrap();
+                assert_eq!(r.status(), StatusCode::NOT_FOUND);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_hundred_concurrent_posts_make_one_order() {
+                let Some(s) = $start("hundred_posts").await else { return };
+                let c = client();
+                let mut tasks = Vec::new();
+                for _ in 0..100 {
+                    let (c, url) = (c.clone(), s.url("/api/orders"));
+                    tasks.push(tokio::spawn(async move {
+                        let r = c
+                            .post(url)
+                            .header("Idempotency-Key", "storm")
+                            .header("Content-Type", "application/json")
+                            .body(r#"{"skuId": 9001, "qty": 2}"#)
+                            .send()
+                            .await
+                            .unwrap();
+                        (r.status(), r.text().await.unwrap())
+                    }));
+                }
+                let mut bodies = std::collections::HashSet::new();
+                for t in tasks {
+                    let (st, body) = t.await.unwrap();
+                    match st {
+                        StatusCode::CREATED | StatusCode::OK => {
+                            bodies.insert(body);
+                        }
+                        StatusCode::CONFLICT => assert_eq!(code(&body), "REQUEST_IN_PROGRESS"),
+                        other => panic!("{other}: {body}"),
+                    }
+                }
+                assert_eq!(s.count_orders().await, 1);
+                assert_eq!(bodies.len(), 1, "every answer is the first answer");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn payment_callback_statuses() {
+                let Some(s) = $start("callback").await else { return };
+                let c = client();
+                let (_, _, body) = post_order(&c, &s, "k-pay", r#"{"skuId": 9001, "qty": 2}"#).await;
+                let order: Value = serde_json::from_str(&body).unwrap();
+                let (no, amount) = (order["orderNo"].as_str().unwrap(), order["amountCents"].as_i64().unwrap());
+                let callback = |amount: i64, no: &str| {
+                    c.post(s.url("/api/payments/callback"))
+                        .json(&json!({ "orderNo": no, "amountCents": amount }))
+                        .send()
+                };
+                let r = callback(amount + 1, no).await.unwrap();
+                assert_eq!(r.status(), StatusCode::CONFLICT);
+                assert_eq!(code(&r.text().await.unwrap()), "AMOUNT_MISMATCH");
+                let r = callback(amount, no).await.unwrap();
+                assert_eq!(r.status(), StatusCode::OK);
+                let v: Value = r.json().await.unwrap();
+                assert_eq!((v["duplicated"].as_bool(), v["order"]["status"].as_str()), (Some(false), Some("PAID")));
+                let r = callback(amount, no).await.unwrap();
+                assert_eq!(r.status(), StatusCode::OK);
+                assert_eq!(r.json::<Value>().await.unwrap()["duplicated"], true);
+                // Ship, then a late callback is an illegal transition; then confirm.
+                let r = c.post(s.url(&format!("/api/orders/{no}/ship"))).send().await.unwrap();
+                assert_eq!(r.status(), StatusCode::OK);
+                let r = callback(amount, no).await.unwrap();
+                assert_eq!(r.status(), StatusCode::CONFLICT);
+                assert_eq!(code(&r.text().await.unwrap()), "ILLEGAL_TRANSITION");
+                let r = c.post(s.url(&format!("/api/orders/{no}/confirm"))).send().await.unwrap();
+                assert_eq!(r.json::<Value>().await.unwrap()["order"]["status"], "DONE");
+                let r = callback(1, "ORD-NOPE").await.unwrap();
+                assert_eq!(r.status(), StatusCode::NOT_FOUND);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn fifty_duplicate_refunds_move_money_once() {
+                let Some(s) = $start("refunds").await else { return };
+                let c = client();
+                let (_, _, body) = post_order(&c, &s, "k-refund", r#"{"skuId": 42, "qty": 3}"#).await;
+                let order: Value = serde_json::from_str(&body).unwrap();
+                let no = order["orderNo"].as_str().unwrap().to_owned();
+                let r = c
+                    .post(s.url("/api/payments/callback"))
+                    .json(&json!({ "orderNo": no, "amountCents": order["amountCents"] }))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), StatusCode::OK);
+                let mut tasks = Vec::new();
+                for _ in 0..50 {
+                    let (c, url) = (c.clone(), s.url(&format!("/api/orders/{no}/refunds")));
+                    tasks.push(tokio::spawn(async move {
+                        let r = c.post(url).header("Idempotency-Key", "refund-once").send().await.unwrap();
+                        (r.status(), r.text().await.unwrap())
+                    }));
+                }
+                let mut answers = std::collections::HashSet::new();
+                for t in tasks {
+                    let (st, body) = t.await.unwrap();
+                    match st {
+                        StatusCode::CREATED | StatusCode::OK => {
+                            answers.insert(body);
+                        }
+                        StatusCode::CONFLICT => assert_eq!(code(&body), "REQUEST_IN_PROGRESS"),
+                        other => panic!("{other}: {body}"),
+                    }
+                }
+                let ledger: Value = c.get(s.url("/api/gateway/ledger")).send().await.unwrap().json().await.unwrap();
+                assert_eq!(ledger["count"], 1, "one money move: {ledger}");
+                assert_eq!(answers.len(), 1);
+                // A replay afterwards gives the first answer; another key finds it refunded.
+                let r = c.post(s.url(&format!("/api/orders/{no}/refunds"))).header("Idempotency-Key", "refund-once").send().await.unwrap();
+                assert_eq!(r.status(), StatusCode::OK);
+                assert!(answers.contains(&r.text().await.unwrap()));
+                let r = c.post(s.url(&format!("/api/orders/{no}/refunds"))).header("Idempotency-Key", "refund-again").send().await.unwrap();
+                assert_eq!(r.status(), StatusCode::CONFLICT);
+                let ledger: Value = c.get(s.url("/api/gateway/ledger")).send().await.unwrap().json().await.unwrap();
+                assert_eq!(ledger["count"], 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn profile_updates_are_optimistic() {
+                let Some(s) = $start("profile").await else { return };
+                let c = client();
+                let url = s.url("/api/users/2/profile");
+                let p: Value = c.get(&url).send().await.unwrap().json().await.unwrap();
+                assert_eq!(p["version"], 0);
+                let r = c.patch(&url).json(&json!({ "nickname": "a2", "version": 0 })).send().await.unwrap();
+                assert_eq!(r.status(), StatusCode::OK);
+                assert_eq!(r.json::<Value>().await.unwrap()["version"], 1);
+                let r = c.patch(&url).json(&json!({ "nickname": "late", "version": 0 })).send().await.unwrap();
+                assert_eq!(r.status(), StatusCode::CONFLICT);
+                let v: Value = r.json().await.unwrap();
+                assert_eq!((v["code"].as_str(), v["currentVersion"].as_i64()), (Some("STALE_VERSION"), Some(1)));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn malformed_input_is_never_a_500() {
+                let Some(s) = $start("malformed").await else { return };
+                let c = client();
+                let long = "k".repeat(300);
+                let cases: Vec<(&str, reqwest::RequestBuilder)> = vec![
+                    ("no key", c.post(s.url("/api/orders")).header("Content-Type", "application/json").body(r#"{"skuId":1,"qty":1}"#)),
+                    ("300-byte key", c.post(s.url("/api/orders")).header("Idempotency-Key", long.as_str()).header("Content-Type", "application/json").body(r#"{"skuId":1,"qty":1}"#)),
+                    ("non-ASCII key", c.post(s.url("/api/orders")).header("Idempotency-Key", reqwest::header::HeaderValue::from_bytes("clé".as_bytes()).unwrap()).header("Content-Type", "application/json").body(r#"{"skuId":1,"qty":1}"#)),
+                    ("empty key", c.post(s.url("/api/orders")).header("Idempotency-Key", "").header("Content-Type", "application/json").body(r#"{"skuId":1,"qty":1}"#)),
+                    ("bad JSON", c.post(s.url("/api/orders")).header("Idempotency-Key", "k1").header("Content-Type", "application/json").body(r#"{"skuId": 1, "qty": "#)),
+                    ("unknown field", c.post(s.url("/api/orders")).header("Idempotency-Key", "k2").header("Content-Type", "application/json").body(r#"{"skuId":1,"qty":1,"x":1}"#)),
+                    ("bad qty", c.post(s.url("/api/orders")).header("Idempotency-Key", "k3").header("Content-Type", "application/json").body(r#"{"skuId":1,"qty":0}"#)),
+                    ("no content type", c.post(s.url("/api/orders")).header("Idempotency-Key", "k4").body(r#"{"skuId":1,"qty":1}"#)),
+                    ("bad user", c.post(s.url("/api/orders")).header("Idempotency-Key", "k5").header("X-User-Id", "root").header("Content-Type", "application/json").body(r#"{"skuId":1,"qty":1}"#)),
+                    ("bad delay", c.post(s.url("/api/orders")).header("Idempotency-Key", "k6").header("X-Demo-Delay-Ms", "-1").header("Content-Type", "application/json").body(r#"{"skuId":1,"qty":1}"#)),
+                    ("long order number", c.post(s.url(&format!("/api/orders/{}/refunds", "9".repeat(3000)))).header("Idempotency-Key", "k7")),
+                    ("unknown order refund", c.post(s.url("/api/orders/ORD-NONE/refunds")).header("Idempotency-Key", "k8")),
+                    ("unknown order ship", c.post(s.url("/api/orders/ORD-NONE/ship"))),
+                    ("callback bad JSON", c.post(s.url("/api/payments/callback")).header("Content-Type", "application/json").body("{")),
+                    ("lookup bad key", c.get(s.url("/api/orders/by-key/%20bad%20"))),
+                    ("profile of nobody", c.get(s.url("/api/users/999/profile"))),
+                    ("profile bad id", c.get(s.url("/api/users/abc/profile"))),
+                ];
+                for (what, req) in cases {
+                    let r = req.send().await.unwrap();
+                    let st = r.status();
+                    let body = r.text().await.unwrap();
+                    assert!(st.is_client_error(), "{what}: {st} {body}");
+                }
+                assert_eq!(s.count_orders().await, 0, "nothing was created by malformed requests");
+            }
+        }
+    };
+}
+
+e2e!(on_sqlite, sqlite);
+e2e!(on_postgres, postgres);
+
+/// The example's binary, built by `cargo test` (or built here when only this test is run).
+fn example_binary() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let bin = dir
+        .join("examples")
+        .join(format!("refund_service{}", std::env::consts::EXE_SUFFIX));
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "--example", "refund_service"])
+            .status()
+            .unwrap();
+        assert!(status.success(), "could not build the example");
+    }
+    bin
+}
+
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_server(database_url: &str) -> (Process, String) {
+    let mut child = Command::new(example_binary())
+        .env("IDEM_ADDR", "127.0.0.1:0")
+        .env("DATABASE_URL", database_url)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the example");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let base = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+        .to_owned();
+    (Process(child), base)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_server_processes_share_postgres() {
+    let Some(url) = common::pg_url("two_server_processes_share_postgres") else {
+        return;
+    };
+    let schema = common::PgSchema::create(&url, 2).await;
+    let db_url = pg_url_in(&url, &schema.name);
+    let (_a, base_a) = spawn_server(&db_url);
+    let (_b, base_b) = spawn_server(&db_url);
+    let c = client();
+    let mut tasks = Vec::new();
+    for i in 0..60 {
+        let base = if i % 2 == 0 { &base_a } else { &base_b };
+        let (c, url) = (c.clone(), format!("{base}/api/orders"));
+        tasks.push(tokio::spawn(async move {
+            let r = c
+                .post(url)
+                .header("Idempotency-Key", "two-processes")
+                .header("Content-Type", "application/json")
+                .body(r#"{"skuId": 5, "qty": 5}"#)
+                .send()
+                .await
+                .unwrap();
+            (r.status(), r.text().await.unwrap())
+        }));
+    }
+    let mut bodies = std::collections::HashSet::new();
+    for t in tasks {
+        let (st, body) = t.await.unwrap();
+        match st {
+            StatusCode::CREATED | StatusCode::OK => {
+                bodies.insert(body);
+            }
+            StatusCode::CONFLICT => assert_eq!(code(&body), "REQUEST_IN_PROGRESS"),
+            other => panic!("{other}: {body}"),
+        }
+    }
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&schema.pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 1, "one order across both processes");
+    assert_eq!(bodies.len(), 1);
+    // Each process replays the same bytes.
+    for base in [&base_a, &base_b] {
+        let r = c
+            .post(format!("{base}/api/orders"))
+            .header("Idempotency-Key", "two-processes")
+            .header("Content-Type", "application/json")
+            .body(r#"{"skuId": 5, "qty": 5}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(bodies.contains(&r.text().await.unwrap()));
+    }
+}
