@@ -1,24 +1,20 @@
 //! HTTP integration for axum (feature `axum`): the `Idempotency-Key` extractor, errors as
 //! RFC 9457 problem details, the replay layer, and the lookup by key for recovering clients.
 //!
-//! ```no_run
-//! use axum::{Router, routing::post, Json};
-//! use idem::http::{IdempotencyKey, IdempotencyLayer};
-//! use idem::{idempotent, MemoryStore};
+//! ```
+//! use axum::{http::StatusCode, routing::post, Router};
+//! use idem_runtime::http::IdempotencyLayer;
 //!
-//! #[idempotent(scope = "order", key = key, store = STORE)]
-//! async fn create_order(key: IdempotencyKey, Json(body): Json<serde_json::Value>)
-//!     -> Result<Json<serde_json::Value>, idem::Error>
-//! {
-//!     Ok(Json(body))
-//! }
-//! # static STORE: std::sync::LazyLock<MemoryStore> = std::sync::LazyLock::new(MemoryStore::new);
-//!
+//! # async fn create_order() {}
 //! let app: Router = Router::new()
 //!     .route("/orders", post(create_order))
-//!     // Replays carry `Idempotent-Replayed: true` and the stored bytes.
-//!     .layer(IdempotencyLayer::new());
+//!     // Replays carry the stored bytes and `Idempotent-Replayed: true`; this API answers its
+//!     // replays with 200 although the first answer was 201.
+//!     .layer(IdempotencyLayer::new().replay_status(StatusCode::OK));
 //! ```
+//!
+//! With the `#[idempotent]` handlers of the `idem` crate, see its README and the refund service
+//! example.
 
 use std::cell::RefCell;
 use std::fmt;
