@@ -113,12 +113,12 @@ mod cases {
         let k = key("k-first");
         let f = fp("body");
         let c = claimed(env.store.begin(req("s", &k, &f, &POLICY)).await.unwrap());
-        assert_eq!(c.fence, 1);
+        assert!(c.fence > 0);
         assert!(!c.reclaimed);
         assert_eq!(c.recovery_point, None);
         // The same key under another scope is another record.
         let other = claimed(env.store.begin(req("s2", &k, &f, &POLICY)).await.unwrap());
-        assert_eq!(other.fence, 1);
+        assert!(!other.reclaimed);
     }
 
     pub async fn replay_is_byte_identical<S: Store + Clone>(env: &Env<S>) {
@@ -130,7 +130,7 @@ mod cases {
         let stored = StoredResponse {
             status: Some(201),
             is_error: false,
-            body: body.clone(),
+            body: body.clone().into(),
         };
         env.store
             .complete(claim("s", &k, c.fence), &stored, POLICY.retain)
@@ -245,7 +245,7 @@ mod cases {
             .await
             .unwrap();
         match env.store.begin(req("s", &k, &f, &policy)).await.unwrap() {
-            BeginOutcome::Replay(r) => assert_eq!(r.body, b"new"),
+            BeginOutcome::Replay(r) => assert_eq!(r.body, &b"new"[..]),
             other => panic!("expected the new owner's replay, got {other:?}"),
         }
     }
@@ -310,6 +310,7 @@ mod cases {
             Ok(idem::Begun::Claimed(g)) => g,
             other => panic!("{other:?}"),
         };
+        let first = guard.fence();
         drop(guard);
         let deadline = std::time::Instant::now() + Duration::from_secs(1);
         loop {
@@ -320,7 +321,7 @@ mod cases {
                 .unwrap()
             {
                 BeginOutcome::Claimed(c) => {
-                    assert_eq!(c.fence, 2);
+                    assert_eq!(c.fence, first + 1);
                     break;
                 }
                 BeginOutcome::InProgress { .. } if std::time::Instant::now() < deadline => {
@@ -346,7 +347,7 @@ mod cases {
         for t in tasks {
             match t.await.unwrap() {
                 BeginOutcome::Claimed(c) => {
-                    assert_eq!(c.fence, 1);
+                    assert!(!c.reclaimed);
                     claims += 1;
                 }
                 BeginOutcome::InProgress { .. } => in_progress += 1,
@@ -437,6 +438,51 @@ mod cases {
                 .unwrap()
                 .is_some()
         );
+    }
+
+    pub async fn a_purged_identity_never_reuses_a_fence<S: Store + Clone>(env: &Env<S>) {
+        let k = key("k-purged");
+        let short = POLICY
+            .retain(Duration::from_millis(300))
+            .lease(Duration::from_millis(300));
+        let old = claimed(
+            env.store
+                .begin(req("s", &k, &fp("a"), &short))
+                .await
+                .unwrap(),
+        );
+        // The owner stalls past the retention; the record is purged and claimed afresh.
+        env.wait(Duration::from_millis(450)).await;
+        assert_eq!(env.store.purge_expired().await.unwrap(), 1);
+        let new = claimed(
+            env.store
+                .begin(req("s", &k, &fp("a"), &POLICY))
+                .await
+                .unwrap(),
+        );
+        assert!(
+            new.fence > old.fence,
+            "{} must exceed {}",
+            new.fence,
+            old.fence
+        );
+        let late = env
+            .store
+            .complete(
+                claim("s", &k, old.fence),
+                &StoredResponse::ok(b"late".to_vec()),
+                POLICY.retain,
+            )
+            .await;
+        assert!(matches!(late, Err(Error::FenceLost { .. })), "{late:?}");
+        env.store
+            .complete(
+                claim("s", &k, new.fence),
+                &StoredResponse::ok(b"new".to_vec()),
+                POLICY.retain,
+            )
+            .await
+            .unwrap();
     }
 
     pub async fn bad_keys_are_rejected<S: Store + Clone>(_env: &Env<S>) {
@@ -543,7 +589,7 @@ mod tx_cases {
         tx.commit().await.unwrap();
         assert_eq!(env.store.count_biz("A1").await, 1);
         match env.store.begin(req("s", &k, &f, &POLICY)).await.unwrap() {
-            BeginOutcome::Replay(r) => assert_eq!(r.body, b"A1"),
+            BeginOutcome::Replay(r) => assert_eq!(r.body, &b"A1"[..]),
             other => panic!("{other:?}"),
         }
     }
@@ -618,7 +664,7 @@ mod tx_cases {
         tx.commit().await.unwrap();
 
         match duplicate.await.unwrap() {
-            BeginOutcome::Replay(r) => assert_eq!(r.body, b"C1"),
+            BeginOutcome::Replay(r) => assert_eq!(r.body, &b"C1"[..]),
             other => panic!("the duplicate should replay, got {other:?}"),
         }
         assert_eq!(env.store.count_biz("C1").await, 1);
@@ -684,6 +730,7 @@ macro_rules! every_store {
             racing_tasks_claim_once,
             retention_expiry_frees_the_identity,
             purge_removes_only_expired,
+            a_purged_identity_never_reuses_a_fence,
             bad_keys_are_rejected,
         ]);
     )*};

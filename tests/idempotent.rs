@@ -363,7 +363,7 @@ mod $name {
     async fn the_body_can_see_its_claim() {
         let app = $make().await;
         let (downstream, fence) = sees_its_claim(&app, "A1", "k").await.unwrap();
-        assert_eq!(fence, 1);
+        assert!(fence > 0);
         assert_eq!(downstream, idem::downstream_key("charge:A1", "k", "gateway"));
         assert_eq!(sees_its_claim(&app, "A1", "k").await.unwrap().0, downstream);
         assert_eq!(app.runs(), 1);

@@ -193,7 +193,7 @@ where
                     break;
                 }
                 BeginOutcome::Replay(r) => {
-                    assert_eq!(r.body, b"done");
+                    assert_eq!(r.body, &b"done"[..]);
                     break;
                 }
                 BeginOutcome::InProgress { .. } => {

@@ -92,7 +92,7 @@ async fn cache_serves_completed_records_and_never_in_progress_ones() {
     // The first replay reads the store, the rest come from memory.
     for _ in 0..5 {
         match store.begin(req(&k, &f)).await.unwrap() {
-            BeginOutcome::Replay(r) => assert_eq!(r.body, b"r"),
+            BeginOutcome::Replay(r) => assert_eq!(r.body, &b"r"[..]),
             other => panic!("{other:?}"),
         }
     }
@@ -232,7 +232,7 @@ async fn guard_checkpoint_then_complete() {
         .await
         .unwrap()
     {
-        Begun::Replay(r) => assert_eq!(r.body, b"ok"),
+        Begun::Replay(r) => assert_eq!(r.body, &b"ok"[..]),
         other => panic!("{other:?}"),
     }
 }

@@ -502,16 +502,16 @@ fn rewrite(model: Model, func: ItemFn) -> TokenStream {
     let key_expr = quote_spanned!(key.span()=> #key_private::key(&(#key)));
 
     let prepared = quote! {
-        #private::Prepared {
-            key: #key_expr,
-            scope: #scope_expr,
-            fingerprint: (|| {
+        #private::Prepared::new(
+            #key_expr,
+            #scope_expr,
+            (|| {
                 let mut #v_fp = #private::Fingerprinter::new();
                 #(#fp_steps)*
                 ::core::result::Result::Ok::<_, #private::Error>(#v_fp.finish())
             })(),
-            policy: #v_policy,
-        }
+            #v_policy,
+        )
     };
 
     // `Self`, through the trait: when the return type is not a `Result`, this is an error type

@@ -21,7 +21,7 @@
 //! }
 //! // The retry replays the stored bytes and does not move money again.
 //! match begin(&store, "refund:ORD-1".into(), key, fp, Policy::DEFAULT).await? {
-//!     Begun::Replay(stored) => assert_eq!(stored.body, b"{\"refunded\":250}"),
+//!     Begun::Replay(stored) => assert_eq!(stored.body, &b"{\"refunded\":250}"[..]),
 //!     Begun::Claimed(_) => unreachable!("already done"),
 //! }
 //! # Ok::<(), idem_runtime::Error>(())
@@ -29,7 +29,7 @@
 //! ```
 
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
@@ -76,6 +76,18 @@ pub async fn begin<S: Store>(
             policy: &policy,
         })
         .await;
+    begun(store, scope, key, policy, outcome)
+}
+
+/// What `begin` answers, given what the store found (shared with the macro's flow, which awaits
+/// the store itself to keep its future small).
+pub(crate) fn begun<S: Store>(
+    store: &S,
+    scope: String,
+    key: Key,
+    policy: Policy,
+    outcome: Result<BeginOutcome>,
+) -> Result<Begun<'_, S>> {
     match outcome {
         Ok(BeginOutcome::Claimed(c)) => {
             let what = if c.reclaimed {
@@ -92,7 +104,6 @@ pub async fn begin<S: Store>(
                 reclaimed: c.reclaimed,
                 recovery_point: c.recovery_point,
                 policy,
-                claimed_at: Instant::now(),
                 armed: true,
             }))
         }
@@ -130,7 +141,6 @@ pub struct Guard<'s, S: Store> {
     reclaimed: bool,
     recovery_point: Option<Vec<u8>>,
     policy: Policy,
-    claimed_at: Instant,
     armed: bool,
 }
 
@@ -191,7 +201,7 @@ impl<'s, S: Store> Guard<'s, S> {
         }
     }
 
-    fn claim(&self) -> ClaimRef<'_> {
+    pub(crate) fn claim(&self) -> ClaimRef<'_> {
         ClaimRef {
             scope: &self.scope,
             key: self.key.as_str(),
@@ -199,19 +209,8 @@ impl<'s, S: Store> Guard<'s, S> {
         }
     }
 
-    /// A claim older than the retention may belong to an identity that was purged and claimed
-    /// afresh with a restarted fence: such an owner must not write.
-    fn check_age(&self) -> Result<()> {
-        if self.claimed_at.elapsed() >= self.policy.retain {
-            Err(Error::FenceLost { fence: self.fence })
-        } else {
-            Ok(())
-        }
-    }
-
     /// Records how far the side effect got (any bytes), and renews the lease.
     pub async fn checkpoint(&mut self, recovery_point: &[u8]) -> Result<()> {
-        self.check_age()?;
         let result = self
             .store
             .checkpoint(self.claim(), recovery_point, self.policy.lease)
@@ -233,24 +232,33 @@ impl<'s, S: Store> Guard<'s, S> {
     /// [`Error::FenceLost`] means a newer attempt took the record over: nothing was written.
     /// Any other error leaves the claim in place (not released: the side effect happened, so a
     /// retry must not run it again); it is re-claimed when its lease runs out.
-    pub async fn complete(mut self, response: &StoredResponse) -> Result<()> {
-        let mut result = self.check_age();
-        if result.is_ok() {
-            // A completion lost to a dropped connection is retried briefly: the side effect has
-            // happened, and the alternative is a claim that waits out its lease.
-            for backoff_ms in [20, 100, 400, 0] {
-                result = self
-                    .store
-                    .complete(self.claim(), response, self.policy.retain)
-                    .await;
-                match &result {
-                    Err(Error::Unavailable(_)) if backoff_ms > 0 => {
-                        tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
-                    }
-                    _ => break,
-                }
-            }
+    pub async fn complete(self, response: &StoredResponse) -> Result<()> {
+        let mut result = self
+            .store
+            .complete(self.claim(), response, self.policy.retain)
+            .await;
+        if let Err(Error::Unavailable(_)) = result {
+            result = self.retry_complete(response).await;
         }
+        self.completed(result)
+    }
+
+    /// Retries a completion lost to an unavailable store. Boxed: it is rare, and keeping it out
+    /// of line keeps the common path's future small.
+    pub(crate) fn retry_complete<'a>(
+        &'a self,
+        response: &'a StoredResponse,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send + 'a>> {
+        Box::pin(retry_complete(
+            self.store,
+            self.claim(),
+            response,
+            self.policy.retain,
+        ))
+    }
+
+    /// Ends the guard after its completion was attempted.
+    pub(crate) fn completed(mut self, result: Result<()>) -> Result<()> {
         self.armed = false;
         let outcome = match &result {
             Ok(()) => Outcome::Completed,
@@ -261,6 +269,11 @@ impl<'s, S: Store> Guard<'s, S> {
         result
     }
 
+    /// The retention this claim completes with.
+    pub(crate) fn retain(&self) -> Duration {
+        self.policy.retain
+    }
+
     /// Ends this guard without writing: the claim stays until its lease runs out. For when the
     /// side effect happened but its answer cannot be stored.
     pub(crate) fn keep_claimed(mut self) {
@@ -269,8 +282,13 @@ impl<'s, S: Store> Guard<'s, S> {
 
     /// Gives the claim up so that a retry runs the body again (the body failed, and only
     /// successes are worth replaying).
-    pub async fn release(mut self) -> Result<()> {
+    pub async fn release(self) -> Result<()> {
         let result = self.store.release(self.claim()).await;
+        self.released(result)
+    }
+
+    /// Ends the guard after its release was attempted.
+    pub(crate) fn released(mut self, result: Result<()>) -> Result<()> {
         self.armed = false;
         let outcome = match &result {
             Ok(()) => Outcome::Released,
@@ -280,6 +298,25 @@ impl<'s, S: Store> Guard<'s, S> {
         observe::record(outcome, &self.scope, self.key.as_str(), self.fence);
         result
     }
+}
+
+/// A completion lost to a dropped connection is retried briefly: the side effect has happened,
+/// and the alternative is a claim that waits out its lease.
+async fn retry_complete<S: Store>(
+    store: &S,
+    claim: ClaimRef<'_>,
+    response: &StoredResponse,
+    retain: Duration,
+) -> Result<()> {
+    let mut result = Err(Error::Unavailable("not attempted".into()));
+    for backoff_ms in [20, 100, 400] {
+        tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+        result = store.complete(claim, response, retain).await;
+        if !matches!(result, Err(Error::Unavailable(_))) {
+            break;
+        }
+    }
+    result
 }
 
 impl<S: Store> Drop for Guard<'_, S> {

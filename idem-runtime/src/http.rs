@@ -385,7 +385,9 @@ mod replay_impls {
         Ok(StoredResponse {
             status: Some(status.as_u16()),
             is_error: false,
-            body: serde_json::to_vec(value).map_err(|e| Error::Encode(e.to_string()))?,
+            body: serde_json::to_vec(value)
+                .map_err(|e| Error::Encode(e.to_string()))?
+                .into(),
         })
     }
 

@@ -51,5 +51,26 @@ pub(crate) fn record(outcome: Outcome, scope: &str, key: &str, fence: u64) {
         }
     }
     #[cfg(feature = "metrics")]
-    metrics::counter!("idem_outcomes_total", "outcome" => name).increment(1);
+    count(outcome);
+}
+
+/// One literal label per arm: the macro then builds a static key, with no allocation per call.
+#[cfg(feature = "metrics")]
+fn count(outcome: Outcome) {
+    macro_rules! count {
+        ($label:literal) => {
+            metrics::counter!("idem_outcomes_total", "outcome" => $label).increment(1)
+        };
+    }
+    match outcome {
+        Outcome::Claimed => count!("claimed"),
+        Outcome::Reclaimed => count!("reclaimed"),
+        Outcome::Replayed => count!("replayed"),
+        Outcome::InProgress => count!("in_progress"),
+        Outcome::KeyReused => count!("key_reused"),
+        Outcome::Completed => count!("completed"),
+        Outcome::Released => count!("released"),
+        Outcome::FenceLost => count!("fence_lost"),
+        Outcome::StoreError => count!("store_error"),
+    }
 }

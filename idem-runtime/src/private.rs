@@ -34,7 +34,7 @@ pub use sqlx;
 
 pub use crate::guard::ClaimInfo;
 
-use crate::guard::{Begun, Guard, begin};
+use crate::guard::{Begun, begun};
 use crate::replay::{decode_final, encode_final};
 
 /// The return type of a guarded function: a `Result`, possibly behind an alias.
@@ -182,19 +182,41 @@ pub fn errors_final<E: From<Error> + FinalError>() -> ErrorOps<E> {
     }
 }
 
+/// The identity and fingerprint of a call, or why it has none: computed before the body.
 #[derive(Debug)]
 pub struct Prepared {
-    pub scope: Result<String, Error>,
-    pub key: Result<Key, Error>,
-    pub fingerprint: Result<Fingerprint, Error>,
-    pub policy: Policy,
+    parts: Result<Parts, Error>,
+    policy: Policy,
+}
+
+#[derive(Debug)]
+struct Parts {
+    scope: String,
+    key: Key,
+    fingerprint: Fingerprint,
 }
 
 impl Prepared {
     // A bad key is the client's error and is reported before anything about the scope.
+    pub fn new(
+        key: Result<Key, Error>,
+        scope: Result<String, Error>,
+        fingerprint: Result<Fingerprint, Error>,
+        policy: Policy,
+    ) -> Prepared {
+        let parts = key.and_then(|key| {
+            Ok(Parts {
+                scope: scope?,
+                key,
+                fingerprint: fingerprint?,
+            })
+        });
+        Prepared { parts, policy }
+    }
+
     pub(crate) fn into_parts(self) -> Result<(String, Key, Fingerprint, Policy), Error> {
-        let key = self.key?;
-        Ok((self.scope?, key, self.fingerprint?, self.policy))
+        let p = self.parts?;
+        Ok((p.scope, p.key, p.fingerprint, self.policy))
     }
 }
 
@@ -232,6 +254,9 @@ where
 }
 
 /// The separate-commits flow: claim (committed), body, complete or release.
+///
+/// One flat async fn that awaits the store directly: every nested async call would add its own
+/// copy of the guard and the response to this future, which every caller moves around.
 pub async fn run<S, R, M, B>(store: &S, prepared: Prepared, errors: ErrorOps<R::Err>, body: B) -> R
 where
     S: Store,
@@ -239,36 +264,69 @@ where
     R::Ok: Replay<M>,
     B: Body<R>,
 {
-    let (scope, key, fp, policy) = match prepared.into_parts() {
+    let (scope, key, fingerprint, policy) = match prepared.into_parts() {
         Ok(parts) => parts,
         Err(e) => return errors.fail(e),
     };
-    match begin(store, scope, key, fp, policy).await {
-        Err(e) => errors.fail(e),
-        Ok(Begun::Replay(stored)) => replay::<R, M>(stored, &errors),
-        Ok(Begun::Claimed(guard)) => match body.start(|| guard.info()).await.into_result() {
-            Ok(v) => complete::<S, R, M>(guard, v, &errors).await,
+    let outcome = store
+        .begin(crate::record::BeginRequest {
+            scope: &scope,
+            key: key.as_str(),
+            fingerprint: &fingerprint,
+            policy: &policy,
+        })
+        .await;
+    let guard = match begun(store, scope, key, policy, outcome) {
+        Ok(Begun::Claimed(guard)) => guard,
+        Ok(Begun::Replay(stored)) => return replay::<R, M>(stored, &errors),
+        Err(e) => return errors.fail(e),
+    };
+    let (stored, out) = match body.start(|| guard.info()).await.into_result() {
+        Ok(v) => match v.encode() {
+            Ok(stored) => (stored, Ok(v)),
             Err(e) => {
-                if let Some(finals) = &errors.finals
-                    && (finals.is_final)(&e)
-                {
-                    match (finals.encode)(&e) {
-                        Ok(stored) => {
-                            let _ = guard.complete(&stored).await;
-                            return R::from_err(e);
-                        }
-                        Err(enc) => tracing::error!(
-                            target: "idem", error = %enc,
-                            "cannot store a final error; releasing the claim instead"
-                        ),
-                    }
-                }
-                // Only successes (and final errors) are worth replaying: free the key for a
-                // real retry.
-                let _ = guard.release().await;
-                R::from_err(e)
+                // The side effect happened but its answer cannot be stored: keep the claim (a
+                // retry gets "in progress", then re-claims after the lease) rather than run it
+                // twice.
+                tracing::error!(target: "idem", error = %e, "cannot encode the response for storage");
+                guard.keep_claimed();
+                return errors.fail(e);
             }
         },
+        Err(e) => match errors.finals.as_ref().filter(|f| (f.is_final)(&e)) {
+            Some(finals) => match (finals.encode)(&e) {
+                Ok(stored) => (stored, Err(e)),
+                Err(enc) => {
+                    tracing::error!(target: "idem", error = %enc, "cannot store a final error; releasing the claim instead");
+                    let released = store.release(guard.claim()).await;
+                    let _ = guard.released(released);
+                    return R::from_err(e);
+                }
+            },
+            None => {
+                // Only successes (and final errors) are worth replaying: free the key for a
+                // real retry.
+                let released = store.release(guard.claim()).await;
+                let _ = guard.released(released);
+                return R::from_err(e);
+            }
+        },
+    };
+    let mut result = store.complete(guard.claim(), &stored, guard.retain()).await;
+    if let Err(Error::Unavailable(_)) = result {
+        result = guard.retry_complete(&stored).await;
+    }
+    match (guard.completed(result), out) {
+        (_, Err(e)) => R::from_err(e),
+        (Ok(()), Ok(v)) => R::from_ok(v),
+        // A newer attempt owns the record; its answer is the one that will be replayed.
+        (Err(e @ Error::FenceLost { .. }), Ok(_)) => errors.fail(e),
+        // The effect happened and this is its answer: hand it back. The record stays claimed
+        // until its lease runs out (see Guard::complete).
+        (Err(e), Ok(v)) => {
+            tracing::error!(target: "idem", error = %e, "could not store the response; returning it unstored");
+            R::from_ok(v)
+        }
     }
 }
 
@@ -293,35 +351,6 @@ where
     match R::Ok::decode(stored) {
         Ok(v) => R::from_ok(v),
         Err(e) => errors.fail(e),
-    }
-}
-
-async fn complete<S, R, M>(guard: Guard<'_, S>, v: R::Ok, errors: &ErrorOps<R::Err>) -> R
-where
-    S: Store,
-    R: IdemResult,
-    R::Ok: Replay<M>,
-{
-    let stored = match v.encode() {
-        Ok(stored) => stored,
-        Err(e) => {
-            // The side effect happened but its answer cannot be stored: keep the claim (a retry
-            // gets "in progress", then re-claims after the lease) rather than run it twice.
-            tracing::error!(target: "idem", error = %e, "cannot encode the response for storage");
-            guard.keep_claimed();
-            return errors.fail(e);
-        }
-    };
-    match guard.complete(&stored).await {
-        Ok(()) => R::from_ok(v),
-        // A newer attempt owns the record; its answer is the one that will be replayed.
-        Err(e @ Error::FenceLost { .. }) => errors.fail(e),
-        // The effect happened and this is its answer: hand it back. The record stays claimed
-        // until its lease runs out (see Guard::complete).
-        Err(e) => {
-            tracing::error!(target: "idem", error = %e, "could not store the response; returning it unstored");
-            R::from_ok(v)
-        }
     }
 }
 

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use crate::fingerprint::Fingerprint;
 
 /// The default lease: how long a claimed request may run before it is presumed abandoned.
@@ -78,17 +80,17 @@ pub struct StoredResponse {
     pub status: Option<u16>,
     /// Whether this is a stored final error rather than a success.
     pub is_error: bool,
-    /// The encoded response.
-    pub body: Vec<u8>,
+    /// The encoded response. Shared, not copied, when a store or a cache hands it out again.
+    pub body: Bytes,
 }
 
 impl StoredResponse {
     /// A successful response without a transport status.
-    pub fn ok(body: Vec<u8>) -> Self {
+    pub fn ok(body: impl Into<Bytes>) -> Self {
         StoredResponse {
             status: None,
             is_error: false,
-            body,
+            body: body.into(),
         }
     }
 }
@@ -137,7 +139,9 @@ pub enum BeginOutcome {
 /// A successful claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claimed {
-    /// The fence every later write must present.
+    /// The fence every later write must present. A record's first claim takes the store's clock
+    /// in milliseconds; every take-over or claim after a release adds one. A record purged and
+    /// claimed afresh therefore starts above every fence of its previous life.
     pub fence: u64,
     /// Whether an abandoned claim was taken over (the lease of a previous owner ran out).
     pub reclaimed: bool,

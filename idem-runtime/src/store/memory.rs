@@ -47,8 +47,9 @@ struct Inner {
 
 struct Entry {
     hash: u64,
-    scope: Box<str>,
-    key: Box<str>,
+    /// Scope and key in one allocation: `ident[..scope_len]` is the scope.
+    ident: Box<str>,
+    scope_len: usize,
     fingerprint: Fingerprint,
     state: State,
     fence: u64,
@@ -56,6 +57,15 @@ struct Entry {
     expires_at: i64,
     recovery_point: Option<Vec<u8>>,
     response: Option<StoredResponse>,
+}
+
+impl Entry {
+    fn is(&self, scope: &str, key: &str) -> bool {
+        self.scope_len == scope.len()
+            && self.ident.len() == scope.len() + key.len()
+            && self.ident.starts_with(scope)
+            && self.ident.ends_with(key)
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -128,7 +138,7 @@ impl MemoryStore {
         let now = self.inner.clock.now_ms();
         let hash = self.hash(claim.scope, claim.key);
         let mut shard = self.shard(hash);
-        match shard.find_mut(hash, |e| &*e.scope == claim.scope && &*e.key == claim.key) {
+        match shard.find_mut(hash, |e| e.is(claim.scope, claim.key)) {
             Some(e)
                 if e.fence == claim.fence && e.state == State::InProgress && e.expires_at > now =>
             {
@@ -144,27 +154,27 @@ impl MemoryStore {
         let retain = duration_ms(req.policy.retain);
         let hash = self.hash(req.scope, req.key);
         let mut shard = self.shard(hash);
-        let entry = shard.entry(
-            hash,
-            |e| &*e.scope == req.scope && &*e.key == req.key,
-            |e| e.hash,
-        );
+        let entry = shard.entry(hash, |e| e.is(req.scope, req.key), |e| e.hash);
         let e = match entry {
             TableEntry::Vacant(v) => {
+                let mut ident = String::with_capacity(req.scope.len() + req.key.len());
+                ident.push_str(req.scope);
+                ident.push_str(req.key);
+                let fence = first_fence(now);
                 v.insert(Entry {
                     hash,
-                    scope: req.scope.into(),
-                    key: req.key.into(),
+                    ident: ident.into_boxed_str(),
+                    scope_len: req.scope.len(),
                     fingerprint: *req.fingerprint,
                     state: State::InProgress,
-                    fence: 1,
+                    fence,
                     lease_until: now.saturating_add(lease),
                     expires_at: now.saturating_add(retain),
                     recovery_point: None,
                     response: None,
                 });
                 return BeginOutcome::Claimed(Claimed {
-                    fence: 1,
+                    fence,
                     reclaimed: false,
                     recovery_point: None,
                 });
@@ -213,6 +223,14 @@ impl MemoryStore {
             recovery_point: e.recovery_point.clone(),
         })
     }
+}
+
+/// The fence of a record's first claim: the store's clock in milliseconds. A record purged and
+/// claimed afresh thus starts far above any fence its previous life handed out (those grew by
+/// one per take-over from a time at least a retention period earlier), so no owner of a purged
+/// record can ever present a valid fence again.
+fn first_fence(now_ms: i64) -> u64 {
+    u64::try_from(now_ms).unwrap_or(0).max(1)
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -265,7 +283,7 @@ impl Store for MemoryStore {
         let hash = self.hash(scope, key);
         let shard = self.shard(hash);
         let found = shard
-            .find(hash, |e| &*e.scope == scope && &*e.key == key)
+            .find(hash, |e| e.is(scope, key))
             .filter(|e| e.expires_at > now && e.state != State::Released)
             .map(|e| Record {
                 fingerprint: e.fingerprint,

@@ -72,7 +72,8 @@ impl Statements {
                      FROM {t} WHERE scope = $1 AND key = $2 \
                  ), ins AS ( \
                    INSERT INTO {t} (scope, key, fingerprint, state, fence, lease_until, expires_at) \
-                   SELECT $1, $2, $3, 'in_progress', 1, now() + $4::int8 {MS}, now() + $5::int8 {MS} \
+                   SELECT $1, $2, $3, 'in_progress', (EXTRACT(EPOCH FROM now()) * 1000)::int8, \
+                          now() + $4::int8 {MS}, now() + $5::int8 {MS} \
                     WHERE NOT EXISTS (SELECT 1 FROM cur) \
                    ON CONFLICT (scope, key) DO NOTHING \
                    RETURNING fence \

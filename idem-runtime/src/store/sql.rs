@@ -148,7 +148,7 @@ pub(crate) fn stored_response(
     crate::record::StoredResponse {
         status: status.and_then(|s| u16::try_from(s).ok()),
         is_error,
-        body: body.unwrap_or_default(),
+        body: body.map(bytes::Bytes::from).unwrap_or_default(),
     }
 }
 

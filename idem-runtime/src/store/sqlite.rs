@@ -81,7 +81,7 @@ impl Statements {
             insert: sql(format!(
                 "INSERT INTO {t} (scope, key, fingerprint, state, fence, lease_until, expires_at, \
                  created_at, updated_at) \
-                 VALUES ($1, $2, $3, 'in_progress', 1, {NOW} + $4, {NOW} + $5, {NOW}, {NOW}) \
+                 VALUES ($1, $2, $3, 'in_progress', {NOW}, {NOW} + $4, {NOW} + $5, {NOW}, {NOW}) \
                  ON CONFLICT (scope, key) DO NOTHING RETURNING fence"
             )),
             // The conditions are checked again against the row as it is now: between the read and
