@@ -133,7 +133,7 @@ mod cases {
             body: body.clone().into(),
         };
         env.store
-            .complete(claim("s", &k, c.fence), &stored, POLICY.retain)
+            .complete(claim("s", &k, c.fence), &stored)
             .await
             .unwrap();
         for _ in 0..2 {
@@ -168,11 +168,7 @@ mod cases {
             BeginOutcome::KeyReused
         );
         env.store
-            .complete(
-                claim("s", &k, c.fence),
-                &StoredResponse::ok(b"1".to_vec()),
-                POLICY.retain,
-            )
+            .complete(claim("s", &k, c.fence), &StoredResponse::ok(b"1".to_vec()))
             .await
             .unwrap();
         // …and once completed.
@@ -223,9 +219,7 @@ mod cases {
         // The slow original wakes up: every write it tries is refused and changes nothing.
         let late = StoredResponse::ok(b"late".to_vec());
         for result in [
-            env.store
-                .complete(claim("s", &k, old.fence), &late, POLICY.retain)
-                .await,
+            env.store.complete(claim("s", &k, old.fence), &late).await,
             env.store
                 .checkpoint(claim("s", &k, old.fence), b"x", policy.lease)
                 .await,
@@ -240,7 +234,6 @@ mod cases {
             .complete(
                 claim("s", &k, new.fence),
                 &StoredResponse::ok(b"new".to_vec()),
-                POLICY.retain,
             )
             .await
             .unwrap();
@@ -279,11 +272,7 @@ mod cases {
         // The released owner cannot write over the retry.
         assert!(matches!(
             env.store
-                .complete(
-                    claim("s", &k, c.fence),
-                    &StoredResponse::ok(vec![]),
-                    POLICY.retain
-                )
+                .complete(claim("s", &k, c.fence), &StoredResponse::ok(vec![]))
                 .await,
             Err(Error::FenceLost { .. })
         ));
@@ -368,11 +357,7 @@ mod cases {
                 .unwrap(),
         );
         env.store
-            .complete(
-                claim("s", &k, c.fence),
-                &StoredResponse::ok(b"1".to_vec()),
-                policy.retain,
-            )
+            .complete(claim("s", &k, c.fence), &StoredResponse::ok(b"1".to_vec()))
             .await
             .unwrap();
         assert!(matches!(
@@ -405,11 +390,7 @@ mod cases {
                     .unwrap(),
             );
             env.store
-                .complete(
-                    claim("s", &k, c.fence),
-                    &StoredResponse::ok(vec![]),
-                    short.retain,
-                )
+                .complete(claim("s", &k, c.fence), &StoredResponse::ok(vec![]))
                 .await
                 .unwrap();
         }
@@ -421,11 +402,7 @@ mod cases {
                 .unwrap(),
         );
         env.store
-            .complete(
-                claim("s", &keep, c.fence),
-                &StoredResponse::ok(vec![]),
-                POLICY.retain,
-            )
+            .complete(claim("s", &keep, c.fence), &StoredResponse::ok(vec![]))
             .await
             .unwrap();
         env.wait(Duration::from_millis(450)).await;
@@ -471,7 +448,6 @@ mod cases {
             .complete(
                 claim("s", &k, old.fence),
                 &StoredResponse::ok(b"late".to_vec()),
-                POLICY.retain,
             )
             .await;
         assert!(matches!(late, Err(Error::FenceLost { .. })), "{late:?}");
@@ -479,7 +455,6 @@ mod cases {
             .complete(
                 claim("s", &k, new.fence),
                 &StoredResponse::ok(b"new".to_vec()),
-                POLICY.retain,
             )
             .await
             .unwrap();
@@ -532,9 +507,10 @@ mod tx_cases {
                 .unwrap();
         }
         async fn count_biz(&self, n: &str) -> i64 {
+            // The readers: a transaction may be holding the one writer connection.
             sqlx::query_scalar("SELECT count(*) FROM biz WHERE order_no = $1")
                 .bind(n)
-                .fetch_one(self.pool())
+                .fetch_one(self.reader_pool())
                 .await
                 .unwrap()
         }
@@ -580,7 +556,6 @@ mod tx_cases {
                 &mut tx,
                 claim("s", &k, c.fence),
                 &StoredResponse::ok(b"A1".to_vec()),
-                POLICY.retain,
             )
             .await
             .unwrap();
@@ -611,7 +586,6 @@ mod tx_cases {
                 &mut tx,
                 claim("s", &k, c.fence),
                 &StoredResponse::ok(b"B1".to_vec()),
-                POLICY.retain,
             )
             .await
             .unwrap();
@@ -657,7 +631,6 @@ mod tx_cases {
                 &mut tx,
                 claim("s", &k, c.fence),
                 &StoredResponse::ok(b"C1".to_vec()),
-                POLICY.retain,
             )
             .await
             .unwrap();

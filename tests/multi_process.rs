@@ -187,7 +187,7 @@ where
                         fence: c.fence,
                     };
                     store
-                        .complete(claim, &StoredResponse::ok(b"done".to_vec()), policy.retain)
+                        .complete(claim, &StoredResponse::ok(b"done".to_vec()))
                         .await
                         .unwrap();
                     break;

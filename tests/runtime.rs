@@ -24,8 +24,8 @@ impl<S: Store> Store for Counting<S> {
         self.begins.fetch_add(1, Ordering::SeqCst);
         self.inner.begin(req).await
     }
-    async fn complete(&self, c: ClaimRef<'_>, r: &StoredResponse, d: Duration) -> idem::Result<()> {
-        self.inner.complete(c, r, d).await
+    async fn complete(&self, c: ClaimRef<'_>, r: &StoredResponse) -> idem::Result<()> {
+        self.inner.complete(c, r).await
     }
     async fn release(&self, c: ClaimRef<'_>) -> idem::Result<()> {
         self.inner.release(c).await
@@ -85,7 +85,6 @@ async fn cache_serves_completed_records_and_never_in_progress_ones() {
                 fence: c.fence,
             },
             &StoredResponse::ok(b"r".to_vec()),
-            Policy::DEFAULT.retain,
         )
         .await
         .unwrap();
@@ -122,7 +121,7 @@ async fn cache_is_bounded_and_expires() {
             fence: c.fence,
         };
         store
-            .complete(claim, &StoredResponse::ok(vec![]), Policy::DEFAULT.retain)
+            .complete(claim, &StoredResponse::ok(vec![]))
             .await
             .unwrap();
         store.begin(req(&k, &f)).await.unwrap();
@@ -161,7 +160,6 @@ async fn sweeper_purges_in_the_background() {
                 fence: c.fence,
             },
             &StoredResponse::ok(vec![]),
-            policy.retain,
         )
         .await
         .unwrap();

@@ -261,11 +261,10 @@ const SEED_USERS: &str = "INSERT INTO user_profile (user_id, nickname, version) 
 impl SqliteDb {
     /// Opens (creating) the database file and its tables.
     pub async fn open(url: &str) -> Result<SqliteDb, Error> {
-        let pool = sqlx::sqlite::SqlitePoolOptions::new()
-            .max_connections(8)
-            .connect_with(idem::SqliteStore::connect_options(url)?)
-            .await
-            .map_err(db_error)?;
+        // SQLite has one writer at a time: the store's pool has one connection, and the
+        // service's own writes go through it too, so they queue instead of contending.
+        let store = idem::SqliteStore::connect(url).await?;
+        let pool = store.pool().clone();
         for stmt in [
             "CREATE TABLE IF NOT EXISTS orders (
                 id INTEGER PRIMARY KEY,
@@ -285,7 +284,6 @@ impl SqliteDb {
         ] {
             sqlx::query(stmt).execute(&pool).await.map_err(db_error)?;
         }
-        let store = idem::SqliteStore::builder().build(pool.clone()).await?;
         Ok(SqliteDb { pool, store })
     }
 }

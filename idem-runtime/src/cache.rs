@@ -32,10 +32,17 @@ const SHARDS: usize = 16;
 ///
 /// let store = CachedStore::new(MemoryStore::new(), 10_000).ttl(Duration::from_secs(30));
 /// ```
-#[derive(Clone)]
 pub struct CachedStore<S> {
-    inner: S,
-    cache: Arc<Cache>,
+    // One pointer: the macro clones the store on every call.
+    shared: Arc<(S, Cache)>,
+}
+
+impl<S> Clone for CachedStore<S> {
+    fn clone(&self) -> Self {
+        CachedStore {
+            shared: self.shared.clone(),
+        }
+    }
 }
 
 struct Cache {
@@ -65,8 +72,8 @@ struct Entry {
 impl<S> fmt::Debug for CachedStore<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CachedStore")
-            .field("capacity", &(self.cache.per_shard * SHARDS))
-            .field("ttl", &self.cache.ttl)
+            .field("capacity", &(self.shared.1.per_shard * SHARDS))
+            .field("ttl", &self.shared.1.ttl)
             .finish_non_exhaustive()
     }
 }
@@ -79,42 +86,56 @@ impl<S: Store> CachedStore<S> {
     /// Caches up to `capacity` completed records (at least one per shard) in front of `inner`.
     pub fn new(inner: S, capacity: usize) -> Self {
         CachedStore {
-            inner,
-            cache: Arc::new(Cache {
-                shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-                per_shard: capacity.div_ceil(SHARDS).max(1),
-                ttl: Duration::from_secs(60),
-                hasher: hashbrown::DefaultHashBuilder::default(),
-            }),
-        }
-    }
-
-    /// Sets how long an entry may be served from memory.
-    pub fn ttl(self, ttl: Duration) -> Self {
-        let cache = Cache {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            per_shard: self.cache.per_shard,
-            ttl,
-            hasher: hashbrown::DefaultHashBuilder::default(),
-        };
-        CachedStore {
-            inner: self.inner,
-            cache: Arc::new(cache),
+            shared: Arc::new((
+                inner,
+                Cache::new(capacity.div_ceil(SHARDS).max(1), Duration::from_secs(60)),
+            )),
         }
     }
 
     /// The store behind the cache.
     pub fn inner(&self) -> &S {
-        &self.inner
+        &self.shared.0
+    }
+
+    fn cache(&self) -> &Cache {
+        &self.shared.1
     }
 
     /// How many records are cached.
     pub fn cached(&self) -> usize {
-        self.cache.shards.iter().map(|s| lock(s).table.len()).sum()
+        self.cache()
+            .shards
+            .iter()
+            .map(|s| lock(s).table.len())
+            .sum()
+    }
+}
+
+impl<S: Store + Clone> CachedStore<S> {
+    /// Sets how long an entry may be served from memory.
+    pub fn ttl(self, ttl: Duration) -> Self {
+        let per_shard = self.shared.1.per_shard;
+        let inner = match Arc::try_unwrap(self.shared) {
+            Ok((inner, _)) => inner,
+            Err(shared) => shared.0.clone(),
+        };
+        CachedStore {
+            shared: Arc::new((inner, Cache::new(per_shard, ttl))),
+        }
     }
 }
 
 impl Cache {
+    fn new(per_shard: usize, ttl: Duration) -> Cache {
+        Cache {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            per_shard,
+            ttl,
+            hasher: hashbrown::DefaultHashBuilder::default(),
+        }
+    }
+
     fn hash(&self, scope: &str, key: &str) -> u64 {
         let mut h = self.hasher.build_hasher();
         scope.hash(&mut h);
@@ -194,12 +215,12 @@ impl Cache {
 
 impl<S: Store> Store for CachedStore<S> {
     async fn begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
-        if let Some(hit) = self.cache.get(req.scope, req.key, req.fingerprint) {
+        if let Some(hit) = self.cache().get(req.scope, req.key, req.fingerprint) {
             return Ok(hit);
         }
-        let outcome = self.inner.begin(req).await?;
+        let outcome = self.inner().begin(req).await?;
         if let BeginOutcome::Replay(stored) = &outcome {
-            self.cache.put(
+            self.cache().put(
                 req.scope,
                 req.key,
                 *req.fingerprint,
@@ -210,18 +231,13 @@ impl<S: Store> Store for CachedStore<S> {
         Ok(outcome)
     }
 
-    async fn complete(
-        &self,
-        claim: ClaimRef<'_>,
-        response: &StoredResponse,
-        retain: Duration,
-    ) -> Result<()> {
-        self.inner.complete(claim, response, retain).await
+    async fn complete(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
+        self.inner().complete(claim, response).await
         // Not cached here: the fingerprint is not part of a claim. The first replay caches it.
     }
 
     fn release(&self, claim: ClaimRef<'_>) -> impl Future<Output = Result<()>> + Send {
-        self.inner.release(claim)
+        self.inner().release(claim)
     }
 
     fn checkpoint(
@@ -230,7 +246,7 @@ impl<S: Store> Store for CachedStore<S> {
         recovery_point: &[u8],
         lease: Duration,
     ) -> impl Future<Output = Result<()>> + Send {
-        self.inner.checkpoint(claim, recovery_point, lease)
+        self.inner().checkpoint(claim, recovery_point, lease)
     }
 
     fn lookup(
@@ -238,14 +254,14 @@ impl<S: Store> Store for CachedStore<S> {
         scope: &str,
         key: &str,
     ) -> impl Future<Output = Result<Option<Record>>> + Send {
-        self.inner.lookup(scope, key)
+        self.inner().lookup(scope, key)
     }
 
     fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send {
-        self.inner.purge_expired()
+        self.inner().purge_expired()
     }
 
     fn release_in_background(&self, scope: String, key: String, fence: u64) {
-        self.inner.release_in_background(scope, key, fence)
+        self.inner().release_in_background(scope, key, fence)
     }
 }

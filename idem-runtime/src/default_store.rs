@@ -36,13 +36,8 @@ impl Store for DefaultStore {
     async fn begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
         get()?.begin(req).await
     }
-    async fn complete(
-        &self,
-        claim: ClaimRef<'_>,
-        response: &StoredResponse,
-        retain: Duration,
-    ) -> Result<()> {
-        get()?.complete(claim, response, retain).await
+    async fn complete(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
+        get()?.complete(claim, response).await
     }
     async fn release(&self, claim: ClaimRef<'_>) -> Result<()> {
         get()?.release(claim).await

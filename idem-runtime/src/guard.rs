@@ -233,10 +233,7 @@ impl<'s, S: Store> Guard<'s, S> {
     /// Any other error leaves the claim in place (not released: the side effect happened, so a
     /// retry must not run it again); it is re-claimed when its lease runs out.
     pub async fn complete(self, response: &StoredResponse) -> Result<()> {
-        let mut result = self
-            .store
-            .complete(self.claim(), response, self.policy.retain)
-            .await;
+        let mut result = self.store.complete(self.claim(), response).await;
         if let Err(Error::Unavailable(_)) = result {
             result = self.retry_complete(response).await;
         }
@@ -249,12 +246,7 @@ impl<'s, S: Store> Guard<'s, S> {
         &'a self,
         response: &'a StoredResponse,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send + 'a>> {
-        Box::pin(retry_complete(
-            self.store,
-            self.claim(),
-            response,
-            self.policy.retain,
-        ))
+        Box::pin(retry_complete(self.store, self.claim(), response))
     }
 
     /// Ends the guard after its completion was attempted.
@@ -267,11 +259,6 @@ impl<'s, S: Store> Guard<'s, S> {
         };
         observe::record(outcome, &self.scope, self.key.as_str(), self.fence);
         result
-    }
-
-    /// The retention this claim completes with.
-    pub(crate) fn retain(&self) -> Duration {
-        self.policy.retain
     }
 
     /// Ends this guard without writing: the claim stays until its lease runs out. For when the
@@ -306,12 +293,11 @@ async fn retry_complete<S: Store>(
     store: &S,
     claim: ClaimRef<'_>,
     response: &StoredResponse,
-    retain: Duration,
 ) -> Result<()> {
     let mut result = Err(Error::Unavailable("not attempted".into()));
     for backoff_ms in [20, 100, 400] {
         tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
-        result = store.complete(claim, response, retain).await;
+        result = store.complete(claim, response).await;
         if !matches!(result, Err(Error::Unavailable(_))) {
             break;
         }

@@ -312,7 +312,7 @@ where
             }
         },
     };
-    let mut result = store.complete(guard.claim(), &stored, guard.retain()).await;
+    let mut result = store.complete(guard.claim(), &stored).await;
     if let Err(Error::Unavailable(_)) = result {
         result = guard.retry_complete(&stored).await;
     }

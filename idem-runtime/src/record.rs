@@ -34,7 +34,7 @@ pub enum ExpiredLease {
 pub struct Policy {
     /// How long a claim is live before it is presumed abandoned. Default five minutes.
     pub lease: Duration,
-    /// How long a record is kept (and replayed) after it was written. Default 24 hours.
+    /// How long a record is kept (and replayed), counted from its claim. Default 24 hours.
     pub retain: Duration,
     /// What to do with an abandoned claim.
     pub expired_lease: ExpiredLease,

@@ -238,10 +238,7 @@ where
         key: claim.key.as_str(),
         fence: claim.fence,
     };
-    if let Err(e) = store
-        .complete_in(&mut claim.tx, c, &stored, claim.policy.retain)
-        .await
-    {
+    if let Err(e) = store.complete_in(&mut claim.tx, c, &stored).await {
         return errors.fail(e);
     }
     match claim.tx.commit().await {

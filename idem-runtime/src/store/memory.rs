@@ -248,13 +248,11 @@ impl Store for MemoryStore {
         &self,
         claim: ClaimRef<'_>,
         response: &StoredResponse,
-        retain: Duration,
     ) -> impl Future<Output = Result<()>> + Send {
-        ready(self.with_owned(claim, |e, now| {
+        ready(self.with_owned(claim, |e, _now| {
             e.state = State::Completed;
             e.response = Some(response.clone());
             e.recovery_point = None;
-            e.expires_at = now.saturating_add(duration_ms(retain));
         }))
     }
 

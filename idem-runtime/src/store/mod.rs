@@ -49,7 +49,6 @@ pub trait Store: Send + Sync + 'static {
         &self,
         claim: ClaimRef<'_>,
         response: &StoredResponse,
-        retain: Duration,
     ) -> impl Future<Output = Result<()>> + Send;
 
     /// Gives the claim up so that a retry can run, if `claim.fence` still owns it.
@@ -89,7 +88,6 @@ pub trait DynStore: Send + Sync + 'static {
         &'a self,
         claim: ClaimRef<'a>,
         response: &'a StoredResponse,
-        retain: Duration,
     ) -> BoxFuture<'a, Result<()>>;
     /// See [`Store::release`].
     fn release_dyn<'a>(&'a self, claim: ClaimRef<'a>) -> BoxFuture<'a, Result<()>>;
@@ -120,9 +118,8 @@ impl<S: Store> DynStore for S {
         &'a self,
         claim: ClaimRef<'a>,
         response: &'a StoredResponse,
-        retain: Duration,
     ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.complete(claim, response, retain))
+        Box::pin(self.complete(claim, response))
     }
     fn release_dyn<'a>(&'a self, claim: ClaimRef<'a>) -> BoxFuture<'a, Result<()>> {
         Box::pin(self.release(claim))
@@ -174,13 +171,8 @@ impl Store for SharedStore {
     async fn begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
         self.0.begin_dyn(req).await
     }
-    async fn complete(
-        &self,
-        claim: ClaimRef<'_>,
-        response: &StoredResponse,
-        retain: Duration,
-    ) -> Result<()> {
-        self.0.complete_dyn(claim, response, retain).await
+    async fn complete(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
+        self.0.complete_dyn(claim, response).await
     }
     async fn release(&self, claim: ClaimRef<'_>) -> Result<()> {
         self.0.release_dyn(claim).await

@@ -24,11 +24,12 @@ const MIGRATION_LOCK: i64 = 0x1de3_0001;
 /// A store on PostgreSQL.
 ///
 /// Leases and retention are read against the database's `now()`, so instances with skewed
-/// clocks agree. `begin` is one statement on every common path: a data-modifying CTE reads the
-/// record, inserts it when absent (`INSERT … ON CONFLICT DO NOTHING`) or takes it over when its
-/// lease or retention ran out (`UPDATE … WHERE fence = …`), and returns what it found; a replay
-/// writes nothing. `complete`, `release` and `checkpoint` are one `UPDATE … WHERE fence = $n`
-/// each.
+/// clocks agree. `begin` is one statement on the common paths: a data-modifying CTE that reads
+/// the record and inserts it when absent (`INSERT … ON CONFLICT DO NOTHING`), and writes nothing
+/// when it exists, so a replay costs a lookup. Taking over an abandoned, expired or released
+/// record is a second statement, `UPDATE … WHERE fence = $n` with the conditions checked again.
+/// `complete`, `release` and `checkpoint` are one `UPDATE … WHERE fence = $n` each; completion
+/// changes no indexed column, so it is a HOT update on a table with room on its pages.
 ///
 /// ```no_run
 /// # async fn f() -> idem_runtime::Result<()> {
@@ -37,19 +38,25 @@ const MIGRATION_LOCK: i64 = 0x1de3_0001;
 /// ```
 #[derive(Clone)]
 pub struct PgStore {
+    // One pointer: the macro clones the store on every call.
+    inner: Arc<Shared>,
+}
+
+struct Shared {
     pool: PgPool,
-    sql: Arc<Statements>,
+    sql: Statements,
 }
 
 struct Statements {
     table: String,
     begin: SqlStr,
+    reclaim: SqlStr,
     complete: SqlStr,
     release: SqlStr,
     checkpoint: SqlStr,
     lookup: SqlStr,
     purge: SqlStr,
-    create: [SqlStr; 2],
+    create: [SqlStr; 3],
 }
 
 fn sql(s: String) -> SqlStr {
@@ -64,6 +71,9 @@ impl Statements {
         let index = format!("\"{}_expires_at_idx\"", sql::base_name(table));
         Ok(Statements {
             table: table.to_owned(),
+            // One statement on the common paths: a first claim inserts, anything else reads. It
+            // writes nothing when the record exists, so a replay costs a lookup. Take-overs of
+            // abandoned, expired or released records are the second statement below.
             begin: sql(format!(
                 "WITH cur AS ( \
                    SELECT fence, fingerprint, state, response_status, response_error, response_body, \
@@ -77,40 +87,33 @@ impl Statements {
                     WHERE NOT EXISTS (SELECT 1 FROM cur) \
                    ON CONFLICT (scope, key) DO NOTHING \
                    RETURNING fence \
-                 ), upd AS ( \
-                   UPDATE {t} AS t SET \
-                     fence = t.fence + 1, state = 'in_progress', fingerprint = $3, \
-                     lease_until = now() + $4::int8 {MS}, expires_at = now() + $5::int8 {MS}, \
-                     recovery_point = CASE WHEN t.state <> 'completed' AND t.expires_at > now() \
-                       AND t.fingerprint = $3 THEN t.recovery_point END, \
-                     response_status = NULL, response_error = false, response_body = NULL, \
-                     updated_at = now() \
-                   FROM cur \
-                   WHERE t.scope = $1 AND t.key = $2 AND t.fence = cur.fence \
-                     AND (t.expires_at <= now() OR t.state = 'released' \
-                       OR (t.state = 'in_progress' AND t.lease_until <= now() \
-                           AND t.fingerprint = $3 AND $6)) \
-                   RETURNING t.fence, t.recovery_point, \
-                     (cur.state = 'in_progress' AND NOT cur.expired) AS reclaimed \
                  ) \
-                 SELECT 0::int2 AS kind, fence, NULL::bytea AS recovery_point, false AS reclaimed, \
-                        NULL::bytea AS fingerprint, NULL::text AS state, NULL::int4 AS response_status, \
-                        false AS response_error, NULL::bytea AS response_body, false AS expired, \
-                        0::int8 AS lease_left_ms \
+                 SELECT true AS inserted, fence, NULL::bytea AS fingerprint, NULL::text AS state, \
+                        NULL::int4 AS response_status, false AS response_error, \
+                        NULL::bytea AS response_body, false AS expired, 0::int8 AS lease_left_ms \
                    FROM ins \
                  UNION ALL \
-                 SELECT 1::int2, fence, recovery_point, reclaimed, NULL, NULL, NULL, false, NULL, \
-                        false, 0 \
-                   FROM upd \
-                 UNION ALL \
-                 SELECT 2::int2, fence, NULL, false, fingerprint, state, response_status, \
-                        response_error, response_body, expired, lease_left_ms \
-                   FROM cur WHERE NOT EXISTS (SELECT 1 FROM upd)"
+                 SELECT false, fence, fingerprint, state, response_status, response_error, \
+                        response_body, expired, lease_left_ms \
+                   FROM cur"
+            )),
+            // The conditions are checked again against the row as it is now: since it was read,
+            // another attempt may have completed, released or taken it over.
+            reclaim: sql(format!(
+                "UPDATE {t} SET fence = fence + 1, state = 'in_progress', fingerprint = $3, \
+                 lease_until = now() + $4::int8 {MS}, expires_at = now() + $5::int8 {MS}, \
+                 recovery_point = CASE WHEN state <> 'completed' AND expires_at > now() \
+                   AND fingerprint = $3 THEN recovery_point END, \
+                 response_status = NULL, response_error = false, response_body = NULL, \
+                 updated_at = now() \
+                 WHERE scope = $1 AND key = $2 AND fence = $6 AND (expires_at <= now() \
+                   OR state = 'released' \
+                   OR (state = 'in_progress' AND lease_until <= now() AND fingerprint = $3 AND $7)) \
+                 RETURNING fence, recovery_point"
             )),
             complete: sql(format!(
                 "UPDATE {t} SET state = 'completed', response_status = $4, response_error = $5, \
-                 response_body = $6, recovery_point = NULL, expires_at = now() + $7::int8 {MS}, \
-                 updated_at = now() \
+                 response_body = $6, recovery_point = NULL, updated_at = now() \
                  WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 'in_progress' \
                  AND expires_at > now()"
             )),
@@ -151,11 +154,14 @@ impl Statements {
                      response_body bytea, \
                      created_at timestamptz NOT NULL DEFAULT now(), \
                      updated_at timestamptz NOT NULL DEFAULT now(), \
-                     PRIMARY KEY (scope, key))"
+                     PRIMARY KEY (scope, key)) WITH (fillfactor = 80)"
                 )),
                 sql(format!(
                     "CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at)"
                 )),
+                // Room on each page for the completion's update to stay on the page (no index
+                // column changes, so it is a HOT update).
+                sql(format!("ALTER TABLE {t} SET (fillfactor = 80)")),
             ],
         })
     }
@@ -164,7 +170,7 @@ impl Statements {
 impl fmt::Debug for PgStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgStore")
-            .field("table", &self.sql.table)
+            .field("table", &self.inner.sql.table)
             .finish_non_exhaustive()
     }
 }
@@ -193,8 +199,10 @@ impl PgStoreBuilder {
     /// A store on an existing pool.
     pub async fn build(self, pool: PgPool) -> Result<PgStore> {
         let store = PgStore {
-            pool,
-            sql: Arc::new(Statements::new(&self.table)?),
+            inner: Arc::new(Shared {
+                pool,
+                sql: Statements::new(&self.table)?,
+            }),
         };
         if self.create_table {
             store.migrate().await?;
@@ -231,31 +239,33 @@ impl PgStore {
     /// [`PgStore::migrate`], or use the builder.
     pub fn new(pool: PgPool) -> PgStore {
         PgStore {
-            pool,
-            sql: Arc::new(Statements::new(DEFAULT_TABLE).expect("the default table name is valid")),
+            inner: Arc::new(Shared {
+                pool,
+                sql: Statements::new(DEFAULT_TABLE).expect("the default table name is valid"),
+            }),
         }
     }
 
     /// The pool.
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        &self.inner.pool
     }
 
     /// The table name.
     pub fn table(&self) -> &str {
-        &self.sql.table
+        &self.inner.sql.table
     }
 
     /// Creates the table and its index if missing, under an advisory lock, so any number of
     /// instances can start at once.
     pub async fn migrate(&self) -> Result<()> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let mut tx = self.inner.pool.begin().await.map_err(map_err)?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(MIGRATION_LOCK)
             .execute(&mut *tx)
             .await
             .map_err(map_err)?;
-        for stmt in &self.sql.create {
+        for stmt in &self.inner.sql.create {
             sqlx::query(stmt.clone())
                 .execute(&mut *tx)
                 .await
@@ -270,31 +280,48 @@ impl PgStore {
         req: BeginRequest<'_>,
     ) -> Result<BeginOutcome> {
         for _ in 0..8 {
-            let row = sqlx::query(self.sql.begin.clone())
+            let row = sqlx::query(self.inner.sql.begin.clone())
                 .bind(req.scope)
                 .bind(req.key)
                 .bind(&req.fingerprint.as_bytes()[..])
                 .bind(ms(req.policy.lease))
                 .bind(ms(req.policy.retain))
-                .bind(req.policy.expired_lease == crate::record::ExpiredLease::Reclaim)
                 .fetch_optional(&mut *conn)
                 .await
                 .map_err(map_err)?;
             // No row: a concurrent first claim committed after this statement's snapshot was
             // taken (our insert waited for it, then did nothing). The next statement sees it.
             let Some(row) = row else { continue };
-            let kind: i16 = row.try_get("kind").map_err(map_err)?;
-            if kind != 2 {
+            if row.try_get::<bool, _>("inserted").map_err(map_err)? {
                 return Ok(BeginOutcome::Claimed(Claimed {
                     fence: fence_from_db(row.try_get("fence").map_err(map_err)?)?,
-                    reclaimed: row.try_get("reclaimed").map_err(map_err)?,
-                    recovery_point: row.try_get("recovery_point").map_err(map_err)?,
+                    reclaimed: false,
+                    recovery_point: None,
                 }));
             }
             let cur = cur_row(&row)?;
             match decide(cur.seen(req.fingerprint), req.policy) {
-                // The take-over lost a race with another attempt: look again.
-                Decision::Claim { .. } => continue,
+                Decision::Claim { reclaim, .. } => {
+                    let updated = sqlx::query(self.inner.sql.reclaim.clone())
+                        .bind(req.scope)
+                        .bind(req.key)
+                        .bind(&req.fingerprint.as_bytes()[..])
+                        .bind(ms(req.policy.lease))
+                        .bind(ms(req.policy.retain))
+                        .bind(cur.fence)
+                        .bind(req.policy.expired_lease == crate::record::ExpiredLease::Reclaim)
+                        .fetch_optional(&mut *conn)
+                        .await
+                        .map_err(map_err)?;
+                    if let Some(row) = updated {
+                        return Ok(BeginOutcome::Claimed(Claimed {
+                            fence: fence_from_db(row.try_get("fence").map_err(map_err)?)?,
+                            reclaimed: reclaim,
+                            recovery_point: row.try_get("recovery_point").map_err(map_err)?,
+                        }));
+                    }
+                    // Lost a race with another attempt: look again.
+                }
                 Decision::Replay => return Ok(BeginOutcome::Replay(cur.into_response())),
                 Decision::InProgress(retry_after) => {
                     return Ok(BeginOutcome::InProgress { retry_after });
@@ -310,16 +337,14 @@ impl PgStore {
         conn: &mut PgConnection,
         claim: ClaimRef<'_>,
         response: &StoredResponse,
-        retain: Duration,
     ) -> Result<()> {
-        let done = sqlx::query(self.sql.complete.clone())
+        let done = sqlx::query(self.inner.sql.complete.clone())
             .bind(claim.scope)
             .bind(claim.key)
             .bind(fence_to_db(claim.fence))
             .bind(response.status.map(i32::from))
             .bind(response.is_error)
             .bind(&response.body[..])
-            .bind(ms(retain))
             .execute(&mut *conn)
             .await
             .map_err(map_err)?;
@@ -353,26 +378,21 @@ fn cur_row(row: &PgRow) -> Result<CurRow> {
 
 impl Store for PgStore {
     async fn begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        let mut conn = self.inner.pool.acquire().await.map_err(map_err)?;
         self.begin_on(&mut conn, req).await
     }
 
-    async fn complete(
-        &self,
-        claim: ClaimRef<'_>,
-        response: &StoredResponse,
-        retain: Duration,
-    ) -> Result<()> {
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
-        self.complete_on(&mut conn, claim, response, retain).await
+    async fn complete(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
+        let mut conn = self.inner.pool.acquire().await.map_err(map_err)?;
+        self.complete_on(&mut conn, claim, response).await
     }
 
     async fn release(&self, claim: ClaimRef<'_>) -> Result<()> {
-        let done = sqlx::query(self.sql.release.clone())
+        let done = sqlx::query(self.inner.sql.release.clone())
             .bind(claim.scope)
             .bind(claim.key)
             .bind(fence_to_db(claim.fence))
-            .execute(&self.pool)
+            .execute(&self.inner.pool)
             .await
             .map_err(map_err)?;
         owned(done.rows_affected(), claim)
@@ -384,23 +404,23 @@ impl Store for PgStore {
         recovery_point: &[u8],
         lease: Duration,
     ) -> Result<()> {
-        let done = sqlx::query(self.sql.checkpoint.clone())
+        let done = sqlx::query(self.inner.sql.checkpoint.clone())
             .bind(claim.scope)
             .bind(claim.key)
             .bind(fence_to_db(claim.fence))
             .bind(recovery_point)
             .bind(ms(lease))
-            .execute(&self.pool)
+            .execute(&self.inner.pool)
             .await
             .map_err(map_err)?;
         owned(done.rows_affected(), claim)
     }
 
     async fn lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
-        let row = sqlx::query(self.sql.lookup.clone())
+        let row = sqlx::query(self.inner.sql.lookup.clone())
             .bind(scope)
             .bind(key)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.inner.pool)
             .await
             .map_err(map_err)?;
         row.map(|row| record(&row)).transpose()
@@ -409,8 +429,8 @@ impl Store for PgStore {
     async fn purge_expired(&self) -> Result<u64> {
         let mut total = 0u64;
         loop {
-            let n: i64 = sqlx::query_scalar(self.sql.purge.clone())
-                .fetch_one(&self.pool)
+            let n: i64 = sqlx::query_scalar(self.inner.sql.purge.clone())
+                .fetch_one(&self.inner.pool)
                 .await
                 .map_err(map_err)?;
             total += n.max(0) as u64;
@@ -469,7 +489,7 @@ impl TxStore for PgStore {
     type Database = sqlx::Postgres;
 
     async fn begin_transaction(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
-        self.pool.begin().await.map_err(map_err)
+        self.inner.pool.begin().await.map_err(map_err)
     }
 
     async fn begin_in(
@@ -485,8 +505,7 @@ impl TxStore for PgStore {
         conn: &mut PgConnection,
         claim: ClaimRef<'_>,
         response: &StoredResponse,
-        retain: Duration,
     ) -> Result<()> {
-        self.complete_on(conn, claim, response, retain).await
+        self.complete_on(conn, claim, response).await
     }
 }

@@ -40,9 +40,28 @@ const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 /// ```
 #[derive(Clone)]
 pub struct SqliteStore {
-    pool: SqlitePool,
-    sql: Arc<Statements>,
+    // One pointer: the macro clones the store on every call.
+    inner: Arc<Shared>,
 }
+
+struct Shared {
+    /// Writes and transactions. One connection when idem opened the database: SQLite has one
+    /// writer at a time, and waiting for it in this queue beats sleeping in SQLite's busy
+    /// handler.
+    pool: SqlitePool,
+    /// Reads: `begin`'s lookup, `lookup`. WAL readers never wait for the writer.
+    reader: SqlitePool,
+    sql: Statements,
+}
+
+/// Where `begin` runs: on the store's pools, or on the caller's transaction.
+enum Via<'a> {
+    Pools,
+    Conn(&'a mut SqliteConnection),
+}
+
+type SqliteQuery<'q> =
+    sqlx::query::Query<'q, sqlx::Sqlite, <sqlx::Sqlite as sqlx::Database>::Arguments>;
 
 struct Statements {
     table: String,
@@ -100,8 +119,7 @@ impl Statements {
             )),
             complete: sql(format!(
                 "UPDATE {t} SET state = 'completed', response_status = $4, response_error = $5, \
-                 response_body = $6, recovery_point = NULL, expires_at = {NOW} + $7, \
-                 updated_at = {NOW} \
+                 response_body = $6, recovery_point = NULL, updated_at = {NOW} \
                  WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 'in_progress' \
                  AND expires_at > {NOW}"
             )),
@@ -150,7 +168,7 @@ impl Statements {
 impl fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqliteStore")
-            .field("table", &self.sql.table)
+            .field("table", &self.inner.sql.table)
             .finish_non_exhaustive()
     }
 }
@@ -177,9 +195,18 @@ impl SqliteStoreBuilder {
 
     /// A store on an existing pool.
     pub async fn build(self, pool: SqlitePool) -> Result<SqliteStore> {
+        self.build_split(pool.clone(), pool).await
+    }
+
+    /// A store that writes through `writer` (ideally a pool of one connection, used for the
+    /// application's own writes too) and reads through `reader`.
+    pub async fn build_split(self, writer: SqlitePool, reader: SqlitePool) -> Result<SqliteStore> {
         let store = SqliteStore {
-            pool,
-            sql: Arc::new(Statements::new(&self.table)?),
+            inner: Arc::new(Shared {
+                pool: writer,
+                reader,
+                sql: Statements::new(&self.table)?,
+            }),
         };
         if self.create_table {
             store.migrate().await?;
@@ -188,21 +215,22 @@ impl SqliteStoreBuilder {
     }
 
     /// Opens the database at `url` (`sqlite://path/to/file.db`, `sqlite::memory:`) with
-    /// [`SqliteStore::connect_options`], and builds the store on it.
+    /// [`SqliteStore::connect_options`]: one writer connection and up to eight readers (one
+    /// connection for an in-memory database, which lives in its connection).
     pub async fn connect(self, url: &str) -> Result<SqliteStore> {
         let options = SqliteStore::connect_options(url)?;
-        // An in-memory database lives in its connections: one connection keeps one database.
-        let max = if options.get_filename().as_os_str() == ":memory:" || url.contains("memory") {
-            1
-        } else {
-            8
+        let pool = |max: u32| {
+            SqlitePoolOptions::new()
+                .max_connections(max)
+                .connect_with(options.clone())
         };
-        let pool = SqlitePoolOptions::new()
-            .max_connections(max)
-            .connect_with(options)
-            .await
-            .map_err(map_err)?;
-        self.build(pool).await
+        if options.get_filename().as_os_str() == ":memory:" || url.contains("memory") {
+            let one = pool(1).await.map_err(map_err)?;
+            return self.build(one).await;
+        }
+        let writer = pool(1).await.map_err(map_err)?;
+        let reader = pool(8).await.map_err(map_err)?;
+        self.build_split(writer, reader).await
     }
 }
 
@@ -229,8 +257,11 @@ impl SqliteStore {
     /// [`SqliteStore::migrate`], or use the builder.
     pub fn new(pool: SqlitePool) -> SqliteStore {
         SqliteStore {
-            pool,
-            sql: Arc::new(Statements::new(DEFAULT_TABLE).expect("the default table name is valid")),
+            inner: Arc::new(Shared {
+                reader: pool.clone(),
+                pool,
+                sql: Statements::new(DEFAULT_TABLE).expect("the default table name is valid"),
+            }),
         }
     }
 
@@ -247,25 +278,34 @@ impl SqliteStore {
             .busy_timeout(Duration::from_secs(10)))
     }
 
-    /// The pool.
+    /// The pool that writes (and runs transactions): use it for the application's own writes,
+    /// so they queue with idem's instead of contending for SQLite's lock.
     pub fn pool(&self) -> &SqlitePool {
-        &self.pool
+        &self.inner.pool
+    }
+
+    /// The pool that reads. With [`SqliteStore::connect`], several connections that never wait
+    /// for the writer; with [`SqliteStoreBuilder::build`], the same pool as
+    /// [`SqliteStore::pool`]. Read through it while a transaction holds the writer.
+    pub fn reader_pool(&self) -> &SqlitePool {
+        &self.inner.reader
     }
 
     /// The table name.
     pub fn table(&self) -> &str {
-        &self.sql.table
+        &self.inner.sql.table
     }
 
     /// Creates the table and its index if missing. Safe to run concurrently from several
     /// processes.
     pub async fn migrate(&self) -> Result<()> {
         let mut tx = self
+            .inner
             .pool
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(map_err)?;
-        for stmt in &self.sql.create {
+        for stmt in &self.inner.sql.create {
             sqlx::query(stmt.clone())
                 .execute(&mut *tx)
                 .await
@@ -274,29 +314,42 @@ impl SqliteStore {
         tx.commit().await.map_err(map_err)
     }
 
-    async fn begin_on(
+    async fn fetch(
         &self,
-        conn: &mut SqliteConnection,
-        req: BeginRequest<'_>,
-    ) -> Result<BeginOutcome> {
-        for _ in 0..8 {
-            let row = sqlx::query(self.sql.select.clone())
-                .bind(req.scope)
-                .bind(req.key)
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(map_err)?;
+        via: &mut Via<'_>,
+        read: bool,
+        q: SqliteQuery<'_>,
+    ) -> Result<Option<SqliteRow>> {
+        match via {
+            Via::Pools if read => q.fetch_optional(&self.inner.reader).await,
+            Via::Pools => q.fetch_optional(&self.inner.pool).await,
+            Via::Conn(c) => q.fetch_optional(&mut **c).await,
+        }
+        .map_err(map_err)
+    }
+
+    /// Outside a transaction the read goes first, on the readers: a replay never queues for
+    /// SQLite's single writer. Inside one (which holds the write lock already, `BEGIN
+    /// IMMEDIATE`), the insert goes first: a first claim is then one statement.
+    async fn begin_on(&self, mut via: Via<'_>, req: BeginRequest<'_>) -> Result<BeginOutcome> {
+        let insert_first = matches!(via, Via::Conn(_));
+        for attempt in 0..8 {
+            let row = if insert_first && attempt == 0 {
+                None
+            } else {
+                let q = sqlx::query(self.inner.sql.select.clone())
+                    .bind(req.scope)
+                    .bind(req.key);
+                self.fetch(&mut via, true, q).await?
+            };
             let Some(row) = row else {
-                let inserted = sqlx::query(self.sql.insert.clone())
+                let q = sqlx::query(self.inner.sql.insert.clone())
                     .bind(req.scope)
                     .bind(req.key)
                     .bind(&req.fingerprint.as_bytes()[..])
                     .bind(ms(req.policy.lease))
-                    .bind(ms(req.policy.retain))
-                    .fetch_optional(&mut *conn)
-                    .await
-                    .map_err(map_err)?;
-                match inserted {
+                    .bind(ms(req.policy.retain));
+                match self.fetch(&mut via, false, q).await? {
                     Some(row) => {
                         return Ok(BeginOutcome::Claimed(Claimed {
                             fence: fence_from_db(row.try_get(0).map_err(map_err)?)?,
@@ -304,25 +357,22 @@ impl SqliteStore {
                             recovery_point: None,
                         }));
                     }
-                    // Another connection inserted it between our read and our write.
+                    // It exists (inserted by another connection since our read): read it.
                     None => continue,
                 }
             };
             let cur = cur_row(&row)?;
             match decide(cur.seen(req.fingerprint), req.policy) {
                 Decision::Claim { reclaim, .. } => {
-                    let updated = sqlx::query(self.sql.reclaim.clone())
+                    let q = sqlx::query(self.inner.sql.reclaim.clone())
                         .bind(req.scope)
                         .bind(req.key)
                         .bind(&req.fingerprint.as_bytes()[..])
                         .bind(ms(req.policy.lease))
                         .bind(ms(req.policy.retain))
                         .bind(cur.fence)
-                        .bind(req.policy.expired_lease == crate::record::ExpiredLease::Reclaim)
-                        .fetch_optional(&mut *conn)
-                        .await
-                        .map_err(map_err)?;
-                    if let Some(row) = updated {
+                        .bind(req.policy.expired_lease == crate::record::ExpiredLease::Reclaim);
+                    if let Some(row) = self.fetch(&mut via, false, q).await? {
                         return Ok(BeginOutcome::Claimed(Claimed {
                             fence: fence_from_db(row.try_get(0).map_err(map_err)?)?,
                             reclaimed: reclaim,
@@ -345,16 +395,14 @@ impl SqliteStore {
         conn: &mut SqliteConnection,
         claim: ClaimRef<'_>,
         response: &StoredResponse,
-        retain: Duration,
     ) -> Result<()> {
-        let done = sqlx::query(self.sql.complete.clone())
+        let done = sqlx::query(self.inner.sql.complete.clone())
             .bind(claim.scope)
             .bind(claim.key)
             .bind(fence_to_db(claim.fence))
             .bind(response.status.map(i32::from))
             .bind(response.is_error)
             .bind(&response.body[..])
-            .bind(ms(retain))
             .execute(&mut *conn)
             .await
             .map_err(map_err)?;
@@ -366,7 +414,7 @@ impl SqliteStore {
             .bind(claim.scope)
             .bind(claim.key)
             .bind(fence_to_db(claim.fence))
-            .execute(&self.pool)
+            .execute(&self.inner.pool)
             .await
             .map_err(map_err)?;
         owned(done.rows_affected(), claim)
@@ -399,22 +447,16 @@ fn cur_row(row: &SqliteRow) -> Result<CurRow> {
 
 impl Store for SqliteStore {
     async fn begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
-        self.begin_on(&mut conn, req).await
+        self.begin_on(Via::Pools, req).await
     }
 
-    async fn complete(
-        &self,
-        claim: ClaimRef<'_>,
-        response: &StoredResponse,
-        retain: Duration,
-    ) -> Result<()> {
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
-        self.complete_on(&mut conn, claim, response, retain).await
+    async fn complete(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
+        let mut conn = self.inner.pool.acquire().await.map_err(map_err)?;
+        self.complete_on(&mut conn, claim, response).await
     }
 
     async fn release(&self, claim: ClaimRef<'_>) -> Result<()> {
-        self.fenced(&self.sql.release, claim).await
+        self.fenced(&self.inner.sql.release, claim).await
     }
 
     async fn checkpoint(
@@ -423,23 +465,23 @@ impl Store for SqliteStore {
         recovery_point: &[u8],
         lease: Duration,
     ) -> Result<()> {
-        let done = sqlx::query(self.sql.checkpoint.clone())
+        let done = sqlx::query(self.inner.sql.checkpoint.clone())
             .bind(claim.scope)
             .bind(claim.key)
             .bind(fence_to_db(claim.fence))
             .bind(recovery_point)
             .bind(ms(lease))
-            .execute(&self.pool)
+            .execute(&self.inner.pool)
             .await
             .map_err(map_err)?;
         owned(done.rows_affected(), claim)
     }
 
     async fn lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
-        let row = sqlx::query(self.sql.lookup.clone())
+        let row = sqlx::query(self.inner.sql.lookup.clone())
             .bind(scope)
             .bind(key)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.inner.reader)
             .await
             .map_err(map_err)?;
         row.map(|row| {
@@ -474,8 +516,8 @@ impl Store for SqliteStore {
     }
 
     async fn purge_expired(&self) -> Result<u64> {
-        let done = sqlx::query(self.sql.purge.clone())
-            .execute(&self.pool)
+        let done = sqlx::query(self.inner.sql.purge.clone())
+            .execute(&self.inner.pool)
             .await
             .map_err(map_err)?;
         Ok(done.rows_affected())
@@ -500,7 +542,8 @@ impl TxStore for SqliteStore {
     type Database = sqlx::Sqlite;
 
     async fn begin_transaction(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>> {
-        self.pool
+        self.inner
+            .pool
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(map_err)
@@ -511,7 +554,7 @@ impl TxStore for SqliteStore {
         conn: &mut SqliteConnection,
         req: BeginRequest<'_>,
     ) -> Result<BeginOutcome> {
-        self.begin_on(conn, req).await
+        self.begin_on(Via::Conn(conn), req).await
     }
 
     async fn complete_in(
@@ -519,8 +562,7 @@ impl TxStore for SqliteStore {
         conn: &mut SqliteConnection,
         claim: ClaimRef<'_>,
         response: &StoredResponse,
-        retain: Duration,
     ) -> Result<()> {
-        self.complete_on(conn, claim, response, retain).await
+        self.complete_on(conn, claim, response).await
     }
 }

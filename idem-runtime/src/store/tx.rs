@@ -1,7 +1,6 @@
 //! The transactional mode of the SQL stores.
 
 use std::future::Future;
-use std::time::Duration;
 
 use crate::error::Result;
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
@@ -23,7 +22,7 @@ use crate::store::Store;
 /// if let BeginOutcome::Claimed(c) = store.begin_in(&mut tx, req).await? {
 ///     sqlx::query("INSERT INTO orders (order_no) VALUES ('A1')").execute(&mut *tx).await.ok();
 ///     let claim = ClaimRef { scope: req.scope, key: req.key, fence: c.fence };
-///     store.complete_in(&mut tx, claim, &StoredResponse::ok(b"{}".to_vec()), req.policy.retain).await?;
+///     store.complete_in(&mut tx, claim, &StoredResponse::ok(b"{}".to_vec())).await?;
 ///     tx.commit().await.map_err(|e| idem_runtime::Error::Unavailable(e.into()))?;
 /// }
 /// # Ok(()) }
@@ -56,6 +55,5 @@ pub trait TxStore: Store {
         conn: &mut <Self::Database as sqlx::Database>::Connection,
         claim: ClaimRef<'_>,
         response: &StoredResponse,
-        retain: Duration,
     ) -> impl Future<Output = Result<()>> + Send;
 }

@@ -1,0 +1,568 @@
+//! Throughput of the guard against the unguarded handler and the article's hand-written guard,
+//! measured side by side, interleaved, in one run.
+//!
+//! ```text
+//! cargo run --release --example bench -- --store sqlite|postgres|memory --concurrency N --seconds S
+//!     [--rounds R]     rounds of every variant, interleaved (default 3)
+//!     [--variants a,b] only these variants (unguarded always runs: ratios are against it)
+//! ```
+//!
+//! PostgreSQL needs `DATABASE_URL`; the run works in a schema of its own and drops it. Each
+//! request inserts one business row (`bench_orders`), guarded in each way:
+//!
+//! - `unguarded`: the insert alone;
+//! - `separate`: `#[idempotent]` with separate commits (claim, insert, complete);
+//! - `transactional`: `#[idempotent(transaction = tx)]` (claim, insert, complete, one commit);
+//! - `handwritten`: the article's guard: INSERT placeholder, insert, UPDATE done;
+//! - `replay`: `#[idempotent]` answering an already completed key from the database;
+//! - `cached_replay`: the same through the in-process cache of completed records.
+//!
+//! Then a storm: 200 concurrent duplicates of one request, in both modes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use idem::{CachedStore, Error, MemoryStore, idempotent};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Order {
+    order_no: String,
+    amount: i64,
+}
+
+fn db(e: sqlx::Error) -> Error {
+    Error::Store(e.into())
+}
+
+/// Bodies that ran: the storm checks that duplicates ran it once.
+static BODY_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// The variants for one SQL database.
+macro_rules! sql_variants {
+    ($db:ty, $store:ty, $pool:ty) => {
+        use super::*;
+
+        pub async fn unguarded(pool: &$pool, order_no: &str, amount: i64) -> Result<Order, Error> {
+            sqlx::query("INSERT INTO bench_orders (order_no, amount) VALUES ($1, $2)")
+                .bind(order_no)
+                .bind(amount)
+                .execute(pool)
+                .await
+                .map_err(db)?;
+            Ok(Order { order_no: order_no.to_owned(), amount })
+        }
+
+        #[idempotent(scope = "bench", key = key, store = store, skip(pool, order_no))]
+        pub async fn separate<S: idem::Store + Clone>(
+            store: &S,
+            pool: &$pool,
+            key: &str,
+            order_no: &str,
+            amount: i64,
+        ) -> Result<Order, Error> {
+            BODY_RUNS.fetch_add(1, Ordering::Relaxed);
+            unguarded(pool, order_no, amount).await
+        }
+
+        #[idempotent(scope = "bench", key = key, store = store, skip(order_no), transaction = tx)]
+        pub async fn transactional(store: &$store, key: &str, order_no: &str, amount: i64) -> Result<Order, Error> {
+            BODY_RUNS.fetch_add(1, Ordering::Relaxed);
+            sqlx::query("INSERT INTO bench_orders (order_no, amount) VALUES ($1, $2)")
+                .bind(order_no)
+                .bind(amount)
+                .execute(&mut **tx)
+                .await
+                .map_err(db)?;
+            Ok(Order { order_no: order_no.to_owned(), amount })
+        }
+
+        /// The article's guard: a placeholder row, the business insert, then the result.
+        pub async fn handwritten(pool: &$pool, key: &str, order_no: &str, amount: i64) -> Result<Order, Error> {
+            let body = serde_json::to_vec(&amount).map_err(|e| Error::Encode(e.to_string()))?;
+            let hash = idem::Fingerprint::of(&body)?.to_string();
+            sqlx::query("INSERT INTO handwritten_records (key, request_hash, status) VALUES ($1, $2, 'PROCESSING')")
+                .bind(key)
+                .bind(&hash)
+                .execute(pool)
+                .await
+                .map_err(db)?;
+            let order = unguarded(pool, order_no, amount).await?;
+            let result = serde_json::to_string(&order).map_err(|e| Error::Encode(e.to_string()))?;
+            sqlx::query("UPDATE handwritten_records SET status = 'DONE', result = $2 WHERE key = $1")
+                .bind(key)
+                .bind(result)
+                .execute(pool)
+                .await
+                .map_err(db)?;
+            Ok(order)
+        }
+    };
+}
+
+mod on_sqlite {
+    sql_variants!(sqlx::Sqlite, idem::SqliteStore, sqlx::SqlitePool);
+}
+
+mod on_postgres {
+    sql_variants!(sqlx::Postgres, idem::PgStore, sqlx::PgPool);
+}
+
+/// The memory variant's "table".
+#[derive(Clone, Default)]
+struct Table(Arc<Mutex<HashMap<String, i64>>>);
+
+impl Table {
+    fn insert(&self, order_no: &str, amount: i64) -> Result<Order, Error> {
+        let mut t = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        t.insert(order_no.to_owned(), amount);
+        Ok(Order {
+            order_no: order_no.to_owned(),
+            amount,
+        })
+    }
+}
+
+#[idempotent(scope = "bench", key = key, store = store, skip(table, order_no))]
+async fn memory_separate<S: idem::Store + Clone>(
+    store: &S,
+    table: &Table,
+    key: &str,
+    order_no: &str,
+    amount: i64,
+) -> Result<Order, Error> {
+    BODY_RUNS.fetch_add(1, Ordering::Relaxed);
+    table.insert(order_no, amount)
+}
+
+#[derive(Clone)]
+enum Target {
+    Memory {
+        store: MemoryStore,
+        cached: CachedStore<MemoryStore>,
+        table: Table,
+    },
+    Sqlite {
+        pool: sqlx::SqlitePool,
+        store: idem::SqliteStore,
+        cached: CachedStore<idem::SqliteStore>,
+    },
+    Postgres {
+        pool: sqlx::PgPool,
+        store: idem::PgStore,
+        cached: CachedStore<idem::PgStore>,
+    },
+}
+
+const VARIANTS: [&str; 6] = [
+    "unguarded",
+    "separate",
+    "transactional",
+    "handwritten",
+    "replay",
+    "cached_replay",
+];
+const REPLAY_KEYS: u64 = 1000;
+
+impl Target {
+    fn supports(&self, variant: &str) -> bool {
+        !matches!(self, Target::Memory { .. })
+            || !matches!(variant, "transactional" | "handwritten")
+    }
+
+    /// One request of `variant`; `n` makes its key and order number unique.
+    async fn call(&self, variant: &str, n: u64) -> Result<(), Error> {
+        let (key, order_no) = (format!("k{n}"), format!("o{n}"));
+        let replay_key = format!("replay-{}", n % REPLAY_KEYS);
+        let replay_no = format!("r{}", n % REPLAY_KEYS);
+        let amount = 100 + (n % 7) as i64;
+        let amount_replay = 100;
+        match (self, variant) {
+            (Target::Memory { table, .. }, "unguarded") => {
+                table.insert(&order_no, amount).map(drop)
+            }
+            (Target::Memory { store, table, .. }, "separate") => {
+                memory_separate(store, table, &key, &order_no, amount)
+                    .await
+                    .map(drop)
+            }
+            (Target::Memory { store, table, .. }, "replay") => {
+                memory_separate(store, table, &replay_key, &replay_no, amount_replay)
+                    .await
+                    .map(drop)
+            }
+            (Target::Memory { cached, table, .. }, "cached_replay") => {
+                memory_separate(cached, table, &replay_key, &replay_no, amount_replay)
+                    .await
+                    .map(drop)
+            }
+            (Target::Sqlite { pool, .. }, "unguarded") => {
+                on_sqlite::unguarded(pool, &order_no, amount)
+                    .await
+                    .map(drop)
+            }
+            (Target::Sqlite { pool, store, .. }, "separate") => {
+                on_sqlite::separate(store, pool, &key, &order_no, amount)
+                    .await
+                    .map(drop)
+            }
+            (Target::Sqlite { store, .. }, "transactional") => {
+                on_sqlite::transactional(store, &key, &order_no, amount)
+                    .await
+                    .map(drop)
+            }
+            (Target::Sqlite { pool, .. }, "handwritten") => {
+                on_sqlite::handwritten(pool, &key, &order_no, amount)
+                    .await
+                    .map(drop)
+            }
+            (Target::Sqlite { pool, store, .. }, "replay") => {
+                on_sqlite::separate(store, pool, &replay_key, &replay_no, amount_replay)
+                    .await
+                    .map(drop)
+            }
+            (Target::Sqlite { pool, cached, .. }, "cached_replay") => {
+                on_sqlite::separate(cached, pool, &replay_key, &replay_no, amount_replay)
+                    .await
+                    .map(drop)
+            }
+            (Target::Postgres { pool, .. }, "unguarded") => {
+                on_postgres::unguarded(pool, &order_no, amount)
+                    .await
+                    .map(drop)
+            }
+            (Target::Postgres { pool, store, .. }, "separate") => {
+                on_postgres::separate(store, pool, &key, &order_no, amount)
+                    .await
+                    .map(drop)
+            }
+            (Target::Postgres { store, .. }, "transactional") => {
+                on_postgres::transactional(store, &key, &order_no, amount)
+                    .await
+                    .map(drop)
+            }
+            (Target::Postgres { pool, .. }, "handwritten") => {
+                on_postgres::handwritten(pool, &key, &order_no, amount)
+                    .await
+                    .map(drop)
+            }
+            (Target::Postgres { pool, store, .. }, "replay") => {
+                on_postgres::separate(store, pool, &replay_key, &replay_no, amount_replay)
+                    .await
+                    .map(drop)
+            }
+            (Target::Postgres { pool, cached, .. }, "cached_replay") => {
+                on_postgres::separate(cached, pool, &replay_key, &replay_no, amount_replay)
+                    .await
+                    .map(drop)
+            }
+            _ => unreachable!("unsupported variant {variant}"),
+        }
+    }
+
+    /// The storm: `n` concurrent duplicates of one request. Transactional duplicates wait for
+    /// the first and replay; separate-commit duplicates are answered at once (in progress, then
+    /// replays).
+    async fn duplicate(&self, transactional: bool, key: &str) -> Result<(), Error> {
+        match (self, transactional) {
+            (Target::Memory { store, table, .. }, _) => {
+                memory_separate(store, table, key, "storm", 1)
+                    .await
+                    .map(drop)
+            }
+            (Target::Sqlite { pool, store, .. }, false) => {
+                on_sqlite::separate(store, pool, key, key, 1)
+                    .await
+                    .map(drop)
+            }
+            (Target::Sqlite { store, .. }, true) => {
+                on_sqlite::transactional(store, key, key, 1).await.map(drop)
+            }
+            (Target::Postgres { pool, store, .. }, false) => {
+                on_postgres::separate(store, pool, key, key, 1)
+                    .await
+                    .map(drop)
+            }
+            (Target::Postgres { store, .. }, true) => {
+                on_postgres::transactional(store, key, key, 1)
+                    .await
+                    .map(drop)
+            }
+        }
+    }
+}
+
+const SCHEMA: [&str; 2] = [
+    "CREATE TABLE bench_orders (order_no TEXT PRIMARY KEY, amount BIGINT NOT NULL)",
+    "CREATE TABLE handwritten_records (key TEXT PRIMARY KEY, request_hash TEXT NOT NULL, status TEXT NOT NULL, result TEXT)",
+];
+
+struct Args {
+    store: String,
+    concurrency: usize,
+    seconds: f64,
+    rounds: usize,
+    only: Option<Vec<String>>,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        store: "sqlite".into(),
+        concurrency: 8,
+        seconds: 2.0,
+        rounds: 3,
+        only: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        match flag.as_str() {
+            "--store" => a.store = value,
+            "--concurrency" => a.concurrency = value.parse().expect("--concurrency N"),
+            "--seconds" => a.seconds = value.parse().expect("--seconds S"),
+            "--rounds" => a.rounds = value.parse().expect("--rounds R"),
+            "--variants" => a.only = Some(value.split(',').map(str::to_owned).collect()),
+            other => panic!("unknown flag {other}; see the header of examples/bench.rs"),
+        }
+    }
+    a
+}
+
+#[derive(Default)]
+struct Tally {
+    ops: u64,
+    busy: Duration,
+    latencies_us: Vec<u32>,
+}
+
+fn percentile(sorted: &[u32], p: f64) -> u32 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+async fn run_variant(
+    target: &Target,
+    variant: &'static str,
+    a: &Args,
+    counter: &Arc<AtomicU64>,
+    tally: &mut Tally,
+) {
+    let deadline = Instant::now() + Duration::from_secs_f64(a.seconds);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..a.concurrency {
+        let (target, counter) = (target.clone(), counter.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            while Instant::now() < deadline {
+                let n = counter.fetch_add(1, Ordering::Relaxed);
+                let t = Instant::now();
+                target
+                    .call(variant, n)
+                    .await
+                    .unwrap_or_else(|e| panic!("{variant}: {e}"));
+                lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+            }
+            lat
+        }));
+    }
+    for t in tasks {
+        let lat = t.await.unwrap();
+        tally.ops += lat.len() as u64;
+        tally.latencies_us.extend(lat);
+    }
+    tally.busy += start.elapsed();
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let a = args();
+    let _file;
+    let mut pg_cleanup: Option<(sqlx::PgPool, String)> = None;
+    let target = match a.store.as_str() {
+        "memory" => {
+            let store = MemoryStore::new();
+            Target::Memory {
+                cached: CachedStore::new(store.clone(), 10_000),
+                store,
+                table: Table::default(),
+            }
+        }
+        "sqlite" => {
+            let dir = tempfile::tempdir()?;
+            let url = format!("sqlite://{}", dir.path().join("bench.db").display());
+            _file = dir;
+            // One writer connection for idem's writes and the business inserts alike; readers
+            // for replays.
+            let store = idem::SqliteStore::connect(&url).await?;
+            let pool = store.pool().clone();
+            for stmt in SCHEMA {
+                sqlx::query(stmt).execute(&pool).await?;
+            }
+            Target::Sqlite {
+                cached: CachedStore::new(store.clone(), 10_000),
+                pool,
+                store,
+            }
+        }
+        "postgres" => {
+            let url =
+                std::env::var("DATABASE_URL").map_err(|_| "--store postgres needs DATABASE_URL")?;
+            let schema = format!("idem_bench_{}", std::process::id());
+            let admin = sqlx::PgPool::connect(&url).await?;
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+                .execute(&admin)
+                .await?;
+            pg_cleanup = Some((admin, schema.clone()));
+            let options: sqlx::postgres::PgConnectOptions = url.parse()?;
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(a.concurrency as u32)
+                .connect_with(
+                    options.options([
+                        ("search_path", schema.as_str()),
+                        (
+                            "plan_cache_mode",
+                            std::env::var("PLAN_CACHE_MODE")
+                                .unwrap_or("auto".into())
+                                .as_str(),
+                        ),
+                    ]),
+                )
+                .await?;
+            for stmt in SCHEMA {
+                sqlx::query(stmt).execute(&pool).await?;
+            }
+            let store = idem::PgStore::builder().build(pool.clone()).await?;
+            Target::Postgres {
+                cached: CachedStore::new(store.clone(), 10_000),
+                pool,
+                store,
+            }
+        }
+        other => return Err(format!("unknown store {other}: sqlite, postgres or memory").into()),
+    };
+
+    // The keys that replays answer, completed once, and a warm-up of every variant.
+    let counter = Arc::new(AtomicU64::new(1_000_000));
+    for n in 0..REPLAY_KEYS {
+        target.call("replay", n).await?;
+    }
+    let variants: Vec<&'static str> = VARIANTS
+        .iter()
+        .copied()
+        .filter(|v| target.supports(v))
+        .filter(|v| *v == "unguarded" || a.only.as_ref().is_none_or(|o| o.iter().any(|x| x == v)))
+        .collect();
+    for v in &variants {
+        for _ in 0..200 {
+            target
+                .call(v, counter.fetch_add(1, Ordering::Relaxed))
+                .await?;
+        }
+    }
+
+    let mut tallies: HashMap<&str, Tally> = HashMap::new();
+    for round in 0..a.rounds {
+        // Interleaved, and rotated so that no variant always runs first.
+        for i in 0..variants.len() {
+            let v = variants[(i + round) % variants.len()];
+            let tally = tallies.entry(v).or_default();
+            run_variant(&target, v, &a, &counter, tally).await;
+        }
+    }
+
+    let ops_per_sec = |t: &Tally| t.ops as f64 / t.busy.as_secs_f64();
+    let base = ops_per_sec(&tallies["unguarded"]);
+    let mut rows = Vec::new();
+    for v in &variants {
+        let t = tallies.get_mut(v).expect("ran");
+        t.latencies_us.sort_unstable();
+        let ops = ops_per_sec(t);
+        let (p50, p99) = (
+            percentile(&t.latencies_us, 0.50),
+            percentile(&t.latencies_us, 0.99),
+        );
+        println!(
+            "RESULT store={} variant={v} ops_per_sec={:.0} p50_us={p50} p99_us={p99} ratio={:.2}",
+            a.store,
+            ops,
+            ops / base
+        );
+        rows.push((v, ops, p50, p99, ops / base));
+    }
+    println!();
+    println!(
+        "store {}, concurrency {}, {} rounds of {} s per variant, interleaved",
+        a.store, a.concurrency, a.rounds, a.seconds
+    );
+    println!(
+        "{:<14} {:>12} {:>9} {:>9} {:>8}",
+        "variant", "ops/s", "p50 µs", "p99 µs", "ratio"
+    );
+    for (v, ops, p50, p99, ratio) in rows {
+        println!("{v:<14} {ops:>12.0} {p50:>9} {p99:>9} {ratio:>8.2}");
+    }
+
+    // The storm: 200 concurrent duplicates of one request.
+    println!();
+    for transactional in [false, true] {
+        if a.only.is_some() {
+            break;
+        }
+        if transactional && matches!(target, Target::Memory { .. }) {
+            continue;
+        }
+        let key = format!("storm-{transactional}-{}", std::process::id());
+        BODY_RUNS.store(0, Ordering::SeqCst);
+        let barrier = Arc::new(tokio::sync::Barrier::new(200));
+        let mut tasks = Vec::new();
+        for _ in 0..200 {
+            let (target, key, barrier) = (target.clone(), key.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let t = Instant::now();
+                let outcome = match target.duplicate(transactional, &key).await {
+                    Ok(()) => "answered",
+                    Err(Error::InProgress { .. }) => "in_progress",
+                    Err(e) => panic!("storm: {e}"),
+                };
+                (outcome, t.elapsed().as_micros() as u32)
+            }));
+        }
+        let mut lat = Vec::new();
+        let mut counts: HashMap<&str, usize> = HashMap::new();
+        for t in tasks {
+            let (outcome, us) = t.await?;
+            *counts.entry(outcome).or_default() += 1;
+            lat.push(us);
+        }
+        lat.sort_unstable();
+        let mode = if transactional {
+            "transactional"
+        } else {
+            "separate"
+        };
+        println!(
+            "STORM store={} mode={mode} duplicates=200 body_runs={} answered={} in_progress={} min_us={} p50_us={} p99_us={} max_us={}",
+            a.store,
+            BODY_RUNS.load(Ordering::SeqCst),
+            counts.get("answered").unwrap_or(&0),
+            counts.get("in_progress").unwrap_or(&0),
+            lat[0],
+            percentile(&lat, 0.5),
+            percentile(&lat, 0.99),
+            lat[lat.len() - 1]
+        );
+    }
+
+    if let Some((admin, schema)) = pg_cleanup {
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+            .execute(&admin)
+            .await?;
+    }
+    Ok(())
+}
