@@ -116,6 +116,10 @@ macro_rules! chunked {
     ($rt:expr, $iters:expr, $keys:expr, $call:ident) => {{
         let clock = ManualClock::new();
         let store = MemoryStore::with_clock(clock.clone());
+        chunked!($rt, $iters, $keys, $call, store, clock)
+    }};
+    ($rt:expr, $iters:expr, $keys:expr, $call:ident, $store:expr, $clock:expr) => {{
+        let store = &$store;
         $rt.block_on(async {
             let mut total = Duration::ZERO;
             let mut left = $iters as usize;
@@ -123,11 +127,11 @@ macro_rules! chunked {
                 let n = left.min(CHUNK);
                 let start = Instant::now();
                 for k in &$keys[..n] {
-                    black_box($call(&store, "ORD-1".to_owned(), k, 250).await.unwrap());
+                    black_box($call(store, "ORD-1".to_owned(), k, 250).await.unwrap());
                 }
                 total += start.elapsed();
                 left -= n;
-                clock.advance(Duration::from_secs(2 * 86_400));
+                $clock.advance(Duration::from_secs(2 * 86_400));
                 store.purge_expired().await.unwrap();
             }
             total
@@ -207,5 +211,113 @@ fn guard(c: &mut Criterion) {
     g.finish();
 }
 
+/// The ratios, measured side by side: rounds of 10,000 calls of each variant in turn, so that
+/// whatever else the machine does affects them alike; the median round of each is reported.
+fn side_by_side() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let keys = keys();
+    let peer_store = rt.block_on(async {
+        idempotent::store::memory::MemoryStore::new(1024, Duration::from_secs(3600))
+    });
+    let replay_store = MemoryStore::new();
+    rt.block_on(guarded(&replay_store, "ORD-1".to_owned(), "done", 250))
+        .unwrap();
+    let n = CHUNK as u64;
+    // One store per variant for the whole run, emptied after each chunk: both reach the same
+    // steady state, and neither pays for fresh pages the other reuses.
+    let (macro_clock, hand_clock) = (ManualClock::new(), ManualClock::new());
+    let macro_store = MemoryStore::with_clock(macro_clock.clone());
+    let hand_store = MemoryStore::with_clock(hand_clock.clone());
+    let mut runs: [Vec<f64>; 5] = Default::default();
+    for round in 0..30 {
+        let per_call = |d: Duration| d.as_nanos() as f64 / n as f64;
+        runs[0].push(per_call(rt.block_on(async {
+            let start = Instant::now();
+            for _ in 0..n {
+                black_box(body("ORD-1".to_owned(), 250).await.unwrap());
+            }
+            start.elapsed()
+        })));
+        // Alternate which of the two goes first.
+        if round % 2 == 0 {
+            runs[1].push(per_call(chunked!(
+                rt,
+                n,
+                keys,
+                guarded,
+                macro_store,
+                macro_clock
+            )));
+            runs[2].push(per_call(chunked!(
+                rt,
+                n,
+                keys,
+                handwritten,
+                hand_store,
+                hand_clock
+            )));
+        } else {
+            runs[2].push(per_call(chunked!(
+                rt,
+                n,
+                keys,
+                handwritten,
+                hand_store,
+                hand_clock
+            )));
+            runs[1].push(per_call(chunked!(
+                rt,
+                n,
+                keys,
+                guarded,
+                macro_store,
+                macro_clock
+            )));
+        }
+        runs[3].push(per_call(rt.block_on(async {
+            let start = Instant::now();
+            for _ in 0..n {
+                black_box(
+                    guarded(&replay_store, "ORD-1".to_owned(), "done", 250)
+                        .await
+                        .unwrap(),
+                );
+            }
+            start.elapsed()
+        })));
+        // The peer keeps every record: give it fresh keys each round.
+        let round_keys: Vec<String> = keys.iter().map(|k| format!("{k}-{round}")).collect();
+        runs[4].push(per_call(rt.block_on(async {
+            let start = Instant::now();
+            for k in &round_keys {
+                black_box(peer(&peer_store, "ORD-1".to_owned(), k, 250).await.unwrap());
+            }
+            start.elapsed()
+        })));
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let [u, m, h, r, p] = runs.each_mut().map(median);
+    println!(
+        "SIDE_BY_SIDE memory ns_per_call unguarded={u:.0} macro={m:.0} handwritten={h:.0} replay={r:.0} peer_idempotent_0_3={p:.0}"
+    );
+    println!(
+        "SIDE_BY_SIDE memory guard_adds_ns={:.0} macro_over_handwritten={:.3} peer_over_macro={:.2}",
+        m - u,
+        m / h,
+        p / m
+    );
+}
+
 criterion_group!(benches, guard);
-criterion_main!(benches);
+
+fn main() {
+    side_by_side();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

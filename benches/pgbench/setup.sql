@@ -1,0 +1,19 @@
+-- The records table as PgStore creates it, in a schema of its own, with 400,000 completed
+-- records for the replay scripts. Run: psql -f benches/pgbench/setup.sql
+DROP SCHEMA IF EXISTS idem_pgbench CASCADE;
+CREATE SCHEMA idem_pgbench;
+CREATE TABLE idem_pgbench.idem_records (
+    scope text NOT NULL, key text NOT NULL, fingerprint bytea NOT NULL, state text NOT NULL,
+    fence bigint NOT NULL, lease_until timestamptz NOT NULL, expires_at timestamptz NOT NULL,
+    recovery_point bytea, response_status integer, response_error boolean NOT NULL DEFAULT false,
+    response_body bytea, created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (scope, key)
+) WITH (fillfactor = 80);
+CREATE INDEX ON idem_pgbench.idem_records (expires_at);
+CREATE TABLE idem_pgbench.handwritten_records (
+    key text PRIMARY KEY, request_hash text NOT NULL, status text NOT NULL, result text
+);
+INSERT INTO idem_pgbench.idem_records (scope, key, fingerprint, state, fence, lease_until, expires_at, response_body)
+SELECT 'bench', g::text, '\x00', 'completed', 1, now(), now() + interval '1 day', '\x7b7d'
+  FROM generate_series(1, 400000) g;
+VACUUM ANALYZE idem_pgbench.idem_records;
