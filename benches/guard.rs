@@ -12,7 +12,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use idem::{
     Begun, Error, Fingerprinter, Key, ManualClock, MemoryStore, Policy, ScopeBuilder, Store,
     StoredResponse, idempotent,
