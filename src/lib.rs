@@ -272,12 +272,14 @@ pub use idem_runtime::transition::{Created, StateMachine, Transition, Versioned}
 /// and, only when no row was updated:
 ///
 /// ```sql
-/// SELECT "status" AS "__idem_state", * FROM "orders" WHERE "order_no" = $1
+/// SELECT "status" AS "__idem_state",
+///        COALESCE(("amount_cents" = $2), false) AS "__idem_guards_match", *
+///   FROM "orders" WHERE "order_no" = $1
 /// ```
 ///
-/// then: no row → `NotFound`; state `PAID` → `AlreadyApplied(row)`; state `PENDING` (so the
-/// amount differs) → `GuardMismatch(row)` and a warn event; any other state →
-/// `Illegal { current }`. With a machine, a `const` block in the body checks the edge at
+/// then: no row → `NotFound`; state `PAID` → `AlreadyApplied(row)` (with a warn event if the
+/// amount differs from this call's); state `PENDING` (so the amount differs) →
+/// `GuardMismatch(row)` and a warn event; any other state → `Illegal { current }`. With a machine, a `const` block in the body checks the edge at
 /// compile time.
 #[doc(inline)]
 pub use idem_macros::state_transition;

@@ -116,11 +116,12 @@ async fn post_order(
     (r.status(), r.headers().clone(), r.text().await.unwrap())
 }
 
+/// The problem's `code`, or what the body was when it is not a problem.
 fn code(body: &str) -> String {
-    serde_json::from_str::<Value>(body).unwrap()["code"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
+    match serde_json::from_str::<Value>(body) {
+        Ok(v) => v["code"].as_str().unwrap_or("<no code>").to_owned(),
+        Err(_) => format!("<not JSON: {body}>"),
+    }
 }
 
 macro_rules! e2e {
@@ -327,6 +328,16 @@ macro_rules! e2e {
                 assert!(answers.contains(&r.text().await.unwrap()));
                 let r = c.post(s.url(&format!("/api/orders/{no}/refunds"))).header("Idempotency-Key", "refund-again").send().await.unwrap();
                 assert_eq!(r.status(), StatusCode::CONFLICT);
+                // Another user, the same order and key: not their order, so no replay of the refund.
+                let r = c
+                    .post(s.url(&format!("/api/orders/{no}/refunds")))
+                    .header("Idempotency-Key", "refund-once")
+                    .header("X-User-Id", "2")
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), StatusCode::NOT_FOUND);
+                assert_eq!(code(&r.text().await.unwrap()), "ORDER_NOT_FOUND");
                 let ledger: Value = c.get(s.url("/api/gateway/ledger")).send().await.unwrap().json().await.unwrap();
                 assert_eq!(ledger["count"], 1);
             }
@@ -352,30 +363,35 @@ macro_rules! e2e {
                 let Some(s) = $start("malformed").await else { return };
                 let c = client();
                 let long = "k".repeat(300);
-                let cases: Vec<(&str, reqwest::RequestBuilder)> = vec![
-                    ("no key", c.post(s.url("/api/orders")).header("Content-Type", "application/json").body(r#"{"skuId":1,"qty":1}"#)),
-                    ("300-byte key", c.post(s.url("/api/orders")).header("Idempotency-Key", long.as_str()).header("Content-Type", "application/json").body(r#"{"skuId":1,"qty":1}"#)),
-                    ("non-ASCII key", c.post(s.url("/api/orders")).header("Idempotency-Key", reqwest::header::HeaderValue::from_bytes("clé".as_bytes()).unwrap()).header("Content-Type", "application/json").body(r#"{"skuId":1,"qty":1}"#)),
-                    ("empty key", c.post(s.url("/api/orders")).header("Idempotency-Key", "").header("Content-Type", "application/json").body(r#"{"skuId":1,"qty":1}"#)),
-                    ("bad JSON", c.post(s.url("/api/orders")).header("Idempotency-Key", "k1").header("Content-Type", "application/json").body(r#"{"skuId": 1, "qty": "#)),
-                    ("unknown field", c.post(s.url("/api/orders")).header("Idempotency-Key", "k2").header("Content-Type", "application/json").body(r#"{"skuId":1,"qty":1,"x":1}"#)),
-                    ("bad qty", c.post(s.url("/api/orders")).header("Idempotency-Key", "k3").header("Content-Type", "application/json").body(r#"{"skuId":1,"qty":0}"#)),
-                    ("no content type", c.post(s.url("/api/orders")).header("Idempotency-Key", "k4").body(r#"{"skuId":1,"qty":1}"#)),
-                    ("bad user", c.post(s.url("/api/orders")).header("Idempotency-Key", "k5").header("X-User-Id", "root").header("Content-Type", "application/json").body(r#"{"skuId":1,"qty":1}"#)),
-                    ("bad delay", c.post(s.url("/api/orders")).header("Idempotency-Key", "k6").header("X-Demo-Delay-Ms", "-1").header("Content-Type", "application/json").body(r#"{"skuId":1,"qty":1}"#)),
-                    ("long order number", c.post(s.url(&format!("/api/orders/{}/refunds", "9".repeat(3000)))).header("Idempotency-Key", "k7")),
-                    ("unknown order refund", c.post(s.url("/api/orders/ORD-NONE/refunds")).header("Idempotency-Key", "k8")),
-                    ("unknown order ship", c.post(s.url("/api/orders/ORD-NONE/ship"))),
-                    ("callback bad JSON", c.post(s.url("/api/payments/callback")).header("Content-Type", "application/json").body("{")),
-                    ("lookup bad key", c.get(s.url("/api/orders/by-key/%20bad%20"))),
-                    ("profile of nobody", c.get(s.url("/api/users/999/profile"))),
-                    ("profile bad id", c.get(s.url("/api/users/abc/profile"))),
+                let json = |b: reqwest::RequestBuilder| b.header("Content-Type", "application/json");
+                let order = |key: &str| json(c.post(s.url("/api/orders")).header("Idempotency-Key", key));
+                let non_ascii = reqwest::header::HeaderValue::from_bytes("clé".as_bytes()).unwrap();
+                let cases: Vec<(&str, u16, &str, reqwest::RequestBuilder)> = vec![
+                    ("no key", 400, "INVALID_IDEMPOTENCY_KEY", json(c.post(s.url("/api/orders"))).body(r#"{"skuId":1,"qty":1}"#)),
+                    ("300-byte key", 400, "INVALID_IDEMPOTENCY_KEY", order(&long).body(r#"{"skuId":1,"qty":1}"#)),
+                    ("non-ASCII key", 400, "INVALID_IDEMPOTENCY_KEY", json(c.post(s.url("/api/orders")).header("Idempotency-Key", non_ascii)).body(r#"{"skuId":1,"qty":1}"#)),
+                    ("empty key", 400, "INVALID_IDEMPOTENCY_KEY", order("").body(r#"{"skuId":1,"qty":1}"#)),
+                    ("bad JSON", 400, "INVALID_BODY", order("k1").body(r#"{"skuId": 1, "qty": "#)),
+                    ("unknown field", 422, "INVALID_BODY", order("k2").body(r#"{"skuId":1,"qty":1,"x":1}"#)),
+                    ("bad qty", 422, "INVALID_ORDER", order("k3").body(r#"{"skuId":1,"qty":0}"#)),
+                    ("no content type", 415, "INVALID_BODY", c.post(s.url("/api/orders")).header("Idempotency-Key", "k4").body(r#"{"skuId":1,"qty":1}"#)),
+                    ("bad user", 400, "INVALID_USER", order("k5").header("X-User-Id", "root").body(r#"{"skuId":1,"qty":1}"#)),
+                    ("bad delay", 400, "INVALID_DELAY", order("k6").header("X-Demo-Delay-Ms", "-1").body(r#"{"skuId":1,"qty":1}"#)),
+                    ("long order number", 404, "ORDER_NOT_FOUND", c.post(s.url(&format!("/api/orders/{}/refunds", "9".repeat(3000)))).header("Idempotency-Key", "k7")),
+                    ("unknown order refund", 404, "ORDER_NOT_FOUND", c.post(s.url("/api/orders/ORD-NONE/refunds")).header("Idempotency-Key", "k8")),
+                    ("unknown order ship", 404, "ORDER_NOT_FOUND", c.post(s.url("/api/orders/ORD-NONE/ship"))),
+                    ("callback bad JSON", 400, "INVALID_BODY", json(c.post(s.url("/api/payments/callback"))).body("{")),
+                    ("lookup bad key", 400, "INVALID_IDEMPOTENCY_KEY", c.get(s.url("/api/orders/by-key/%20bad%20"))),
+                    ("profile of nobody", 404, "USER_NOT_FOUND", c.get(s.url("/api/users/999/profile"))),
+                    ("profile bad id", 400, "INVALID_PATH", c.get(s.url("/api/users/abc/profile"))),
                 ];
-                for (what, req) in cases {
+                for (what, status, want, req) in cases {
                     let r = req.send().await.unwrap();
                     let st = r.status();
+                    let content_type = r.headers().get("content-type").cloned();
                     let body = r.text().await.unwrap();
-                    assert!(st.is_client_error(), "{what}: {st} {body}");
+                    assert_eq!((st.as_u16(), code(&body).as_str()), (status, want), "{what}: {body}");
+                    assert_eq!(content_type.unwrap(), "application/problem+json", "{what}");
                 }
                 assert_eq!(s.count_orders().await, 0, "nothing was created by malformed requests");
             }

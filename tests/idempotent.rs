@@ -511,3 +511,122 @@ async fn the_default_store_is_used_when_none_is_named() {
     assert_eq!(uses_the_default_store(3, "k").await.unwrap(), 3);
     assert_eq!(DEFAULT_RUNS.load(Ordering::SeqCst), 1);
 }
+
+// ---- lease, retention, fingerprint selection, expired-lease policy --------------------------
+
+static LEASE_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+#[idempotent(scope = "lease:<id>", key = key, store = store, lease = "2s", retain = "10s", claim = claim, skip(hang))]
+async fn leased(store: &MemoryStore, id: u32, key: &str, hang: bool) -> Result<bool, Error> {
+    LEASE_RUNS.fetch_add(1, Ordering::SeqCst);
+    if hang {
+        std::future::pending::<()>().await;
+    }
+    Ok(claim.is_reclaim())
+}
+
+#[idempotent(scope = "closed:<id>", key = key, store = store, lease = "2s", on_expired_lease = "fail_closed", skip(hang))]
+async fn fail_closed(store: &MemoryStore, id: u32, key: &str, hang: bool) -> Result<u32, Error> {
+    if hang {
+        std::future::pending::<()>().await;
+    }
+    Ok(id)
+}
+
+/// Starts a call and abandons it mid-body without dropping it: a process that crashed while
+/// holding the claim.
+fn crash<F: std::future::Future>(fut: F) {
+    let mut fut = Box::pin(fut);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(
+        fut.as_mut().poll(&mut cx).is_pending(),
+        "the body is running"
+    );
+    std::mem::forget(fut);
+}
+
+#[tokio::test]
+async fn the_lease_argument_bounds_a_crashed_claim() {
+    let clock = idem::ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    crash(leased(&store, 1, "k", true));
+    match leased(&store, 1, "k", false).await {
+        Err(Error::InProgress { retry_after }) => {
+            assert!(retry_after <= Duration::from_secs(2), "{retry_after:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    clock.advance(Duration::from_millis(2100));
+    // The lease ran out: the retry takes the claim over and knows it.
+    assert!(leased(&store, 1, "k", false).await.unwrap());
+    assert!(leased(&store, 1, "k", false).await.unwrap(), "replayed");
+}
+
+#[tokio::test]
+async fn the_retain_argument_frees_the_key_after_retention() {
+    let clock = idem::ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let before = LEASE_RUNS.load(Ordering::SeqCst);
+    assert!(!leased(&store, 2, "k", false).await.unwrap());
+    clock.advance(Duration::from_secs(9));
+    leased(&store, 2, "k", false).await.unwrap();
+    assert_eq!(
+        LEASE_RUNS.load(Ordering::SeqCst) - before,
+        1,
+        "replayed within retention"
+    );
+    clock.advance(Duration::from_secs(2));
+    leased(&store, 2, "k", false).await.unwrap();
+    assert_eq!(
+        LEASE_RUNS.load(Ordering::SeqCst) - before,
+        2,
+        "run again after retention"
+    );
+}
+
+#[tokio::test]
+async fn fail_closed_keeps_answering_in_progress() {
+    let clock = idem::ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    crash(fail_closed(&store, 1, "k", true));
+    clock.advance(Duration::from_secs(60));
+    assert!(matches!(
+        fail_closed(&store, 1, "k", false).await,
+        Err(Error::InProgress { .. })
+    ));
+}
+
+#[idempotent(scope = "charge:<id>", key = key, store = store, fingerprint(amount))]
+async fn fingerprint_only_amount(
+    store: &MemoryStore,
+    id: u32,
+    key: &str,
+    amount: u64,
+    note: &str,
+) -> Result<u64, Error> {
+    let _ = note;
+    Ok(amount)
+}
+
+#[tokio::test]
+async fn fingerprint_covers_exactly_the_named_arguments() {
+    let store = MemoryStore::new();
+    assert_eq!(
+        fingerprint_only_amount(&store, 1, "k", 100, "first")
+            .await
+            .unwrap(),
+        100
+    );
+    // Another note is the same request: replayed.
+    assert_eq!(
+        fingerprint_only_amount(&store, 1, "k", 100, "retry")
+            .await
+            .unwrap(),
+        100
+    );
+    // Another amount is another request: refused.
+    assert!(matches!(
+        fingerprint_only_amount(&store, 1, "k", 200, "first").await,
+        Err(Error::KeyReused)
+    ));
+}

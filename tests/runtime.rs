@@ -307,3 +307,103 @@ async fn unreachable_store_is_unavailable_not_a_crash() {
     assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
     assert_eq!(err.status(), 503);
 }
+
+/// Counts `idem_outcomes_total` by outcome.
+#[derive(Default, Clone)]
+struct Outcomes(Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>);
+
+struct OutcomeCounter(String, Outcomes);
+
+impl metrics::CounterFn for OutcomeCounter {
+    fn increment(&self, value: u64) {
+        *self.1.0.lock().unwrap().entry(self.0.clone()).or_default() += value;
+    }
+    fn absolute(&self, _: u64) {}
+}
+
+impl metrics::Recorder for Outcomes {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        assert_eq!(key.name(), "idem_outcomes_total");
+        let outcome = key
+            .labels()
+            .find(|l| l.key() == "outcome")
+            .unwrap()
+            .value()
+            .to_owned();
+        metrics::Counter::from_arc(Arc::new(OutcomeCounter(outcome, self.clone())))
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+#[test]
+fn outcomes_are_counted_through_the_metrics_facade() {
+    let recorder = Outcomes::default();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let store = MemoryStore::new();
+            let key = Key::parse("k").unwrap();
+            let f = Fingerprint::of("a").unwrap();
+            let Begun::Claimed(g) =
+                idem::begin(&store, "s".into(), key.clone(), f, Policy::DEFAULT)
+                    .await
+                    .unwrap()
+            else {
+                panic!()
+            };
+            g.complete(&StoredResponse::ok(b"ok".to_vec()))
+                .await
+                .unwrap();
+            idem::begin(&store, "s".into(), key.clone(), f, Policy::DEFAULT)
+                .await
+                .unwrap();
+            let other = Fingerprint::of("b").unwrap();
+            assert!(
+                idem::begin(&store, "s".into(), key, other, Policy::DEFAULT)
+                    .await
+                    .is_err()
+            );
+        });
+    });
+    let counts = recorder.0.lock().unwrap().clone();
+    for (outcome, n) in [
+        ("claimed", 1),
+        ("completed", 1),
+        ("replayed", 1),
+        ("key_reused", 1),
+    ] {
+        assert_eq!(counts.get(outcome), Some(&n), "{outcome}: {counts:?}");
+    }
+}

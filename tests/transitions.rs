@@ -149,10 +149,24 @@ macro_rules! suite {
                 assert!(paid_at.is_some(), "set = \"paid_at = now()\" wrote the database's time");
 
                 // The duplicate callback: an idempotent success, with the row.
-                match mark_paid(pool, "A1", 250).await.unwrap() {
+                let warnings = Warnings::default();
+                let outcome = {
+                    let _guard = tracing::subscriber::set_default(warnings.clone());
+                    mark_paid(pool, "A1", 250).await.unwrap()
+                };
+                match outcome {
                     Transition::AlreadyApplied(o) => assert_eq!(o.status, "PAID"),
                     other => panic!("{other:?}"),
                 }
+                assert!(warnings.0.lock().unwrap().is_empty());
+                // A late callback with another amount: still already applied, but not silently.
+                let outcome = {
+                    let _guard = tracing::subscriber::set_default(warnings.clone());
+                    mark_paid(pool, "A1", 999).await.unwrap()
+                };
+                assert!(matches!(outcome, Transition::AlreadyApplied(_)));
+                assert_eq!(warnings.0.lock().unwrap().len(), 1, "a differing guard on a done row is logged");
+                warnings.0.lock().unwrap().clear();
 
                 // A callback with another amount for a pending order: surfaced, logged, not applied.
                 insert_order(pool, "A2", 7, 300).await.unwrap();

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use axum::extract::{FromRequestParts, Path, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
@@ -10,6 +10,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem::http::{IdempotencyKey, IdempotencyLayer, Problem};
 use idem::{Key, Transition, Versioned, idempotent};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -104,6 +105,39 @@ impl IntoResponse for AppError {
 
 // ---- extractors --------------------------------------------------------------------------------
 
+/// A JSON body. A body that is not JSON, or not this JSON, is a problem+json answer like every
+/// other error (`INVALID_BODY`, with axum's status: 400, 415 or 422).
+pub struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = AppError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, AppError> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(value)) => Ok(Body(value)),
+            Err(e) => Err(AppError::new(e.status(), "INVALID_BODY", e.body_text())),
+        }
+    }
+}
+
+/// A path parameter; one that does not parse is a 400 problem+json answer (`INVALID_PATH`).
+pub struct Param<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Param<T> {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(Param(value)),
+            Err(e) => Err(AppError::new(
+                StatusCode::BAD_REQUEST,
+                "INVALID_PATH",
+                e.body_text(),
+            )),
+        }
+    }
+}
+
 /// The caller: demo authentication by the `X-User-Id` header, user 1 ("demo") without it.
 #[derive(Debug, Clone, Copy)]
 pub struct User {
@@ -192,7 +226,7 @@ pub async fn create_order<D: Db>(
     user: User,
     delay: DemoDelay,
     key: IdempotencyKey,
-    Json(req): Json<CreateOrder>,
+    Body(req): Body<CreateOrder>,
 ) -> Result<(StatusCode, Json<Order>), AppError> {
     if !(1..=100).contains(&req.qty) || req.sku_id <= 0 {
         return Err(AppError::new(
@@ -226,7 +260,7 @@ pub async fn create_order<D: Db>(
 pub async fn order_by_key<D: Db>(
     State(app): State<App<D>>,
     user: User,
-    Path(key): Path<String>,
+    Param(key): Param<String>,
 ) -> Result<Response, AppError> {
     let key = Key::parse(&key)?;
     let scope = idem::scope!("order:<user.id>")?;
@@ -288,7 +322,7 @@ fn transition_answer(
 /// is 200 with `"duplicated": true`; a mismatched amount is 409 and a warning in the log.
 pub async fn payment_callback<D: Db>(
     State(app): State<App<D>>,
-    Json(cb): Json<PaymentCallback>,
+    Body(cb): Body<PaymentCallback>,
 ) -> Result<Json<TransitionAnswer>, AppError> {
     let outcome = app.db.mark_paid(&cb.order_no, cb.amount_cents).await?;
     if let Transition::GuardMismatch(order) = &outcome {
@@ -313,25 +347,44 @@ pub struct Refund {
     pub status: String,
 }
 
-/// `POST /api/orders/{order_no}/refunds`: refunds a paid order through the gateway, once per
-/// (order, key): the gateway call carries the guard's downstream key, so even a take-over of an
-/// abandoned attempt cannot move the money twice. Then PAID → CANCELLED.
-#[idempotent(scope = "refund:<order_no>", key = key, store = app.db.store(), skip(app, user), claim = claim)]
-pub async fn refund<D: Db>(
-    State(app): State<App<D>>,
-    user: User,
-    Path(order_no): Path<String>,
-    key: IdempotencyKey,
-) -> Result<(StatusCode, Json<Refund>), AppError> {
-    let order = match app.db.find_order(&order_no).await? {
-        Some(o) if o.user_id == user.id => o,
-        _ => {
-            return Err(AppError::new(
+/// The order in the path, when it belongs to the caller. Checked by the extractor, before the
+/// idempotency guard runs: a key can then never replay another user's refund.
+pub struct OwnedOrder {
+    pub order_no: String,
+}
+
+impl<D: Db> FromRequestParts<App<D>> for OwnedOrder {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &App<D>) -> Result<Self, AppError> {
+        let Param(order_no) = Param::<String>::from_request_parts(parts, app).await?;
+        let user = User::from_request_parts(parts, app).await?;
+        match app.db.find_order(&order_no).await? {
+            Some(order) if order.user_id == user.id => Ok(OwnedOrder { order_no }),
+            _ => Err(AppError::new(
                 StatusCode::NOT_FOUND,
                 "ORDER_NOT_FOUND",
                 "no such order",
-            ));
+            )),
         }
+    }
+}
+
+/// `POST /api/orders/{order_no}/refunds`: refunds a paid order through the gateway, once per
+/// (order, key): the gateway call carries the guard's downstream key, so even a take-over of an
+/// abandoned attempt cannot move the money twice. Then PAID → CANCELLED.
+#[idempotent(scope = "refund:<order_no>", key = key, store = app.db.store(), skip(app), claim = claim)]
+pub async fn refund<D: Db>(
+    State(app): State<App<D>>,
+    OwnedOrder { order_no }: OwnedOrder,
+    key: IdempotencyKey,
+) -> Result<(StatusCode, Json<Refund>), AppError> {
+    let Some(order) = app.db.find_order(&order_no).await? else {
+        return Err(AppError::new(
+            StatusCode::NOT_FOUND,
+            "ORDER_NOT_FOUND",
+            "no such order",
+        ));
     };
     if order.status != OrderStatus::Paid.as_str() {
         return Err(Problem::new(
@@ -390,7 +443,7 @@ pub async fn ledger<D: Db>(State(app): State<App<D>>) -> Json<Ledger> {
 /// `POST /api/orders/{order_no}/ship`: PAID → SHIPPED.
 pub async fn ship<D: Db>(
     State(app): State<App<D>>,
-    Path(order_no): Path<String>,
+    Param(order_no): Param<String>,
 ) -> Result<Json<TransitionAnswer>, AppError> {
     transition_answer(app.db.ship(&order_no).await?, "shipment")
 }
@@ -398,7 +451,7 @@ pub async fn ship<D: Db>(
 /// `POST /api/orders/{order_no}/confirm`: SHIPPED → DONE.
 pub async fn confirm<D: Db>(
     State(app): State<App<D>>,
-    Path(order_no): Path<String>,
+    Param(order_no): Param<String>,
 ) -> Result<Json<TransitionAnswer>, AppError> {
     transition_answer(app.db.confirm(&order_no).await?, "confirmation")
 }
@@ -408,7 +461,7 @@ pub async fn confirm<D: Db>(
 /// `GET /api/users/{user_id}/profile`.
 pub async fn profile<D: Db>(
     State(app): State<App<D>>,
-    Path(user_id): Path<i64>,
+    Param(user_id): Param<i64>,
 ) -> Result<Response, AppError> {
     match app.db.profile(user_id).await? {
         Some(p) => Ok(Json(p).into_response()),
@@ -430,8 +483,8 @@ pub struct ProfileUpdate {
 /// 409 with the latest one when someone updated it first (read again, then retry).
 pub async fn update_profile<D: Db>(
     State(app): State<App<D>>,
-    Path(user_id): Path<i64>,
-    Json(update): Json<ProfileUpdate>,
+    Param(user_id): Param<i64>,
+    Body(update): Body<ProfileUpdate>,
 ) -> Result<Json<Value>, AppError> {
     if update.nickname.is_empty() || update.nickname.len() > 64 {
         return Err(AppError::new(

@@ -356,13 +356,27 @@ fn statements(m: &Model, now: &str) -> Sql {
             set.join(", "),
             conditions.join(" AND ")
         ),
-        select: format!(
-            "SELECT {} AS \"__idem_state\"{} FROM {} WHERE {}",
-            m.state.quoted,
-            if m.returning.is_some() { ", *" } else { "" },
-            m.table.quoted,
-            key_where.join(" AND ")
-        ),
+        select: {
+            // The guards again, compared in the database, for a row already in `to`.
+            let guards: Vec<String> = m
+                .guards
+                .iter()
+                .enumerate()
+                .map(|(i, (c, _))| format!("{} = ${}", c.quoted, m.keys.len() + i + 1))
+                .collect();
+            let guards_match = if guards.is_empty() {
+                "true".to_owned()
+            } else {
+                format!("COALESCE(({}), false)", guards.join(" AND "))
+            };
+            format!(
+                "SELECT {} AS \"__idem_state\", {guards_match} AS \"__idem_guards_match\"{} FROM {} WHERE {}",
+                m.state.quoted,
+                if m.returning.is_some() { ", *" } else { "" },
+                m.table.quoted,
+                key_where.join(" AND ")
+            )
+        },
     }
 }
 
@@ -472,7 +486,7 @@ fn generate(m: Model, decl: sql::Decl) -> TokenStream {
             for _ in 0..3u8 {
                 #apply
                 let found = #p::sqlx::query(sql_select)
-                    #(.bind(&#key_args))*
+                    #(.bind(&#key_args))* #(.bind(&#guard_args))*
                     .fetch_optional(&mut *conn)
                     .await
                     .map_err(#p::sql_error)?;
@@ -483,6 +497,11 @@ fn generate(m: Model, decl: sql::Decl) -> TokenStream {
                     #p::sqlx::Row::try_get(&row, "__idem_state").map_err(#p::sql_error)?;
                 match #p::classify_miss(&current, &[#(#from),*], #to, #guarded) {
                     #p::Miss::AlreadyApplied => {
+                        let guards_match: bool =
+                            #p::sqlx::Row::try_get(&row, "__idem_guards_match").map_err(#p::sql_error)?;
+                        if !guards_match {
+                            #p::warn_guard_differs_after(#table, #key_debug, #to, &[#(#guard_names),*]);
+                        }
                         return ::core::result::Result::Ok(#p::Transition::AlreadyApplied(#row_of));
                     }
                     #p::Miss::GuardMismatch => {

@@ -26,7 +26,7 @@ pub use crate::transactional::{IsTxStore, TxClaim, TxStart, tx_finish, tx_start,
 
 pub use crate::transition::{
     Created, Miss, StateMachine, StateValue, Transition, Versioned, classify_miss,
-    warn_guard_mismatch,
+    warn_guard_differs_after, warn_guard_mismatch,
 };
 pub use serde;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

@@ -84,8 +84,8 @@ impl<T> TxStart<T> {
                 scope: c.scope.clone(),
                 key: c.key.clone(),
                 fence: c.fence,
-                reclaimed: false,
-                recovery_point: None,
+                reclaimed: c.reclaimed,
+                recovery_point: c.recovery_point.clone(),
             };
             (&mut c.tx, info)
         })
@@ -100,6 +100,8 @@ pub struct TxClaim<T> {
     fingerprint: Fingerprint,
     policy: Policy,
     fence: u64,
+    reclaimed: bool,
+    recovery_point: Option<Vec<u8>>,
 }
 
 impl<T> fmt::Debug for TxClaim<T> {
@@ -142,10 +144,17 @@ async fn start<S: TxStore>(store: &S, prepared: Prepared) -> Result<Started<S>, 
     })?;
     match outcome {
         BeginOutcome::Claimed(c) => {
-            observe::record(Outcome::Claimed, &scope, key.as_str(), c.fence);
+            let what = if c.reclaimed {
+                Outcome::Reclaimed
+            } else {
+                Outcome::Claimed
+            };
+            observe::record(what, &scope, key.as_str(), c.fence);
             Ok(Started::Claimed(TxClaim {
                 tx,
                 fence: c.fence,
+                reclaimed: c.reclaimed,
+                recovery_point: c.recovery_point,
                 scope,
                 key,
                 fingerprint,

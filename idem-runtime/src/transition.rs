@@ -21,7 +21,8 @@ pub enum Transition<R = (), S = String> {
     /// trip.
     Applied(R),
     /// The row was already in `to`: a duplicate (a payment callback delivered twice). An
-    /// idempotent success.
+    /// idempotent success. When the call's guard columns differ from the row's (a second
+    /// callback with another amount), it is still this outcome, and a warning is logged.
     AlreadyApplied(R),
     /// The row is in a `from` state but a guard column differs (the paid amount is not the
     /// order's amount). Never a success: it is logged at warn and must be alerted on.
@@ -169,6 +170,21 @@ pub fn warn_guard_mismatch(
     );
     #[cfg(feature = "metrics")]
     metrics::counter!("idem_transitions_total", "outcome" => "guard_mismatch").increment(1);
+}
+
+/// Logs a row already in `to` whose guard columns differ from this call's: reported as
+/// `AlreadyApplied` (the state machine is where it should be), but a second callback with another
+/// amount is worth a look.
+#[doc(hidden)]
+pub fn warn_guard_differs_after(table: &str, key: &dyn fmt::Debug, to: &str, guards: &[&str]) {
+    tracing::warn!(
+        target: "idem::transition",
+        table,
+        key = ?key,
+        to,
+        guards = ?guards,
+        "state transition already applied, but this call's guard columns differ from the row's"
+    );
 }
 
 /// What an optimistic versioned update did.

@@ -21,6 +21,16 @@ use crate::store::sql::{
 };
 use crate::store::{Store, TxStore};
 
+/// Whether `url` names an in-memory database (`sqlite::memory:`, `sqlite://:memory:`,
+/// `…?mode=memory`), which exists only in its connection.
+fn is_in_memory(url: &str) -> bool {
+    let rest = url
+        .strip_prefix("sqlite:")
+        .unwrap_or(url)
+        .trim_start_matches('/');
+    rest.starts_with(":memory:") || url.contains("mode=memory")
+}
+
 /// The store's clock: milliseconds since the Unix epoch, read by SQLite itself.
 const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
@@ -219,15 +229,23 @@ impl SqliteStoreBuilder {
     /// connection for an in-memory database, which lives in its connection).
     pub async fn connect(self, url: &str) -> Result<SqliteStore> {
         let options = SqliteStore::connect_options(url)?;
+        if is_in_memory(url) {
+            // The database lives as long as its one connection: never let the pool close it.
+            let one = SqlitePoolOptions::new()
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .connect_with(options)
+                .await
+                .map_err(map_err)?;
+            return self.build(one).await;
+        }
         let pool = |max: u32| {
             SqlitePoolOptions::new()
                 .max_connections(max)
                 .connect_with(options.clone())
         };
-        if options.get_filename().as_os_str() == ":memory:" || url.contains("memory") {
-            let one = pool(1).await.map_err(map_err)?;
-            return self.build(one).await;
-        }
         let writer = pool(1).await.map_err(map_err)?;
         let reader = pool(8).await.map_err(map_err)?;
         self.build_split(writer, reader).await
@@ -564,5 +582,29 @@ impl TxStore for SqliteStore {
         response: &StoredResponse,
     ) -> Result<()> {
         self.complete_on(conn, claim, response).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_in_memory;
+
+    #[test]
+    fn in_memory_urls() {
+        for url in [
+            "sqlite::memory:",
+            "sqlite://:memory:",
+            "sqlite://?mode=memory",
+            "sqlite://x.db?mode=memory",
+        ] {
+            assert!(is_in_memory(url), "{url}");
+        }
+        for url in [
+            "sqlite://memory.db",
+            "sqlite://data/memory/idem.db",
+            "sqlite://idem.db",
+        ] {
+            assert!(!is_in_memory(url), "{url}");
+        }
     }
 }

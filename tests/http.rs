@@ -1,0 +1,169 @@
+//! The axum integration on its own: the extractor's header and key policy, the replay layer's
+//! exact bytes, problem details for an unreachable store, and `Idempotent<T>` as a response.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::routing::post;
+use axum::{Json, Router, extract::State, http::StatusCode};
+use idem::http::{IdempotencyKey, IdempotencyLayer};
+use idem::{Idempotent, KeyPolicy, MemoryStore, PgStore, idempotent};
+use reqwest::header::HeaderName;
+
+async fn serve(router: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    base
+}
+
+/// A response whose serialization order changes from one map to the next.
+#[idempotent(scope = "tally", key = key, store = store, skip(store))]
+async fn tally(
+    State(store): State<MemoryStore>,
+    key: IdempotencyKey,
+    Json(words): Json<Vec<String>>,
+) -> Result<(StatusCode, Json<HashMap<String, usize>>), idem::Error> {
+    let mut counts = HashMap::new();
+    for w in words {
+        *counts.entry(w).or_insert(0) += 1;
+    }
+    Ok((StatusCode::CREATED, Json(counts)))
+}
+
+#[tokio::test]
+async fn header_name_and_key_policy_come_from_the_layer() {
+    let app = Router::new()
+        .route("/tally", post(tally))
+        .layer(
+            IdempotencyLayer::new()
+                .header(HeaderName::from_static("x-request-key"))
+                .key_policy(KeyPolicy::Uuid),
+        )
+        .with_state(MemoryStore::new());
+    let base = serve(app).await;
+    let c = reqwest::Client::new();
+    let send = |header: &'static str, key: &'static str| {
+        c.post(format!("{base}/tally"))
+            .header(header, key)
+            .header("Content-Type", "application/json")
+            .body(r#"["a","b","a"]"#)
+            .send()
+    };
+    let uuid = "0b2c1c6e-1f7b-4f0f-9d3a-8f2f6f0a1111";
+    // The default header is not the configured one: the key is missing.
+    let r = send("idempotency-key", uuid).await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "INVALID_IDEMPOTENCY_KEY");
+    assert_eq!(body["status"], 400);
+    // Not a UUID.
+    let r = send("x-request-key", "order-17").await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let r = send("x-request-key", uuid).await.unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn the_layer_replays_the_first_bytes_and_status() {
+    let app = Router::new()
+        .route("/tally", post(tally))
+        .layer(IdempotencyLayer::new())
+        .with_state(MemoryStore::new());
+    let base = serve(app).await;
+    let c = reqwest::Client::new();
+    // Many distinct words: a new HashMap serializes them in another order almost surely.
+    let words: Vec<String> = (0..64).map(|i| format!("w{i}")).collect();
+    let send = || {
+        c.post(format!("{base}/tally"))
+            .header("Idempotency-Key", "k")
+            .json(&words)
+            .send()
+    };
+    let first = send().await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let first = first.bytes().await.unwrap();
+    for _ in 0..5 {
+        let again = send().await.unwrap();
+        assert_eq!(
+            again.status(),
+            StatusCode::CREATED,
+            "the original status by default"
+        );
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        assert_eq!(again.bytes().await.unwrap(), first);
+    }
+}
+
+#[derive(Clone)]
+struct Down(PgStore);
+
+#[idempotent(scope = "down", key = key, store = app.0, skip(app))]
+async fn needs_the_store(
+    State(app): State<Down>,
+    key: IdempotencyKey,
+) -> Result<Json<u32>, idem::Error> {
+    Ok(Json(1))
+}
+
+#[tokio::test]
+async fn an_unreachable_store_is_503_with_retry_after() {
+    // Nothing listens on port 1.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/test")
+        .unwrap();
+    let app = Router::new()
+        .route("/down", post(needs_the_store))
+        .layer(IdempotencyLayer::new())
+        .with_state(Down(PgStore::new(pool)));
+    let base = serve(app).await;
+    let r = reqwest::Client::new()
+        .post(format!("{base}/down"))
+        .header("Idempotency-Key", "k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "IDEMPOTENCY_STORE_UNAVAILABLE");
+    assert!(
+        !body["detail"].as_str().unwrap().contains("127.0.0.1"),
+        "the problem detail does not leak the driver's error"
+    );
+}
+
+#[idempotent(scope = "tracked", key = key, store = store, skip(store))]
+async fn tracked(
+    State(store): State<MemoryStore>,
+    key: IdempotencyKey,
+) -> Result<Idempotent<Json<u32>>, idem::Error> {
+    Ok(Idempotent::Fresh(Json(7)))
+}
+
+#[tokio::test]
+async fn idempotent_responses_say_replayed_even_without_the_layer() {
+    let app = Router::new()
+        .route("/t", post(tracked))
+        .with_state(MemoryStore::new());
+    let base = serve(app).await;
+    let c = reqwest::Client::new();
+    let first = c
+        .post(format!("{base}/t"))
+        .header("Idempotency-Key", "k")
+        .send()
+        .await
+        .unwrap();
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let again = c
+        .post(format!("{base}/t"))
+        .header("Idempotency-Key", "k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.text().await.unwrap(), "7");
+}
