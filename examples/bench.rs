@@ -1,4 +1,4 @@
-//! Throughput of the guard against the unguarded handler and the article's hand-written guard,
+//! Throughput of the guard against the unguarded handler and a hand-written guard,
 //! measured side by side, interleaved, in one run.
 //!
 //! ```text
@@ -13,7 +13,7 @@
 //! - `unguarded`: the insert alone;
 //! - `separate`: `#[idempotent]` with separate commits (claim, insert, complete);
 //! - `transactional`: `#[idempotent(transaction = tx)]` (claim, insert, complete, one commit);
-//! - `handwritten`: the article's guard: INSERT placeholder, insert, UPDATE done;
+//! - `handwritten`: the usual hand-written guard: INSERT placeholder, insert, UPDATE done;
 //! - `replay`: `#[idempotent]` answering an already completed key from the database;
 //! - `cached_replay`: the same through the in-process cache of completed records.
 //!
@@ -79,7 +79,7 @@ macro_rules! sql_variants {
             Ok(Order { order_no: order_no.to_owned(), amount })
         }
 
-        /// The article's guard: a placeholder row, the business insert, then the result.
+        /// The usual hand-written guard: a placeholder row, the business insert, then the result.
         pub async fn handwritten(pool: &$pool, key: &str, order_no: &str, amount: i64) -> Result<Order, Error> {
             let body = serde_json::to_vec(&amount).map_err(|e| Error::Encode(e.to_string()))?;
             let hash = idem::Fingerprint::of(&body)?.to_string();

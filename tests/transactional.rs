@@ -173,3 +173,95 @@ async fn postgres_concurrent_duplicates_wait_and_replay() {
         .unwrap();
     assert_eq!(n, 1);
 }
+
+// ---- cancellation: a dropped call rolls back its claim and its SQL -------------------------------
+
+#[idempotent(scope = "order:<sku>", key = key, store = store, skip(hang), transaction = tx)]
+async fn hanging_order_sqlite(
+    store: &SqliteStore,
+    sku: i64,
+    key: &str,
+    hang: bool,
+) -> Result<i64, Error> {
+    sqlx::query("INSERT INTO orders (sku) VALUES ($1)")
+        .bind(sku)
+        .execute(&mut **tx)
+        .await
+        .map_err(db)?;
+    if hang {
+        std::future::pending::<()>().await;
+    }
+    sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(db)
+}
+
+#[idempotent(scope = "order:<sku>", key = key, store = store, skip(hang), transaction = tx)]
+async fn hanging_order_pg(store: &PgStore, sku: i64, key: &str, hang: bool) -> Result<i64, Error> {
+    sqlx::query("INSERT INTO orders (sku) VALUES ($1)")
+        .bind(sku)
+        .execute(&mut **tx)
+        .await
+        .map_err(db)?;
+    if hang {
+        std::future::pending::<()>().await;
+    }
+    sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(db)
+}
+
+/// Runs `call` for 300 ms, then drops it mid-body, as a client timeout or a shutdown does.
+async fn cancel_mid_body<F: std::future::Future>(call: F) {
+    let cut = tokio::time::timeout(std::time::Duration::from_millis(300), call).await;
+    assert!(
+        cut.is_err(),
+        "the call was still running when it was dropped"
+    );
+}
+
+/// The retry after a cancelled call neither waits out a lease nor finds the cancelled row.
+const PROMPT: std::time::Duration = std::time::Duration::from_secs(5);
+
+#[tokio::test]
+async fn sqlite_a_cancelled_call_leaves_nothing_behind() {
+    let file = common::SqliteFile::new();
+    let store = SqliteStore::connect(&file.url).await.unwrap();
+    sqlx::query("CREATE TABLE orders (sku INTEGER NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    cancel_mid_body(hanging_order_sqlite(&store, 3, "k", true)).await;
+    let retry = tokio::time::timeout(PROMPT, hanging_order_sqlite(&store, 3, "k", false)).await;
+    assert_eq!(
+        retry
+            .expect("the retry is not blocked by the dropped call")
+            .unwrap(),
+        1,
+        "only the retry's row"
+    );
+}
+
+#[tokio::test]
+async fn postgres_a_cancelled_call_leaves_nothing_behind() {
+    let Some(url) = common::pg_url("postgres_a_cancelled_call_leaves_nothing_behind") else {
+        return;
+    };
+    let schema = common::PgSchema::create(&url, 4).await;
+    let store = PgStore::builder().build(schema.pool.clone()).await.unwrap();
+    sqlx::query("CREATE TABLE orders (sku bigint NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    cancel_mid_body(hanging_order_pg(&store, 3, "k", true)).await;
+    let retry = tokio::time::timeout(PROMPT, hanging_order_pg(&store, 3, "k", false)).await;
+    assert_eq!(
+        retry
+            .expect("the retry is not blocked by the dropped call")
+            .unwrap(),
+        1,
+        "only the retry's row"
+    );
+}
