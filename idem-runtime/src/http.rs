@@ -16,7 +16,6 @@
 //! With the `#[idempotent]` handlers of the `idem` crate, see its README and the refund service
 //! example.
 
-use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -42,15 +41,6 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 const PROBLEM_JSON: &str = "application/problem+json";
-
-tokio::task_local! {
-    /// Set by the replay layer around a request; a replay leaves its stored response here.
-    static REPLAYED: RefCell<Option<StoredResponse>>;
-}
-
-pub(crate) fn note_replay(stored: &StoredResponse) {
-    let _ = REPLAYED.try_with(|slot| *slot.borrow_mut() = Some(stored.clone()));
-}
 
 /// Which header carries the key, and which keys are accepted. Set on [`IdempotencyLayer`]; the
 /// extractor falls back to `Idempotency-Key` with [`KeyPolicy::DEFAULT`].
@@ -330,14 +320,13 @@ where
         req.extensions_mut().insert(self.config.key.clone());
         let fut = self.inner.call(req);
         let config = self.config.clone();
-        Box::pin(REPLAYED.scope(RefCell::new(None), async move {
-            let resp = fut.await?;
-            let replay = REPLAYED.with(|slot| slot.borrow_mut().take());
-            Ok(match replay {
-                Some(stored) => replayed(resp, stored, config.replay_status),
-                None => resp,
+        Box::pin(async move {
+            let (resp, replays) = crate::flow::watch_replays(fut).await;
+            Ok(match replays.into_vec().pop() {
+                Some(stored) => replayed(resp?, stored, config.replay_status),
+                None => resp?,
             })
-        }))
+        })
     }
 }
 
@@ -367,10 +356,6 @@ pub(crate) fn warn_without_layer() {
     });
 }
 
-pub(crate) fn in_layer() -> bool {
-    REPLAYED.try_with(|_| ()).is_ok()
-}
-
 mod replay_impls {
     use axum::Json;
     use http::StatusCode;
@@ -392,7 +377,7 @@ mod replay_impls {
     }
 
     fn value<T: DeserializeOwned>(stored: &StoredResponse) -> Result<T, Error> {
-        if !super::in_layer() {
+        if !crate::flow::replays_watched() {
             super::warn_without_layer();
         }
         serde_json::from_slice(&stored.body).map_err(|e| Error::Decode(e.to_string()))

@@ -41,6 +41,7 @@ pub mod clock;
 mod default_store;
 pub mod error;
 pub mod fingerprint;
+pub mod flow;
 pub mod guard;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
@@ -53,8 +54,6 @@ pub mod replay;
 pub mod scope;
 pub mod store;
 pub mod sweeper;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod transactional;
 pub mod transition;
 
 #[doc(hidden)]
@@ -65,7 +64,8 @@ pub use crate::clock::{Clock, ManualClock, SystemClock};
 pub use crate::default_store::{default_store, set_default_store};
 pub use crate::error::{BoxError, Error, KeyError, Result};
 pub use crate::fingerprint::{Fingerprint, Fingerprinter};
-pub use crate::guard::{Begun, ClaimInfo, Guard, begin, downstream_key};
+pub use crate::flow::{Begun, begin};
+pub use crate::guard::{ClaimInfo, Guard, downstream_key};
 pub use crate::key::{Key, KeyPolicy, ToKey};
 pub use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, ExpiredLease, Policy, Record, RecordState,

@@ -1,15 +1,58 @@
-//! The decision every store makes when `begin` finds an existing record, in one place.
+//! The rules of a record's life, in one place: its states, and what `begin` decides when it finds
+//! an existing record.
 //!
-//! Stores differ in how they read and write atomically; what a record's state means does not.
+//! Stores differ in how they read and write atomically; what a record's state means, and what a
+//! new request may do with it, does not. Every store reads what it holds into a [`Seen`], asks
+//! [`decide`], and applies the [`Decision`] with its own atomic primitive, conditional on the
+//! record being exactly as seen.
 
 use std::time::Duration;
 
+use crate::error::Error;
 use crate::record::{ExpiredLease, Policy};
+
+/// The state of a record as stores keep it. [`crate::RecordState`] is the public view of the
+/// two states a caller can observe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum State {
+    /// Claimed; the body is running, or its owner crashed and the lease will tell.
+    InProgress,
+    /// Done; the response is stored and replayed.
+    Completed,
+    /// Given up by its owner: free for the next claim, but kept so that fences keep growing.
+    Released,
+}
+
+// Stores that keep records as text (SQL, and others to come) read and write these.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+impl State {
+    /// The text stores write.
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            State::InProgress => "in_progress",
+            State::Completed => "completed",
+            State::Released => "released",
+        }
+    }
+
+    /// The state written as `text`. Anything else is not a record idem wrote: an error, never a
+    /// state that lets a body run.
+    pub(crate) fn parse(text: &str) -> Result<State, Error> {
+        match text {
+            "in_progress" => Ok(State::InProgress),
+            "completed" => Ok(State::Completed),
+            "released" => Ok(State::Released),
+            other => Err(Error::Store(
+                format!("the record holds an unknown state {other:?}").into(),
+            )),
+        }
+    }
+}
 
 /// What a store saw in an existing record.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Seen {
-    pub(crate) state: SeenState,
+    pub(crate) state: State,
     /// Its fingerprint equals the request's.
     pub(crate) same_fingerprint: bool,
     /// Its retention has ended (the identity is free again).
@@ -18,30 +61,15 @@ pub(crate) struct Seen {
     pub(crate) lease_left_ms: i64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SeenState {
-    InProgress,
-    Completed,
-    Released,
-}
-
-impl SeenState {
-    pub(crate) fn parse(s: &str) -> SeenState {
-        match s {
-            "in_progress" => SeenState::InProgress,
-            "completed" => SeenState::Completed,
-            _ => SeenState::Released,
-        }
-    }
-}
-
 /// What to answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Decision {
-    /// Take the record (fence + 1). `reclaim`: over a live owner's abandoned claim.
-    /// `keep_recovery_point`: the previous attempt was this same request and did not finish.
+    /// Take the record: fence + 1, state in progress, a new lease and retention.
     Claim {
+        /// Over an owner's abandoned claim (its lease ran out).
         reclaim: bool,
+        /// The previous attempt was this same request and did not finish: hand its recovery
+        /// point to the new owner. Otherwise the recovery point is cleared.
         keep_recovery_point: bool,
     },
     Replay,
@@ -50,7 +78,7 @@ pub(crate) enum Decision {
 }
 
 pub(crate) fn decide(seen: Seen, policy: &Policy) -> Decision {
-    if seen.expired || seen.state == SeenState::Released {
+    if seen.expired || seen.state == State::Released {
         return Decision::Claim {
             reclaim: false,
             keep_recovery_point: !seen.expired && seen.same_fingerprint,
@@ -60,25 +88,32 @@ pub(crate) fn decide(seen: Seen, policy: &Policy) -> Decision {
         return Decision::KeyReused;
     }
     match seen.state {
-        SeenState::Completed => Decision::Replay,
-        SeenState::InProgress if seen.lease_left_ms > 0 => {
+        State::Completed => Decision::Replay,
+        State::InProgress if seen.lease_left_ms > 0 => {
             Decision::InProgress(Duration::from_millis(seen.lease_left_ms as u64))
         }
-        SeenState::InProgress if policy.expired_lease == ExpiredLease::FailClosed => {
+        State::InProgress if policy.expired_lease == ExpiredLease::FailClosed => {
             Decision::InProgress(policy.lease)
         }
-        SeenState::InProgress | SeenState::Released => Decision::Claim {
+        State::InProgress | State::Released => Decision::Claim {
             reclaim: true,
             keep_recovery_point: true,
         },
     }
 }
 
+/// Whether a fenced write (complete, release, checkpoint) by the owner of `fence` applies to a
+/// record in `state` with `record_fence` whose retention has or has not ended. Stores that cannot
+/// call this inside their atomic primitive (SQL) state the same condition in their statements.
+pub(crate) fn owns(fence: u64, record_fence: u64, state: State, expired: bool) -> bool {
+    fence == record_fence && state == State::InProgress && !expired
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn seen(state: SeenState, same: bool, expired: bool, left: i64) -> Seen {
+    fn seen(state: State, same: bool, expired: bool, left: i64) -> Seen {
         Seen {
             state,
             same_fingerprint: same,
@@ -90,7 +125,7 @@ mod tests {
     #[test]
     fn table() {
         use Decision as D;
-        use SeenState as S;
+        use State as S;
         let p = Policy::DEFAULT;
         let closed = Policy::DEFAULT.expired_lease(ExpiredLease::FailClosed);
         let claim = |reclaim, keep_recovery_point| D::Claim {
@@ -130,5 +165,28 @@ mod tests {
             decide(seen(S::Released, true, false, 0), &p),
             claim(false, true)
         );
+        assert_eq!(
+            decide(seen(S::InProgress, true, true, 100), &p),
+            claim(false, false)
+        );
+    }
+
+    #[test]
+    fn states_round_trip_and_unknown_text_is_an_error() {
+        for s in [State::InProgress, State::Completed, State::Released] {
+            assert_eq!(State::parse(s.as_str()).unwrap(), s);
+        }
+        for bad in ["", "IN_PROGRESS", "done", "released "] {
+            assert!(matches!(State::parse(bad), Err(Error::Store(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn only_a_live_claim_with_its_fence_owns_the_record() {
+        assert!(owns(7, 7, State::InProgress, false));
+        assert!(!owns(6, 7, State::InProgress, false));
+        assert!(!owns(7, 7, State::Completed, false));
+        assert!(!owns(7, 7, State::Released, false));
+        assert!(!owns(7, 7, State::InProgress, true));
     }
 }

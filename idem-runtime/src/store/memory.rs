@@ -12,7 +12,7 @@ use hashbrown::hash_table::Entry as TableEntry;
 use crate::clock::{Clock, SystemClock, duration_ms};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::lifecycle::{Decision, Seen, SeenState, decide};
+use crate::lifecycle::{Decision, Seen, State, decide, owns};
 use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, Record, RecordState, StoredResponse,
 };
@@ -66,14 +66,6 @@ impl Entry {
             && self.ident.starts_with(scope)
             && self.ident.ends_with(key)
     }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum State {
-    InProgress,
-    Completed,
-    /// Released by its owner: free for the next claim, but kept so that fences keep growing.
-    Released,
 }
 
 impl fmt::Debug for MemoryStore {
@@ -139,11 +131,7 @@ impl MemoryStore {
         let hash = self.hash(claim.scope, claim.key);
         let mut shard = self.shard(hash);
         match shard.find_mut(hash, |e| e.is(claim.scope, claim.key)) {
-            Some(e)
-                if e.fence == claim.fence && e.state == State::InProgress && e.expires_at > now =>
-            {
-                Ok(f(e, now))
-            }
+            Some(e) if owns(claim.fence, e.fence, e.state, e.expires_at <= now) => Ok(f(e, now)),
             _ => Err(Error::FenceLost { fence: claim.fence }),
         }
     }
@@ -182,11 +170,7 @@ impl MemoryStore {
             TableEntry::Occupied(o) => o.into_mut(),
         };
         let seen = Seen {
-            state: match e.state {
-                State::InProgress => SeenState::InProgress,
-                State::Completed => SeenState::Completed,
-                State::Released => SeenState::Released,
-            },
+            state: e.state,
             same_fingerprint: e.fingerprint == *req.fingerprint,
             expired: e.expires_at <= now,
             lease_left_ms: e.lease_until - now,

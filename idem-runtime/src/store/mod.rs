@@ -26,6 +26,9 @@ pub mod sqlite;
 mod tx;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+pub use sql::SqlStoreBuilder;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use tx::TxStore;
 
 /// A place where idempotency records live.

@@ -1,19 +1,18 @@
 //! The PostgreSQL store: production, shared by any number of service instances.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, Row, SqlSafeStr as _, SqlStr};
+use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
 
-use crate::error::{Error, Result};
-use crate::lifecycle::{Decision, decide};
-use crate::record::{
-    BeginOutcome, BeginRequest, ClaimRef, Claimed, Record, RecordState, StoredResponse,
-};
+use crate::error::Result;
+use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
 use crate::store::sql::{
-    self, CurRow, DEFAULT_TABLE, contention, fence_from_db, fence_to_db, map_err, ms,
+    self, ATTEMPTS, Arg, Columns as _, CurRow, Dialect, DialectStatements, Engine, Shared,
+    SqlStoreBuilder, Statements, Types, contention, map_err,
 };
 use crate::store::{Store, TxStore};
 
@@ -21,13 +20,106 @@ use crate::store::{Store, TxStore};
 /// NOT EXISTS` statements can otherwise fail on PostgreSQL's catalog indexes.
 const MIGRATION_LOCK: i64 = 0x1de3_0001;
 
+/// PostgreSQL's side of the SQL stores: the database's `now()` and `timestamptz` columns, a
+/// first claim in one statement, purges by physical row address.
+pub(crate) struct Pg;
+
+impl Dialect for Pg {
+    type Db = sqlx::Postgres;
+    type Row = PgRow;
+
+    const NOW: &'static str = "now()";
+    const NOW_MS: &'static str = "(EXTRACT(EPOCH FROM now()) * 1000)::int8";
+    const TYPES: Types = Types {
+        text: "text",
+        bytes: "bytea",
+        int8: "bigint",
+        int4: "integer",
+        boolean: "boolean",
+        timestamp: "timestamptz",
+    };
+    const FALSE: &'static str = "false";
+    // Room on each page for the completion's update to stay there: it changes no indexed
+    // column, so it is a HOT update.
+    const TABLE_OPTIONS: &'static str = " WITH (fillfactor = 80)";
+    const QUALIFIED_TABLES: bool = true;
+    const BEGIN: Option<&'static str> = None;
+
+    fn after(param: &str) -> String {
+        format!("now() + {param}::int8 * interval '1 millisecond'")
+    }
+
+    fn ms_until(col: &str) -> String {
+        format!("(EXTRACT(EPOCH FROM ({col} - now())) * 1000)::int8")
+    }
+
+    fn stamp(col: &str) -> String {
+        // Microseconds: exactly what `timestamptz` stores.
+        format!("(EXTRACT(EPOCH FROM {col}) * 1000000)::int8")
+    }
+
+    fn statements(t: &str, shared: &Shared) -> DialectStatements {
+        let Shared {
+            cur_columns,
+            insert_columns,
+            insert_values,
+        } = shared;
+        DialectStatements {
+            select: None,
+            // One statement on the common paths: a first claim inserts, anything else reads. It
+            // writes nothing when the record exists, so a replay costs a lookup. Take-overs are
+            // the shared `reclaim` statement.
+            insert: AssertSqlSafe(format!(
+                "WITH cur AS (SELECT {cur_columns} FROM {t} WHERE scope = $1 AND key = $2), \
+                 ins AS (INSERT INTO {t} ({insert_columns}) SELECT {insert_values} \
+                   WHERE NOT EXISTS (SELECT 1 FROM cur) \
+                   ON CONFLICT (scope, key) DO NOTHING RETURNING fence) \
+                 SELECT true AS inserted, fence, NULL::bytea AS fingerprint, NULL::text AS state, \
+                        NULL::int4 AS response_status, false AS response_error, \
+                        NULL::bytea AS response_body, false AS expired, 0::int8 AS lease_left_ms, \
+                        0::int8 AS lease_stamp \
+                   FROM ins \
+                 UNION ALL \
+                 SELECT false, fence, fingerprint, state, response_status, response_error, \
+                        response_body, expired, lease_left_ms, lease_stamp \
+                   FROM cur"
+            ))
+            .into_sql_str(),
+            purge: vec![
+                AssertSqlSafe(format!(
+                    "WITH gone AS (DELETE FROM {t} WHERE ctid = ANY(ARRAY( \
+                       SELECT ctid FROM {t} WHERE expires_at <= now() LIMIT {}) \
+                     ) RETURNING 1) \
+                     SELECT count(*) AS deleted FROM gone",
+                    sql::PURGE_BATCH
+                ))
+                .into_sql_str(),
+            ],
+        }
+    }
+
+    fn migration_lock() -> Option<SqlStr> {
+        Some(
+            AssertSqlSafe(format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")).into_sql_str(),
+        )
+    }
+
+    fn fetch<'a>(
+        conn: &'a mut PgConnection,
+        sql: &'a SqlStr,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = Result<Option<PgRow>>> + Send + 'a {
+        sql::fetch::<sqlx::Postgres>(conn, sql, args)
+    }
+}
+
 /// A store on PostgreSQL.
 ///
 /// Leases and retention are read against the database's `now()`, so instances with skewed
 /// clocks agree. `begin` is one statement on the common paths: a data-modifying CTE that reads
 /// the record and inserts it when absent (`INSERT … ON CONFLICT DO NOTHING`), and writes nothing
 /// when it exists, so a replay costs a lookup. Taking over an abandoned, expired or released
-/// record is a second statement, `UPDATE … WHERE fence = $n` with the conditions checked again.
+/// record is a second statement, an `UPDATE` that applies only if the record is still as read.
 /// `complete`, `release` and `checkpoint` are one `UPDATE … WHERE fence = $n` each; completion
 /// changes no indexed column, so it is a HOT update on a table with room on its pages.
 ///
@@ -39,131 +131,7 @@ const MIGRATION_LOCK: i64 = 0x1de3_0001;
 #[derive(Clone)]
 pub struct PgStore {
     // One pointer: the macro clones the store on every call.
-    inner: Arc<Shared>,
-}
-
-struct Shared {
-    pool: PgPool,
-    sql: Statements,
-}
-
-struct Statements {
-    table: String,
-    begin: SqlStr,
-    reclaim: SqlStr,
-    complete: SqlStr,
-    release: SqlStr,
-    checkpoint: SqlStr,
-    lookup: SqlStr,
-    purge: SqlStr,
-    create: [SqlStr; 2],
-}
-
-fn sql(s: String) -> SqlStr {
-    AssertSqlSafe(s).into_sql_str()
-}
-
-const MS: &str = "* interval '1 millisecond'";
-
-impl Statements {
-    fn new(table: &str) -> Result<Statements> {
-        let t = sql::quote_table(table)?;
-        let index = format!("\"{}_expires_at_idx\"", sql::base_name(table));
-        Ok(Statements {
-            table: table.to_owned(),
-            // One statement on the common paths: a first claim inserts, anything else reads. It
-            // writes nothing when the record exists, so a replay costs a lookup. Take-overs of
-            // abandoned, expired or released records are the second statement below.
-            begin: sql(format!(
-                "WITH cur AS ( \
-                   SELECT fence, fingerprint, state, response_status, response_error, response_body, \
-                          expires_at <= now() AS expired, \
-                          (EXTRACT(EPOCH FROM (lease_until - now())) * 1000)::int8 AS lease_left_ms \
-                     FROM {t} WHERE scope = $1 AND key = $2 \
-                 ), ins AS ( \
-                   INSERT INTO {t} (scope, key, fingerprint, state, fence, lease_until, expires_at) \
-                   SELECT $1, $2, $3, 'in_progress', (EXTRACT(EPOCH FROM now()) * 1000)::int8, \
-                          now() + $4::int8 {MS}, now() + $5::int8 {MS} \
-                    WHERE NOT EXISTS (SELECT 1 FROM cur) \
-                   ON CONFLICT (scope, key) DO NOTHING \
-                   RETURNING fence \
-                 ) \
-                 SELECT true AS inserted, fence, NULL::bytea AS fingerprint, NULL::text AS state, \
-                        NULL::int4 AS response_status, false AS response_error, \
-                        NULL::bytea AS response_body, false AS expired, 0::int8 AS lease_left_ms \
-                   FROM ins \
-                 UNION ALL \
-                 SELECT false, fence, fingerprint, state, response_status, response_error, \
-                        response_body, expired, lease_left_ms \
-                   FROM cur"
-            )),
-            // The conditions are checked again against the row as it is now: since it was read,
-            // another attempt may have completed, released or taken it over.
-            reclaim: sql(format!(
-                "UPDATE {t} SET fence = fence + 1, state = 'in_progress', fingerprint = $3, \
-                 lease_until = now() + $4::int8 {MS}, expires_at = now() + $5::int8 {MS}, \
-                 recovery_point = CASE WHEN state <> 'completed' AND expires_at > now() \
-                   AND fingerprint = $3 THEN recovery_point END, \
-                 response_status = NULL, response_error = false, response_body = NULL, \
-                 updated_at = now() \
-                 WHERE scope = $1 AND key = $2 AND fence = $6 AND (expires_at <= now() \
-                   OR state = 'released' \
-                   OR (state = 'in_progress' AND lease_until <= now() AND fingerprint = $3 AND $7)) \
-                 RETURNING fence, recovery_point"
-            )),
-            complete: sql(format!(
-                "UPDATE {t} SET state = 'completed', response_status = $4, response_error = $5, \
-                 response_body = $6, recovery_point = NULL, updated_at = now() \
-                 WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 'in_progress' \
-                 AND expires_at > now()"
-            )),
-            release: sql(format!(
-                "UPDATE {t} SET state = 'released', updated_at = now() \
-                 WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 'in_progress'"
-            )),
-            checkpoint: sql(format!(
-                "UPDATE {t} SET recovery_point = $4, lease_until = now() + $5::int8 {MS}, \
-                 updated_at = now() \
-                 WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 'in_progress' \
-                 AND expires_at > now()"
-            )),
-            lookup: sql(format!(
-                "SELECT fingerprint, state, fence, response_status, response_error, response_body, \
-                 (EXTRACT(EPOCH FROM (lease_until - now())) * 1000)::int8 AS lease_left_ms \
-                 FROM {t} WHERE scope = $1 AND key = $2 AND state <> 'released' \
-                 AND expires_at > now()"
-            )),
-            purge: sql(format!(
-                "WITH gone AS (DELETE FROM {t} WHERE ctid = ANY(ARRAY( \
-                   SELECT ctid FROM {t} WHERE expires_at <= now() LIMIT 10000)) RETURNING 1) \
-                 SELECT count(*) FROM gone"
-            )),
-            create: [
-                // fillfactor 80 leaves room on each page for the completion's update to stay on
-                // its page: it changes no indexed column, so it is a HOT update.
-                sql(format!(
-                    "CREATE TABLE IF NOT EXISTS {t} ( \
-                     scope text NOT NULL, \
-                     key text NOT NULL, \
-                     fingerprint bytea NOT NULL, \
-                     state text NOT NULL CHECK (state IN ('in_progress', 'completed', 'released')), \
-                     fence bigint NOT NULL, \
-                     lease_until timestamptz NOT NULL, \
-                     expires_at timestamptz NOT NULL, \
-                     recovery_point bytea, \
-                     response_status integer, \
-                     response_error boolean NOT NULL DEFAULT false, \
-                     response_body bytea, \
-                     created_at timestamptz NOT NULL DEFAULT now(), \
-                     updated_at timestamptz NOT NULL DEFAULT now(), \
-                     PRIMARY KEY (scope, key)) WITH (fillfactor = 80)"
-                )),
-                sql(format!(
-                    "CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at)"
-                )),
-            ],
-        })
-    }
+    inner: Arc<Engine<Pg>>,
 }
 
 impl fmt::Debug for PgStore {
@@ -175,38 +143,14 @@ impl fmt::Debug for PgStore {
 }
 
 /// Builds a [`PgStore`]: table name, whether to create the table.
-#[derive(Debug, Clone)]
-pub struct PgStoreBuilder {
-    table: String,
-    create_table: bool,
-}
+pub type PgStoreBuilder = SqlStoreBuilder<PgStore>;
 
-impl PgStoreBuilder {
-    /// The table holding the records (default `idem_records`): an identifier, optionally
-    /// `schema.table`, checked.
-    pub fn table(mut self, table: impl Into<String>) -> Self {
-        self.table = table.into();
-        self
-    }
-
-    /// Whether to create the table and its index if missing (default: yes).
-    pub fn create_table(mut self, create: bool) -> Self {
-        self.create_table = create;
-        self
-    }
-
+impl SqlStoreBuilder<PgStore> {
     /// A store on an existing pool.
     pub async fn build(self, pool: PgPool) -> Result<PgStore> {
-        let store = PgStore {
-            inner: Arc::new(Shared {
-                pool,
-                sql: Statements::new(&self.table)?,
-            }),
-        };
-        if self.create_table {
-            store.migrate().await?;
-        }
-        Ok(store)
+        Ok(PgStore {
+            inner: self.open(pool.clone(), pool).await?,
+        })
     }
 
     /// Connects a pool to `url` and builds the store on it.
@@ -223,10 +167,7 @@ impl PgStoreBuilder {
 impl PgStore {
     /// A builder with the default table name, creating the table.
     pub fn builder() -> PgStoreBuilder {
-        PgStoreBuilder {
-            table: DEFAULT_TABLE.to_owned(),
-            create_table: true,
-        }
+        SqlStoreBuilder::default()
     }
 
     /// Connects to `url` and creates the table if missing.
@@ -238,16 +179,16 @@ impl PgStore {
     /// [`PgStore::migrate`], or use the builder.
     pub fn new(pool: PgPool) -> PgStore {
         PgStore {
-            inner: Arc::new(Shared {
-                pool,
-                sql: Statements::new(DEFAULT_TABLE).expect("the default table name is valid"),
-            }),
+            inner: Arc::new(
+                Engine::new(pool.clone(), pool, sql::DEFAULT_TABLE)
+                    .expect("the default table name is valid"),
+            ),
         }
     }
 
     /// The pool.
     pub fn pool(&self) -> &PgPool {
-        &self.inner.pool
+        &self.inner.writer
     }
 
     /// The table name.
@@ -258,19 +199,7 @@ impl PgStore {
     /// Creates the table and its index if missing, under an advisory lock, so any number of
     /// instances can start at once.
     pub async fn migrate(&self) -> Result<()> {
-        let mut tx = self.inner.pool.begin().await.map_err(map_err)?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(MIGRATION_LOCK)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        for stmt in &self.inner.sql.create {
-            sqlx::query(stmt.clone())
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        }
-        tx.commit().await.map_err(map_err)
+        self.inner.migrate().await
     }
 
     async fn begin_on(
@@ -278,217 +207,76 @@ impl PgStore {
         conn: &mut PgConnection,
         req: BeginRequest<'_>,
     ) -> Result<BeginOutcome> {
-        for _ in 0..8 {
-            let row = sqlx::query(self.inner.sql.begin.clone())
-                .bind(req.scope)
-                .bind(req.key)
-                .bind(&req.fingerprint.as_bytes()[..])
-                .bind(ms(req.policy.lease))
-                .bind(ms(req.policy.retain))
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(map_err)?;
+        let args = Statements::claim_args(&req);
+        for _ in 0..ATTEMPTS {
+            let row = Pg::fetch(conn, &self.inner.sql.first.insert, &args).await?;
             // No row: a concurrent first claim committed after this statement's snapshot was
             // taken (our insert waited for it, then did nothing). The next statement sees it.
             let Some(row) = row else { continue };
-            if row.try_get::<bool, _>("inserted").map_err(map_err)? {
-                return Ok(BeginOutcome::Claimed(Claimed {
-                    fence: fence_from_db(row.try_get("fence").map_err(map_err)?)?,
-                    reclaimed: false,
-                    recovery_point: None,
-                }));
+            if row.boolean("inserted").map_err(map_err)? {
+                return Ok(BeginOutcome::Claimed(Engine::<Pg>::first_claim(&row)?));
             }
-            let cur = cur_row(&row)?;
-            match decide(cur.seen(req.fingerprint), req.policy) {
-                Decision::Claim { reclaim, .. } => {
-                    let updated = sqlx::query(self.inner.sql.reclaim.clone())
-                        .bind(req.scope)
-                        .bind(req.key)
-                        .bind(&req.fingerprint.as_bytes()[..])
-                        .bind(ms(req.policy.lease))
-                        .bind(ms(req.policy.retain))
-                        .bind(cur.fence)
-                        .bind(req.policy.expired_lease == crate::record::ExpiredLease::Reclaim)
-                        .fetch_optional(&mut *conn)
-                        .await
-                        .map_err(map_err)?;
-                    if let Some(row) = updated {
-                        return Ok(BeginOutcome::Claimed(Claimed {
-                            fence: fence_from_db(row.try_get("fence").map_err(map_err)?)?,
-                            reclaimed: reclaim,
-                            recovery_point: row.try_get("recovery_point").map_err(map_err)?,
-                        }));
-                    }
-                    // Lost a race with another attempt: look again.
-                }
-                Decision::Replay => return Ok(BeginOutcome::Replay(cur.into_response())),
-                Decision::InProgress(retry_after) => {
-                    return Ok(BeginOutcome::InProgress { retry_after });
-                }
-                Decision::KeyReused => return Ok(BeginOutcome::KeyReused),
+            let cur = CurRow::read(&row)?;
+            if let Some(outcome) = self.inner.settle(conn, &req, &cur).await? {
+                return Ok(outcome);
             }
+            // Lost a race with another attempt: look again.
         }
         Err(contention(req.scope, req.key))
     }
-
-    async fn complete_on(
-        &self,
-        conn: &mut PgConnection,
-        claim: ClaimRef<'_>,
-        response: &StoredResponse,
-    ) -> Result<()> {
-        let done = sqlx::query(self.inner.sql.complete.clone())
-            .bind(claim.scope)
-            .bind(claim.key)
-            .bind(fence_to_db(claim.fence))
-            .bind(response.status.map(i32::from))
-            .bind(response.is_error)
-            .bind(&response.body[..])
-            .execute(&mut *conn)
-            .await
-            .map_err(map_err)?;
-        owned(done.rows_affected(), claim)
-    }
-}
-
-fn owned(rows: u64, claim: ClaimRef<'_>) -> Result<()> {
-    if rows == 1 {
-        Ok(())
-    } else {
-        Err(Error::FenceLost { fence: claim.fence })
-    }
-}
-
-fn cur_row(row: &PgRow) -> Result<CurRow> {
-    let get = || -> Result<CurRow, sqlx::Error> {
-        Ok(CurRow {
-            fence: row.try_get("fence")?,
-            fingerprint: row.try_get("fingerprint")?,
-            state: row.try_get("state")?,
-            response_status: row.try_get("response_status")?,
-            response_error: row.try_get("response_error")?,
-            response_body: row.try_get("response_body")?,
-            expired: row.try_get("expired")?,
-            lease_left_ms: row.try_get("lease_left_ms")?,
-        })
-    };
-    get().map_err(map_err)
 }
 
 impl Store for PgStore {
     async fn begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
-        let mut conn = self.inner.pool.acquire().await.map_err(map_err)?;
+        let mut conn = self.inner.write_conn().await?;
         self.begin_on(&mut conn, req).await
     }
 
-    async fn complete(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
-        let mut conn = self.inner.pool.acquire().await.map_err(map_err)?;
-        self.complete_on(&mut conn, claim, response).await
+    fn complete(
+        &self,
+        claim: ClaimRef<'_>,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Result<()>> + Send {
+        self.inner.complete(claim, response)
     }
 
-    async fn release(&self, claim: ClaimRef<'_>) -> Result<()> {
-        let done = sqlx::query(self.inner.sql.release.clone())
-            .bind(claim.scope)
-            .bind(claim.key)
-            .bind(fence_to_db(claim.fence))
-            .execute(&self.inner.pool)
-            .await
-            .map_err(map_err)?;
-        owned(done.rows_affected(), claim)
+    fn release(&self, claim: ClaimRef<'_>) -> impl Future<Output = Result<()>> + Send {
+        self.inner.release(claim)
     }
 
-    async fn checkpoint(
+    fn checkpoint(
         &self,
         claim: ClaimRef<'_>,
         recovery_point: &[u8],
         lease: Duration,
-    ) -> Result<()> {
-        let done = sqlx::query(self.inner.sql.checkpoint.clone())
-            .bind(claim.scope)
-            .bind(claim.key)
-            .bind(fence_to_db(claim.fence))
-            .bind(recovery_point)
-            .bind(ms(lease))
-            .execute(&self.inner.pool)
-            .await
-            .map_err(map_err)?;
-        owned(done.rows_affected(), claim)
+    ) -> impl Future<Output = Result<()>> + Send {
+        self.inner.checkpoint(claim, recovery_point, lease)
     }
 
-    async fn lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
-        let row = sqlx::query(self.inner.sql.lookup.clone())
-            .bind(scope)
-            .bind(key)
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(map_err)?;
-        row.map(|row| record(&row)).transpose()
+    fn lookup(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<Record>>> + Send {
+        self.inner.lookup(scope, key)
     }
 
-    async fn purge_expired(&self) -> Result<u64> {
-        let mut total = 0u64;
-        loop {
-            let n: i64 = sqlx::query_scalar(self.inner.sql.purge.clone())
-                .fetch_one(&self.inner.pool)
-                .await
-                .map_err(map_err)?;
-            total += n.max(0) as u64;
-            if n < 10_000 {
-                return Ok(total);
-            }
-        }
+    fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send {
+        self.inner.purge_expired()
     }
 
     fn release_in_background(&self, scope: String, key: String, fence: u64) {
-        let store = self.clone();
-        let (s, k) = (scope.clone(), key.clone());
-        sql::spawn_release(&s, &k, async move {
-            store
-                .release(ClaimRef {
-                    scope: &scope,
-                    key: &key,
-                    fence,
-                })
-                .await
-        });
+        self.inner.release_in_background(scope, key, fence)
     }
-}
-
-fn record(row: &PgRow) -> Result<Record> {
-    let get = || -> Result<Record, sqlx::Error> {
-        let fp: Vec<u8> = row.try_get("fingerprint")?;
-        let state: String = row.try_get("state")?;
-        let completed = state == "completed";
-        let left: i64 = row.try_get("lease_left_ms")?;
-        Ok(Record {
-            fingerprint: crate::fingerprint::Fingerprint::from_slice(&fp)
-                .unwrap_or(crate::fingerprint::Fingerprint::from_bytes([0; 32])),
-            state: if completed {
-                RecordState::Completed
-            } else {
-                RecordState::InProgress
-            },
-            fence: row.try_get::<i64, _>("fence")?.max(0) as u64,
-            response: if completed {
-                Some(sql::stored_response(
-                    row.try_get("response_status")?,
-                    row.try_get("response_error")?,
-                    row.try_get("response_body")?,
-                ))
-            } else {
-                None
-            },
-            lease_remaining: (!completed).then(|| Duration::from_millis(left.max(0) as u64)),
-        })
-    };
-    get().map_err(map_err)
 }
 
 impl TxStore for PgStore {
     type Database = sqlx::Postgres;
 
-    async fn begin_transaction(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
-        self.inner.pool.begin().await.map_err(map_err)
+    fn begin_transaction(
+        &self,
+    ) -> impl Future<Output = Result<sqlx::Transaction<'static, sqlx::Postgres>>> + Send {
+        self.inner.begin_transaction()
     }
 
     async fn begin_in(
@@ -499,12 +287,12 @@ impl TxStore for PgStore {
         self.begin_on(conn, req).await
     }
 
-    async fn complete_in(
+    fn complete_in(
         &self,
         conn: &mut PgConnection,
         claim: ClaimRef<'_>,
         response: &StoredResponse,
-    ) -> Result<()> {
-        self.complete_on(conn, claim, response).await
+    ) -> impl Future<Output = Result<()>> + Send {
+        self.inner.complete_on(conn, claim, response)
     }
 }

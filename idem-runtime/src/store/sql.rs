@@ -1,20 +1,703 @@
-//! What the SQL stores share: identifier checks and error classification.
+//! The SQL stores, written once: the statements, the row mapping, and the engine that runs them.
+//! [`Dialect`] holds the only differences between the databases — the clock expression, column
+//! types, how a table name may be qualified, the first-claim statement and the purge — and each
+//! store (`postgres`, `sqlite`) adds only how it pools its connections.
+//!
+//! Every write after a claim is conditional on the record being exactly as its owner, or the
+//! reader deciding a take-over, saw it: `fence` for the fenced writes, and `(fence, state, lease)`
+//! for a take-over, so that what to do is decided in one place, `lifecycle::decide`, and the
+//! statement only checks that nothing changed in between.
 
-use crate::error::Error;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::pool::PoolConnection;
+use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
+
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::lifecycle::{self, Decision, Seen, State};
+use crate::record::{
+    BeginOutcome, BeginRequest, ClaimRef, Claimed, Record, RecordState, StoredResponse,
+};
 
 /// The default table name of the SQL stores.
 pub(crate) const DEFAULT_TABLE: &str = "idem_records";
 
-/// Checks that `name` is an identifier (optionally `schema.table`) and returns it quoted.
+/// How often `begin` looks again when concurrent attempts keep changing the record under it.
+pub(crate) const ATTEMPTS: usize = 8;
+
+/// How many expired records one purge statement deletes: short enough that live traffic is never
+/// held behind it for long.
+pub(crate) const PURGE_BATCH: i64 = 10_000;
+
+/// A value bound to a statement.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Arg<'a> {
+    Text(&'a str),
+    Bytes(&'a [u8]),
+    Int(i64),
+    OptInt4(Option<i32>),
+    Bool(bool),
+}
+
+/// What differs between two SQL databases, and nothing else.
+pub(crate) trait Dialect: Send + Sync + Sized + 'static {
+    /// The sqlx database.
+    type Db: sqlx::Database;
+    /// Its rows.
+    type Row: Columns + Send;
+
+    /// Now, as the timestamp columns store it.
+    const NOW: &'static str;
+    /// Now in milliseconds since the Unix epoch: the first fence of a record.
+    const NOW_MS: &'static str;
+    /// Column types: text, bytes, 64-bit integer, 32-bit integer, boolean, timestamp.
+    const TYPES: Types;
+    /// The boolean `false` as a column default.
+    const FALSE: &'static str;
+    /// What follows `CREATE TABLE (…)`.
+    const TABLE_OPTIONS: &'static str;
+    /// Whether a table name may be `schema.table`.
+    const QUALIFIED_TABLES: bool;
+    /// The statement that opens a transaction for a guarded body, when the driver's default
+    /// will not do.
+    const BEGIN: Option<&'static str>;
+
+    /// `Self::NOW` plus the milliseconds in parameter `param`.
+    fn after(param: &str) -> String;
+    /// The milliseconds from now until the timestamp column `col`, negative once it passed.
+    fn ms_until(col: &str) -> String;
+    /// The timestamp column `col` as an integer that changes whenever it does.
+    fn stamp(col: &str) -> String;
+    /// The first-claim statement(s) and the purge, which the databases write differently.
+    fn statements(t: &str, shared: &Shared) -> DialectStatements;
+    /// A statement run before the table is created, inside the migration's transaction.
+    fn migration_lock() -> Option<SqlStr>;
+
+    /// Runs `sql` with `args` on `conn`: its first row, if any.
+    fn fetch<'a>(
+        conn: &'a mut <Self::Db as sqlx::Database>::Connection,
+        sql: &'a SqlStr,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = Result<Option<Self::Row>>> + Send + 'a;
+}
+
+/// Column types, per dialect.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Types {
+    pub(crate) text: &'static str,
+    pub(crate) bytes: &'static str,
+    pub(crate) int8: &'static str,
+    pub(crate) int4: &'static str,
+    pub(crate) boolean: &'static str,
+    pub(crate) timestamp: &'static str,
+}
+
+/// Reading a column of a row, the same way for every database.
+pub(crate) trait Columns {
+    fn int8(&self, col: &str) -> Result<i64, sqlx::Error>;
+    fn opt_int4(&self, col: &str) -> Result<Option<i32>, sqlx::Error>;
+    fn text(&self, col: &str) -> Result<String, sqlx::Error>;
+    fn bytes(&self, col: &str) -> Result<Vec<u8>, sqlx::Error>;
+    fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, sqlx::Error>;
+    fn boolean(&self, col: &str) -> Result<bool, sqlx::Error>;
+}
+
+impl<R> Columns for R
+where
+    R: sqlx::Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    fn int8(&self, col: &str) -> Result<i64, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn opt_int4(&self, col: &str) -> Result<Option<i32>, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn text(&self, col: &str) -> Result<String, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn bytes(&self, col: &str) -> Result<Vec<u8>, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn boolean(&self, col: &str) -> Result<bool, sqlx::Error> {
+        self.try_get(col)
+    }
+}
+
+/// Runs `sql` with `args` on `conn` and returns its first row: the one way statements run.
+pub(crate) async fn fetch<DB>(
+    conn: &mut DB::Connection,
+    sql: &SqlStr,
+    args: &[Arg<'_>],
+) -> Result<Option<DB::Row>>
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> &'q [u8]: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> Option<i32>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> bool: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let mut q = sqlx::query::<DB>(sql.clone());
+    for arg in args {
+        q = match *arg {
+            Arg::Text(v) => q.bind(v),
+            Arg::Bytes(v) => q.bind(v),
+            Arg::Int(v) => q.bind(v),
+            Arg::OptInt4(v) => q.bind(v),
+            Arg::Bool(v) => q.bind(v),
+        };
+    }
+    q.fetch_optional(&mut *conn).await.map_err(map_err)
+}
+
+fn sql(s: String) -> SqlStr {
+    AssertSqlSafe(s).into_sql_str()
+}
+
+/// Statement text both databases share, from which each dialect writes its own first claim.
+pub(crate) struct Shared {
+    /// The columns `begin` reads from an existing record ([`CurRow`]).
+    pub(crate) cur_columns: String,
+    /// The inserted columns of a first claim, and their values (`$1`…`$5`).
+    pub(crate) insert_columns: &'static str,
+    pub(crate) insert_values: String,
+}
+
+/// What each dialect writes its own way.
+pub(crate) struct DialectStatements {
+    /// The first claim: SQLite reads (`select`), then inserts (`insert`); PostgreSQL does both
+    /// in one statement (`insert`, and no `select`).
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub(crate) select: Option<SqlStr>,
+    pub(crate) insert: SqlStr,
+    /// Deletes a batch of expired records; the last statement returns how many.
+    pub(crate) purge: Vec<SqlStr>,
+}
+
+/// Every statement of one store, built once from its table name.
+pub(crate) struct Statements {
+    pub(crate) table: String,
+    pub(crate) first: DialectStatements,
+    reclaim: SqlStr,
+    complete: SqlStr,
+    release: SqlStr,
+    checkpoint: SqlStr,
+    lookup: SqlStr,
+    create: [SqlStr; 2],
+}
+
+impl Statements {
+    pub(crate) fn new<D: Dialect>(table: &str) -> Result<Statements> {
+        let t = quote_table(table, D::QUALIFIED_TABLES)?;
+        let now = D::NOW;
+        let Types {
+            text,
+            bytes,
+            int8,
+            int4,
+            boolean,
+            timestamp,
+        } = D::TYPES;
+        let (in_progress, completed, released) = (
+            State::InProgress.as_str(),
+            State::Completed.as_str(),
+            State::Released.as_str(),
+        );
+        // A fenced write applies only while its owner holds a live claim (`lifecycle::owns`).
+        let owned = format!("fence = $3 AND state = '{in_progress}' AND expires_at > {now}");
+        let shared = Shared {
+            cur_columns: format!(
+                "fence, fingerprint, state, response_status, response_error, response_body, \
+                 expires_at <= {now} AS expired, {} AS lease_left_ms, {} AS lease_stamp",
+                D::ms_until("lease_until"),
+                D::stamp("lease_until"),
+            ),
+            insert_columns: "scope, key, fingerprint, state, fence, lease_until, expires_at, \
+                             created_at, updated_at",
+            insert_values: format!(
+                "$1, $2, $3, '{in_progress}', {}, {}, {}, {now}, {now}",
+                D::NOW_MS,
+                D::after("$4"),
+                D::after("$5"),
+            ),
+        };
+        Ok(Statements {
+            table: table.to_owned(),
+            first: D::statements(&t, &shared),
+            // A take-over applies only to the record exactly as it was read: what to do was
+            // decided from that, and anything since (a completion, a release, a checkpoint, a
+            // competing take-over) changed its fence, state or lease.
+            reclaim: sql(format!(
+                "UPDATE {t} SET fence = fence + 1, state = '{in_progress}', fingerprint = $3, \
+                 lease_until = {}, expires_at = {}, \
+                 recovery_point = CASE WHEN $6 THEN recovery_point END, \
+                 response_status = NULL, response_error = {}, response_body = NULL, \
+                 updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND fence = $7 AND state = $8 AND {} = $9 \
+                 RETURNING fence, recovery_point",
+                D::after("$4"),
+                D::after("$5"),
+                D::FALSE,
+                D::stamp("lease_until"),
+            )),
+            complete: sql(format!(
+                "UPDATE {t} SET state = '{completed}', response_status = $4, response_error = $5, \
+                 response_body = $6, recovery_point = NULL, updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence"
+            )),
+            release: sql(format!(
+                "UPDATE {t} SET state = '{released}', updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence"
+            )),
+            checkpoint: sql(format!(
+                "UPDATE {t} SET recovery_point = $4, lease_until = {}, updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence",
+                D::after("$5"),
+            )),
+            lookup: sql(format!(
+                "SELECT fingerprint, state, fence, response_status, response_error, response_body, \
+                 {} AS lease_left_ms \
+                 FROM {t} WHERE scope = $1 AND key = $2 AND state <> '{released}' \
+                 AND expires_at > {now}",
+                D::ms_until("lease_until"),
+            )),
+            create: [
+                sql(format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (\
+                     scope {text} NOT NULL, \
+                     key {text} NOT NULL, \
+                     fingerprint {bytes} NOT NULL, \
+                     state {text} NOT NULL CHECK (state IN \
+                       ('{in_progress}', '{completed}', '{released}')), \
+                     fence {int8} NOT NULL, \
+                     lease_until {timestamp} NOT NULL, \
+                     expires_at {timestamp} NOT NULL, \
+                     recovery_point {bytes}, \
+                     response_status {int4}, \
+                     response_error {boolean} NOT NULL DEFAULT {}, \
+                     response_body {bytes}, \
+                     created_at {timestamp} NOT NULL, \
+                     updated_at {timestamp} NOT NULL, \
+                     PRIMARY KEY (scope, key)){}",
+                    D::FALSE,
+                    D::TABLE_OPTIONS,
+                )),
+                sql(format!(
+                    "CREATE INDEX IF NOT EXISTS \"{}_expires_at_idx\" ON {t} (expires_at)",
+                    base_name(table)
+                )),
+            ],
+        })
+    }
+
+    /// The arguments of the first claim: scope, key, fingerprint, lease and retention.
+    pub(crate) fn claim_args<'a>(req: &BeginRequest<'a>) -> [Arg<'a>; 5] {
+        [
+            Arg::Text(req.scope),
+            Arg::Text(req.key),
+            Arg::Bytes(req.fingerprint.as_bytes()),
+            Arg::Int(ms(req.policy.lease)),
+            Arg::Int(ms(req.policy.retain)),
+        ]
+    }
+}
+
+/// The columns `begin` reads from an existing record, read the same way in every SQL store.
+#[derive(Debug)]
+pub(crate) struct CurRow {
+    fence: i64,
+    fingerprint: Vec<u8>,
+    state: String,
+    response_status: Option<i32>,
+    response_error: bool,
+    response_body: Option<Vec<u8>>,
+    expired: bool,
+    lease_left_ms: i64,
+    lease_stamp: i64,
+}
+
+impl CurRow {
+    pub(crate) fn read(row: &impl Columns) -> Result<CurRow> {
+        let get = || -> Result<CurRow, sqlx::Error> {
+            Ok(CurRow {
+                fence: row.int8("fence")?,
+                fingerprint: row.bytes("fingerprint")?,
+                state: row.text("state")?,
+                response_status: row.opt_int4("response_status")?,
+                response_error: row.boolean("response_error")?,
+                response_body: row.opt_bytes("response_body")?,
+                expired: row.boolean("expired")?,
+                lease_left_ms: row.int8("lease_left_ms")?,
+                lease_stamp: row.int8("lease_stamp")?,
+            })
+        };
+        get().map_err(map_err)
+    }
+}
+
+/// What a store does after reading an existing record: answer, or take it over.
+pub(crate) enum Next {
+    Answer(BeginOutcome),
+    TakeOver { reclaim: bool, keep: bool },
+}
+
+/// Decides what to do with the record `cur` (see `lifecycle::decide`). A record idem cannot
+/// read exactly is an error naming it, never something a body may run on.
+pub(crate) fn next(req: &BeginRequest<'_>, cur: &CurRow) -> Result<Next> {
+    let corrupt = |e: Error| within(req.scope, req.key, e);
+    let fingerprint = read_fingerprint(&cur.fingerprint).map_err(corrupt)?;
+    fence_from_db(cur.fence).map_err(corrupt)?;
+    let seen = Seen {
+        state: State::parse(&cur.state).map_err(corrupt)?,
+        same_fingerprint: fingerprint == *req.fingerprint,
+        expired: cur.expired,
+        lease_left_ms: cur.lease_left_ms,
+    };
+    Ok(match lifecycle::decide(seen, req.policy) {
+        Decision::Claim {
+            reclaim,
+            keep_recovery_point,
+        } => Next::TakeOver {
+            reclaim,
+            keep: keep_recovery_point,
+        },
+        Decision::Replay => Next::Answer(BeginOutcome::Replay(
+            stored_response(
+                cur.response_status,
+                cur.response_error,
+                cur.response_body.clone(),
+            )
+            .map_err(corrupt)?,
+        )),
+        Decision::InProgress(retry_after) => Next::Answer(BeginOutcome::InProgress { retry_after }),
+        Decision::KeyReused => Next::Answer(BeginOutcome::KeyReused),
+    })
+}
+
+/// `e`, saying which record it is about.
+fn within(scope: &str, key: &str, e: Error) -> Error {
+    Error::Store(format!("record (scope {scope:?}, key {key:?}): {e}").into())
+}
+
+/// One SQL store: its pools and statements. `PgStore` and `SqliteStore` each hold one.
+pub(crate) struct Engine<D: Dialect> {
+    /// Writes and transactions.
+    pub(crate) writer: sqlx::Pool<D::Db>,
+    /// Reads that need not wait for the writer (the same pool where there is no reason to
+    /// split).
+    pub(crate) reader: sqlx::Pool<D::Db>,
+    pub(crate) sql: Statements,
+}
+
+impl<D: Dialect> Engine<D> {
+    pub(crate) fn new(
+        writer: sqlx::Pool<D::Db>,
+        reader: sqlx::Pool<D::Db>,
+        table: &str,
+    ) -> Result<Engine<D>> {
+        Ok(Engine {
+            writer,
+            reader,
+            sql: Statements::new::<D>(table)?,
+        })
+    }
+
+    pub(crate) async fn write_conn(&self) -> Result<PoolConnection<D::Db>> {
+        self.writer.acquire().await.map_err(map_err)
+    }
+
+    pub(crate) async fn read_conn(&self) -> Result<PoolConnection<D::Db>> {
+        self.reader.acquire().await.map_err(map_err)
+    }
+
+    /// Opens a transaction for a guarded body.
+    pub(crate) async fn begin_transaction(&self) -> Result<sqlx::Transaction<'static, D::Db>> {
+        match D::BEGIN {
+            Some(stmt) => self.writer.begin_with(stmt).await,
+            None => self.writer.begin().await,
+        }
+        .map_err(map_err)
+    }
+
+    /// Creates the table and its index if missing; safe to run from many instances at once.
+    pub(crate) async fn migrate(&self) -> Result<()> {
+        let mut tx = self.begin_transaction().await?;
+        for stmt in D::migration_lock().iter().chain(&self.sql.create) {
+            D::fetch(&mut tx, stmt, &[]).await?;
+        }
+        tx.commit().await.map_err(map_err)
+    }
+
+    /// A first claim's row (`RETURNING fence`), as the claim it is.
+    pub(crate) fn first_claim(row: &D::Row) -> Result<Claimed> {
+        Ok(Claimed {
+            fence: fence_from_db(row.int8("fence").map_err(map_err)?)?,
+            reclaimed: false,
+            recovery_point: None,
+        })
+    }
+
+    /// Takes over the record `cur` on `conn`, if it is still exactly as read: the claim, or
+    /// `None` when another attempt changed it first (read it again).
+    pub(crate) async fn take_over(
+        &self,
+        conn: &mut <D::Db as sqlx::Database>::Connection,
+        req: &BeginRequest<'_>,
+        cur: &CurRow,
+        reclaim: bool,
+        keep: bool,
+    ) -> Result<Option<Claimed>> {
+        let [scope, key, fp, lease, retain] = Statements::claim_args(req);
+        let args = [
+            scope,
+            key,
+            fp,
+            lease,
+            retain,
+            Arg::Bool(keep),
+            Arg::Int(cur.fence),
+            Arg::Text(&cur.state),
+            Arg::Int(cur.lease_stamp),
+        ];
+        let Some(row) = D::fetch(conn, &self.sql.reclaim, &args).await? else {
+            return Ok(None);
+        };
+        Ok(Some(Claimed {
+            fence: fence_from_db(row.int8("fence").map_err(map_err)?)?,
+            reclaimed: reclaim,
+            recovery_point: row.opt_bytes("recovery_point").map_err(map_err)?,
+        }))
+    }
+
+    /// Decides on `cur` and applies the decision on `conn`: the answer, or `None` to read again.
+    pub(crate) async fn settle(
+        &self,
+        conn: &mut <D::Db as sqlx::Database>::Connection,
+        req: &BeginRequest<'_>,
+        cur: &CurRow,
+    ) -> Result<Option<BeginOutcome>> {
+        match next(req, cur)? {
+            Next::Answer(outcome) => Ok(Some(outcome)),
+            Next::TakeOver { reclaim, keep } => Ok(self
+                .take_over(conn, req, cur, reclaim, keep)
+                .await?
+                .map(BeginOutcome::Claimed)),
+        }
+    }
+
+    /// [`crate::Store::complete`] on `conn` (the pool's, or a transaction's).
+    pub(crate) async fn complete_on(
+        &self,
+        conn: &mut <D::Db as sqlx::Database>::Connection,
+        claim: ClaimRef<'_>,
+        response: &StoredResponse,
+    ) -> Result<()> {
+        let args = [
+            Arg::Text(claim.scope),
+            Arg::Text(claim.key),
+            Arg::Int(fence_to_db(claim.fence)),
+            Arg::OptInt4(response.status.map(i32::from)),
+            Arg::Bool(response.is_error),
+            Arg::Bytes(&response.body),
+        ];
+        owned(D::fetch(conn, &self.sql.complete, &args).await?, claim)
+    }
+
+    pub(crate) async fn complete(
+        &self,
+        claim: ClaimRef<'_>,
+        response: &StoredResponse,
+    ) -> Result<()> {
+        let mut conn = self.write_conn().await?;
+        self.complete_on(&mut conn, claim, response).await
+    }
+
+    pub(crate) async fn release(&self, claim: ClaimRef<'_>) -> Result<()> {
+        let args = fenced_args(claim);
+        let mut conn = self.write_conn().await?;
+        owned(D::fetch(&mut conn, &self.sql.release, &args).await?, claim)
+    }
+
+    pub(crate) async fn checkpoint(
+        &self,
+        claim: ClaimRef<'_>,
+        recovery_point: &[u8],
+        lease: Duration,
+    ) -> Result<()> {
+        let [scope, key, fence] = fenced_args(claim);
+        let args = [
+            scope,
+            key,
+            fence,
+            Arg::Bytes(recovery_point),
+            Arg::Int(ms(lease)),
+        ];
+        let mut conn = self.write_conn().await?;
+        owned(
+            D::fetch(&mut conn, &self.sql.checkpoint, &args).await?,
+            claim,
+        )
+    }
+
+    pub(crate) async fn lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
+        let mut conn = self.read_conn().await?;
+        let row = D::fetch(
+            &mut conn,
+            &self.sql.lookup,
+            &[Arg::Text(scope), Arg::Text(key)],
+        )
+        .await?;
+        row.map(|row| record(&row).map_err(|e| within(scope, key, e)))
+            .transpose()
+    }
+
+    pub(crate) async fn purge_expired(&self) -> Result<u64> {
+        let mut total = 0u64;
+        let mut conn = self.write_conn().await?;
+        loop {
+            let mut deleted = 0;
+            for stmt in &self.sql.first.purge {
+                if let Some(row) = D::fetch(&mut conn, stmt, &[]).await? {
+                    deleted = row.int8("deleted").map_err(map_err)?;
+                }
+            }
+            total += u64::try_from(deleted).unwrap_or(0);
+            if deleted < PURGE_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Releases a dropped claim in the background, on the current Tokio runtime if there is
+    /// one.
+    pub(crate) fn release_in_background(self: &Arc<Self>, scope: String, key: String, fence: u64) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                target: "idem",
+                scope,
+                key,
+                "a claim was dropped outside a Tokio runtime; it is re-claimed when its lease runs out"
+            );
+            return;
+        };
+        let engine = self.clone();
+        rt.spawn(async move {
+            let claim = ClaimRef {
+                scope: &scope,
+                key: &key,
+                fence,
+            };
+            if let Err(e) = engine.release(claim).await
+                && !matches!(e, Error::FenceLost { .. })
+            {
+                tracing::warn!(target: "idem", error = %e, "releasing a dropped claim failed; it is re-claimed when its lease runs out");
+            }
+        });
+    }
+}
+
+fn fenced_args<'a>(claim: ClaimRef<'a>) -> [Arg<'a>; 3] {
+    [
+        Arg::Text(claim.scope),
+        Arg::Text(claim.key),
+        Arg::Int(fence_to_db(claim.fence)),
+    ]
+}
+
+/// A fenced write's answer: it returned the row (the claim was live and ours), or the fence is
+/// lost.
+fn owned<R>(row: Option<R>, claim: ClaimRef<'_>) -> Result<()> {
+    match row {
+        Some(_) => Ok(()),
+        None => Err(Error::FenceLost { fence: claim.fence }),
+    }
+}
+
+/// A lookup's row, read exactly: an unreadable record is an error.
+fn record(row: &impl Columns) -> Result<Record> {
+    let fingerprint = read_fingerprint(&row.bytes("fingerprint").map_err(map_err)?)?;
+    let state = State::parse(&row.text("state").map_err(map_err)?)?;
+    let fence = fence_from_db(row.int8("fence").map_err(map_err)?)?;
+    Ok(match state {
+        State::Completed => Record {
+            fingerprint,
+            state: RecordState::Completed,
+            fence,
+            response: Some(stored_response(
+                row.opt_int4("response_status").map_err(map_err)?,
+                row.boolean("response_error").map_err(map_err)?,
+                row.opt_bytes("response_body").map_err(map_err)?,
+            )?),
+            lease_remaining: None,
+        },
+        // The lookup statement leaves released records out.
+        State::InProgress | State::Released => Record {
+            fingerprint,
+            state: RecordState::InProgress,
+            fence,
+            response: None,
+            lease_remaining: Some(Duration::from_millis(
+                u64::try_from(row.int8("lease_left_ms").map_err(map_err)?).unwrap_or(0),
+            )),
+        },
+    })
+}
+
+fn read_fingerprint(bytes: &[u8]) -> Result<Fingerprint> {
+    Fingerprint::from_slice(bytes).ok_or_else(|| {
+        Error::Store(format!("a fingerprint of {} bytes, not 32", bytes.len()).into())
+    })
+}
+
+fn stored_response(
+    status: Option<i32>,
+    is_error: bool,
+    body: Option<Vec<u8>>,
+) -> Result<StoredResponse> {
+    let status = status
+        .map(|s| {
+            u16::try_from(s)
+                .map_err(|_| Error::Store(format!("stored status {s} is not a status").into()))
+        })
+        .transpose()?;
+    Ok(StoredResponse {
+        status,
+        is_error,
+        body: body.map(bytes::Bytes::from).unwrap_or_default(),
+    })
+}
+
+/// Checks that `name` is an identifier (`schema.table` where `qualified`) and returns it quoted.
 ///
 /// Only `[A-Za-z_][A-Za-z0-9_]*` parts of at most 63 bytes are accepted, so the quoted form can
 /// never contain a quote: a table name is configuration, but it is spliced into SQL text, and
 /// nothing that could close a quote gets there.
-pub(crate) fn quote_table(name: &str) -> Result<String, Error> {
+pub(crate) fn quote_table(name: &str, qualified: bool) -> Result<String> {
     let parts: Vec<&str> = name.split('.').collect();
-    if parts.len() > 2 || parts.iter().any(|p| !is_identifier(p)) {
+    let max_parts = if qualified { 2 } else { 1 };
+    if parts.len() > max_parts || parts.iter().any(|p| !is_identifier(p)) {
+        let shape = if qualified {
+            ", optionally `schema.table`"
+        } else {
+            ""
+        };
         return Err(Error::Config(format!(
-            "table name {name:?} is not an identifier: use letters, digits and `_` (not first), at most 63 bytes, optionally `schema.table`"
+            "table name {name:?} is not an identifier: use letters, digits and `_` (not first), at most 63 bytes{shape}"
         )));
     }
     Ok(parts
@@ -25,7 +708,7 @@ pub(crate) fn quote_table(name: &str) -> Result<String, Error> {
 }
 
 /// Whether `s` is a plain SQL identifier.
-pub(crate) fn is_identifier(s: &str) -> bool {
+fn is_identifier(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63
@@ -33,9 +716,8 @@ pub(crate) fn is_identifier(s: &str) -> bool {
         && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
 }
 
-#[cfg(feature = "postgres")]
 /// The unquoted last part of a table name, for naming its indexes.
-pub(crate) fn base_name(name: &str) -> &str {
+fn base_name(name: &str) -> &str {
     name.rsplit('.').next().unwrap_or(name)
 }
 
@@ -71,14 +753,84 @@ fn is_transient_code(code: &str) -> bool {
         || code.parse::<u32>().is_ok_and(|c| matches!(c & 0xFF, 5 | 6))
 }
 
+pub(crate) fn fence_from_db(fence: i64) -> Result<u64> {
+    u64::try_from(fence).map_err(|_| Error::Store(format!("negative fence {fence}").into()))
+}
+
+pub(crate) fn fence_to_db(fence: u64) -> i64 {
+    i64::try_from(fence).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn ms(d: Duration) -> i64 {
+    crate::clock::duration_ms(d)
+}
+
+/// Too many concurrent changes to one record in a row: report it as contention.
+pub(crate) fn contention(scope: &str, key: &str) -> Error {
+    Error::Unavailable(
+        format!("the record ({scope}, {key}) changed under every attempt to claim it").into(),
+    )
+}
+
+/// Builds a SQL store: the table name, and whether to create it. `PgStore::builder()` and
+/// `SqliteStore::builder()` start one; each store adds its own `build` and `connect`.
+#[derive(Debug, Clone)]
+pub struct SqlStoreBuilder<S> {
+    pub(crate) table: String,
+    pub(crate) create_table: bool,
+    store: PhantomData<fn() -> S>,
+}
+
+impl<S> Default for SqlStoreBuilder<S> {
+    fn default() -> Self {
+        SqlStoreBuilder {
+            table: DEFAULT_TABLE.to_owned(),
+            create_table: true,
+            store: PhantomData,
+        }
+    }
+}
+
+impl<S> SqlStoreBuilder<S> {
+    /// The table holding the records (default `idem_records`): an identifier, checked
+    /// (`schema.table` on PostgreSQL).
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// Whether to create the table and its index if missing (default: yes).
+    pub fn create_table(mut self, create: bool) -> Self {
+        self.create_table = create;
+        self
+    }
+
+    /// The engine on these pools, its table created if asked for.
+    pub(crate) async fn open<D: Dialect>(
+        self,
+        writer: sqlx::Pool<D::Db>,
+        reader: sqlx::Pool<D::Db>,
+    ) -> Result<Arc<Engine<D>>> {
+        let engine = Engine::new(writer, reader, &self.table)?;
+        if self.create_table {
+            engine.migrate().await?;
+        }
+        Ok(Arc::new(engine))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn identifiers() {
-        assert_eq!(quote_table("idem_records").unwrap(), "\"idem_records\"");
-        assert_eq!(quote_table("app.idem").unwrap(), "\"app\".\"idem\"");
+        assert_eq!(
+            quote_table("idem_records", true).unwrap(),
+            "\"idem_records\""
+        );
+        assert_eq!(quote_table("app.idem", true).unwrap(), "\"app\".\"idem\"");
+        assert!(quote_table("app.idem", false).is_err());
         for bad in [
             "",
             "1abc",
@@ -89,7 +841,7 @@ mod tests {
             "a.",
             &"x".repeat(64),
         ] {
-            assert!(quote_table(bad).is_err(), "{bad:?} accepted");
+            assert!(quote_table(bad, true).is_err(), "{bad:?} accepted");
         }
     }
 
@@ -103,95 +855,14 @@ mod tests {
         assert!(!is_transient_code("42P01"));
         assert!(!is_transient_code("19"));
     }
-}
 
-/// The columns `begin` reads from an existing record, the same in every SQL store.
-#[derive(Debug)]
-pub(crate) struct CurRow {
-    pub(crate) fence: i64,
-    pub(crate) fingerprint: Vec<u8>,
-    pub(crate) state: String,
-    pub(crate) response_status: Option<i32>,
-    pub(crate) response_error: bool,
-    pub(crate) response_body: Option<Vec<u8>>,
-    pub(crate) expired: bool,
-    pub(crate) lease_left_ms: i64,
-}
-
-impl CurRow {
-    pub(crate) fn seen(
-        &self,
-        fingerprint: &crate::fingerprint::Fingerprint,
-    ) -> crate::lifecycle::Seen {
-        crate::lifecycle::Seen {
-            state: crate::lifecycle::SeenState::parse(&self.state),
-            same_fingerprint: self.fingerprint == fingerprint.as_bytes(),
-            expired: self.expired,
-            lease_left_ms: self.lease_left_ms,
-        }
-    }
-
-    pub(crate) fn into_response(self) -> crate::record::StoredResponse {
-        stored_response(
-            self.response_status,
-            self.response_error,
-            self.response_body,
-        )
-    }
-}
-
-pub(crate) fn stored_response(
-    status: Option<i32>,
-    is_error: bool,
-    body: Option<Vec<u8>>,
-) -> crate::record::StoredResponse {
-    crate::record::StoredResponse {
-        status: status.and_then(|s| u16::try_from(s).ok()),
-        is_error,
-        body: body.map(bytes::Bytes::from).unwrap_or_default(),
-    }
-}
-
-pub(crate) fn fence_from_db(fence: i64) -> Result<u64, Error> {
-    u64::try_from(fence)
-        .map_err(|_| Error::Store(format!("negative fence {fence} in the store").into()))
-}
-
-pub(crate) fn fence_to_db(fence: u64) -> i64 {
-    i64::try_from(fence).unwrap_or(i64::MAX)
-}
-
-pub(crate) fn ms(d: std::time::Duration) -> i64 {
-    crate::clock::duration_ms(d)
-}
-
-/// Too many concurrent changes to one record in a row: report it as contention.
-pub(crate) fn contention(scope: &str, key: &str) -> Error {
-    Error::Unavailable(
-        format!("the record ({scope}, {key}) changed under every attempt to claim it").into(),
-    )
-}
-
-/// Runs `release` for a claim in the background, on the current Tokio runtime if there is one.
-pub(crate) fn spawn_release<F>(scope: &str, key: &str, release: F)
-where
-    F: std::future::Future<Output = Result<(), Error>> + Send + 'static,
-{
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => {
-            rt.spawn(async move {
-                if let Err(e) = release.await
-                    && !matches!(e, Error::FenceLost { .. })
-                {
-                    tracing::warn!(target: "idem", error = %e, "releasing a dropped claim failed; it is re-claimed when its lease runs out");
-                }
-            });
-        }
-        Err(_) => tracing::warn!(
-            target: "idem",
-            scope,
-            key,
-            "a claim was dropped outside a Tokio runtime; it is re-claimed when its lease runs out"
-        ),
+    #[test]
+    fn stored_statuses_are_read_exactly() {
+        assert_eq!(
+            stored_response(Some(201), false, None).unwrap().status,
+            Some(201)
+        );
+        assert!(stored_response(Some(-1), false, None).is_err());
+        assert!(stored_response(Some(70_000), false, None).is_err());
     }
 }

@@ -1,0 +1,642 @@
+//! The record lifecycle as a guarded call lives it: begin, then replay, or run the body and
+//! complete or release — in two modes.
+//!
+//! This is the core every integration drives: `#[idempotent]` expands to [`run`] (separate
+//! commits) or to the transactional flow; [`begin`] is the same start by hand; an HTTP layer or a
+//! message consumer learns of replays through [`watch_replays`]. Each rule lives once:
+//!
+//! - what a store's [`BeginOutcome`] means to the caller, and what is observed: [`started`];
+//! - what a claim is: [`ClaimInfo`], built in one place from the store's [`Claimed`];
+//! - how a claim ends (complete, release, dropped): [`Guard`];
+//! - what `begin` decides about an existing record: `lifecycle::decide`, inside each store.
+//!
+//! ```text
+//!             ┌─ Replay ─────────────────────────────► stored answer (body not run)
+//! begin ──────┼─ InProgress / KeyReused / error ─────► error
+//!             └─ Claimed ─► body ─┬─ Ok ─► complete ─► answer
+//!                                 ├─ Err (final) ─► complete with the error ─► error
+//!                                 ├─ Err ─► release ─► error
+//!                                 └─ panic / dropped ─► release in the background
+//! ```
+//!
+//! In transactional mode the claim, the body's SQL and the completion share one database
+//! transaction: `Err`, panic and drop roll all of it back.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::guard::{ClaimInfo, Guard};
+use crate::key::Key;
+use crate::observe::{self, Outcome};
+use crate::record::{BeginOutcome, BeginRequest, Claimed, Policy, StoredResponse};
+use crate::replay::Replay;
+use crate::store::Store;
+
+/// The shortest `Retry-After` an "in progress" answer carries.
+pub(crate) const MIN_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// What a begun call goes on with, once the store's answer has been observed.
+pub(crate) enum Started {
+    /// Run the body under this claim.
+    Claimed(Claimed),
+    /// Return this stored answer; the body does not run.
+    Replay(StoredResponse),
+}
+
+/// The one mapping from a store's answer to what the caller gets: a claim, a replay, or the
+/// error it is (in progress, key reused, the store's own), each recorded as an outcome.
+pub(crate) fn started(scope: &str, key: &Key, outcome: Result<BeginOutcome>) -> Result<Started> {
+    let (what, fence, next) = match outcome {
+        Ok(BeginOutcome::Claimed(c)) => {
+            let what = if c.reclaimed {
+                Outcome::Reclaimed
+            } else {
+                Outcome::Claimed
+            };
+            (what, c.fence, Ok(Started::Claimed(c)))
+        }
+        Ok(BeginOutcome::Replay(stored)) => (Outcome::Replayed, 0, Ok(Started::Replay(stored))),
+        Ok(BeginOutcome::InProgress { retry_after }) => (
+            Outcome::InProgress,
+            0,
+            Err(Error::InProgress {
+                retry_after: retry_after.max(MIN_RETRY_AFTER),
+            }),
+        ),
+        Ok(BeginOutcome::KeyReused) => (Outcome::KeyReused, 0, Err(Error::KeyReused)),
+        Err(e) => (Outcome::StoreError, 0, Err(e)),
+    };
+    observe::record(what, scope, key.as_str(), fence);
+    next
+}
+
+/// What [`begin`] hands back when the request may proceed or is already done.
+pub enum Begun<'s, S: Store> {
+    /// First run (or a take-over of an abandoned one): run the side effect, then complete.
+    Claimed(Guard<'s, S>),
+    /// Already done: return these bytes and do nothing else.
+    Replay(StoredResponse),
+}
+
+impl<S: Store> fmt::Debug for Begun<'_, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Begun::Claimed(g) => f.debug_tuple("Claimed").field(g).finish(),
+            Begun::Replay(r) => f.debug_tuple("Replay").field(r).finish(),
+        }
+    }
+}
+
+/// Begins a guarded operation on `(scope, key)`.
+///
+/// A live claim by someone else is [`Error::InProgress`]; a completed or live record with
+/// another fingerprint is [`Error::KeyReused`].
+pub async fn begin<S: Store>(
+    store: &S,
+    scope: String,
+    key: Key,
+    fingerprint: Fingerprint,
+    policy: Policy,
+) -> Result<Begun<'_, S>> {
+    let outcome = store
+        .begin(request(&scope, &key, &fingerprint, &policy))
+        .await;
+    Ok(match started(&scope, &key, outcome)? {
+        Started::Claimed(c) => {
+            Begun::Claimed(Guard::new(store, ClaimInfo::new(scope, key, c), policy))
+        }
+        Started::Replay(stored) => Begun::Replay(stored),
+    })
+}
+
+fn request<'a>(
+    scope: &'a str,
+    key: &'a Key,
+    fingerprint: &'a Fingerprint,
+    policy: &'a Policy,
+) -> BeginRequest<'a> {
+    BeginRequest {
+        scope,
+        key: key.as_str(),
+        fingerprint,
+        policy,
+    }
+}
+
+/// The return type of a guarded function: a `Result`, possibly behind an alias.
+#[diagnostic::on_unimplemented(
+    message = "an #[idempotent] function must return `Result<T, E>`, not `{Self}`",
+    label = "not a `Result`",
+    note = "the body's `Ok` value is stored and replayed; its `Err` releases the claim so a retry can run"
+)]
+#[doc(hidden)]
+pub trait IdemResult: Sized {
+    /// The `Ok` type: what is stored and replayed.
+    type Ok;
+    /// The `Err` type.
+    type Err;
+    /// `Self`, named through the trait: a return type that is not a `Result` then becomes an
+    /// error type after its one error, and nothing downstream reports it again.
+    type Checked;
+    /// `Ok(v)`.
+    fn from_ok(v: Self::Ok) -> Self;
+    /// `Err(e)`.
+    fn from_err(e: Self::Err) -> Self;
+    /// The `Result` itself.
+    fn into_result(self) -> std::result::Result<Self::Ok, Self::Err>;
+}
+
+impl<T, E> IdemResult for std::result::Result<T, E> {
+    type Ok = T;
+    type Err = E;
+    type Checked = Self;
+    fn from_ok(v: T) -> Self {
+        Ok(v)
+    }
+    fn from_err(e: E) -> Self {
+        Err(e)
+    }
+    fn into_result(self) -> Self {
+        self
+    }
+}
+
+#[doc(hidden)]
+/// How idem's errors become the function's error type, and which of its errors are final.
+pub struct ErrorOps<E> {
+    pub(crate) from_idem: fn(Error) -> E,
+    pub(crate) finals: Option<FinalOps<E>>,
+}
+
+/// How a function that stores final errors tells, stores and rebuilds them.
+pub(crate) struct FinalOps<E> {
+    pub(crate) is_final: fn(&E) -> bool,
+    pub(crate) encode: fn(&E) -> Result<StoredResponse>,
+    pub(crate) decode: fn(StoredResponse) -> Result<E>,
+}
+
+impl<E> fmt::Debug for ErrorOps<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ErrorOps")
+            .field("stores_final_errors", &self.finals.is_some())
+            .finish()
+    }
+}
+
+impl<E> ErrorOps<E> {
+    fn fail<R: IdemResult<Err = E>>(&self, e: Error) -> R {
+        R::from_err((self.from_idem)(e))
+    }
+
+    /// The stored form of `e`, when it is a final error this function stores.
+    fn stored_final(&self, e: &E) -> Option<Result<StoredResponse>> {
+        let finals = self.finals.as_ref().filter(|f| (f.is_final)(e))?;
+        Some((finals.encode)(e))
+    }
+}
+
+#[doc(hidden)]
+/// The identity and fingerprint of a call, or why it has none: computed before the body.
+#[derive(Debug)]
+pub struct Prepared {
+    parts: Result<Parts>,
+    policy: Policy,
+}
+
+#[derive(Debug)]
+struct Parts {
+    scope: String,
+    key: Key,
+    fingerprint: Fingerprint,
+}
+
+impl Prepared {
+    /// The call's parts. A bad key is the client's error and is reported before anything about
+    /// the scope.
+    pub fn new(
+        key: Result<Key>,
+        scope: Result<String>,
+        fingerprint: Result<Fingerprint>,
+        policy: Policy,
+    ) -> Prepared {
+        let parts = key.and_then(|key| {
+            Ok(Parts {
+                scope: scope?,
+                key,
+                fingerprint: fingerprint?,
+            })
+        });
+        Prepared { parts, policy }
+    }
+}
+
+#[doc(hidden)]
+/// The body of a guarded function: a future, or a closure that takes the claim's
+/// [`ClaimInfo`] (`claim = …`).
+pub trait Body<R> {
+    /// The body's future.
+    type Fut: Future<Output = R>;
+    /// Starts the body; `claim` is called only by bodies that take their claim.
+    fn start(self, claim: impl FnOnce() -> ClaimInfo) -> Self::Fut;
+}
+
+#[doc(hidden)]
+/// A body that does not look at its claim.
+#[derive(Debug)]
+pub struct Plain<F>(pub F);
+
+impl<R, F: Future<Output = R>> Body<R> for Plain<F> {
+    type Fut = F;
+    fn start(self, _claim: impl FnOnce() -> ClaimInfo) -> F {
+        self.0
+    }
+}
+
+#[doc(hidden)]
+/// A body that is handed its claim.
+#[derive(Debug)]
+pub struct WithClaim<C>(pub C);
+
+impl<R, C, F> Body<R> for WithClaim<C>
+where
+    C: FnOnce(ClaimInfo) -> F,
+    F: Future<Output = R>,
+{
+    type Fut = F;
+    fn start(self, claim: impl FnOnce() -> ClaimInfo) -> F {
+        (self.0)(claim())
+    }
+}
+
+#[doc(hidden)]
+/// The separate-commits flow: claim (committed), body, complete or release.
+///
+/// One flat async fn that awaits the store and the guard directly, so the future every caller
+/// moves around holds one guard and one response.
+pub async fn run<S, R, M, B>(store: &S, prepared: Prepared, errors: ErrorOps<R::Err>, body: B) -> R
+where
+    S: Store,
+    R: IdemResult,
+    R::Ok: Replay<M>,
+    B: Body<R>,
+{
+    let Prepared { parts, policy } = prepared;
+    let Parts {
+        scope,
+        key,
+        fingerprint,
+    } = match parts {
+        Ok(parts) => parts,
+        Err(e) => return errors.fail(e),
+    };
+    let outcome = store
+        .begin(request(&scope, &key, &fingerprint, &policy))
+        .await;
+    let guard = match started(&scope, &key, outcome) {
+        Ok(Started::Claimed(c)) => Guard::new(store, ClaimInfo::new(scope, key, c), policy),
+        Ok(Started::Replay(stored)) => return replay::<R, M>(stored, &errors),
+        Err(e) => return errors.fail(e),
+    };
+    let (stored, out) = match body.start(|| guard.info()).await.into_result() {
+        Ok(v) => match v.encode() {
+            Ok(stored) => (stored, Ok(v)),
+            Err(e) => {
+                // The side effect happened but its answer cannot be stored: keep the claim (a
+                // retry gets "in progress", then re-claims after the lease) rather than run it
+                // twice.
+                tracing::error!(target: "idem", error = %e, "cannot encode the response for storage");
+                guard.keep_claimed();
+                return errors.fail(e);
+            }
+        },
+        Err(e) => match errors.stored_final(&e) {
+            Some(Ok(stored)) => (stored, Err(e)),
+            Some(Err(enc)) => {
+                tracing::error!(target: "idem", error = %enc, "cannot store a final error; releasing the claim instead");
+                let _ = guard.release().await;
+                return R::from_err(e);
+            }
+            None => {
+                // Only successes (and final errors) are worth replaying: free the key for a
+                // real retry.
+                let _ = guard.release().await;
+                return R::from_err(e);
+            }
+        },
+    };
+    match (guard.complete(&stored).await, out) {
+        (_, Err(e)) => R::from_err(e),
+        (Ok(()), Ok(v)) => R::from_ok(v),
+        // A newer attempt owns the record; its answer is the one that will be replayed.
+        (Err(e @ Error::FenceLost { .. }), Ok(_)) => errors.fail(e),
+        // The effect happened and this is its answer: hand it back. The record stays claimed
+        // until its lease runs out (see Guard::complete).
+        (Err(e), Ok(v)) => {
+            tracing::error!(target: "idem", error = %e, "could not store the response; returning it unstored");
+            R::from_ok(v)
+        }
+    }
+}
+
+/// A stored response, as the function's return value: its `Ok`, or a stored final error.
+fn replay<R, M>(stored: StoredResponse, errors: &ErrorOps<R::Err>) -> R
+where
+    R: IdemResult,
+    R::Ok: Replay<M>,
+{
+    note_replay(&stored);
+    if stored.is_error {
+        return match &errors.finals {
+            Some(finals) => match (finals.decode)(stored) {
+                Ok(e) => R::from_err(e),
+                Err(e) => errors.fail(e),
+            },
+            None => errors.fail(Error::Decode(
+                "the stored response is a final error, but this function does not store final errors (on_error = \"store_final\")".into(),
+            )),
+        };
+    }
+    match R::Ok::decode(stored) {
+        Ok(v) => R::from_ok(v),
+        Err(e) => errors.fail(e),
+    }
+}
+
+tokio::task_local! {
+    /// Set by [`watch_replays`]; every replay of a guarded call on the task is pushed here.
+    static REPLAYS: RefCell<Vec<StoredResponse>>;
+}
+
+/// The stored answers that guarded calls replayed while a future ran; see [`watch_replays`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Replays(Vec<StoredResponse>);
+
+impl Replays {
+    /// Whether no guarded call replayed.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// How many guarded calls replayed.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The stored answers, in the order they were replayed.
+    pub fn iter(&self) -> impl Iterator<Item = &StoredResponse> {
+        self.0.iter()
+    }
+
+    /// The last stored answer replayed.
+    pub fn last(&self) -> Option<&StoredResponse> {
+        self.0.last()
+    }
+
+    /// The stored answers, owned.
+    pub fn into_vec(self) -> Vec<StoredResponse> {
+        self.0
+    }
+}
+
+/// Runs `fut` and reports which guarded calls awaited inside it replayed instead of running.
+///
+/// The seam through which an integration learns of replays without the core naming it: the
+/// HTTP layer wraps each request, a message consumer each delivery. Only calls awaited on the
+/// same task are seen (not those spawned elsewhere), and an inner `watch_replays` hides its
+/// replays from an outer one.
+///
+/// ```
+/// use idem_runtime::flow::watch_replays;
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let (answer, replays) = watch_replays(async {
+///     // Call #[idempotent] functions here.
+///     42
+/// })
+/// .await;
+/// assert_eq!(answer, 42);
+/// assert!(replays.is_empty());
+/// # });
+/// ```
+pub async fn watch_replays<F: Future>(fut: F) -> (F::Output, Replays) {
+    REPLAYS
+        .scope(RefCell::new(Vec::new()), async move {
+            let out = fut.await;
+            let replays = REPLAYS.with(|r| r.take());
+            (out, Replays(replays))
+        })
+        .await
+}
+
+/// Whether the current task runs inside [`watch_replays`].
+pub fn replays_watched() -> bool {
+    REPLAYS.try_with(|_| ()).is_ok()
+}
+
+/// Tells the innermost [`watch_replays`] on this task, if any, that a call replayed `stored`.
+pub(crate) fn note_replay(stored: &StoredResponse) {
+    let _ = REPLAYS.try_with(|r| r.borrow_mut().push(stored.clone()));
+}
+
+/// The transactional flow of `#[idempotent(…, transaction = tx)]`: claim, body and completion in
+/// one database transaction.
+///
+/// The macro calls [`tx_start`], runs the body inline on the transaction it opened (no closure,
+/// so nothing higher-ranked stands between the body and the caller's `Send` checks), then
+/// [`tx_finish`], which is the one call that needs the return type's bounds.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod transactional {
+    use super::*;
+    use crate::store::TxStore;
+    use crate::store::sql::map_err;
+
+    type Tx<S> = sqlx::Transaction<'static, <S as TxStore>::Database>;
+
+    #[doc(hidden)]
+    /// What [`tx_start`] found: a claim inside an open transaction, or the end of the story (a
+    /// replay, or a refusal).
+    pub struct TxStart<T> {
+        state: std::result::Result<TxClaim<T>, Result<StoredResponse>>,
+    }
+
+    impl<T> fmt::Debug for TxStart<T> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            match &self.state {
+                Ok(c) => f.debug_tuple("Claimed").field(c).finish(),
+                Err(done) => f.debug_tuple("Done").field(done).finish(),
+            }
+        }
+    }
+
+    impl<T> TxStart<T> {
+        /// The transaction to run the body in, when the claim was taken.
+        pub fn transaction(&mut self) -> Option<&mut T> {
+            self.state.as_mut().ok().map(|c| &mut c.tx)
+        }
+
+        /// The transaction and what the body may know about its claim, when the claim was
+        /// taken.
+        pub fn claimed(&mut self) -> Option<(&mut T, ClaimInfo)> {
+            self.state
+                .as_mut()
+                .ok()
+                .map(|c| (&mut c.tx, c.claim.clone()))
+        }
+    }
+
+    #[doc(hidden)]
+    /// A claim held inside the open transaction `T`.
+    pub struct TxClaim<T> {
+        tx: T,
+        claim: ClaimInfo,
+        fingerprint: Fingerprint,
+        policy: Policy,
+    }
+
+    impl<T> fmt::Debug for TxClaim<T> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("TxClaim")
+                .field("claim", &self.claim)
+                .finish_non_exhaustive()
+        }
+    }
+
+    #[doc(hidden)]
+    /// Opens the transaction and claims inside it; a replay or a refusal ends it at once.
+    pub async fn tx_start<S: TxStore>(store: &S, prepared: Prepared) -> TxStart<Tx<S>> {
+        TxStart {
+            state: match start(store, prepared).await {
+                Ok(Ok(claim)) => Ok(claim),
+                Ok(Err(stored)) => Err(Ok(stored)),
+                Err(e) => Err(Err(e)),
+            },
+        }
+    }
+
+    async fn start<S: TxStore>(
+        store: &S,
+        prepared: Prepared,
+    ) -> Result<std::result::Result<TxClaim<Tx<S>>, StoredResponse>> {
+        let Prepared { parts, policy } = prepared;
+        let Parts {
+            scope,
+            key,
+            fingerprint,
+        } = parts?;
+        let mut tx = store.begin_transaction().await?;
+        let outcome = store
+            .begin_in(&mut tx, request(&scope, &key, &fingerprint, &policy))
+            .await;
+        match started(&scope, &key, outcome)? {
+            Started::Claimed(c) => Ok(Ok(TxClaim {
+                tx,
+                claim: ClaimInfo::new(scope, key, c),
+                fingerprint,
+                policy,
+            })),
+            Started::Replay(stored) => {
+                // Nothing was written: ending the transaction either way costs the same.
+                tx.commit().await.map_err(map_err)?;
+                Ok(Err(stored))
+            }
+        }
+    }
+
+    #[doc(hidden)]
+    /// The function's return value. For a claim, with the body's `out`: completes and commits
+    /// on `Ok`; on `Err` rolls back, then records a final error on its own if the function
+    /// stores final errors and the identity is still free. Otherwise the replay, or the
+    /// refusal.
+    pub async fn tx_finish<S, R, M>(
+        store: &S,
+        start: TxStart<Tx<S>>,
+        errors: ErrorOps<R::Err>,
+        out: Option<R>,
+    ) -> R
+    where
+        S: TxStore,
+        R: IdemResult,
+        R::Ok: Replay<M>,
+    {
+        let (claim, out) = match (start.state, out) {
+            (Ok(claim), Some(out)) => (claim, out),
+            (Err(Ok(stored)), _) => return replay::<R, M>(stored, &errors),
+            (Err(Err(e)), _) => return errors.fail(e),
+            (Ok(claim), None) => {
+                // Unreachable from generated code: a claim always runs the body.
+                rollback(claim.tx, &claim.claim).await;
+                return errors.fail(Error::Config("the guarded body did not run".into()));
+            }
+        };
+        match out.into_result() {
+            Ok(v) => commit::<S, R, M>(store, claim, v, &errors).await,
+            Err(e) => {
+                let TxClaim {
+                    tx,
+                    claim,
+                    fingerprint,
+                    policy,
+                } = claim;
+                rollback(tx, &claim).await;
+                if let Some(Ok(stored)) = errors.stored_final(&e)
+                    && let Ok(Begun::Claimed(guard)) = begin(
+                        store,
+                        claim.scope().to_owned(),
+                        claim.key().clone(),
+                        fingerprint,
+                        policy,
+                    )
+                    .await
+                {
+                    let _ = guard.complete(&stored).await;
+                }
+                R::from_err(e)
+            }
+        }
+    }
+
+    async fn commit<S, R, M>(
+        store: &S,
+        mut claim: TxClaim<Tx<S>>,
+        v: R::Ok,
+        errors: &ErrorOps<R::Err>,
+    ) -> R
+    where
+        S: TxStore,
+        R: IdemResult,
+        R::Ok: Replay<M>,
+    {
+        let stored = match v.encode() {
+            Ok(s) => s,
+            Err(e) => return errors.fail(e),
+        };
+        if let Err(e) = store
+            .complete_in(&mut claim.tx, claim.claim.claim_ref(), &stored)
+            .await
+        {
+            return errors.fail(e);
+        }
+        match claim.tx.commit().await {
+            Ok(()) => {
+                claim.claim.observe(Outcome::Completed);
+                R::from_ok(v)
+            }
+            // Nothing was committed (or, if the connection dropped during COMMIT, everything
+            // was): either way a retry with the same key gets the right answer.
+            Err(e) => errors.fail(map_err(e)),
+        }
+    }
+
+    async fn rollback<DB: sqlx::Database>(tx: sqlx::Transaction<'static, DB>, claim: &ClaimInfo) {
+        // Errors are moot: a connection that is gone has rolled the transaction back too.
+        let _ = tx.rollback().await;
+        claim.observe(Outcome::Released);
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use transactional::{TxClaim, TxStart, tx_finish, tx_start};
