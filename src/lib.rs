@@ -4,7 +4,7 @@
 //!
 //! ```toml
 //! [dependencies]
-//! idem = "0.1"            # SQLite store by default; add features = ["postgres", "axum"]
+//! idempotency = "0.1"  # used as `idem`; SQLite by default; add features = ["postgres", "axum"]
 //! ```
 //!
 //! ```
