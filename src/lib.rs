@@ -411,6 +411,11 @@ pub use idem_runtime::TxStore;
 #[doc(no_inline)]
 pub use idem_runtime::sqlx;
 
+#[cfg(feature = "testkit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
+#[doc(inline)]
+pub use idem_runtime::testkit;
+
 /// Support for macro-generated code. Not a public API: anything here may change in any release.
 #[doc(hidden)]
 pub mod __private {

@@ -62,15 +62,15 @@ async fn serve(url: &str) -> String {
     base
 }
 
-async fn sqlite(_test: &str) -> Option<Server> {
+async fn sqlite() -> Server {
     let file = common::SqliteFile::new();
     let base = serve(&file.url).await;
-    Some(Server {
+    Server {
         base,
         db_url: file.url.clone(),
         _pg: None,
         _file: Some(file),
-    })
+    }
 }
 
 /// `DATABASE_URL` with the test's own schema as the search path.
@@ -79,17 +79,17 @@ fn pg_url_in(url: &str, schema: &str) -> String {
     format!("{url}{sep}options=-c%20search_path%3D{schema}")
 }
 
-async fn postgres(test: &str) -> Option<Server> {
-    let url = common::pg_url(test)?;
+async fn postgres() -> Server {
+    let url = common::pg_url();
     let schema = common::PgSchema::create(&url, 2).await;
     let db_url = pg_url_in(&url, &schema.name);
     let base = serve(&db_url).await;
-    Some(Server {
+    Server {
         base,
         db_url,
         _pg: Some(schema),
         _file: None,
-    })
+    }
 }
 
 fn client() -> Client {
@@ -125,13 +125,14 @@ fn code(body: &str) -> String {
 }
 
 macro_rules! e2e {
-    ($name:ident, $start:ident) => {
+    ($name:ident, $start:ident $(, #[$attr:meta])*) => {
         mod $name {
             use super::*;
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            $(#[$attr])*
             async fn the_three_calls_and_the_lookup() {
-                let Some(s) = $start("the_three_calls").await else { return };
+                let s = $start().await;
                 let c = client();
                 let key = "0b2c1c6e-1f7b-4f0f-9d3a-8f2f6f0a1111";
                 let (st, h, first) = post_order(&c, &s, key, r#"{"skuId": 9001, "qty": 2}"#).await;
@@ -164,8 +165,9 @@ macro_rules! e2e {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            $(#[$attr])*
             async fn in_progress_is_409_with_retry_after() {
-                let Some(s) = $start("in_progress").await else { return };
+                let s = $start().await;
                 let c = client();
                 let slow = {
                     let (c, url) = (c.clone(), s.url("/api/orders"));
@@ -195,8 +197,9 @@ macro_rules! e2e {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            $(#[$attr])*
             async fn keys_are_scoped_per_user() {
-                let Some(s) = $start("keys_per_user").await else { return };
+                let s = $start().await;
                 let c = client();
                 let send = |user: &'static str| {
                     c.post(s.url("/api/orders"))
@@ -219,8 +222,9 @@ macro_rules! e2e {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            $(#[$attr])*
             async fn a_hundred_concurrent_posts_make_one_order() {
-                let Some(s) = $start("hundred_posts").await else { return };
+                let s = $start().await;
                 let c = client();
                 let mut tasks = Vec::new();
                 for _ in 0..100 {
@@ -253,8 +257,9 @@ macro_rules! e2e {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            $(#[$attr])*
             async fn payment_callback_statuses() {
-                let Some(s) = $start("callback").await else { return };
+                let s = $start().await;
                 let c = client();
                 let (_, _, body) = post_order(&c, &s, "k-pay", r#"{"skuId": 9001, "qty": 2}"#).await;
                 let order: Value = serde_json::from_str(&body).unwrap();
@@ -287,8 +292,9 @@ macro_rules! e2e {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            $(#[$attr])*
             async fn fifty_duplicate_refunds_move_money_once() {
-                let Some(s) = $start("refunds").await else { return };
+                let s = $start().await;
                 let c = client();
                 let (_, _, body) = post_order(&c, &s, "k-refund", r#"{"skuId": 42, "qty": 3}"#).await;
                 let order: Value = serde_json::from_str(&body).unwrap();
@@ -343,8 +349,9 @@ macro_rules! e2e {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            $(#[$attr])*
             async fn profile_updates_are_optimistic() {
-                let Some(s) = $start("profile").await else { return };
+                let s = $start().await;
                 let c = client();
                 let url = s.url("/api/users/2/profile");
                 let p: Value = c.get(&url).send().await.unwrap().json().await.unwrap();
@@ -359,8 +366,9 @@ macro_rules! e2e {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            $(#[$attr])*
             async fn malformed_input_is_never_a_500() {
-                let Some(s) = $start("malformed").await else { return };
+                let s = $start().await;
                 let c = client();
                 let long = "k".repeat(300);
                 let json = |b: reqwest::RequestBuilder| b.header("Content-Type", "application/json");
@@ -400,7 +408,7 @@ macro_rules! e2e {
 }
 
 e2e!(on_sqlite, sqlite);
-e2e!(on_postgres, postgres);
+e2e!(on_postgres, postgres, #[cfg_attr(not(idem_postgres), ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…")]);
 
 /// The example's binary, built by `cargo test` (or built here when only this test is run).
 fn example_binary() -> std::path::PathBuf {
@@ -450,11 +458,13 @@ fn spawn_server(database_url: &str) -> (Process, String) {
     (Process(child), base)
 }
 
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_server_processes_share_postgres() {
-    let Some(url) = common::pg_url("two_server_processes_share_postgres") else {
-        return;
-    };
+    let url = common::pg_url();
     let schema = common::PgSchema::create(&url, 2).await;
     let db_url = pg_url_in(&url, &schema.name);
     let (_a, base_a) = spawn_server(&db_url);

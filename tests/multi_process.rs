@@ -38,7 +38,8 @@ fn main() {
         check_effects("sqlite", counts);
         println!("test multi_process::sqlite_file ... ok");
 
-        if let Some(url) = common::pg_url("multi_process::postgres") {
+        if cfg!(idem_postgres) {
+            let url = common::pg_url();
             let schema = common::PgSchema::create(&url, 4).await;
             let store = PgStore::builder().build(schema.pool.clone()).await.unwrap();
             sqlx::query("CREATE TABLE effects (key text NOT NULL, pid bigint NOT NULL)")
@@ -54,6 +55,10 @@ fn main() {
                     .unwrap();
             check_effects("postgres", counts);
             println!("test multi_process::postgres ... ok");
+        } else {
+            println!(
+                "test multi_process::postgres ... ignored, needs PostgreSQL: set DATABASE_URL=postgres://…"
+            );
         }
     });
 }

@@ -112,11 +112,13 @@ async fn sqlite_concurrent_duplicates_insert_once() {
     assert_eq!(n, 1);
 }
 
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
 #[tokio::test]
 async fn postgres_commits_together_and_rolls_back_together() {
-    let Some(url) = common::pg_url("postgres_commits_together_and_rolls_back_together") else {
-        return;
-    };
+    let url = common::pg_url();
     let schema = common::PgSchema::create(&url, 8).await;
     let store = PgStore::builder().build(schema.pool.clone()).await.unwrap();
     sqlx::query("CREATE TABLE orders (sku bigint NOT NULL)")
@@ -142,11 +144,13 @@ async fn postgres_commits_together_and_rolls_back_together() {
     assert_eq!(count().await, 1);
 }
 
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_concurrent_duplicates_wait_and_replay() {
-    let Some(url) = common::pg_url("postgres_concurrent_duplicates_wait_and_replay") else {
-        return;
-    };
+    let url = common::pg_url();
     let schema = common::PgSchema::create(&url, 40).await;
     let store = PgStore::builder().build(schema.pool.clone()).await.unwrap();
     sqlx::query("CREATE TABLE orders (sku bigint NOT NULL)")
@@ -244,11 +248,13 @@ async fn sqlite_a_cancelled_call_leaves_nothing_behind() {
     );
 }
 
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
 #[tokio::test]
 async fn postgres_a_cancelled_call_leaves_nothing_behind() {
-    let Some(url) = common::pg_url("postgres_a_cancelled_call_leaves_nothing_behind") else {
-        return;
-    };
+    let url = common::pg_url();
     let schema = common::PgSchema::create(&url, 4).await;
     let store = PgStore::builder().build(schema.pool.clone()).await.unwrap();
     sqlx::query("CREATE TABLE orders (sku bigint NOT NULL)")

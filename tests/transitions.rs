@@ -124,14 +124,15 @@ impl tracing::Subscriber for Warnings {
 }
 
 macro_rules! suite {
-    ($name:ident, $fns:ident, $setup:ident, $conn:ty) => {
+    ($name:ident, $fns:ident, $setup:ident, $conn:ty $(, #[$attr:meta])*) => {
         mod $name {
             use super::$fns::*;
             use super::*;
 
             #[tokio::test]
+            $(#[$attr])*
             async fn payment_callback_outcomes() {
-                let Some(db) = $setup("payment_callback_outcomes").await else { return };
+                let db = $setup().await;
                 let pool = &db.pool;
                 let first = insert_order(pool, "A1", 7, 250).await.unwrap().into_row();
                 assert_eq!(first.status, "PENDING");
@@ -192,8 +193,9 @@ macro_rules! suite {
             }
 
             #[tokio::test]
+            $(#[$attr])*
             async fn several_from_states_and_plain_text_states() {
-                let Some(db) = $setup("several_from_states").await else { return };
+                let db = $setup().await;
                 let pool = &db.pool;
                 insert_order(pool, "C1", 1, 10).await.unwrap();
                 insert_order(pool, "C2", 1, 10).await.unwrap();
@@ -218,8 +220,9 @@ macro_rules! suite {
             }
 
             #[tokio::test]
+            $(#[$attr])*
             async fn any_executor() {
-                let Some(db) = $setup("any_executor").await else { return };
+                let db = $setup().await;
                 let pool = &db.pool;
                 insert_order(pool, "E1", 1, 10).await.unwrap();
                 // A connection.
@@ -237,8 +240,9 @@ macro_rules! suite {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            $(#[$attr])*
             async fn concurrent_duplicate_callbacks_apply_once() {
-                let Some(db) = $setup("concurrent_duplicate_callbacks").await else { return };
+                let db = $setup().await;
                 insert_order(&db.pool, "R1", 1, 500).await.unwrap();
                 let mut tasks = Vec::new();
                 for _ in 0..32 {
@@ -257,8 +261,9 @@ macro_rules! suite {
             }
 
             #[tokio::test]
+            $(#[$attr])*
             async fn versioned_update_outcomes() {
-                let Some(db) = $setup("versioned_update_outcomes").await else { return };
+                let db = $setup().await;
                 let pool = &db.pool;
                 sqlx::query("INSERT INTO user_profile (user_id, nickname, points, version) VALUES (1, 'a', 0, 0)")
                     .execute(pool).await.unwrap();
@@ -271,8 +276,9 @@ macro_rules! suite {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            $(#[$attr])*
             async fn concurrent_versioned_updates_lose_nothing() {
-                let Some(db) = $setup("concurrent_versioned_updates").await else { return };
+                let db = $setup().await;
                 sqlx::query("INSERT INTO user_profile (user_id, nickname, points, version) VALUES (1, 'n', 0, 0)")
                     .execute(&db.pool).await.unwrap();
                 let retry = Retry { attempts: 200, base: Duration::from_millis(2), max: Duration::from_millis(50) };
@@ -302,8 +308,9 @@ macro_rules! suite {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            $(#[$attr])*
             async fn concurrent_create_once_inserts_one_row() {
-                let Some(db) = $setup("concurrent_create_once").await else { return };
+                let db = $setup().await;
                 let mut tasks = Vec::new();
                 for _ in 0..32 {
                     let pool = db.pool.clone();
@@ -336,7 +343,7 @@ struct SqliteDb {
     _file: common::SqliteFile,
 }
 
-async fn sqlite(_test: &str) -> Option<SqliteDb> {
+async fn sqlite() -> SqliteDb {
     let file = common::SqliteFile::new();
     let pool = sqlx::sqlite::SqlitePoolOptions::new()
         .max_connections(8)
@@ -351,7 +358,7 @@ async fn sqlite(_test: &str) -> Option<SqliteDb> {
     ] {
         sqlx::query(stmt).execute(&pool).await.unwrap();
     }
-    Some(SqliteDb { pool, _file: file })
+    SqliteDb { pool, _file: file }
 }
 
 struct PgDb {
@@ -359,8 +366,8 @@ struct PgDb {
     _schema: common::PgSchema,
 }
 
-async fn postgres(test: &str) -> Option<PgDb> {
-    let url = common::pg_url(test)?;
+async fn postgres() -> PgDb {
+    let url = common::pg_url();
     let schema = common::PgSchema::create(&url, 40).await;
     for stmt in [
         "CREATE TABLE orders (id bigserial PRIMARY KEY, order_no text NOT NULL UNIQUE, user_id bigint NOT NULL, \
@@ -370,14 +377,14 @@ async fn postgres(test: &str) -> Option<PgDb> {
     ] {
         sqlx::query(stmt).execute(&schema.pool).await.unwrap();
     }
-    Some(PgDb {
+    PgDb {
         pool: schema.pool.clone(),
         _schema: schema,
-    })
+    }
 }
 
 suite!(on_sqlite, sqlite_fns, sqlite, sqlx::SqliteConnection);
-suite!(on_postgres, pg_fns, postgres, sqlx::PgConnection);
+suite!(on_postgres, pg_fns, postgres, sqlx::PgConnection, #[cfg_attr(not(idem_postgres), ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…")]);
 
 #[test]
 fn the_machine_knows_its_edges() {

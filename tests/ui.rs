@@ -1,5 +1,6 @@
 //! Compile-time errors of the macros, each under the user's offending tokens (`tests/ui/*.rs`
-//! with reviewed `.stderr` files), and programs that must compile (`tests/ui/pass/`).
+//! with reviewed `.stderr` files), and programs that must compile (`tests/ui/pass/`). Paths are
+//! relative to this package, `tests/`.
 //!
 //! The `.stderr` files hold rustc's exact wording, which changes between compiler releases, so the
 //! suite runs on the release they are written for, stable 1.95, and shows as ignored on any other
@@ -12,6 +13,6 @@
 #[test]
 fn ui() {
     let t = trybuild::TestCases::new();
-    t.compile_fail("tests/ui/*.rs");
-    t.pass("tests/ui/pass/*.rs");
+    t.compile_fail("ui/*.rs");
+    t.pass("ui/pass/*.rs");
 }

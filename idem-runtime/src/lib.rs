@@ -54,6 +54,9 @@ pub mod replay;
 pub mod scope;
 pub mod store;
 pub mod sweeper;
+#[cfg(feature = "testkit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
+pub mod testkit;
 pub mod transition;
 
 #[doc(hidden)]

@@ -1,4 +1,4 @@
-//! Test support: isolated PostgreSQL schemas, SQLite files, and the skip rule for PostgreSQL.
+//! Test support: isolated PostgreSQL schemas, SQLite files, and where PostgreSQL is.
 
 #![allow(dead_code)]
 
@@ -7,22 +7,17 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-/// The PostgreSQL URL for tests, or `None` (with a printed reason) when there is none.
+/// The PostgreSQL URL for tests: `DATABASE_URL`.
 ///
-/// Under `IDEM_REQUIRE_POSTGRES=1` a missing `DATABASE_URL` fails the test instead: CI must not
-/// skip the PostgreSQL suite silently.
-pub fn pg_url(test: &str) -> Option<String> {
+/// Tests that call this carry `#[cfg_attr(not(idem_postgres), ignore = "…")]`: `build.rs` sets
+/// `idem_postgres` when `DATABASE_URL` points at PostgreSQL, so without it they are listed as
+/// ignored and never get here (unless asked to with `--ignored`).
+pub fn pg_url() -> String {
     match std::env::var("DATABASE_URL") {
-        Ok(url) if url.starts_with("postgres") => Some(url),
-        _ => {
-            if std::env::var("IDEM_REQUIRE_POSTGRES").as_deref() == Ok("1") {
-                panic!(
-                    "{test}: IDEM_REQUIRE_POSTGRES=1 but DATABASE_URL does not point at PostgreSQL"
-                );
-            }
-            eprintln!("SKIPPED {test}: needs PostgreSQL; set DATABASE_URL=postgres://… to run it");
-            None
-        }
+        Ok(url) if url.starts_with("postgres") => url,
+        _ => panic!(
+            "this test needs PostgreSQL: set DATABASE_URL=postgres://… (it is ignored when DATABASE_URL is unset at build time)"
+        ),
     }
 }
 

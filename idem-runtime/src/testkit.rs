@@ -1,0 +1,841 @@
+//! The store conformance suite, public: a store written outside idem proves it keeps idem's
+//! contract by running the same cases as the stores idem ships (memory, SQLite, PostgreSQL), which
+//! run through this kit themselves. Feature `testkit`.
+//!
+//! Each case takes an [`Env`]: the store, how time passes on its clock, and whatever must live
+//! as long as the case (a schema, a temporary directory). [`conformance_tests!`] writes one
+//! `#[test]` per case; [`tx_conformance_tests!`] does the same for a [`TxStore`].
+//!
+//! ```
+//! // tests/conformance.rs of a crate with a store of its own (here, `MemoryStore` stands in).
+//! use idem::testkit::Env;
+//! use idem::MemoryStore;
+//!
+//! async fn my_store() -> Env<MemoryStore> {
+//!     // Connect to your store here. `Env::new`: leases and retention run on the store's own
+//!     // clock, so the cases that let time pass sleep.
+//!     Env::new(MemoryStore::new())
+//! }
+//!
+//! idem::testkit::conformance_tests!(my_store);
+//! # fn main() {}
+//! ```
+//!
+//! A store that reads an injectable clock passes it with [`Env::with_clock`] and its cases run
+//! without sleeping. Attributes before the function apply to every generated test, so a store
+//! that needs a server can be skipped visibly when it is absent:
+//! `conformance_tests!(#[cfg_attr(not(has_server), ignore = "needs the server")] my_store)`.
+//!
+//! The cases can also be called one by one:
+//!
+//! ```
+//! use idem::testkit::{self, Env};
+//! use idem::MemoryStore;
+//!
+//! // A store of your own; here one that hands every call to a memory store.
+//! #[derive(Clone)]
+//! struct Wrapped(MemoryStore);
+//!
+//! impl idem::Store for Wrapped {
+//!     fn begin(&self, req: idem::BeginRequest<'_>) -> impl Future<Output = idem::Result<idem::BeginOutcome>> + Send { self.0.begin(req) }
+//!     fn complete(&self, c: idem::ClaimRef<'_>, r: &idem::StoredResponse) -> impl Future<Output = idem::Result<()>> + Send { self.0.complete(c, r) }
+//!     fn release(&self, c: idem::ClaimRef<'_>) -> impl Future<Output = idem::Result<()>> + Send { self.0.release(c) }
+//!     fn checkpoint(&self, c: idem::ClaimRef<'_>, p: &[u8], l: std::time::Duration) -> impl Future<Output = idem::Result<()>> + Send { self.0.checkpoint(c, p, l) }
+//!     fn lookup(&self, s: &str, k: &str) -> impl Future<Output = idem::Result<Option<idem::Record>>> + Send { self.0.lookup(s, k) }
+//!     fn purge_expired(&self) -> impl Future<Output = idem::Result<u64>> + Send { self.0.purge_expired() }
+//!     fn release_in_background(&self, s: String, k: String, f: u64) { self.0.release_in_background(s, k, f) }
+//! }
+//!
+//! testkit::block_on(async {
+//!     let clock = idem::ManualClock::new();
+//!     let env = Env::with_clock(Wrapped(MemoryStore::with_clock(clock.clone())), clock);
+//!     testkit::cases::replay_is_byte_identical(&env).await;
+//!     testkit::cases::expired_lease_reclaims_with_fence_and_recovery_point(&env).await;
+//! });
+//! ```
+
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use crate::clock::ManualClock;
+use crate::store::Store;
+
+#[doc(inline)]
+pub use crate::conformance_tests;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[doc(inline)]
+pub use crate::tx_conformance_tests;
+
+/// A store under test, with a way to let time pass on its clock, and what must live as long as
+/// the case.
+pub struct Env<S> {
+    store: S,
+    clock: Option<ManualClock>,
+    keep: Vec<Box<dyn Any + Send + Sync>>,
+}
+
+impl<S> fmt::Debug for Env<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Env")
+            .field("manual_clock", &self.clock.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store + Clone> Env<S> {
+    /// A store whose leases and retention run on real time (its own clock, a database's, a
+    /// server's): the cases sleep when they let time pass.
+    pub fn new(store: S) -> Self {
+        Env {
+            store,
+            clock: None,
+            keep: Vec::new(),
+        }
+    }
+
+    /// A store that reads `clock`: the cases advance it instead of sleeping.
+    pub fn with_clock(store: S, clock: ManualClock) -> Self {
+        Env {
+            store,
+            clock: Some(clock),
+            keep: Vec::new(),
+        }
+    }
+
+    /// Keeps `value` alive until the case ends, then drops it (a schema that drops itself, a
+    /// temporary directory).
+    pub fn keep(mut self, value: impl Any + Send + Sync) -> Self {
+        self.keep.push(Box::new(value));
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Lets `d` pass on the store's clock.
+    pub async fn wait(&self, d: Duration) {
+        match &self.clock {
+            Some(c) => c.advance(d),
+            None => tokio::time::sleep(d).await,
+        }
+    }
+}
+
+/// Runs `fut` to completion on a new multi-threaded Tokio runtime: what each generated test
+/// does.
+pub fn block_on<F: Future>(fut: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime for the test")
+        .block_on(fut)
+}
+
+/// One `#[test]` per conformance case for the store that `make` builds.
+///
+/// `make` is a path to an `async fn() -> Env<S>` (called afresh for every case, so each case has
+/// a store of its own). Attributes written before it are put on every test.
+///
+/// ```
+/// # use idem::{testkit::Env, MemoryStore};
+/// # async fn my_store() -> Env<MemoryStore> { Env::new(MemoryStore::new()) }
+/// idem::testkit::conformance_tests!(my_store);
+/// // On a store that needs a server, listed as ignored where it is not configured:
+/// mod with_server {
+///     idem::testkit::conformance_tests!(
+///         #[cfg_attr(not(has_server), ignore = "needs the server")]
+///         super::my_store
+///     );
+/// }
+/// # fn main() {}
+/// ```
+#[doc(hidden)]
+#[macro_export]
+macro_rules! conformance_tests {
+    ($(#[$attr:meta])* $make:path) => {
+        $crate::__testkit_cases! {
+            [$(#[$attr])*] $make; cases:
+            first_claim,
+            replay_is_byte_identical,
+            different_fingerprint_is_key_reuse,
+            live_claim_is_in_progress,
+            expired_lease_reclaims_with_fence_and_recovery_point,
+            fail_closed_keeps_in_progress,
+            release_lets_a_retry_claim,
+            dropped_guard_releases_promptly,
+            racing_tasks_claim_once,
+            retention_expiry_frees_the_identity,
+            purge_removes_only_expired,
+            a_purged_identity_never_reuses_a_fence,
+        }
+    };
+}
+
+/// One `#[test]` per transactional conformance case for the [`TxStore`](crate::TxStore) (that
+/// is also a [`tx_cases::TxFixture`]) that `make` builds; see [`conformance_tests!`].
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! tx_conformance_tests {
+    ($(#[$attr:meta])* $make:path) => {
+        $crate::__testkit_cases! {
+            [$(#[$attr])*] $make; tx_cases:
+            tx_commit_makes_both_durable,
+            tx_rollback_leaves_nothing,
+            tx_duplicate_waits_then_replays,
+            tx_duplicate_claims_after_rollback,
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __testkit_cases {
+    ([$($attr:tt)*] $make:path; $module:ident: $case:ident $(, $rest:ident)* $(,)?) => {
+        #[test]
+        $($attr)*
+        fn $case() {
+            $crate::testkit::block_on(async {
+                let env = $make().await;
+                $crate::testkit::$module::$case(&env).await;
+            });
+        }
+        $crate::__testkit_cases! { [$($attr)*] $make; $module: $($rest),* }
+    };
+    ([$($attr:tt)*] $make:path; $module:ident: $(,)?) => {};
+}
+
+/// The cases every store passes.
+pub mod cases {
+    use std::time::Duration;
+
+    use super::Env;
+    use crate::{
+        BeginOutcome, BeginRequest, ClaimRef, Error, ExpiredLease, Fingerprint, Key, Policy,
+        RecordState, Store, StoredResponse,
+    };
+
+    pub(super) fn key(s: &str) -> Key {
+        Key::parse(s).unwrap()
+    }
+
+    pub(super) fn fp(v: &str) -> Fingerprint {
+        Fingerprint::of(v).unwrap()
+    }
+
+    pub(super) const POLICY: Policy = Policy::DEFAULT;
+
+    pub(super) fn req<'a>(
+        scope: &'a str,
+        key: &'a Key,
+        fp: &'a Fingerprint,
+        policy: &'a Policy,
+    ) -> BeginRequest<'a> {
+        BeginRequest {
+            scope,
+            key: key.as_str(),
+            fingerprint: fp,
+            policy,
+        }
+    }
+
+    pub(super) fn claimed(outcome: BeginOutcome) -> crate::Claimed {
+        match outcome {
+            BeginOutcome::Claimed(c) => c,
+            other => panic!("expected a claim, got {other:?}"),
+        }
+    }
+
+    pub(super) fn claim<'a>(scope: &'a str, key: &'a Key, fence: u64) -> ClaimRef<'a> {
+        ClaimRef {
+            scope,
+            key: key.as_str(),
+            fence,
+        }
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn first_claim<S: Store + Clone>(env: &Env<S>) {
+        let k = key("k-first");
+        let f = fp("body");
+        let c = claimed(env.store().begin(req("s", &k, &f, &POLICY)).await.unwrap());
+        assert!(c.fence > 0);
+        assert!(!c.reclaimed);
+        assert_eq!(c.recovery_point, None);
+        // The same key under another scope is another record.
+        let other = claimed(env.store().begin(req("s2", &k, &f, &POLICY)).await.unwrap());
+        assert!(!other.reclaimed);
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn replay_is_byte_identical<S: Store + Clone>(env: &Env<S>) {
+        let k = key("k-replay");
+        let f = fp("body");
+        let c = claimed(env.store().begin(req("s", &k, &f, &POLICY)).await.unwrap());
+        // Unusual spacing, key order and escapes: a JSON column would normalise these away.
+        let body = b"{ \"z\":1,  \"a\" : [2 ,1],\n\t\"u\":\"\\u00e9\" }  ".to_vec();
+        let stored = StoredResponse {
+            status: Some(201),
+            is_error: false,
+            body: body.clone().into(),
+        };
+        env.store()
+            .complete(claim("s", &k, c.fence), &stored)
+            .await
+            .unwrap();
+        for _ in 0..2 {
+            match env.store().begin(req("s", &k, &f, &POLICY)).await.unwrap() {
+                BeginOutcome::Replay(r) => {
+                    assert_eq!(r.body, body, "replayed bytes differ");
+                    assert_eq!(r.status, Some(201));
+                    assert!(!r.is_error);
+                }
+                other => panic!("expected a replay, got {other:?}"),
+            }
+        }
+        let rec = env.store().lookup("s", k.as_str()).await.unwrap().unwrap();
+        assert_eq!(rec.state, RecordState::Completed);
+        assert_eq!(rec.response.unwrap().body, body);
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn different_fingerprint_is_key_reuse<S: Store + Clone>(env: &Env<S>) {
+        let k = key("k-reuse");
+        let c = claimed(
+            env.store()
+                .begin(req("s", &k, &fp("a"), &POLICY))
+                .await
+                .unwrap(),
+        );
+        // While in progress…
+        assert_eq!(
+            env.store()
+                .begin(req("s", &k, &fp("b"), &POLICY))
+                .await
+                .unwrap(),
+            BeginOutcome::KeyReused
+        );
+        env.store()
+            .complete(claim("s", &k, c.fence), &StoredResponse::ok(b"1".to_vec()))
+            .await
+            .unwrap();
+        // …and once completed.
+        assert_eq!(
+            env.store()
+                .begin(req("s", &k, &fp("b"), &POLICY))
+                .await
+                .unwrap(),
+            BeginOutcome::KeyReused
+        );
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn live_claim_is_in_progress<S: Store + Clone>(env: &Env<S>) {
+        let k = key("k-live");
+        let f = fp("a");
+        let policy = POLICY.lease(Duration::from_secs(30));
+        claimed(env.store().begin(req("s", &k, &f, &policy)).await.unwrap());
+        match env.store().begin(req("s", &k, &f, &policy)).await.unwrap() {
+            BeginOutcome::InProgress { retry_after } => {
+                assert!(retry_after > Duration::from_secs(25), "{retry_after:?}");
+                assert!(retry_after <= Duration::from_secs(30), "{retry_after:?}");
+            }
+            other => panic!("expected in progress, got {other:?}"),
+        }
+        let rec = env.store().lookup("s", k.as_str()).await.unwrap().unwrap();
+        assert_eq!(rec.state, RecordState::InProgress);
+        assert!(rec.response.is_none());
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn expired_lease_reclaims_with_fence_and_recovery_point<S: Store + Clone>(
+        env: &Env<S>,
+    ) {
+        let k = key("k-lease");
+        let f = fp("a");
+        let policy = POLICY.lease(Duration::from_millis(300));
+        let old = claimed(env.store().begin(req("s", &k, &f, &policy)).await.unwrap());
+        env.store()
+            .checkpoint(claim("s", &k, old.fence), b"charged", policy.lease)
+            .await
+            .unwrap();
+        env.wait(Duration::from_millis(450)).await;
+
+        let new = claimed(env.store().begin(req("s", &k, &f, &policy)).await.unwrap());
+        assert_eq!(new.fence, old.fence + 1);
+        assert!(new.reclaimed);
+        assert_eq!(new.recovery_point.as_deref(), Some(&b"charged"[..]));
+
+        // The slow original wakes up: every write it tries is refused and changes nothing.
+        let late = StoredResponse::ok(b"late".to_vec());
+        for result in [
+            env.store().complete(claim("s", &k, old.fence), &late).await,
+            env.store()
+                .checkpoint(claim("s", &k, old.fence), b"x", policy.lease)
+                .await,
+            env.store().release(claim("s", &k, old.fence)).await,
+        ] {
+            assert!(
+                matches!(result, Err(Error::FenceLost { fence }) if fence == old.fence),
+                "{result:?}"
+            );
+        }
+        env.store()
+            .complete(
+                claim("s", &k, new.fence),
+                &StoredResponse::ok(b"new".to_vec()),
+            )
+            .await
+            .unwrap();
+        match env.store().begin(req("s", &k, &f, &policy)).await.unwrap() {
+            BeginOutcome::Replay(r) => assert_eq!(r.body, &b"new"[..]),
+            other => panic!("expected the new owner's replay, got {other:?}"),
+        }
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn fail_closed_keeps_in_progress<S: Store + Clone>(env: &Env<S>) {
+        let k = key("k-closed");
+        let f = fp("a");
+        let policy = POLICY
+            .lease(Duration::from_millis(300))
+            .expired_lease(ExpiredLease::FailClosed);
+        claimed(env.store().begin(req("s", &k, &f, &policy)).await.unwrap());
+        env.wait(Duration::from_millis(450)).await;
+        assert!(matches!(
+            env.store().begin(req("s", &k, &f, &policy)).await.unwrap(),
+            BeginOutcome::InProgress { .. }
+        ));
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn release_lets_a_retry_claim<S: Store + Clone>(env: &Env<S>) {
+        let k = key("k-release");
+        let f = fp("a");
+        let c = claimed(env.store().begin(req("s", &k, &f, &POLICY)).await.unwrap());
+        env.store().release(claim("s", &k, c.fence)).await.unwrap();
+        assert!(env.store().lookup("s", k.as_str()).await.unwrap().is_none());
+        let retry = claimed(env.store().begin(req("s", &k, &f, &POLICY)).await.unwrap());
+        assert!(
+            retry.fence > c.fence,
+            "fences must keep growing across a release"
+        );
+        assert!(!retry.reclaimed);
+        // The released owner cannot write over the retry.
+        assert!(matches!(
+            env.store()
+                .complete(claim("s", &k, c.fence), &StoredResponse::ok(vec![]))
+                .await,
+            Err(Error::FenceLost { .. })
+        ));
+        // After a release, the key is free for another body too.
+        let k2 = key("k-release-2");
+        let c2 = claimed(
+            env.store()
+                .begin(req("s", &k2, &fp("a"), &POLICY))
+                .await
+                .unwrap(),
+        );
+        env.store()
+            .release(claim("s", &k2, c2.fence))
+            .await
+            .unwrap();
+        claimed(
+            env.store()
+                .begin(req("s", &k2, &fp("b"), &POLICY))
+                .await
+                .unwrap(),
+        );
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn dropped_guard_releases_promptly<S: Store + Clone>(env: &Env<S>) {
+        let f = fp("a");
+        let guard = match crate::begin(env.store(), "s".into(), key("k-drop"), f, POLICY).await {
+            Ok(crate::Begun::Claimed(g)) => g,
+            other => panic!("{other:?}"),
+        };
+        let first = guard.fence();
+        drop(guard);
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        loop {
+            match env
+                .store
+                .begin(req("s", &key("k-drop"), &f, &POLICY))
+                .await
+                .unwrap()
+            {
+                BeginOutcome::Claimed(c) => {
+                    assert_eq!(c.fence, first + 1);
+                    break;
+                }
+                BeginOutcome::InProgress { .. } if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                other => panic!("the dropped claim was not released within 1 s: {other:?}"),
+            }
+        }
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn racing_tasks_claim_once<S: Store + Clone>(env: &Env<S>) {
+        let f = fp("a");
+        let mut tasks = Vec::new();
+        for _ in 0..64 {
+            let store = env.store().clone();
+            tasks.push(tokio::spawn(async move {
+                let k = key("k-race");
+                store.begin(req("s", &k, &f, &POLICY)).await.unwrap()
+            }));
+        }
+        let mut claims = 0;
+        let mut in_progress = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                BeginOutcome::Claimed(c) => {
+                    assert!(!c.reclaimed);
+                    claims += 1;
+                }
+                BeginOutcome::InProgress { .. } => in_progress += 1,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(claims, 1, "exactly one of 64 racing tasks may claim");
+        assert_eq!(in_progress, 63);
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn retention_expiry_frees_the_identity<S: Store + Clone>(env: &Env<S>) {
+        let k = key("k-retain");
+        let policy = POLICY.retain(Duration::from_millis(300));
+        let c = claimed(
+            env.store()
+                .begin(req("s", &k, &fp("a"), &policy))
+                .await
+                .unwrap(),
+        );
+        env.store()
+            .complete(claim("s", &k, c.fence), &StoredResponse::ok(b"1".to_vec()))
+            .await
+            .unwrap();
+        assert!(matches!(
+            env.store()
+                .begin(req("s", &k, &fp("b"), &policy))
+                .await
+                .unwrap(),
+            BeginOutcome::KeyReused
+        ));
+        env.wait(Duration::from_millis(450)).await;
+        assert!(env.store().lookup("s", k.as_str()).await.unwrap().is_none());
+        let again = claimed(
+            env.store()
+                .begin(req("s", &k, &fp("b"), &policy))
+                .await
+                .unwrap(),
+        );
+        assert!(again.fence > c.fence);
+        assert_eq!(again.recovery_point, None);
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn purge_removes_only_expired<S: Store + Clone>(env: &Env<S>) {
+        let short = POLICY.retain(Duration::from_millis(300));
+        for i in 0..5 {
+            let k = key(&format!("k-purge-{i}"));
+            let c = claimed(
+                env.store()
+                    .begin(req("s", &k, &fp("a"), &short))
+                    .await
+                    .unwrap(),
+            );
+            env.store()
+                .complete(claim("s", &k, c.fence), &StoredResponse::ok(vec![]))
+                .await
+                .unwrap();
+        }
+        let keep = key("k-keep");
+        let c = claimed(
+            env.store()
+                .begin(req("s", &keep, &fp("a"), &POLICY))
+                .await
+                .unwrap(),
+        );
+        env.store()
+            .complete(claim("s", &keep, c.fence), &StoredResponse::ok(vec![]))
+            .await
+            .unwrap();
+        env.wait(Duration::from_millis(450)).await;
+        assert_eq!(env.store().purge_expired().await.unwrap(), 5);
+        assert_eq!(env.store().purge_expired().await.unwrap(), 0);
+        assert!(
+            env.store()
+                .lookup("s", keep.as_str())
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn a_purged_identity_never_reuses_a_fence<S: Store + Clone>(env: &Env<S>) {
+        let k = key("k-purged");
+        let short = POLICY
+            .retain(Duration::from_millis(300))
+            .lease(Duration::from_millis(300));
+        let old = claimed(
+            env.store()
+                .begin(req("s", &k, &fp("a"), &short))
+                .await
+                .unwrap(),
+        );
+        // The owner stalls past the retention; the record is purged and claimed afresh.
+        env.wait(Duration::from_millis(450)).await;
+        assert_eq!(env.store().purge_expired().await.unwrap(), 1);
+        let new = claimed(
+            env.store()
+                .begin(req("s", &k, &fp("a"), &POLICY))
+                .await
+                .unwrap(),
+        );
+        assert!(
+            new.fence > old.fence,
+            "{} must exceed {}",
+            new.fence,
+            old.fence
+        );
+        let late = env
+            .store
+            .complete(
+                claim("s", &k, old.fence),
+                &StoredResponse::ok(b"late".to_vec()),
+            )
+            .await;
+        assert!(matches!(late, Err(Error::FenceLost { .. })), "{late:?}");
+        env.store()
+            .complete(
+                claim("s", &k, new.fence),
+                &StoredResponse::ok(b"new".to_vec()),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// The cases every transactional store passes.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub mod tx_cases {
+    use std::future::Future;
+    use std::time::Duration;
+
+    use super::Env;
+    use super::cases::{POLICY, claim, claimed, fp, key, req};
+    use crate::{BeginOutcome, StoredResponse, TxStore};
+
+    /// A business table beside the records, for the transactional cases: the body's own SQL, which
+    /// must commit and roll back together with the claim. Implemented here for [`SqliteStore`] and
+    /// [`PgStore`]; a transactional store of your own implements it on its database.
+    ///
+    /// [`SqliteStore`]: crate::SqliteStore
+    /// [`PgStore`]: crate::PgStore
+    pub trait TxFixture: TxStore + Clone {
+        /// Creates the table `biz (order_no text NOT NULL UNIQUE)`.
+        fn create_biz(&self) -> impl Future<Output = ()> + Send;
+        /// Inserts `order_no` inside `tx`.
+        fn insert_biz(
+            &self,
+            tx: &mut sqlx::Transaction<'static, Self::Database>,
+            order_no: &str,
+        ) -> impl Future<Output = ()> + Send;
+        /// How many committed rows hold `order_no`, read outside any open transaction.
+        fn count_biz(&self, order_no: &str) -> impl Future<Output = i64> + Send;
+    }
+
+    #[cfg(feature = "sqlite")]
+    impl TxFixture for crate::SqliteStore {
+        async fn create_biz(&self) {
+            sqlx::query("CREATE TABLE biz (order_no TEXT NOT NULL UNIQUE)")
+                .execute(self.pool())
+                .await
+                .unwrap();
+        }
+        async fn insert_biz(&self, tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>, n: &str) {
+            sqlx::query("INSERT INTO biz (order_no) VALUES ($1)")
+                .bind(n)
+                .execute(&mut **tx)
+                .await
+                .unwrap();
+        }
+        async fn count_biz(&self, n: &str) -> i64 {
+            // The readers: a transaction may be holding the one writer connection.
+            sqlx::query_scalar("SELECT count(*) FROM biz WHERE order_no = $1")
+                .bind(n)
+                .fetch_one(self.reader_pool())
+                .await
+                .unwrap()
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    impl TxFixture for crate::PgStore {
+        async fn create_biz(&self) {
+            sqlx::query("CREATE TABLE biz (order_no text NOT NULL UNIQUE)")
+                .execute(self.pool())
+                .await
+                .unwrap();
+        }
+        async fn insert_biz(&self, tx: &mut sqlx::Transaction<'static, sqlx::Postgres>, n: &str) {
+            sqlx::query("INSERT INTO biz (order_no) VALUES ($1)")
+                .bind(n)
+                .execute(&mut **tx)
+                .await
+                .unwrap();
+        }
+        async fn count_biz(&self, n: &str) -> i64 {
+            sqlx::query_scalar("SELECT count(*) FROM biz WHERE order_no = $1")
+                .bind(n)
+                .fetch_one(self.pool())
+                .await
+                .unwrap()
+        }
+    }
+
+    /// See [`tx_conformance_tests!`](crate::tx_conformance_tests).
+    pub async fn tx_commit_makes_both_durable<S: TxFixture>(env: &Env<S>) {
+        env.store().create_biz().await;
+        let k = key("k-tx-commit");
+        let f = fp("a");
+        let mut tx = env.store().begin_transaction().await.unwrap();
+        let c = claimed(
+            env.store()
+                .begin_in(&mut tx, req("s", &k, &f, &POLICY))
+                .await
+                .unwrap(),
+        );
+        env.store().insert_biz(&mut tx, "A1").await;
+        env.store()
+            .complete_in(
+                &mut tx,
+                claim("s", &k, c.fence),
+                &StoredResponse::ok(b"A1".to_vec()),
+            )
+            .await
+            .unwrap();
+        // Nothing is visible before the commit.
+        assert_eq!(env.store().count_biz("A1").await, 0);
+        tx.commit().await.unwrap();
+        assert_eq!(env.store().count_biz("A1").await, 1);
+        match env.store().begin(req("s", &k, &f, &POLICY)).await.unwrap() {
+            BeginOutcome::Replay(r) => assert_eq!(r.body, &b"A1"[..]),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// See [`tx_conformance_tests!`](crate::tx_conformance_tests).
+    pub async fn tx_rollback_leaves_nothing<S: TxFixture>(env: &Env<S>) {
+        env.store().create_biz().await;
+        let k = key("k-tx-rollback");
+        let f = fp("a");
+        let mut tx = env.store().begin_transaction().await.unwrap();
+        let c = claimed(
+            env.store()
+                .begin_in(&mut tx, req("s", &k, &f, &POLICY))
+                .await
+                .unwrap(),
+        );
+        env.store().insert_biz(&mut tx, "B1").await;
+        env.store()
+            .complete_in(
+                &mut tx,
+                claim("s", &k, c.fence),
+                &StoredResponse::ok(b"B1".to_vec()),
+            )
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        assert_eq!(env.store().count_biz("B1").await, 0);
+        assert!(env.store().lookup("s", k.as_str()).await.unwrap().is_none());
+        // The identity is free: the retry claims it afresh.
+        claimed(env.store().begin(req("s", &k, &f, &POLICY)).await.unwrap());
+    }
+
+    /// See [`tx_conformance_tests!`](crate::tx_conformance_tests).
+    pub async fn tx_duplicate_waits_then_replays<S: TxFixture>(env: &Env<S>) {
+        env.store().create_biz().await;
+        let k = key("k-tx-dup");
+        let f = fp("a");
+        let mut tx = env.store().begin_transaction().await.unwrap();
+        let c = claimed(
+            env.store()
+                .begin_in(&mut tx, req("s", &k, &f, &POLICY))
+                .await
+                .unwrap(),
+        );
+
+        let store = env.store().clone();
+        let duplicate = tokio::spawn(async move {
+            let k = key("k-tx-dup");
+            let mut tx = store.begin_transaction().await.unwrap();
+            let outcome = store
+                .begin_in(&mut tx, req("s", &k, &f, &POLICY))
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            outcome
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !duplicate.is_finished(),
+            "the duplicate must wait for the first transaction"
+        );
+
+        env.store().insert_biz(&mut tx, "C1").await;
+        env.store()
+            .complete_in(
+                &mut tx,
+                claim("s", &k, c.fence),
+                &StoredResponse::ok(b"C1".to_vec()),
+            )
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+
+        match duplicate.await.unwrap() {
+            BeginOutcome::Replay(r) => assert_eq!(r.body, &b"C1"[..]),
+            other => panic!("the duplicate should replay, got {other:?}"),
+        }
+        assert_eq!(env.store().count_biz("C1").await, 1);
+    }
+
+    /// See [`tx_conformance_tests!`](crate::tx_conformance_tests).
+    pub async fn tx_duplicate_claims_after_rollback<S: TxFixture>(env: &Env<S>) {
+        env.store().create_biz().await;
+        let k = key("k-tx-dup-rb");
+        let f = fp("a");
+        let mut tx = env.store().begin_transaction().await.unwrap();
+        claimed(
+            env.store()
+                .begin_in(&mut tx, req("s", &k, &f, &POLICY))
+                .await
+                .unwrap(),
+        );
+        let store = env.store().clone();
+        let duplicate = tokio::spawn(async move {
+            let k = key("k-tx-dup-rb");
+            let mut tx = store.begin_transaction().await.unwrap();
+            let outcome = store
+                .begin_in(&mut tx, req("s", &k, &f, &POLICY))
+                .await
+                .unwrap();
+            tx.rollback().await.unwrap();
+            outcome
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        tx.rollback().await.unwrap();
+        assert!(matches!(duplicate.await.unwrap(), BeginOutcome::Claimed(_)));
+    }
+}

@@ -1,0 +1,56 @@
+//! Which services the tests can reach, decided when they are built.
+//!
+//! A test that needs a service that is not configured is compiled `#[ignore]`d with the reason
+//! (`#[cfg_attr(not(idem_postgres), ignore = "…")]`), so the test runner lists it as ignored,
+//! never as passed. Where CI requires a service (`IDEM_REQUIRE_POSTGRES=1` and its siblings), its
+//! absence fails the build instead.
+
+struct Service {
+    /// The `cfg` set when the service is configured.
+    cfg: &'static str,
+    /// The variable that points at it, and the URL schemes it accepts.
+    var: &'static str,
+    schemes: &'static [&'static str],
+    /// The variable that makes it required.
+    require: &'static str,
+    name: &'static str,
+    example: &'static str,
+}
+
+const SERVICES: &[Service] = &[Service {
+    cfg: "idem_postgres",
+    var: "DATABASE_URL",
+    schemes: &["postgres://", "postgresql://"],
+    require: "IDEM_REQUIRE_POSTGRES",
+    name: "PostgreSQL",
+    example: "DATABASE_URL=postgres://postgres@127.0.0.1:5432/test",
+}];
+
+fn main() {
+    let mut skipped = Vec::new();
+    for s in SERVICES {
+        println!("cargo::rustc-check-cfg=cfg({})", s.cfg);
+        println!("cargo::rerun-if-env-changed={}", s.var);
+        println!("cargo::rerun-if-env-changed={}", s.require);
+        let configured = std::env::var(s.var)
+            .is_ok_and(|url| s.schemes.iter().any(|scheme| url.starts_with(scheme)));
+        let required = std::env::var(s.require).as_deref() == Ok("1");
+        if configured {
+            println!("cargo::rustc-cfg={}", s.cfg);
+        } else if required {
+            eprintln!(
+                "{}=1 but {} does not point at {}: set {}",
+                s.require, s.var, s.name, s.example
+            );
+            std::process::exit(1);
+        } else {
+            skipped.push(format!("{} (set {})", s.name, s.example));
+        }
+    }
+    if !skipped.is_empty() {
+        println!(
+            "cargo::warning=tests that need {} are listed as ignored",
+            skipped.join(", ")
+        );
+    }
+}
