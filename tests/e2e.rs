@@ -517,3 +517,65 @@ async fn two_server_processes_share_postgres() {
         assert!(bodies.contains(&r.text().await.unwrap()));
     }
 }
+
+/// The walkthrough holds after a restart: the gateway's ledger lives in the database with the
+/// records, so a refund replayed by a new process still finds its one money move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restart_keeps_the_ledger_with_the_replays() {
+    let file = common::SqliteFile::new();
+    let c = client();
+    let refund = |base: String| {
+        let c = c.clone();
+        async move {
+            let r = c
+                .post(format!("{base}/api/orders"))
+                .header("Idempotency-Key", "restart-order")
+                .header("Content-Type", "application/json")
+                .body(r#"{"skuId": 7, "qty": 1}"#)
+                .send()
+                .await
+                .unwrap();
+            let order: Value = r.json().await.unwrap();
+            let no = order["orderNo"].as_str().unwrap().to_owned();
+            c.post(format!("{base}/api/payments/callback"))
+                .json(&json!({ "orderNo": no, "amountCents": order["amountCents"] }))
+                .send()
+                .await
+                .unwrap();
+            let r = c
+                .post(format!("{base}/api/orders/{no}/refunds"))
+                .header("Idempotency-Key", "restart-refund")
+                .send()
+                .await
+                .unwrap();
+            let status = r.status();
+            let body = r.text().await.unwrap();
+            let ledger: Value = c
+                .get(format!("{base}/api/gateway/ledger"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            (status, body, ledger)
+        }
+    };
+    let (first, base) = spawn_server(&file.url);
+    let (st, body, ledger) = refund(base).await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    assert_eq!(ledger["count"], 1, "{ledger}");
+    drop(first);
+
+    let (_second, base) = spawn_server(&file.url);
+    let (st, again, ledger) = refund(base).await;
+    assert_eq!(
+        st,
+        StatusCode::OK,
+        "the refund replays after the restart: {again}"
+    );
+    assert_eq!(again, body);
+    assert_eq!(ledger["count"], 1, "still one money move: {ledger}");
+    let refund_id: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(ledger["moves"][0]["id"], refund_id["refundId"]);
+}

@@ -15,13 +15,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::db::{Db, Order, OrderStatus, PgDb, SqliteDb};
-use crate::gateway::{Gateway, MoneyMove};
+use crate::gateway::MoneyMove;
 
 /// The application state.
 #[derive(Clone)]
 pub struct App<D> {
     pub db: D,
-    pub gateway: Gateway,
 }
 
 /// Connects to `database_url` (PostgreSQL), or opens the SQLite file it names, and returns the
@@ -29,22 +28,10 @@ pub struct App<D> {
 pub async fn build(database_url: &str) -> Result<(Router, String), idem::Error> {
     if database_url.starts_with("postgres") {
         let db = PgDb::connect(database_url).await?;
-        Ok((
-            router(App {
-                db,
-                gateway: Gateway::default(),
-            }),
-            "PostgreSQL".into(),
-        ))
+        Ok((router(App { db }), "PostgreSQL".into()))
     } else {
         let db = SqliteDb::open(database_url).await?;
-        Ok((
-            router(App {
-                db,
-                gateway: Gateway::default(),
-            }),
-            format!("SQLite ({database_url})"),
-        ))
+        Ok((router(App { db }), format!("SQLite ({database_url})")))
     }
 }
 
@@ -399,13 +386,13 @@ pub async fn refund<D: Db>(
         .into());
     }
     let money = app
-        .gateway
-        .refund(
+        .db
+        .gateway_refund(
             &claim.downstream_key("gateway-refund"),
             &order_no,
             order.amount_cents,
         )
-        .await;
+        .await?;
     let cancelled = app.db.cancel_paid(&order_no).await?;
     if !cancelled.is_done() {
         // The money moved but the order changed state meanwhile: say so, do not hide it.
@@ -430,12 +417,12 @@ pub struct Ledger {
 }
 
 /// `GET /api/gateway/ledger`: every money move, to count them.
-pub async fn ledger<D: Db>(State(app): State<App<D>>) -> Json<Ledger> {
-    let moves = app.gateway.moves();
-    Json(Ledger {
+pub async fn ledger<D: Db>(State(app): State<App<D>>) -> Result<Json<Ledger>, AppError> {
+    let moves = app.db.gateway_moves().await?;
+    Ok(Json(Ledger {
         count: moves.len(),
         moves,
-    })
+    }))
 }
 
 // ---- shipping ----------------------------------------------------------------------------------

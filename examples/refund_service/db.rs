@@ -8,6 +8,8 @@ use std::future::Future;
 use idem::{Created, Error, Store, Transition, TxStore, Versioned};
 use serde::{Deserialize, Serialize};
 
+use crate::gateway::{MoneyMove, MoveRow};
+
 idem::state_machine! {
     /// PENDING → PAID → SHIPPED → DONE, and cancellation (with a refund once paid) before
     /// shipping.
@@ -90,6 +92,18 @@ pub trait Db: Clone + Send + Sync + 'static {
         nickname: &str,
         version: i64,
     ) -> impl Future<Output = Result<Versioned, Error>> + Send;
+
+    /// The gateway's refund: moves `amount_cents` once per `idempotency_key`; a key it has seen
+    /// returns the first move and moves nothing.
+    fn gateway_refund(
+        &self,
+        idempotency_key: &str,
+        order_no: &str,
+        amount_cents: i64,
+    ) -> impl Future<Output = Result<MoneyMove, Error>> + Send;
+
+    /// Every money move of the gateway, in order.
+    fn gateway_moves(&self) -> impl Future<Output = Result<Vec<MoneyMove>, Error>> + Send;
 }
 
 fn db_error(e: sqlx::Error) -> Error {
@@ -146,6 +160,15 @@ macro_rules! statements {
             order_no: &str,
         ) -> Result<Transition<Order, OrderStatus>, Error>;
 
+        // The gateway's own unique index: one money move per key, the first one answered again.
+        #[idem::create_once(table = "gateway_moves", unique = "idempotency_key", returning = MoveRow)]
+        pub async fn insert_move(
+            db: impl sqlx::Acquire<'_, Database = $db>,
+            idempotency_key: &str,
+            order_no: &str,
+            amount_cents: i64,
+        ) -> Result<Created<MoveRow>, Error>;
+
         #[idem::versioned_update(table = "user_profile", key = "user_id", set = "nickname")]
         pub async fn update_profile(
             db: impl sqlx::Acquire<'_, Database = $db>,
@@ -168,6 +191,8 @@ const SELECT_ORDER: &str =
     "SELECT order_no, user_id, sku_id, qty, amount_cents, status FROM orders WHERE order_no = $1";
 const SELECT_PROFILE: &str =
     "SELECT user_id, nickname, version FROM user_profile WHERE user_id = $1";
+const SELECT_MOVES: &str =
+    "SELECT seq, idempotency_key, order_no, amount_cents FROM gateway_moves ORDER BY seq";
 
 /// Defines a database type that implements [`Db`] with one module of [`statements!`].
 macro_rules! database {
@@ -247,6 +272,26 @@ macro_rules! database {
             ) -> Result<Versioned, Error> {
                 $module::update_profile(&self.pool, user_id, nickname, version).await
             }
+
+            async fn gateway_refund(
+                &self,
+                idempotency_key: &str,
+                order_no: &str,
+                amount_cents: i64,
+            ) -> Result<MoneyMove, Error> {
+                let created =
+                    $module::insert_move(&self.pool, idempotency_key, order_no, amount_cents)
+                        .await?;
+                Ok(created.into_row().into())
+            }
+
+            async fn gateway_moves(&self) -> Result<Vec<MoneyMove>, Error> {
+                let rows: Vec<MoveRow> = sqlx::query_as(SELECT_MOVES)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                Ok(rows.into_iter().map(MoneyMove::from).collect())
+            }
         }
     };
 }
@@ -280,6 +325,11 @@ impl SqliteDb {
                 user_id INTEGER PRIMARY KEY,
                 nickname TEXT NOT NULL,
                 version INTEGER NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS gateway_moves (
+                seq INTEGER PRIMARY KEY,
+                idempotency_key TEXT NOT NULL UNIQUE,
+                order_no TEXT NOT NULL,
+                amount_cents INTEGER NOT NULL)",
             SEED_USERS,
         ] {
             sqlx::query(stmt).execute(&pool).await.map_err(db_error)?;
@@ -314,6 +364,11 @@ impl PgDb {
                 user_id bigint PRIMARY KEY,
                 nickname text NOT NULL,
                 version bigint NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS gateway_moves (
+                seq bigserial PRIMARY KEY,
+                idempotency_key text NOT NULL UNIQUE,
+                order_no text NOT NULL,
+                amount_cents bigint NOT NULL)",
             SEED_USERS,
         ] {
             sqlx::query(stmt)
