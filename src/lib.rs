@@ -34,16 +34,107 @@
 //! - [`macro@idempotent`] rewrites an `async fn` into begin → replay or run → complete.
 //! - [`macro@state_transition`] generates the guarded `UPDATE` of a state machine and says what
 //!   happened when it did not apply.
-//! - Stores: [`MemoryStore`], [`SqliteStore`] (feature `sqlite`, default), [`PgStore`] (feature
-//!   `postgres`), all passing one conformance suite.
+//! - Stores: [`MemoryStore`], `SqliteStore` (feature `sqlite`, default), `PgStore` (feature
+//!   `postgres`), all passing one conformance suite, which `testkit` (feature `testkit`) runs on a
+//!   store of your own.
 //! - [`begin`] and [`Guard`]: the same lifecycle by hand.
+//!
+//! # An axum handler, end to end
+//!
+//! With the features `axum` and `sqlite` (the default): the key comes from the
+//! `Idempotency-Key` header, the scope is per order, a retry gets the first answer's exact bytes
+//! with `Idempotent-Replayed: true`, and a retry with another body is 422.
+//!
+//! ```
+//! use axum::{extract::{Path, State}, http::{Request, StatusCode}, routing::post, Json, Router};
+//! use idem::http::{IdempotencyKey, IdempotencyLayer};
+//! use idem::{idempotent, SqliteStore};
+//! use serde::{Deserialize, Serialize};
+//! use tower::ServiceExt as _;
+//!
+//! #[derive(Clone)]
+//! struct App { idem: SqliteStore }
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct RefundRequest { cents: u64 }
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Refund { order_no: String, cents: u64 }
+//!
+//! #[idempotent(scope = "refund:<order_no>", key = key, store = app.idem, skip(app))]
+//! async fn refund(
+//!     State(app): State<App>,
+//!     Path(order_no): Path<String>,
+//!     key: IdempotencyKey,
+//!     Json(req): Json<RefundRequest>,
+//! ) -> Result<(StatusCode, Json<Refund>), idem::Error> {
+//!     // Move the money here: this runs once per (order, key).
+//!     Ok((StatusCode::CREATED, Json(Refund { order_no, cents: req.cents })))
+//! }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let app = App { idem: SqliteStore::in_memory().await? };
+//! let router = Router::new()
+//!     .route("/orders/{order_no}/refunds", post(refund))
+//!     .layer(IdempotencyLayer::new())
+//!     .with_state(app);
+//!
+//! let send = |body: &'static str| {
+//!     router.clone().oneshot(
+//!         Request::post("/orders/ORD-1/refunds")
+//!             .header("Idempotency-Key", "refund-7f3a")
+//!             .header("Content-Type", "application/json")
+//!             .body(axum::body::Body::from(body))
+//!             .unwrap(),
+//!     )
+//! };
+//! let first = send(r#"{"cents": 250}"#).await.unwrap();
+//! assert_eq!(first.status(), StatusCode::CREATED);
+//! let retry = send(r#"{"cents": 250}"#).await.unwrap();
+//! assert_eq!(retry.status(), StatusCode::CREATED);
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//! let other = send(r#"{"cents": 999}"#).await.unwrap();
+//! assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+//! # Ok::<(), idem::Error>(())
+//! # }).unwrap();
+//! ```
 //!
 //! # Features
 //!
-//! - `sqlite` (default): the SQLite store, bundled.
-//! - `postgres`: the PostgreSQL store.
-//! - `axum`: the HTTP integration: `IdempotencyKey` extractor, problem+json errors, replay
-//!   header, lookup by key.
+#![cfg_attr(
+    feature = "sqlite",
+    doc = "- `sqlite` (default): [`SqliteStore`], bundled SQLite through sqlx."
+)]
+#![cfg_attr(
+    not(feature = "sqlite"),
+    doc = "- `sqlite` (default): `SqliteStore`, bundled SQLite through sqlx."
+)]
+#![cfg_attr(
+    feature = "postgres",
+    doc = "- `postgres`: [`PgStore`], for many instances sharing one database."
+)]
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "- `postgres`: `PgStore`, for many instances sharing one database."
+)]
+#![cfg_attr(
+    feature = "axum",
+    doc = "- `axum`: the [`http`] module: the `IdempotencyKey` extractor, problem+json errors, \
+           the replay layer, the lookup by key."
+)]
+#![cfg_attr(
+    not(feature = "axum"),
+    doc = "- `axum`: the `http` module: the `IdempotencyKey` extractor, problem+json errors, \
+           the replay layer, the lookup by key."
+)]
+#![cfg_attr(
+    feature = "testkit",
+    doc = "- `testkit`: the store conformance suite, [`testkit`], for a store of your own."
+)]
+#![cfg_attr(
+    not(feature = "testkit"),
+    doc = "- `testkit`: the store conformance suite, `testkit`, for a store of your own."
+)]
 //! - `metrics`: counters for every outcome through the `metrics` facade.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -173,13 +264,13 @@ pub use idem_runtime::{
     BeginOutcome, BeginRequest, Begun, BoxError, CachedStore, ClaimInfo, ClaimRef, Claimed, Clock,
     DynStore, Error, ExpiredLease, FinalError, Fingerprint, Fingerprinter, Guard, Idempotent, Key,
     KeyError, KeyPolicy, ManualClock, MemoryStore, Policy, Record, RecordState, Replay, Result,
-    ScopeBuilder, SharedStore, Store, StoredResponse, Sweeper, SystemClock, ToKey, begin,
-    default_store, downstream_key, set_default_store, spawn_sweeper,
+    RetryHint, ScopeBuilder, SharedStore, Store, StoredResponse, Sweeper, SystemClock, ToKey,
+    begin, default_store, downstream_key, set_default_store, set_retry_hint, spawn_sweeper,
 };
 
 #[doc(inline)]
 pub use idem_runtime::{
-    clock, error, fingerprint, guard, key, record, replay, scope, store, transition,
+    clock, error, fingerprint, flow, guard, key, record, replay, scope, store, transition,
 };
 
 #[doc(inline)]

@@ -579,3 +579,51 @@ async fn a_restart_keeps_the_ledger_with_the_replays() {
     let refund_id: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(ledger["moves"][0]["id"], refund_id["refundId"]);
 }
+
+/// The service's log, written to a pipe, is plain text with a message on each line: no colour
+/// codes, and a key reuse says what happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn logs_to_a_pipe_are_plain_text_with_messages() {
+    use std::io::Read;
+
+    let file = common::SqliteFile::new();
+    let mut child = Command::new(example_binary())
+        .env("IDEM_ADDR", "127.0.0.1:0")
+        .env("DATABASE_URL", &file.url)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the example");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    let base = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("unexpected first line: {first:?}"))
+        .to_owned();
+    let c = client();
+    for body in [r#"{"skuId": 1, "qty": 1}"#, r#"{"skuId": 2, "qty": 1}"#] {
+        c.post(format!("{base}/api/orders"))
+            .header("Idempotency-Key", "log-key")
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut log = String::new();
+    out.read_to_string(&mut log).unwrap();
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a piped log:\n{log}"
+    );
+    let reuse = log
+        .lines()
+        .find(|l| l.contains("key_reused"))
+        .unwrap_or_else(|| panic!("no key reuse logged:\n{log}"));
+    assert!(reuse.contains("different fingerprint"), "{reuse}");
+}

@@ -167,3 +167,141 @@ async fn idempotent_responses_say_replayed_even_without_the_layer() {
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(again.text().await.unwrap(), "7");
 }
+
+/// A guarded step inside a bigger handler: reserving stock for an order.
+#[idempotent(scope = "reserve:<sku>", key = key, store = store, skip(store))]
+async fn reserve(
+    store: &MemoryStore,
+    key: &str,
+    sku: u32,
+) -> Result<(StatusCode, Json<serde_json::Value>), idem::Error> {
+    Ok((
+        StatusCode::CREATED,
+        Json(serde_json::json!({ "reserved": sku })),
+    ))
+}
+
+/// Calls the guarded step, then answers with a document of its own, or fails in a later step.
+async fn checkout(
+    State(store): State<MemoryStore>,
+    key: IdempotencyKey,
+    Json(fail_later): Json<bool>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let reserved = match reserve(&store, key.as_str(), 9).await {
+        Ok((_, Json(r))) => r,
+        Err(e) => return e.into_response(),
+    };
+    if fail_later {
+        return idem::http::problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "PAYMENT_PROVIDER_DOWN",
+            "the payment step failed",
+        );
+    }
+    (
+        StatusCode::OK,
+        Json(serde_json::json!({ "checkout": "done", "step": reserved })),
+    )
+        .into_response()
+}
+
+#[tokio::test]
+async fn the_layer_leaves_a_response_that_is_not_the_replayed_value_alone() {
+    let app = Router::new()
+        .route("/checkout", post(checkout))
+        .layer(IdempotencyLayer::new())
+        .with_state(MemoryStore::new());
+    let base = serve(app).await;
+    let c = reqwest::Client::new();
+    let send = |fail_later: bool| {
+        c.post(format!("{base}/checkout"))
+            .header("Idempotency-Key", "k")
+            .json(&fail_later)
+            .send()
+    };
+    let expected = serde_json::json!({ "checkout": "done", "step": { "reserved": 9 } });
+    for attempt in 0..3 {
+        // From the second attempt on, the guarded step replays; the handler still answers its
+        // own document.
+        let r = send(false).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "attempt {attempt}");
+        assert!(
+            r.headers().get("idempotent-replayed").is_none(),
+            "attempt {attempt}: the response is the handler's, not a replay"
+        );
+        assert_eq!(
+            r.json::<serde_json::Value>().await.unwrap(),
+            expected,
+            "attempt {attempt}"
+        );
+    }
+    // A later step fails after the guarded step replayed: the failure is what the client gets.
+    let r = send(true).await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.headers().get("idempotent-replayed").is_none());
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "PAYMENT_PROVIDER_DOWN");
+}
+
+/// Handlers that take as long as they are told: 409s while they run say how long to wait.
+macro_rules! sleeper {
+    ($name:ident, $scope:tt) => {
+        #[idempotent(scope = $scope, key = key, store = store, skip(store, millis))]
+        async fn $name(
+            State(store): State<MemoryStore>,
+            key: IdempotencyKey,
+            Json(millis): Json<u64>,
+        ) -> Result<Json<u64>, idem::Error> {
+            tokio::time::sleep(Duration::from_millis(millis)).await;
+            Ok(Json(millis))
+        }
+    };
+}
+sleeper!(quick, "quick");
+sleeper!(slow, "slow");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retry_after_is_how_long_the_operation_takes_not_the_lease() {
+    let app = Router::new()
+        .route("/quick", post(quick))
+        .route("/slow", post(slow))
+        .layer(IdempotencyLayer::new())
+        .with_state(MemoryStore::new());
+    let base = serve(app).await;
+    let c = reqwest::Client::new();
+    let send = |path: &'static str, key: &'static str, millis: u64| {
+        c.post(format!("{base}/{path}"))
+            .header("Idempotency-Key", key)
+            .json(&millis)
+            .send()
+    };
+    // A 300 ms body under a five-minute lease: the hint is one second, before any call of the
+    // operation completed and after.
+    for key in ["q-1", "q-2"] {
+        let first = tokio::spawn(send("quick", key, 300));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let r = send("quick", key, 300).await.unwrap();
+        assert_eq!(r.status(), StatusCode::CONFLICT);
+        assert_eq!(r.headers()["retry-after"], "1");
+        assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+
+    // Once its calls are seen to take 2.5 s, a duplicate is told to come back in about that
+    // long.
+    send("slow", "s-1", 2500).await.unwrap();
+    let second = tokio::spawn(send("slow", "s-2", 2500));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = send("slow", "s-2", 2500).await.unwrap();
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    let hint: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (2..=3).contains(&hint),
+        "Retry-After {hint} for a 2.5 s operation"
+    );
+    assert_eq!(second.await.unwrap().unwrap().status(), StatusCode::OK);
+}

@@ -414,3 +414,86 @@ fn outcomes_are_counted_through_the_metrics_facade() {
         assert_eq!(counts.get(outcome), Some(&n), "{outcome}: {counts:?}");
     }
 }
+
+/// Every outcome event carries a message, not only fields, so a log line reads on its own.
+#[test]
+fn outcome_events_say_what_happened() {
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Default)]
+    struct Messages(Mutex<Vec<(String, String)>>);
+
+    struct Visit<'a>(&'a mut String, &'a mut String);
+
+    impl tracing::field::Visit for Visit<'_> {
+        fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+            if field.name() == "outcome" {
+                *self.0 = value.to_owned();
+            }
+        }
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" {
+                *self.1 = format!("{value:?}");
+            }
+        }
+    }
+
+    struct Collect(Arc<Messages>);
+
+    impl tracing::Subscriber for Collect {
+        fn enabled(&self, m: &tracing::Metadata<'_>) -> bool {
+            m.target() == "idem"
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, e: &tracing::Event<'_>) {
+            let (mut outcome, mut message) = (String::new(), String::new());
+            e.record(&mut Visit(&mut outcome, &mut message));
+            self.0.0.lock().unwrap().push((outcome, message));
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    let seen = Arc::new(Messages::default());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    tracing::subscriber::with_default(Collect(seen.clone()), || {
+        rt.block_on(async {
+            let store = MemoryStore::new();
+            let key = Key::parse("k").unwrap();
+            let a = Fingerprint::of("a").unwrap();
+            let b = Fingerprint::of("b").unwrap();
+            let _held = idem::begin(&store, "s".into(), key.clone(), a, Policy::DEFAULT)
+                .await
+                .unwrap();
+            assert!(
+                idem::begin(&store, "s".into(), key.clone(), a, Policy::DEFAULT)
+                    .await
+                    .is_err()
+            );
+            assert!(
+                idem::begin(&store, "s".into(), key, b, Policy::DEFAULT)
+                    .await
+                    .is_err()
+            );
+        })
+    });
+    let seen = seen.0.lock().unwrap();
+    let message = |outcome: &str| {
+        seen.iter()
+            .find(|(o, _)| o == outcome)
+            .map(|(_, m)| m.clone())
+            .unwrap_or_else(|| panic!("no {outcome} event in {seen:?}"))
+    };
+    assert!(message("claimed").contains("claimed"), "{seen:?}");
+    assert!(message("in_progress").contains("in progress"), "{seen:?}");
+    assert!(
+        message("key_reused").contains("different fingerprint"),
+        "{seen:?}"
+    );
+}

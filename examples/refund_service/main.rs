@@ -12,11 +12,15 @@ mod app;
 mod db;
 mod gateway;
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
+        // Colour only a terminal: logs written to a file or a pipe stay plain text.
+        .with_ansi(std::io::stdout().is_terminal())
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )

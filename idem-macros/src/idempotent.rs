@@ -501,6 +501,7 @@ fn rewrite(model: Model, func: ItemFn) -> TokenStream {
     let key_private = private_at(key.span());
     let key_expr = quote_spanned!(key.span()=> #key_private::key(&(#key)));
 
+    let v_timing = local("timing");
     let prepared = quote! {
         #private::Prepared::new(
             #key_expr,
@@ -512,6 +513,7 @@ fn rewrite(model: Model, func: ItemFn) -> TokenStream {
             })(),
             #v_policy,
         )
+        .timed(&#v_timing)
     };
 
     // `Self`, through the trait: when the return type is not a `Result`, this is an error type
@@ -590,6 +592,8 @@ fn rewrite(model: Model, func: ItemFn) -> TokenStream {
     quote! {
         #(#attrs)*
         #vis #sig {
+            // How long this function's calls take: what its "in progress" answers say to wait.
+            static #v_timing: #private::Timing = #private::Timing::new();
             let #v_store = #store_init;
             let #v_errors = #errors_init;
             let #v_policy = #private::Policy::DEFAULT #lease #retain #expired;

@@ -1,5 +1,5 @@
-//! Procedural macros of [idem](https://docs.rs/idem). Depend on `idem`, which re-exports them
-//! with their documentation.
+//! Procedural macros of idem. Depend on [`idempotency`](https://docs.rs/idempotency) (library
+//! `idem`), which re-exports them with their documentation.
 
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 #![forbid(unsafe_code)]

@@ -28,7 +28,7 @@ const SHARDS: usize = 16;
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_runtime::{CachedStore, MemoryStore};
+/// use idem::{CachedStore, MemoryStore};
 ///
 /// let store = CachedStore::new(MemoryStore::new(), 10_000).ttl(Duration::from_secs(30));
 /// ```

@@ -32,7 +32,7 @@ impl Clock for SystemClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_runtime::clock::{Clock, ManualClock};
+/// use idem::clock::{Clock, ManualClock};
 ///
 /// let clock = ManualClock::new();
 /// let before = clock.now_ms();

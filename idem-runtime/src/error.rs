@@ -35,10 +35,11 @@ pub enum Error {
 
     /// Another request with the same scope and key is still running. The client should retry
     /// after `retry_after` and will then get the stored result. HTTP 409, `REQUEST_IN_PROGRESS`,
-    /// with a `Retry-After` header.
+    /// with a `Retry-After` header: see [`RetryHint`](crate::RetryHint) for how it is chosen.
     #[error("a request with this idempotency key is still in progress; retry in {} s", whole_seconds(*retry_after))]
     InProgress {
-        /// How long until the running request's lease ends (at least one second).
+        /// About how long the running attempt still needs: the operation's observed duration,
+        /// at least one second and at most what is left of the attempt's lease.
         retry_after: Duration,
     },
 
@@ -124,8 +125,8 @@ impl Error {
         }
     }
 
-    /// When the client should try again, if it should: the remaining lease for
-    /// [`Error::InProgress`], one second for [`Error::Unavailable`] and [`Error::FenceLost`].
+    /// When the client should try again, if it should: the hint of [`Error::InProgress`], one
+    /// second for [`Error::Unavailable`] and [`Error::FenceLost`].
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Error::InProgress { retry_after } => Some(*retry_after),

@@ -67,7 +67,7 @@ impl fmt::Debug for Fingerprint {
 /// Builds a fingerprint from several arguments, in order.
 ///
 /// ```
-/// use idem_runtime::fingerprint::Fingerprinter;
+/// use idem::fingerprint::Fingerprinter;
 ///
 /// let mut f = Fingerprinter::new();
 /// f.add(&"ORD-1").unwrap();

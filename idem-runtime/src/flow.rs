@@ -1,11 +1,11 @@
 //! The record lifecycle as a guarded call lives it: begin, then replay, or run the body and
 //! complete or release — in two modes.
 //!
-//! This is the core every integration drives: `#[idempotent]` expands to [`run`] (separate
+//! This is the core every integration drives: `#[idempotent]` expands to `run` (separate
 //! commits) or to the transactional flow; [`begin`] is the same start by hand; an HTTP layer or a
 //! message consumer learns of replays through [`watch_replays`]. Each rule lives once:
 //!
-//! - what a store's [`BeginOutcome`] means to the caller, and what is observed: [`started`];
+//! - what a store's [`BeginOutcome`] means to the caller, and what is observed: `started`;
 //! - what a claim is: [`ClaimInfo`], built in one place from the store's [`Claimed`];
 //! - how a claim ends (complete, release, dropped): [`Guard`];
 //! - what `begin` decides about an existing record: `lifecycle::decide`, inside each store.
@@ -25,7 +25,9 @@
 use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
@@ -36,8 +38,103 @@ use crate::record::{BeginOutcome, BeginRequest, Claimed, Policy, StoredResponse}
 use crate::replay::Replay;
 use crate::store::Store;
 
-/// The shortest `Retry-After` an "in progress" answer carries.
-pub(crate) const MIN_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How the `Retry-After` of an "in progress" answer is chosen: how long the running attempt is
+/// likely to need, not how long its lease still runs (five minutes by default, for a body that
+/// may take 50 ms).
+///
+/// The hint is the typical duration of the operation's completed calls, observed in this
+/// process (`#[idempotent]` functions measure each of their calls), or `unobserved` before the
+/// first one completes; never below `min` and never beyond what is left of the running claim's
+/// lease (after that the claim is re-claimable, and a retry then gets the answer or takes over).
+/// Install another one with [`set_retry_hint`] at start-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryHint {
+    /// The shortest hint. Default one second, `Retry-After`'s resolution.
+    pub min: Duration,
+    /// The hint for an operation none of whose calls has completed in this process yet (and for
+    /// calls guarded by hand with [`begin`], which are not measured). Default one second.
+    pub unobserved: Duration,
+}
+
+impl RetryHint {
+    /// One second at least, one second when nothing is known yet.
+    pub const DEFAULT: RetryHint = RetryHint {
+        min: Duration::from_secs(1),
+        unobserved: Duration::from_secs(1),
+    };
+
+    /// The hint for a claim with `lease_left`, for an operation whose calls typically take
+    /// `typical`.
+    pub fn hint(&self, lease_left: Duration, typical: Option<Duration>) -> Duration {
+        typical
+            .unwrap_or(self.unobserved)
+            .min(lease_left)
+            .max(self.min)
+    }
+}
+
+impl Default for RetryHint {
+    fn default() -> Self {
+        RetryHint::DEFAULT
+    }
+}
+
+static RETRY_HINT: OnceLock<RetryHint> = OnceLock::new();
+
+/// Installs how "in progress" answers choose their `Retry-After`; see [`RetryHint`]. Call it
+/// once at start-up; a second call is refused with [`Error::Config`].
+pub fn set_retry_hint(hint: RetryHint) -> Result<()> {
+    RETRY_HINT
+        .set(hint)
+        .map_err(|_| Error::Config("a retry hint is already installed".into()))
+}
+
+/// The installed [`RetryHint`], or the default.
+pub fn retry_hint() -> RetryHint {
+    RETRY_HINT.get().copied().unwrap_or_default()
+}
+
+/// How long one guarded operation's calls take, observed in this process: what its "in
+/// progress" answers tell a client to wait. `#[idempotent]` keeps one per function, in a
+/// `static`.
+#[doc(hidden)]
+#[derive(Debug, Default)]
+pub struct Timing {
+    /// A moving average of completed calls' durations in microseconds, plus one (zero: none
+    /// observed yet).
+    average_us: AtomicU64,
+}
+
+impl Timing {
+    /// Nothing observed yet.
+    pub const fn new() -> Timing {
+        Timing {
+            average_us: AtomicU64::new(0),
+        }
+    }
+
+    /// A call that took `d` completed.
+    pub fn observe(&self, d: Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX - 1);
+        // Races lose an observation, never corrupt the average.
+        let old = self.average_us.load(Ordering::Relaxed);
+        let new = match old {
+            0 => us,
+            // Recent calls weigh most: an operation that slows down is noticed within a few.
+            old => (old - 1) - (old - 1) / 4 + us / 4,
+        };
+        self.average_us
+            .store(new.saturating_add(1), Ordering::Relaxed);
+    }
+
+    /// The typical duration of a completed call, once one completed.
+    pub fn typical(&self) -> Option<Duration> {
+        match self.average_us.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(Duration::from_micros(n - 1)),
+        }
+    }
+}
 
 /// What a begun call goes on with, once the store's answer has been observed.
 pub(crate) enum Started {
@@ -48,8 +145,14 @@ pub(crate) enum Started {
 }
 
 /// The one mapping from a store's answer to what the caller gets: a claim, a replay, or the
-/// error it is (in progress, key reused, the store's own), each recorded as an outcome.
-pub(crate) fn started(scope: &str, key: &Key, outcome: Result<BeginOutcome>) -> Result<Started> {
+/// error it is (in progress, with its [`RetryHint`]; key reused; the store's own), each recorded
+/// as an outcome.
+pub(crate) fn started(
+    scope: &str,
+    key: &Key,
+    outcome: Result<BeginOutcome>,
+    timing: Option<&Timing>,
+) -> Result<Started> {
     let (what, fence, next) = match outcome {
         Ok(BeginOutcome::Claimed(c)) => {
             let what = if c.reclaimed {
@@ -64,7 +167,7 @@ pub(crate) fn started(scope: &str, key: &Key, outcome: Result<BeginOutcome>) -> 
             Outcome::InProgress,
             0,
             Err(Error::InProgress {
-                retry_after: retry_after.max(MIN_RETRY_AFTER),
+                retry_after: retry_hint().hint(retry_after, timing.and_then(Timing::typical)),
             }),
         ),
         Ok(BeginOutcome::KeyReused) => (Outcome::KeyReused, 0, Err(Error::KeyReused)),
@@ -105,7 +208,7 @@ pub async fn begin<S: Store>(
     let outcome = store
         .begin(request(&scope, &key, &fingerprint, &policy))
         .await;
-    Ok(match started(&scope, &key, outcome)? {
+    Ok(match started(&scope, &key, outcome, None)? {
         Started::Claimed(c) => {
             Begun::Claimed(Guard::new(store, ClaimInfo::new(scope, key, c), policy))
         }
@@ -205,6 +308,7 @@ impl<E> ErrorOps<E> {
 pub struct Prepared {
     parts: Result<Parts>,
     policy: Policy,
+    timing: Option<&'static Timing>,
 }
 
 #[derive(Debug)]
@@ -230,7 +334,17 @@ impl Prepared {
                 fingerprint: fingerprint?,
             })
         });
-        Prepared { parts, policy }
+        Prepared {
+            parts,
+            policy,
+            timing: None,
+        }
+    }
+
+    /// Measures the call's duration into `timing`, and uses it for "in progress" hints.
+    pub fn timed(mut self, timing: &'static Timing) -> Prepared {
+        self.timing = Some(timing);
+        self
     }
 }
 
@@ -284,7 +398,11 @@ where
     R::Ok: Replay<M>,
     B: Body<R>,
 {
-    let Prepared { parts, policy } = prepared;
+    let Prepared {
+        parts,
+        policy,
+        timing,
+    } = prepared;
     let Parts {
         scope,
         key,
@@ -296,11 +414,12 @@ where
     let outcome = store
         .begin(request(&scope, &key, &fingerprint, &policy))
         .await;
-    let guard = match started(&scope, &key, outcome) {
+    let guard = match started(&scope, &key, outcome, timing) {
         Ok(Started::Claimed(c)) => Guard::new(store, ClaimInfo::new(scope, key, c), policy),
         Ok(Started::Replay(stored)) => return replay::<R, M>(stored, &errors),
         Err(e) => return errors.fail(e),
     };
+    let began = timing.map(|_| Instant::now());
     let (stored, out) = match body.start(|| guard.info()).await.into_result() {
         Ok(v) => match v.encode() {
             Ok(stored) => (stored, Ok(v)),
@@ -328,7 +447,11 @@ where
             }
         },
     };
-    match (guard.complete(&stored).await, out) {
+    let completed = guard.complete(&stored).await;
+    if let (Some(timing), Some(began), Ok(())) = (timing, began, &completed) {
+        timing.observe(began.elapsed());
+    }
+    match (completed, out) {
         (_, Err(e)) => R::from_err(e),
         (Ok(()), Ok(v)) => R::from_ok(v),
         // A newer attempt owns the record; its answer is the one that will be replayed.
@@ -410,7 +533,7 @@ impl Replays {
 /// replays from an outer one.
 ///
 /// ```
-/// use idem_runtime::flow::watch_replays;
+/// use idem::flow::watch_replays;
 ///
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// let (answer, replays) = watch_replays(async {
@@ -495,6 +618,7 @@ mod transactional {
         claim: ClaimInfo,
         fingerprint: Fingerprint,
         policy: Policy,
+        timing: Option<(&'static Timing, Instant)>,
     }
 
     impl<T> fmt::Debug for TxClaim<T> {
@@ -521,7 +645,11 @@ mod transactional {
         store: &S,
         prepared: Prepared,
     ) -> Result<std::result::Result<TxClaim<Tx<S>>, StoredResponse>> {
-        let Prepared { parts, policy } = prepared;
+        let Prepared {
+            parts,
+            policy,
+            timing,
+        } = prepared;
         let Parts {
             scope,
             key,
@@ -531,12 +659,13 @@ mod transactional {
         let outcome = store
             .begin_in(&mut tx, request(&scope, &key, &fingerprint, &policy))
             .await;
-        match started(&scope, &key, outcome)? {
+        match started(&scope, &key, outcome, timing)? {
             Started::Claimed(c) => Ok(Ok(TxClaim {
                 tx,
                 claim: ClaimInfo::new(scope, key, c),
                 fingerprint,
                 policy,
+                timing: timing.map(|t| (t, Instant::now())),
             })),
             Started::Replay(stored) => {
                 // Nothing was written: ending the transaction either way costs the same.
@@ -580,6 +709,7 @@ mod transactional {
                     claim,
                     fingerprint,
                     policy,
+                    ..
                 } = claim;
                 rollback(tx, &claim).await;
                 if let Some(Ok(stored)) = errors.stored_final(&e)
@@ -623,6 +753,9 @@ mod transactional {
         match claim.tx.commit().await {
             Ok(()) => {
                 claim.claim.observe(Outcome::Completed);
+                if let Some((timing, began)) = claim.timing {
+                    timing.observe(began.elapsed());
+                }
                 R::from_ok(v)
             }
             // Nothing was committed (or, if the connection dropped during COMMIT, everything

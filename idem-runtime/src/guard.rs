@@ -1,11 +1,11 @@
 //! A claim on a record, as an owner holds it: [`Guard`] completes it, releases it, records how far
 //! the work got, and releases it when dropped; [`ClaimInfo`] is what a guarded body may know of it.
 //!
-//! [`begin`](crate::begin) hands out a guard. It is the API `#[idempotent]` expands to, and the
+//! [`begin`] hands out a guard. It is the API `#[idempotent]` expands to, and the
 //! one to call by hand when a guarded operation does not fit a function.
 //!
 //! ```
-//! use idem_runtime::{begin, Begun, Fingerprint, Key, MemoryStore, Policy, StoredResponse};
+//! use idem::{begin, Begun, Fingerprint, Key, MemoryStore, Policy, StoredResponse};
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 //! let store = MemoryStore::new();
@@ -24,7 +24,7 @@
 //!     Begun::Replay(stored) => assert_eq!(stored.body, &b"{\"refunded\":250}"[..]),
 //!     Begun::Claimed(_) => unreachable!("already done"),
 //! }
-//! # Ok::<(), idem_runtime::Error>(())
+//! # Ok::<(), idem::Error>(())
 //! # }).unwrap();
 //! ```
 

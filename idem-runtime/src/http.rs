@@ -3,7 +3,7 @@
 //!
 //! ```
 //! use axum::{http::StatusCode, routing::post, Router};
-//! use idem_runtime::http::IdempotencyLayer;
+//! use idem::http::IdempotencyLayer;
 //!
 //! # async fn create_order() {}
 //! let app: Router = Router::new()
@@ -16,6 +16,7 @@
 //! With the `#[idempotent]` handlers of the `idem` crate, see its README and the refund service
 //! example.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -41,6 +42,19 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 const PROBLEM_JSON: &str = "application/problem+json";
+
+tokio::task_local! {
+    /// Set by [`IdempotencyLayer`] around a request: each HTTP answer a guarded call replayed
+    /// during it, with the bytes its value renders to, so the layer can tell whether the
+    /// handler's response is that value.
+    static REPLAYED: RefCell<Vec<Rendered>>;
+}
+
+/// A replayed answer, as stored, and as its decoded value renders again.
+struct Rendered {
+    stored: StoredResponse,
+    rendered: Vec<u8>,
+}
 
 /// Which header carries the key, and which keys are accepted. Set on [`IdempotencyLayer`]; the
 /// extractor falls back to `Idempotency-Key` with [`KeyPolicy::DEFAULT`].
@@ -222,21 +236,25 @@ pub async fn lookup<S: Store>(store: &S, scope: &str, key: &Key) -> Response {
                 resp
             }
             _ => Error::InProgress {
-                retry_after: record
-                    .lease_remaining
-                    .unwrap_or_default()
-                    .max(std::time::Duration::from_secs(1)),
+                retry_after: crate::flow::retry_hint()
+                    .hint(record.lease_remaining.unwrap_or_default(), None),
             }
             .into_response(),
         },
     }
 }
 
-/// A tower layer for idempotent axum handlers: replays are answered with the stored bytes and
-/// `Idempotent-Replayed: true`, and the key extractor uses its header name and key policy.
+/// A tower layer for idempotent axum handlers: a response that is a replayed answer is sent
+/// with the stored bytes and status and `Idempotent-Replayed: true`, and the key extractor uses
+/// the layer's header name and key policy.
 ///
-/// Without it, replays still return the first answer, decoded and rendered again (equal, and
-/// byte-identical for types whose serialization is deterministic), but without the header.
+/// The layer changes only a response that *is* the replayed value: one whose status and body
+/// are exactly what the `Json<T>` or `(StatusCode, Json<T>)` a guarded call replayed renders
+/// to. A handler that calls a guarded function as one step and answers something else (another
+/// document, or an error from a later step) keeps its own response, without the header.
+///
+/// Without the layer, replays still return the first answer, decoded and rendered again (equal,
+/// and byte-identical for types whose serialization is deterministic), but without the header.
 #[derive(Debug, Clone, Default)]
 pub struct IdempotencyLayer {
     config: Arc<LayerConfig>,
@@ -320,29 +338,63 @@ where
         req.extensions_mut().insert(self.config.key.clone());
         let fut = self.inner.call(req);
         let config = self.config.clone();
-        Box::pin(async move {
-            let (resp, replays) = crate::flow::watch_replays(fut).await;
-            Ok(match replays.into_vec().pop() {
-                Some(stored) => replayed(resp?, stored, config.replay_status),
-                None => resp?,
-            })
-        })
+        Box::pin(REPLAYED.scope(RefCell::new(Vec::new()), async move {
+            let resp = fut.await?;
+            let replays = REPLAYED.with(|r| r.take());
+            if replays.is_empty() {
+                return Ok(resp);
+            }
+            Ok(answer_replay(resp, replays, config.replay_status).await)
+        }))
     }
 }
 
-/// Marks a replay, and answers it with the stored bytes when the response type stored its
-/// HTTP status (`Json<T>`, `(StatusCode, Json<T>)`): exactly what the first request got.
-fn replayed(mut resp: Response, stored: StoredResponse, status: Option<StatusCode>) -> Response {
-    if let (Some(first), false) = (stored.status, stored.is_error) {
-        let (mut parts, _) = resp.into_parts();
-        parts.status =
-            status.unwrap_or_else(|| StatusCode::from_u16(first).unwrap_or(StatusCode::OK));
-        parts.headers.remove(CONTENT_LENGTH);
-        resp = Response::from_parts(parts, Body::from(stored.body));
+/// The response, or, when it is exactly the rendering of an answer replayed during the request,
+/// that answer's stored bytes and status, marked as a replay.
+async fn answer_replay(
+    resp: Response,
+    replays: Vec<Rendered>,
+    status: Option<StatusCode>,
+) -> Response {
+    let (mut parts, body) = resp.into_parts();
+    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            tracing::error!(target: "idem", error = %e, "could not read the handler's response body");
+            return Error::Store(e.into()).into_response();
+        }
+    };
+    let replay = replays.into_iter().rev().find(|r| {
+        r.stored.status == Some(parts.status.as_u16()) && !r.stored.is_error && r.rendered == bytes
+    });
+    let Some(Rendered { stored, .. }) = replay else {
+        return Response::from_parts(parts, Body::from(bytes));
+    };
+    if let Some(status) = status {
+        parts.status = status;
     }
-    resp.headers_mut()
+    parts.headers.remove(CONTENT_LENGTH);
+    parts
+        .headers
         .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    resp
+    Response::from_parts(parts, Body::from(stored.body))
+}
+
+/// Tells the layer around this request that a guarded call replayed `stored`, which `value` now
+/// renders to; warns once when there is no layer.
+fn note_replay<T: serde::Serialize>(stored: &StoredResponse, value: &T) {
+    let noted = REPLAYED.try_with(|r| {
+        // What axum's `Json` writes for the value: the layer compares the response with it.
+        if let Ok(rendered) = serde_json::to_vec(value) {
+            r.borrow_mut().push(Rendered {
+                stored: stored.clone(),
+                rendered,
+            });
+        }
+    });
+    if noted.is_err() {
+        warn_without_layer();
+    }
 }
 
 /// Warns once when a replay happens outside [`IdempotencyLayer`].
@@ -376,11 +428,12 @@ mod replay_impls {
         })
     }
 
-    fn value<T: DeserializeOwned>(stored: &StoredResponse) -> Result<T, Error> {
-        if !crate::flow::replays_watched() {
-            super::warn_without_layer();
-        }
-        serde_json::from_slice(&stored.body).map_err(|e| Error::Decode(e.to_string()))
+    /// The replayed value, noted for the layer when there is one around the request.
+    fn value<T: Serialize + DeserializeOwned>(stored: &StoredResponse) -> Result<T, Error> {
+        let value =
+            serde_json::from_slice(&stored.body).map_err(|e| Error::Decode(e.to_string()))?;
+        super::note_replay(stored, &value);
+        Ok(value)
     }
 
     /// Stored as the JSON body with status 200.

@@ -1,12 +1,13 @@
-//! The runtime of [idem](https://docs.rs/idem): keys, scopes, fingerprints, the idempotency
-//! record lifecycle and the stores that keep records.
+//! The runtime of idem ([`idempotency`](https://docs.rs/idempotency) on crates.io, library
+//! `idem`): keys, scopes, fingerprints, the idempotency record lifecycle and the stores that keep
+//! records.
 //!
-//! Applications depend on the `idem` crate, which re-exports everything here together with the
-//! `#[idempotent]` and `#[state_transition]` macros. This crate is what the macros expand to, and
+//! Applications depend on `idempotency`, which re-exports everything here as `idem::…`, together
+//! with the `#[idempotent]` and `#[state_transition]` macros. This crate is what the macros expand to, and
 //! the API for guarding an operation by hand:
 //!
 //! ```
-//! use idem_runtime::{begin, Begun, Fingerprint, Key, MemoryStore, Policy, StoredResponse};
+//! use idem::{begin, Begun, Fingerprint, Key, MemoryStore, Policy, StoredResponse};
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 //! let store = MemoryStore::new();
@@ -15,16 +16,25 @@
 //! if let Begun::Claimed(guard) = begin(&store, "order:u1".into(), key, fp, Policy::DEFAULT).await? {
 //!     guard.complete(&StoredResponse::ok(b"{\"orderNo\":\"A1\"}".to_vec())).await?;
 //! }
-//! # Ok::<(), idem_runtime::Error>(())
+//! # Ok::<(), idem::Error>(())
 //! # }).unwrap();
 //! ```
 //!
 //! # Features
 //!
-//! - `sqlite` (default): [`SqliteStore`], bundled SQLite through sqlx.
-//! - `postgres`: [`PgStore`].
-//! - `axum`: the `http` module: the `IdempotencyKey` extractor, problem+json errors, replay
-//!   headers.
+#![cfg_attr(
+    feature = "sqlite",
+    doc = "- `sqlite` (default): [`SqliteStore`], bundled SQLite through sqlx."
+)]
+#![cfg_attr(
+    not(feature = "sqlite"),
+    doc = "- `sqlite` (default): `SqliteStore`, bundled SQLite through sqlx."
+)]
+#![cfg_attr(feature = "postgres", doc = "- `postgres`: [`PgStore`].")]
+#![cfg_attr(not(feature = "postgres"), doc = "- `postgres`: `PgStore`.")]
+//! - `axum`: the `http` module: the `IdempotencyKey` extractor, problem+json errors, the replay
+//!   layer.
+//! - `testkit`: the store conformance suite, `testkit`.
 //! - `metrics`: counters for every outcome through the `metrics` facade.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -67,7 +77,7 @@ pub use crate::clock::{Clock, ManualClock, SystemClock};
 pub use crate::default_store::{default_store, set_default_store};
 pub use crate::error::{BoxError, Error, KeyError, Result};
 pub use crate::fingerprint::{Fingerprint, Fingerprinter};
-pub use crate::flow::{Begun, begin};
+pub use crate::flow::{Begun, RetryHint, begin, set_retry_hint};
 pub use crate::guard::{ClaimInfo, Guard, downstream_key};
 pub use crate::key::{Key, KeyPolicy, ToKey};
 pub use crate::record::{

@@ -33,22 +33,39 @@ impl Outcome {
     }
 }
 
-/// Records `outcome` for `(scope, key)` at the level it deserves.
+/// Records `outcome` for `(scope, key)` at the level it deserves, with a message a reader of
+/// the log understands without knowing the fields.
 pub(crate) fn record(outcome: Outcome, scope: &str, key: &str, fence: u64) {
     let name = outcome.as_str();
+    macro_rules! event {
+        ($level:ident, $message:literal) => {
+            tracing::$level!(target: "idem", outcome = name, scope, key, fence, $message)
+        };
+    }
     match outcome {
-        Outcome::Claimed | Outcome::Completed | Outcome::Replayed => {
-            tracing::debug!(target: "idem", outcome = name, scope, key, fence)
+        Outcome::Claimed => event!(debug, "claimed: the request runs"),
+        Outcome::Completed => event!(debug, "completed: the answer is stored for replay"),
+        Outcome::Replayed => event!(debug, "replayed the stored answer; the body did not run"),
+        Outcome::InProgress => {
+            event!(
+                info,
+                "refused: a request with this key is still in progress"
+            )
         }
-        Outcome::InProgress | Outcome::Released => {
-            tracing::info!(target: "idem", outcome = name, scope, key, fence)
-        }
-        Outcome::KeyReused | Outcome::Reclaimed => {
-            tracing::warn!(target: "idem", outcome = name, scope, key, fence)
-        }
-        Outcome::FenceLost | Outcome::StoreError => {
-            tracing::error!(target: "idem", outcome = name, scope, key, fence)
-        }
+        Outcome::Released => event!(info, "released: a retry may run the request again"),
+        Outcome::KeyReused => event!(
+            warn,
+            "refused: the key was already used for a request with a different fingerprint"
+        ),
+        Outcome::Reclaimed => event!(
+            warn,
+            "took over a claim whose lease ran out: the previous attempt may have done part of the work"
+        ),
+        Outcome::FenceLost => event!(
+            error,
+            "fence lost: a newer attempt took the record over, so this attempt's write was refused"
+        ),
+        Outcome::StoreError => event!(error, "the idempotency store failed"),
     }
     #[cfg(feature = "metrics")]
     count(outcome);

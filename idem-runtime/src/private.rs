@@ -3,7 +3,7 @@
 //!
 //! Only shims live here: each property of the user's code is required by exactly one generated
 //! call, spanned on the tokens it is about, so that a mistake produces one error in the right
-//! place — the store ([`store`], [`tx_store`]), the `Ok` type ([`run`], [`tx_finish`]), the error
+//! place — the store (`store`, `tx_store`), the `Ok` type (`run`, `tx_finish`), the error
 //! type ([`errors`], [`errors_final`]), the key ([`key`]), each fingerprinted argument
 //! ([`Fingerprintable`]). The lifecycle itself is [`crate::flow`].
 
@@ -12,7 +12,7 @@
 pub use crate::default_store::DefaultStore;
 pub use crate::error::Error;
 pub use crate::fingerprint::{Fingerprint, Fingerprinter};
-pub use crate::flow::{Body, ErrorOps, IdemResult, Plain, Prepared, WithClaim, run};
+pub use crate::flow::{Body, ErrorOps, IdemResult, Plain, Prepared, Timing, WithClaim, run};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use crate::flow::{TxClaim, TxStart, tx_finish, tx_start};
 pub use crate::guard::ClaimInfo;

@@ -59,7 +59,7 @@ impl<T: Serialize + DeserializeOwned> Replay<marker::Serde> for T {
 /// to use.
 ///
 /// ```
-/// use idem_runtime::{Error, replay::ReplayBytes};
+/// use idem::{Error, replay::ReplayBytes};
 ///
 /// struct Receipt(u64);
 ///
@@ -96,7 +96,7 @@ impl<T: ReplayBytes> Replay<marker::Bytes> for T {
 /// know. It stores and replays exactly like `T`.
 ///
 /// ```
-/// use idem_runtime::Idempotent;
+/// use idem::Idempotent;
 /// let first = Idempotent::Fresh(7);
 /// assert!(!first.is_replay());
 /// assert_eq!(first.into_inner(), 7);

@@ -23,7 +23,7 @@ pub const MAX_SCOPE_LEN: usize = 1024;
 /// Renders a scope from literal parts and encoded values.
 ///
 /// ```
-/// use idem_runtime::scope::ScopeBuilder;
+/// use idem::scope::ScopeBuilder;
 ///
 /// let mut s = ScopeBuilder::new();
 /// s.literal("refund:");

@@ -4,7 +4,8 @@
 //!
 //! Each case takes an [`Env`]: the store, how time passes on its clock, and whatever must live
 //! as long as the case (a schema, a temporary directory). [`conformance_tests!`] writes one
-//! `#[test]` per case; [`tx_conformance_tests!`] does the same for a [`TxStore`].
+//! `#[test]` per case; `tx_conformance_tests!` does the same for a `TxStore` (feature `sqlite` or
+//! `postgres`).
 //!
 //! ```
 //! // tests/conformance.rs of a crate with a store of its own (here, `MemoryStore` stands in).

@@ -311,12 +311,12 @@ impl Default for Jitter {
 /// [`Versioned::NotFound`], or [`Versioned::Stale`] when every attempt lost a race.
 ///
 /// ```no_run
-/// # async fn f(pool: sqlx::SqlitePool) -> idem_runtime::Result<()> {
-/// use idem_runtime::transition::{retry_versioned, Retry, Versioned};
+/// # async fn f(pool: sqlx::SqlitePool) -> idem::Result<()> {
+/// use idem::transition::{retry_versioned, Retry, Versioned};
 /// let outcome = retry_versioned(Retry::default(), || async {
 ///     let (balance, version): (i64, i64) =
 ///         sqlx::query_as("SELECT balance, version FROM accounts WHERE id = 1")
-///             .fetch_one(&pool).await.map_err(|e| idem_runtime::Error::Store(e.into()))?;
+///             .fetch_one(&pool).await.map_err(|e| idem::Error::Store(e.into()))?;
 ///     // … then the #[versioned_update] function with balance + 10 and `version`.
 ///     # let _ = (balance, version);
 ///     Ok(Versioned::Updated { version: version + 1 })

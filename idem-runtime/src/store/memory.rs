@@ -29,7 +29,7 @@ const SHARDS: usize = 64;
 ///
 /// ```
 /// # tokio_test_block_on(async {
-/// use idem_runtime::store::memory::MemoryStore;
+/// use idem::store::memory::MemoryStore;
 /// let store = MemoryStore::new();
 /// # });
 /// # fn tokio_test_block_on<F: std::future::Future>(f: F) { tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f); }

@@ -124,8 +124,8 @@ impl Dialect for Pg {
 /// changes no indexed column, so it is a HOT update on a table with room on its pages.
 ///
 /// ```no_run
-/// # async fn f() -> idem_runtime::Result<()> {
-/// let store = idem_runtime::PgStore::connect("postgres://postgres@127.0.0.1/app").await?;
+/// # async fn f() -> idem::Result<()> {
+/// let store = idem::PgStore::connect("postgres://postgres@127.0.0.1/app").await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

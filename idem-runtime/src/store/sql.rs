@@ -485,6 +485,8 @@ impl<D: Dialect> Engine<D> {
     }
 
     /// Decides on `cur` and applies the decision on `conn`: the answer, or `None` to read again.
+    /// (SQLite decides before it takes the writer, and applies the decision itself.)
+    #[cfg(feature = "postgres")]
     pub(crate) async fn settle(
         &self,
         conn: &mut <D::Db as sqlx::Database>::Connection,

@@ -120,8 +120,8 @@ fn is_in_memory(url: &str) -> bool {
 /// is then one `INSERT … ON CONFLICT DO NOTHING`.
 ///
 /// ```no_run
-/// # async fn f() -> idem_runtime::Result<()> {
-/// let store = idem_runtime::SqliteStore::connect("sqlite://idem.db").await?;
+/// # async fn f() -> idem::Result<()> {
+/// let store = idem::SqliteStore::connect("sqlite://idem.db").await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

@@ -16,14 +16,14 @@ use crate::store::Store;
 /// `#[idempotent(…, transaction = tx)]` uses this trait; by hand:
 ///
 /// ```no_run
-/// # async fn f(store: idem_runtime::SqliteStore, req: idem_runtime::BeginRequest<'_>) -> idem_runtime::Result<()> {
-/// use idem_runtime::{BeginOutcome, ClaimRef, StoredResponse, TxStore};
+/// # async fn f(store: idem::SqliteStore, req: idem::BeginRequest<'_>) -> idem::Result<()> {
+/// use idem::{BeginOutcome, ClaimRef, StoredResponse, TxStore};
 /// let mut tx = store.begin_transaction().await?;
 /// if let BeginOutcome::Claimed(c) = store.begin_in(&mut tx, req).await? {
 ///     sqlx::query("INSERT INTO orders (order_no) VALUES ('A1')").execute(&mut *tx).await.ok();
 ///     let claim = ClaimRef { scope: req.scope, key: req.key, fence: c.fence };
 ///     store.complete_in(&mut tx, claim, &StoredResponse::ok(b"{}".to_vec())).await?;
-///     tx.commit().await.map_err(|e| idem_runtime::Error::Unavailable(e.into()))?;
+///     tx.commit().await.map_err(|e| idem::Error::Unavailable(e.into()))?;
 /// }
 /// # Ok(()) }
 /// ```
