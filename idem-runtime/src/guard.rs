@@ -205,6 +205,12 @@ impl<'s, S: Store> Guard<'s, S> {
     /// claim in place (not released: the side effect happened, so a retry must not run it
     /// again); it is re-claimed when its lease runs out.
     pub async fn complete(mut self, response: &StoredResponse) -> Result<()> {
+        self.finish(response).await
+    }
+
+    /// [`Guard::complete`], borrowing the guard: a caller that holds the guard in its own
+    /// future (the macro's flow) awaits this, so the future does not carry the guard twice.
+    pub(crate) async fn finish(&mut self, response: &StoredResponse) -> Result<()> {
         // Armed while the write is in flight: a caller dropped mid-completion releases, as it
         // would mid-body.
         let mut result = self.store.complete(self.claim.claim_ref(), response).await;
@@ -223,6 +229,11 @@ impl<'s, S: Store> Guard<'s, S> {
     /// Gives the claim up so that a retry runs the body again (the body failed, and only
     /// successes are worth replaying).
     pub async fn release(mut self) -> Result<()> {
+        self.give_up().await
+    }
+
+    /// [`Guard::release`], borrowing the guard; see [`Guard::finish`].
+    pub(crate) async fn give_up(&mut self) -> Result<()> {
         let result = self.store.release(self.claim.claim_ref()).await;
         self.armed = false;
         self.claim.observe(match &result {
