@@ -354,6 +354,11 @@ impl Prepared {
         }
     }
 
+    /// The call's parts, its policy and its timing, or why it has none.
+    fn split(self) -> Result<(Parts, Policy, Option<&'static Timing>)> {
+        Ok((self.parts?, self.policy, self.timing))
+    }
+
     /// Measures the call's duration into `timing`, and uses it for "in progress" hints.
     pub fn timed(mut self, timing: &'static Timing) -> Prepared {
         self.timing = Some(timing);
@@ -411,16 +416,15 @@ where
     R::Ok: Replay<M>,
     B: Body<R>,
 {
-    let Prepared {
-        parts,
+    let (
+        Parts {
+            scope,
+            key,
+            fingerprint,
+        },
         policy,
         timing,
-    } = prepared;
-    let Parts {
-        scope,
-        key,
-        fingerprint,
-    } = match parts {
+    ) = match prepared.split() {
         Ok(parts) => parts,
         Err(e) => return errors.fail(e),
     };
@@ -658,16 +662,15 @@ mod transactional {
         store: &S,
         prepared: Prepared,
     ) -> Result<std::result::Result<TxClaim<Tx<S>>, StoredResponse>> {
-        let Prepared {
-            parts,
+        let (
+            Parts {
+                scope,
+                key,
+                fingerprint,
+            },
             policy,
             timing,
-        } = prepared;
-        let Parts {
-            scope,
-            key,
-            fingerprint,
-        } = parts?;
+        ) = prepared.split()?;
         let mut tx = store.begin_transaction().await?;
         let outcome = store
             .begin_in(&mut tx, request(&scope, &key, &fingerprint, &policy))

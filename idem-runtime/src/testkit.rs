@@ -260,16 +260,33 @@ pub mod cases {
         }
     }
 
+    /// A claim that `req` must get.
+    pub(super) async fn begin_claimed<S: Store + Clone>(
+        env: &Env<S>,
+        req: BeginRequest<'_>,
+    ) -> crate::Claimed {
+        claimed(env.store().begin(req).await.unwrap())
+    }
+
+    /// Completes `claim` with `response`, which must succeed.
+    pub(super) async fn complete_ok<S: Store + Clone>(
+        env: &Env<S>,
+        claim: ClaimRef<'_>,
+        response: &StoredResponse,
+    ) {
+        env.store().complete(claim, response).await.unwrap();
+    }
+
     /// See [`conformance_tests!`](crate::conformance_tests).
     pub async fn first_claim<S: Store + Clone>(env: &Env<S>) {
         let k = key("k-first");
         let f = fp("body");
-        let c = claimed(env.store().begin(req("s", &k, &f, &POLICY)).await.unwrap());
+        let c = begin_claimed(env, req("s", &k, &f, &POLICY)).await;
         assert!(c.fence > 0);
         assert!(!c.reclaimed);
         assert_eq!(c.recovery_point, None);
         // The same key under another scope is another record.
-        let other = claimed(env.store().begin(req("s2", &k, &f, &POLICY)).await.unwrap());
+        let other = begin_claimed(env, req("s2", &k, &f, &POLICY)).await;
         assert!(!other.reclaimed);
     }
 
@@ -277,7 +294,7 @@ pub mod cases {
     pub async fn replay_is_byte_identical<S: Store + Clone>(env: &Env<S>) {
         let k = key("k-replay");
         let f = fp("body");
-        let c = claimed(env.store().begin(req("s", &k, &f, &POLICY)).await.unwrap());
+        let c = begin_claimed(env, req("s", &k, &f, &POLICY)).await;
         // Unusual spacing, key order and escapes: a JSON column would normalise these away.
         let body = b"{ \"z\":1,  \"a\" : [2 ,1],\n\t\"u\":\"\\u00e9\" }  ".to_vec();
         let stored = StoredResponse {
@@ -285,10 +302,7 @@ pub mod cases {
             is_error: false,
             body: body.clone().into(),
         };
-        env.store()
-            .complete(claim("s", &k, c.fence), &stored)
-            .await
-            .unwrap();
+        complete_ok(env, claim("s", &k, c.fence), &stored).await;
         for _ in 0..2 {
             match env.store().begin(req("s", &k, &f, &POLICY)).await.unwrap() {
                 BeginOutcome::Replay(r) => {
@@ -307,12 +321,7 @@ pub mod cases {
     /// See [`conformance_tests!`](crate::conformance_tests).
     pub async fn different_fingerprint_is_key_reuse<S: Store + Clone>(env: &Env<S>) {
         let k = key("k-reuse");
-        let c = claimed(
-            env.store()
-                .begin(req("s", &k, &fp("a"), &POLICY))
-                .await
-                .unwrap(),
-        );
+        let c = begin_claimed(env, req("s", &k, &fp("a"), &POLICY)).await;
         // While in progress…
         assert_eq!(
             env.store()
@@ -321,10 +330,12 @@ pub mod cases {
                 .unwrap(),
             BeginOutcome::KeyReused
         );
-        env.store()
-            .complete(claim("s", &k, c.fence), &StoredResponse::ok(b"1".to_vec()))
-            .await
-            .unwrap();
+        complete_ok(
+            env,
+            claim("s", &k, c.fence),
+            &StoredResponse::ok(b"1".to_vec()),
+        )
+        .await;
         // …and once completed.
         assert_eq!(
             env.store()
@@ -340,7 +351,7 @@ pub mod cases {
         let k = key("k-live");
         let f = fp("a");
         let policy = POLICY.lease(Duration::from_secs(30));
-        claimed(env.store().begin(req("s", &k, &f, &policy)).await.unwrap());
+        begin_claimed(env, req("s", &k, &f, &policy)).await;
         match env.store().begin(req("s", &k, &f, &policy)).await.unwrap() {
             BeginOutcome::InProgress { retry_after } => {
                 assert!(retry_after > Duration::from_secs(25), "{retry_after:?}");
@@ -360,14 +371,14 @@ pub mod cases {
         let k = key("k-lease");
         let f = fp("a");
         let policy = POLICY.lease(Duration::from_millis(300));
-        let old = claimed(env.store().begin(req("s", &k, &f, &policy)).await.unwrap());
+        let old = begin_claimed(env, req("s", &k, &f, &policy)).await;
         env.store()
             .checkpoint(claim("s", &k, old.fence), b"charged", policy.lease)
             .await
             .unwrap();
         env.wait(Duration::from_millis(450)).await;
 
-        let new = claimed(env.store().begin(req("s", &k, &f, &policy)).await.unwrap());
+        let new = begin_claimed(env, req("s", &k, &f, &policy)).await;
         assert_eq!(new.fence, old.fence + 1);
         assert!(new.reclaimed);
         assert_eq!(new.recovery_point.as_deref(), Some(&b"charged"[..]));
@@ -406,7 +417,7 @@ pub mod cases {
         let policy = POLICY
             .lease(Duration::from_millis(300))
             .expired_lease(ExpiredLease::FailClosed);
-        claimed(env.store().begin(req("s", &k, &f, &policy)).await.unwrap());
+        begin_claimed(env, req("s", &k, &f, &policy)).await;
         env.wait(Duration::from_millis(450)).await;
         assert!(matches!(
             env.store().begin(req("s", &k, &f, &policy)).await.unwrap(),
@@ -418,10 +429,10 @@ pub mod cases {
     pub async fn release_lets_a_retry_claim<S: Store + Clone>(env: &Env<S>) {
         let k = key("k-release");
         let f = fp("a");
-        let c = claimed(env.store().begin(req("s", &k, &f, &POLICY)).await.unwrap());
+        let c = begin_claimed(env, req("s", &k, &f, &POLICY)).await;
         env.store().release(claim("s", &k, c.fence)).await.unwrap();
         assert!(env.store().lookup("s", k.as_str()).await.unwrap().is_none());
-        let retry = claimed(env.store().begin(req("s", &k, &f, &POLICY)).await.unwrap());
+        let retry = begin_claimed(env, req("s", &k, &f, &POLICY)).await;
         assert!(
             retry.fence > c.fence,
             "fences must keep growing across a release"
@@ -436,22 +447,12 @@ pub mod cases {
         ));
         // After a release, the key is free for another body too.
         let k2 = key("k-release-2");
-        let c2 = claimed(
-            env.store()
-                .begin(req("s", &k2, &fp("a"), &POLICY))
-                .await
-                .unwrap(),
-        );
+        let c2 = begin_claimed(env, req("s", &k2, &fp("a"), &POLICY)).await;
         env.store()
             .release(claim("s", &k2, c2.fence))
             .await
             .unwrap();
-        claimed(
-            env.store()
-                .begin(req("s", &k2, &fp("b"), &POLICY))
-                .await
-                .unwrap(),
-        );
+        begin_claimed(env, req("s", &k2, &fp("b"), &POLICY)).await;
     }
 
     /// See [`conformance_tests!`](crate::conformance_tests).
@@ -514,16 +515,13 @@ pub mod cases {
     pub async fn retention_expiry_frees_the_identity<S: Store + Clone>(env: &Env<S>) {
         let k = key("k-retain");
         let policy = POLICY.retain(Duration::from_millis(300));
-        let c = claimed(
-            env.store()
-                .begin(req("s", &k, &fp("a"), &policy))
-                .await
-                .unwrap(),
-        );
-        env.store()
-            .complete(claim("s", &k, c.fence), &StoredResponse::ok(b"1".to_vec()))
-            .await
-            .unwrap();
+        let c = begin_claimed(env, req("s", &k, &fp("a"), &policy)).await;
+        complete_ok(
+            env,
+            claim("s", &k, c.fence),
+            &StoredResponse::ok(b"1".to_vec()),
+        )
+        .await;
         assert!(matches!(
             env.store()
                 .begin(req("s", &k, &fp("b"), &policy))
@@ -533,12 +531,7 @@ pub mod cases {
         ));
         env.wait(Duration::from_millis(450)).await;
         assert!(env.store().lookup("s", k.as_str()).await.unwrap().is_none());
-        let again = claimed(
-            env.store()
-                .begin(req("s", &k, &fp("b"), &policy))
-                .await
-                .unwrap(),
-        );
+        let again = begin_claimed(env, req("s", &k, &fp("b"), &policy)).await;
         assert!(again.fence > c.fence);
         assert_eq!(again.recovery_point, None);
     }
@@ -548,28 +541,12 @@ pub mod cases {
         let short = POLICY.retain(Duration::from_millis(300));
         for i in 0..5 {
             let k = key(&format!("k-purge-{i}"));
-            let c = claimed(
-                env.store()
-                    .begin(req("s", &k, &fp("a"), &short))
-                    .await
-                    .unwrap(),
-            );
-            env.store()
-                .complete(claim("s", &k, c.fence), &StoredResponse::ok(vec![]))
-                .await
-                .unwrap();
+            let c = begin_claimed(env, req("s", &k, &fp("a"), &short)).await;
+            complete_ok(env, claim("s", &k, c.fence), &StoredResponse::ok(vec![])).await;
         }
         let keep = key("k-keep");
-        let c = claimed(
-            env.store()
-                .begin(req("s", &keep, &fp("a"), &POLICY))
-                .await
-                .unwrap(),
-        );
-        env.store()
-            .complete(claim("s", &keep, c.fence), &StoredResponse::ok(vec![]))
-            .await
-            .unwrap();
+        let c = begin_claimed(env, req("s", &keep, &fp("a"), &POLICY)).await;
+        complete_ok(env, claim("s", &keep, c.fence), &StoredResponse::ok(vec![])).await;
         env.wait(Duration::from_millis(450)).await;
         assert_eq!(env.store().purge_expired().await.unwrap(), 5);
         assert_eq!(env.store().purge_expired().await.unwrap(), 0);
@@ -588,21 +565,11 @@ pub mod cases {
         let short = POLICY
             .retain(Duration::from_millis(300))
             .lease(Duration::from_millis(300));
-        let old = claimed(
-            env.store()
-                .begin(req("s", &k, &fp("a"), &short))
-                .await
-                .unwrap(),
-        );
+        let old = begin_claimed(env, req("s", &k, &fp("a"), &short)).await;
         // The owner stalls past the retention; the record is purged and claimed afresh.
         env.wait(Duration::from_millis(450)).await;
         assert_eq!(env.store().purge_expired().await.unwrap(), 1);
-        let new = claimed(
-            env.store()
-                .begin(req("s", &k, &fp("a"), &POLICY))
-                .await
-                .unwrap(),
-        );
+        let new = begin_claimed(env, req("s", &k, &fp("a"), &POLICY)).await;
         assert!(
             new.fence > old.fence,
             "{} must exceed {}",
@@ -656,185 +623,157 @@ pub mod tx_cases {
         fn count_biz(&self, order_no: &str) -> impl Future<Output = i64> + Send;
     }
 
-    #[cfg(feature = "sqlite")]
-    impl TxFixture for crate::SqliteStore {
-        async fn create_biz(&self) {
-            sqlx::query("CREATE TABLE biz (order_no TEXT NOT NULL UNIQUE)")
-                .execute(self.pool())
-                .await
-                .unwrap();
-        }
-        async fn insert_biz(&self, tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>, n: &str) {
-            sqlx::query("INSERT INTO biz (order_no) VALUES ($1)")
-                .bind(n)
-                .execute(&mut **tx)
-                .await
-                .unwrap();
-        }
-        async fn count_biz(&self, n: &str) -> i64 {
-            // The readers: a transaction may be holding the one writer connection.
-            sqlx::query_scalar("SELECT count(*) FROM biz WHERE order_no = $1")
-                .bind(n)
-                .fetch_one(self.reader_pool())
-                .await
-                .unwrap()
-        }
+    /// The fixture for a store of this crate: `$read` is the pool that reads while a
+    /// transaction may hold the writer.
+    macro_rules! tx_fixture {
+        ($feature:literal, $store:ty, $db:ty, $read:ident) => {
+            #[cfg(feature = $feature)]
+            impl TxFixture for $store {
+                async fn create_biz(&self) {
+                    sqlx::query("CREATE TABLE biz (order_no TEXT NOT NULL UNIQUE)")
+                        .execute(self.pool())
+                        .await
+                        .unwrap();
+                }
+                async fn insert_biz(&self, tx: &mut sqlx::Transaction<'static, $db>, n: &str) {
+                    sqlx::query("INSERT INTO biz (order_no) VALUES ($1)")
+                        .bind(n)
+                        .execute(&mut **tx)
+                        .await
+                        .unwrap();
+                }
+                async fn count_biz(&self, n: &str) -> i64 {
+                    sqlx::query_scalar("SELECT count(*) FROM biz WHERE order_no = $1")
+                        .bind(n)
+                        .fetch_one(self.$read())
+                        .await
+                        .unwrap()
+                }
+            }
+        };
     }
 
-    #[cfg(feature = "postgres")]
-    impl TxFixture for crate::PgStore {
-        async fn create_biz(&self) {
-            sqlx::query("CREATE TABLE biz (order_no text NOT NULL UNIQUE)")
-                .execute(self.pool())
+    tx_fixture!("sqlite", crate::SqliteStore, sqlx::Sqlite, reader_pool);
+    tx_fixture!("postgres", crate::PgStore, sqlx::Postgres, pool);
+
+    type Tx<S> = sqlx::Transaction<'static, <S as TxStore>::Database>;
+
+    /// Opens a transaction on `store` and claims key `k` in it.
+    async fn claim_in_tx<S: TxFixture>(store: &S, k: &str) -> (Tx<S>, crate::Claimed) {
+        let (k, f) = (key(k), fp("a"));
+        let mut tx = store.begin_transaction().await.unwrap();
+        let c = claimed(
+            store
+                .begin_in(&mut tx, req("s", &k, &f, &POLICY))
+                .await
+                .unwrap(),
+        );
+        (tx, c)
+    }
+
+    /// Writes the business row `order_no` and completes the claim on `k` with it, in `tx`.
+    async fn effect_and_complete<S: TxFixture>(
+        store: &S,
+        tx: &mut Tx<S>,
+        k: &str,
+        c: &crate::Claimed,
+        order_no: &str,
+    ) {
+        store.insert_biz(tx, order_no).await;
+        let k = key(k);
+        store
+            .complete_in(
+                tx,
+                claim("s", &k, c.fence),
+                &StoredResponse::ok(order_no.as_bytes().to_vec()),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// A concurrent duplicate on `k`, in a transaction of its own that commits or rolls back:
+    /// what its claim answered.
+    fn duplicate<S: TxFixture>(
+        store: &S,
+        k: &'static str,
+        commit: bool,
+    ) -> tokio::task::JoinHandle<BeginOutcome> {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let (k, f) = (key(k), fp("a"));
+            let mut tx = store.begin_transaction().await.unwrap();
+            let outcome = store
+                .begin_in(&mut tx, req("s", &k, &f, &POLICY))
                 .await
                 .unwrap();
-        }
-        async fn insert_biz(&self, tx: &mut sqlx::Transaction<'static, sqlx::Postgres>, n: &str) {
-            sqlx::query("INSERT INTO biz (order_no) VALUES ($1)")
-                .bind(n)
-                .execute(&mut **tx)
-                .await
-                .unwrap();
-        }
-        async fn count_biz(&self, n: &str) -> i64 {
-            sqlx::query_scalar("SELECT count(*) FROM biz WHERE order_no = $1")
-                .bind(n)
-                .fetch_one(self.pool())
-                .await
-                .unwrap()
+            if commit {
+                tx.commit().await.unwrap();
+            } else {
+                tx.rollback().await.unwrap();
+            }
+            outcome
+        })
+    }
+
+    fn replayed(outcome: BeginOutcome) -> bytes::Bytes {
+        match outcome {
+            BeginOutcome::Replay(r) => r.body,
+            other => panic!("expected a replay, got {other:?}"),
         }
     }
 
     /// See [`tx_conformance_tests!`](crate::tx_conformance_tests).
     pub async fn tx_commit_makes_both_durable<S: TxFixture>(env: &Env<S>) {
-        env.store().create_biz().await;
-        let k = key("k-tx-commit");
-        let f = fp("a");
-        let mut tx = env.store().begin_transaction().await.unwrap();
-        let c = claimed(
-            env.store()
-                .begin_in(&mut tx, req("s", &k, &f, &POLICY))
-                .await
-                .unwrap(),
-        );
-        env.store().insert_biz(&mut tx, "A1").await;
-        env.store()
-            .complete_in(
-                &mut tx,
-                claim("s", &k, c.fence),
-                &StoredResponse::ok(b"A1".to_vec()),
-            )
-            .await
-            .unwrap();
+        let store = env.store();
+        store.create_biz().await;
+        let (mut tx, c) = claim_in_tx(store, "k-tx-commit").await;
+        effect_and_complete(store, &mut tx, "k-tx-commit", &c, "A1").await;
         // Nothing is visible before the commit.
-        assert_eq!(env.store().count_biz("A1").await, 0);
+        assert_eq!(store.count_biz("A1").await, 0);
         tx.commit().await.unwrap();
-        assert_eq!(env.store().count_biz("A1").await, 1);
-        match env.store().begin(req("s", &k, &f, &POLICY)).await.unwrap() {
-            BeginOutcome::Replay(r) => assert_eq!(r.body, &b"A1"[..]),
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(store.count_biz("A1").await, 1);
+        let (k, f) = (key("k-tx-commit"), fp("a"));
+        let again = store.begin(req("s", &k, &f, &POLICY)).await.unwrap();
+        assert_eq!(replayed(again), &b"A1"[..]);
     }
 
     /// See [`tx_conformance_tests!`](crate::tx_conformance_tests).
     pub async fn tx_rollback_leaves_nothing<S: TxFixture>(env: &Env<S>) {
-        env.store().create_biz().await;
-        let k = key("k-tx-rollback");
-        let f = fp("a");
-        let mut tx = env.store().begin_transaction().await.unwrap();
-        let c = claimed(
-            env.store()
-                .begin_in(&mut tx, req("s", &k, &f, &POLICY))
-                .await
-                .unwrap(),
-        );
-        env.store().insert_biz(&mut tx, "B1").await;
-        env.store()
-            .complete_in(
-                &mut tx,
-                claim("s", &k, c.fence),
-                &StoredResponse::ok(b"B1".to_vec()),
-            )
-            .await
-            .unwrap();
+        let store = env.store();
+        store.create_biz().await;
+        let (mut tx, c) = claim_in_tx(store, "k-tx-rollback").await;
+        effect_and_complete(store, &mut tx, "k-tx-rollback", &c, "B1").await;
         tx.rollback().await.unwrap();
-        assert_eq!(env.store().count_biz("B1").await, 0);
-        assert!(env.store().lookup("s", k.as_str()).await.unwrap().is_none());
+        assert_eq!(store.count_biz("B1").await, 0);
+        assert!(store.lookup("s", "k-tx-rollback").await.unwrap().is_none());
         // The identity is free: the retry claims it afresh.
-        claimed(env.store().begin(req("s", &k, &f, &POLICY)).await.unwrap());
+        let (k, f) = (key("k-tx-rollback"), fp("a"));
+        claimed(store.begin(req("s", &k, &f, &POLICY)).await.unwrap());
     }
 
     /// See [`tx_conformance_tests!`](crate::tx_conformance_tests).
     pub async fn tx_duplicate_waits_then_replays<S: TxFixture>(env: &Env<S>) {
-        env.store().create_biz().await;
-        let k = key("k-tx-dup");
-        let f = fp("a");
-        let mut tx = env.store().begin_transaction().await.unwrap();
-        let c = claimed(
-            env.store()
-                .begin_in(&mut tx, req("s", &k, &f, &POLICY))
-                .await
-                .unwrap(),
-        );
-
-        let store = env.store().clone();
-        let duplicate = tokio::spawn(async move {
-            let k = key("k-tx-dup");
-            let mut tx = store.begin_transaction().await.unwrap();
-            let outcome = store
-                .begin_in(&mut tx, req("s", &k, &f, &POLICY))
-                .await
-                .unwrap();
-            tx.commit().await.unwrap();
-            outcome
-        });
+        let store = env.store();
+        store.create_biz().await;
+        let (mut tx, c) = claim_in_tx(store, "k-tx-dup").await;
+        let duplicate = duplicate(store, "k-tx-dup", true);
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(
             !duplicate.is_finished(),
             "the duplicate must wait for the first transaction"
         );
-
-        env.store().insert_biz(&mut tx, "C1").await;
-        env.store()
-            .complete_in(
-                &mut tx,
-                claim("s", &k, c.fence),
-                &StoredResponse::ok(b"C1".to_vec()),
-            )
-            .await
-            .unwrap();
+        effect_and_complete(store, &mut tx, "k-tx-dup", &c, "C1").await;
         tx.commit().await.unwrap();
-
-        match duplicate.await.unwrap() {
-            BeginOutcome::Replay(r) => assert_eq!(r.body, &b"C1"[..]),
-            other => panic!("the duplicate should replay, got {other:?}"),
-        }
-        assert_eq!(env.store().count_biz("C1").await, 1);
+        assert_eq!(replayed(duplicate.await.unwrap()), &b"C1"[..]);
+        assert_eq!(store.count_biz("C1").await, 1);
     }
 
     /// See [`tx_conformance_tests!`](crate::tx_conformance_tests).
     pub async fn tx_duplicate_claims_after_rollback<S: TxFixture>(env: &Env<S>) {
-        env.store().create_biz().await;
-        let k = key("k-tx-dup-rb");
-        let f = fp("a");
-        let mut tx = env.store().begin_transaction().await.unwrap();
-        claimed(
-            env.store()
-                .begin_in(&mut tx, req("s", &k, &f, &POLICY))
-                .await
-                .unwrap(),
-        );
-        let store = env.store().clone();
-        let duplicate = tokio::spawn(async move {
-            let k = key("k-tx-dup-rb");
-            let mut tx = store.begin_transaction().await.unwrap();
-            let outcome = store
-                .begin_in(&mut tx, req("s", &k, &f, &POLICY))
-                .await
-                .unwrap();
-            tx.rollback().await.unwrap();
-            outcome
-        });
+        let store = env.store();
+        store.create_biz().await;
+        let (tx, _) = claim_in_tx(store, "k-tx-dup-rb").await;
+        let duplicate = duplicate(store, "k-tx-dup-rb", false);
         tokio::time::sleep(Duration::from_millis(200)).await;
         tx.rollback().await.unwrap();
         assert!(matches!(duplicate.await.unwrap(), BeginOutcome::Claimed(_)));

@@ -134,14 +134,6 @@ pub struct PgStore {
     inner: Arc<Engine<Pg>>,
 }
 
-impl fmt::Debug for PgStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PgStore")
-            .field("table", &self.inner.sql.table)
-            .finish_non_exhaustive()
-    }
-}
-
 /// Builds a [`PgStore`]: table name, whether to create the table.
 pub type PgStoreBuilder = SqlStoreBuilder<PgStore>;
 
@@ -165,41 +157,14 @@ impl SqlStoreBuilder<PgStore> {
 }
 
 impl PgStore {
-    /// A builder with the default table name, creating the table.
-    pub fn builder() -> PgStoreBuilder {
-        SqlStoreBuilder::default()
-    }
-
     /// Connects to `url` and creates the table if missing.
     pub async fn connect(url: &str) -> Result<PgStore> {
         PgStore::builder().connect(url).await
     }
 
-    /// A store on `pool`, with the default table. The table is not created: call
-    /// [`PgStore::migrate`], or use the builder.
-    pub fn new(pool: PgPool) -> PgStore {
-        PgStore {
-            inner: Arc::new(
-                Engine::new(pool.clone(), pool, sql::DEFAULT_TABLE)
-                    .expect("the default table name is valid"),
-            ),
-        }
-    }
-
     /// The pool.
     pub fn pool(&self) -> &PgPool {
         &self.inner.writer
-    }
-
-    /// The table name.
-    pub fn table(&self) -> &str {
-        &self.inner.sql.table
-    }
-
-    /// Creates the table and its index if missing, under an advisory lock, so any number of
-    /// instances can start at once.
-    pub async fn migrate(&self) -> Result<()> {
-        self.inner.migrate().await
     }
 
     async fn begin_on(
@@ -232,67 +197,18 @@ impl Store for PgStore {
         self.begin_on(&mut conn, req).await
     }
 
-    fn complete(
-        &self,
-        claim: ClaimRef<'_>,
-        response: &StoredResponse,
-    ) -> impl Future<Output = Result<()>> + Send {
-        self.inner.complete(claim, response)
-    }
-
-    fn release(&self, claim: ClaimRef<'_>) -> impl Future<Output = Result<()>> + Send {
-        self.inner.release(claim)
-    }
-
-    fn checkpoint(
-        &self,
-        claim: ClaimRef<'_>,
-        recovery_point: &[u8],
-        lease: Duration,
-    ) -> impl Future<Output = Result<()>> + Send {
-        self.inner.checkpoint(claim, recovery_point, lease)
-    }
-
-    fn lookup(
-        &self,
-        scope: &str,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<Record>>> + Send {
-        self.inner.lookup(scope, key)
-    }
-
-    fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send {
-        self.inner.purge_expired()
-    }
-
-    fn release_in_background(&self, scope: String, key: String, fence: u64) {
-        self.inner.release_in_background(scope, key, fence)
-    }
+    sql::engine_store_methods!();
 }
 
-impl TxStore for PgStore {
-    type Database = sqlx::Postgres;
-
-    fn begin_transaction(
-        &self,
-    ) -> impl Future<Output = Result<sqlx::Transaction<'static, sqlx::Postgres>>> + Send {
-        self.inner.begin_transaction()
-    }
-
-    async fn begin_in(
+impl PgStore {
+    /// `begin` inside the caller's transaction.
+    async fn begin_in_transaction(
         &self,
         conn: &mut PgConnection,
         req: BeginRequest<'_>,
     ) -> Result<BeginOutcome> {
         self.begin_on(conn, req).await
     }
-
-    fn complete_in(
-        &self,
-        conn: &mut PgConnection,
-        claim: ClaimRef<'_>,
-        response: &StoredResponse,
-    ) -> impl Future<Output = Result<()>> + Send {
-        self.inner.complete_on(conn, claim, response)
-    }
 }
+
+sql::engine_store_api!(PgStore, PgPool, sqlx::Postgres, PgConnection);

@@ -774,6 +774,121 @@ pub(crate) fn contention(scope: &str, key: &str) -> Error {
     )
 }
 
+/// The [`Store`](crate::Store) methods every SQL store hands to its engine (`self.inner`), written
+/// once; each store writes only `begin`, where the databases differ.
+macro_rules! engine_store_methods {
+    () => {
+        fn complete(
+            &self,
+            claim: ClaimRef<'_>,
+            response: &StoredResponse,
+        ) -> impl Future<Output = Result<()>> + Send {
+            self.inner.complete(claim, response)
+        }
+
+        fn release(&self, claim: ClaimRef<'_>) -> impl Future<Output = Result<()>> + Send {
+            self.inner.release(claim)
+        }
+
+        fn checkpoint(
+            &self,
+            claim: ClaimRef<'_>,
+            recovery_point: &[u8],
+            lease: Duration,
+        ) -> impl Future<Output = Result<()>> + Send {
+            self.inner.checkpoint(claim, recovery_point, lease)
+        }
+
+        fn lookup(
+            &self,
+            scope: &str,
+            key: &str,
+        ) -> impl Future<Output = Result<Option<Record>>> + Send {
+            self.inner.lookup(scope, key)
+        }
+
+        fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send {
+            self.inner.purge_expired()
+        }
+
+        fn release_in_background(&self, scope: String, key: String, fence: u64) {
+            self.inner.release_in_background(scope, key, fence)
+        }
+    };
+}
+pub(crate) use engine_store_methods;
+
+/// What every SQL store offers the same way, on its engine (`inner`): `Debug`, `builder`, `new`,
+/// `table`, `migrate`, and the transactional methods that need no dialect.
+macro_rules! engine_store_api {
+    ($store:ident, $pool:ty, $db:ty, $conn:ty) => {
+        impl fmt::Debug for $store {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($store))
+                    .field("table", &self.inner.sql.table)
+                    .finish_non_exhaustive()
+            }
+        }
+
+        impl $store {
+            /// A builder with the default table name, creating the table.
+            pub fn builder() -> SqlStoreBuilder<$store> {
+                SqlStoreBuilder::default()
+            }
+
+            /// A store on `pool`, with the default table. The table is not created: call
+            #[doc = concat!("[`", stringify!($store), "::migrate`], or use the builder.")]
+            pub fn new(pool: $pool) -> $store {
+                $store {
+                    inner: Arc::new(
+                        Engine::new(pool.clone(), pool, sql::DEFAULT_TABLE)
+                            .expect("the default table name is valid"),
+                    ),
+                }
+            }
+
+            /// The table name.
+            pub fn table(&self) -> &str {
+                &self.inner.sql.table
+            }
+
+            /// Creates the table and its index if missing. Any number of processes may do it at
+            /// once: PostgreSQL migrates under an advisory lock, SQLite under its write lock.
+            pub async fn migrate(&self) -> Result<()> {
+                self.inner.migrate().await
+            }
+        }
+
+        impl TxStore for $store {
+            type Database = $db;
+
+            fn begin_transaction(
+                &self,
+            ) -> impl Future<Output = Result<sqlx::Transaction<'static, $db>>> + Send {
+                self.inner.begin_transaction()
+            }
+
+            async fn begin_in(
+                &self,
+                conn: &mut $conn,
+                req: BeginRequest<'_>,
+            ) -> Result<BeginOutcome> {
+                self.begin_in_transaction(conn, req).await
+            }
+
+            fn complete_in(
+                &self,
+                conn: &mut $conn,
+                claim: ClaimRef<'_>,
+                response: &StoredResponse,
+            ) -> impl Future<Output = Result<()>> + Send {
+                self.inner.complete_on(conn, claim, response)
+            }
+        }
+    };
+}
+pub(crate) use engine_store_api;
+
 /// Builds a SQL store: the table name, and whether to create it. `PgStore::builder()` and
 /// `SqliteStore::builder()` start one; each store adds its own `build` and `connect`.
 #[derive(Debug, Clone)]

@@ -133,14 +133,6 @@ pub struct SqliteStore {
     inner: Arc<Engine<Lite>>,
 }
 
-impl fmt::Debug for SqliteStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SqliteStore")
-            .field("table", &self.inner.sql.table)
-            .finish_non_exhaustive()
-    }
-}
-
 /// Builds a [`SqliteStore`]: table name, whether to create the table.
 pub type SqliteStoreBuilder = SqlStoreBuilder<SqliteStore>;
 
@@ -187,11 +179,6 @@ impl SqlStoreBuilder<SqliteStore> {
 }
 
 impl SqliteStore {
-    /// A builder with the default table name, creating the table.
-    pub fn builder() -> SqliteStoreBuilder {
-        SqlStoreBuilder::default()
-    }
-
     /// Opens (creating if missing) the database at `url` and creates the table.
     pub async fn connect(url: &str) -> Result<SqliteStore> {
         SqliteStore::builder().connect(url).await
@@ -200,17 +187,6 @@ impl SqliteStore {
     /// A private in-memory database, for tests.
     pub async fn in_memory() -> Result<SqliteStore> {
         SqliteStore::connect("sqlite::memory:").await
-    }
-
-    /// A store on `pool`, with the default table. The table is not created: call
-    /// [`SqliteStore::migrate`], or use the builder.
-    pub fn new(pool: SqlitePool) -> SqliteStore {
-        SqliteStore {
-            inner: Arc::new(
-                Engine::new(pool.clone(), pool, sql::DEFAULT_TABLE)
-                    .expect("the default table name is valid"),
-            ),
-        }
     }
 
     /// The options idem opens SQLite with: create if missing, WAL journal, `synchronous =
@@ -237,17 +213,6 @@ impl SqliteStore {
     /// [`SqliteStore::pool`]. Read through it while a transaction holds the writer.
     pub fn reader_pool(&self) -> &SqlitePool {
         &self.inner.reader
-    }
-
-    /// The table name.
-    pub fn table(&self) -> &str {
-        &self.inner.sql.table
-    }
-
-    /// Creates the table and its index if missing. Safe to run concurrently from several
-    /// processes.
-    pub async fn migrate(&self) -> Result<()> {
-        self.inner.migrate().await
     }
 
     /// Outside a transaction (`tx` is `None`) the read goes first, on the readers: a replay never
@@ -326,70 +291,21 @@ impl Store for SqliteStore {
         self.begin_on(None, req)
     }
 
-    fn complete(
-        &self,
-        claim: ClaimRef<'_>,
-        response: &StoredResponse,
-    ) -> impl Future<Output = Result<()>> + Send {
-        self.inner.complete(claim, response)
-    }
-
-    fn release(&self, claim: ClaimRef<'_>) -> impl Future<Output = Result<()>> + Send {
-        self.inner.release(claim)
-    }
-
-    fn checkpoint(
-        &self,
-        claim: ClaimRef<'_>,
-        recovery_point: &[u8],
-        lease: Duration,
-    ) -> impl Future<Output = Result<()>> + Send {
-        self.inner.checkpoint(claim, recovery_point, lease)
-    }
-
-    fn lookup(
-        &self,
-        scope: &str,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<Record>>> + Send {
-        self.inner.lookup(scope, key)
-    }
-
-    fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send {
-        self.inner.purge_expired()
-    }
-
-    fn release_in_background(&self, scope: String, key: String, fence: u64) {
-        self.inner.release_in_background(scope, key, fence)
-    }
+    sql::engine_store_methods!();
 }
 
-impl TxStore for SqliteStore {
-    type Database = sqlx::Sqlite;
-
-    fn begin_transaction(
-        &self,
-    ) -> impl Future<Output = Result<sqlx::Transaction<'static, sqlx::Sqlite>>> + Send {
-        self.inner.begin_transaction()
-    }
-
-    fn begin_in(
+impl SqliteStore {
+    /// `begin` inside the caller's transaction.
+    async fn begin_in_transaction(
         &self,
         conn: &mut SqliteConnection,
         req: BeginRequest<'_>,
-    ) -> impl Future<Output = Result<BeginOutcome>> + Send {
-        self.begin_on(Some(conn), req)
-    }
-
-    fn complete_in(
-        &self,
-        conn: &mut SqliteConnection,
-        claim: ClaimRef<'_>,
-        response: &StoredResponse,
-    ) -> impl Future<Output = Result<()>> + Send {
-        self.inner.complete_on(conn, claim, response)
+    ) -> Result<BeginOutcome> {
+        self.begin_on(Some(conn), req).await
     }
 }
+
+sql::engine_store_api!(SqliteStore, SqlitePool, sqlx::Sqlite, SqliteConnection);
 
 #[cfg(test)]
 mod tests {
