@@ -159,3 +159,85 @@ mod unreadable_records {
         check(env.store()).await;
     }
 }
+
+/// A records table created before a column was added gets it when the store migrates, keeps its
+/// records, and works with it at once.
+mod older_tables {
+    use idem::{BeginOutcome, BeginRequest, ClaimRef, Fingerprint, Key, Policy, Store};
+
+    const OLD_SQLITE: &str = "CREATE TABLE idem_records (scope TEXT NOT NULL, key TEXT NOT NULL, \
+        fingerprint BLOB NOT NULL, state TEXT NOT NULL CHECK (state IN ('in_progress', 'completed', 'released')), \
+        fence INTEGER NOT NULL, lease_until INTEGER NOT NULL, expires_at INTEGER NOT NULL, \
+        recovery_point BLOB, response_status INTEGER, response_error INTEGER NOT NULL DEFAULT 0, \
+        response_body BLOB, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, \
+        PRIMARY KEY (scope, key)) WITHOUT ROWID";
+
+    const OLD_POSTGRES: &str = "CREATE TABLE idem_records (scope text NOT NULL, key text NOT NULL, \
+        fingerprint bytea NOT NULL, state text NOT NULL CHECK (state IN ('in_progress', 'completed', 'released')), \
+        fence bigint NOT NULL, lease_until timestamptz NOT NULL, expires_at timestamptz NOT NULL, \
+        recovery_point bytea, response_status integer, response_error boolean NOT NULL DEFAULT false, \
+        response_body bytea, created_at timestamptz NOT NULL DEFAULT now(), \
+        updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (scope, key)) WITH (fillfactor = 80)";
+
+    async fn attempts_work<S: Store>(store: &S) {
+        let k = Key::parse("k-upgrade").unwrap();
+        let f = Fingerprint::of("a").unwrap();
+        let req = || BeginRequest {
+            scope: "s",
+            key: k.as_str(),
+            fingerprint: &f,
+            policy: &Policy::DEFAULT,
+        };
+        let BeginOutcome::Claimed(first) = store.begin(req()).await.unwrap() else {
+            panic!("a first claim")
+        };
+        assert_eq!(first.attempt, 1);
+        store
+            .release(ClaimRef {
+                scope: "s",
+                key: k.as_str(),
+                fence: first.fence,
+            })
+            .await
+            .unwrap();
+        let BeginOutcome::Claimed(second) = store.begin(req()).await.unwrap() else {
+            panic!("a second claim")
+        };
+        assert_eq!(second.attempt, 2);
+    }
+
+    #[tokio::test]
+    async fn sqlite() {
+        let file = crate::SqliteFile::new();
+        let old = idem::SqliteStore::builder()
+            .create_table(false)
+            .connect(&file.url)
+            .await
+            .unwrap();
+        sqlx::query(OLD_SQLITE).execute(old.pool()).await.unwrap();
+        drop(old);
+        let store = idem::SqliteStore::connect(&file.url).await.unwrap();
+        attempts_work(&store).await;
+        // Migrating again changes nothing.
+        store.migrate().await.unwrap();
+    }
+
+    #[tokio::test]
+    #[cfg_attr(
+        not(idem_postgres),
+        ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+    )]
+    async fn postgres() {
+        let schema = crate::PgSchema::create(&crate::common::pg_url(), 4).await;
+        sqlx::query(OLD_POSTGRES)
+            .execute(&schema.pool)
+            .await
+            .unwrap();
+        let store = idem::PgStore::builder()
+            .build(schema.pool.clone())
+            .await
+            .unwrap();
+        attempts_work(&store).await;
+        store.migrate().await.unwrap();
+    }
+}

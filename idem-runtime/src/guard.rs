@@ -52,6 +52,7 @@ pub struct ClaimInfo {
     fence: u64,
     reclaimed: bool,
     recovery_point: Option<Vec<u8>>,
+    attempt: u32,
 }
 
 impl ClaimInfo {
@@ -63,6 +64,7 @@ impl ClaimInfo {
             fence: claimed.fence,
             reclaimed: claimed.reclaimed,
             recovery_point: claimed.recovery_point,
+            attempt: claimed.attempt,
         }
     }
 
@@ -91,6 +93,15 @@ impl ClaimInfo {
     /// [`Guard::checkpoint`].
     pub fn recovery_point(&self) -> Option<&[u8]> {
         self.recovery_point.as_deref()
+    }
+
+    /// Which attempt of this request this is: 1 for the first; more when an earlier attempt
+    /// began and did not finish (released by an error, a panic or a dropped caller, or abandoned
+    /// past its lease), so part of its work may be done. Resume from
+    /// [`ClaimInfo::recovery_point`], and repeat outside calls only with
+    /// [`ClaimInfo::downstream_key`].
+    pub fn attempt(&self) -> u32 {
+        self.attempt
     }
 
     /// A key for a call to the outside world, derived from `(scope, key, step)`: the same for
@@ -172,6 +183,11 @@ impl<'s, S: Store> Guard<'s, S> {
     /// [`Guard::checkpoint`].
     pub fn recovery_point(&self) -> Option<&[u8]> {
         self.claim.recovery_point()
+    }
+
+    /// Which attempt of this request this is: see [`ClaimInfo::attempt`].
+    pub fn attempt(&self) -> u32 {
+        self.claim.attempt()
     }
 
     /// A key for a call to the outside world: see [`ClaimInfo::downstream_key`].

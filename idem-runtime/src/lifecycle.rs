@@ -68,9 +68,10 @@ pub(crate) enum Decision {
     Claim {
         /// Over an owner's abandoned claim (its lease ran out).
         reclaim: bool,
-        /// The previous attempt was this same request and did not finish: hand its recovery
-        /// point to the new owner. Otherwise the recovery point is cleared.
-        keep_recovery_point: bool,
+        /// The claim continues an earlier attempt of this same request that did not finish:
+        /// the new owner gets its recovery point and the next attempt number. Otherwise the
+        /// recovery point is cleared and the attempt number starts again at 1.
+        continues: bool,
     },
     Replay,
     InProgress(Duration),
@@ -81,7 +82,7 @@ pub(crate) fn decide(seen: Seen, policy: &Policy) -> Decision {
     if seen.expired || seen.state == State::Released {
         return Decision::Claim {
             reclaim: false,
-            keep_recovery_point: !seen.expired && seen.same_fingerprint,
+            continues: !seen.expired && seen.same_fingerprint,
         };
     }
     if !seen.same_fingerprint {
@@ -97,8 +98,18 @@ pub(crate) fn decide(seen: Seen, policy: &Policy) -> Decision {
         }
         State::InProgress | State::Released => Decision::Claim {
             reclaim: true,
-            keep_recovery_point: true,
+            continues: true,
         },
+    }
+}
+
+/// The attempt number of a claim: one more than the record's when the claim continues an
+/// unfinished attempt of the same request, else 1.
+pub(crate) fn next_attempt(continues: bool, previous: u32) -> u32 {
+    if continues {
+        previous.saturating_add(1)
+    } else {
+        1
     }
 }
 
@@ -128,10 +139,7 @@ mod tests {
         use State as S;
         let p = Policy::DEFAULT;
         let closed = Policy::DEFAULT.expired_lease(ExpiredLease::FailClosed);
-        let claim = |reclaim, keep_recovery_point| D::Claim {
-            reclaim,
-            keep_recovery_point,
-        };
+        let claim = |reclaim, continues| D::Claim { reclaim, continues };
         assert_eq!(decide(seen(S::Completed, true, false, 0), &p), D::Replay);
         assert_eq!(
             decide(seen(S::Completed, false, false, 0), &p),

@@ -147,6 +147,11 @@ pub struct Claimed {
     pub reclaimed: bool,
     /// How far a previous attempt of the same request got, if it said so with `checkpoint`.
     pub recovery_point: Option<Vec<u8>>,
+    /// Which attempt of this request the claim is: 1 for the first; one more for each claim of
+    /// the same request after an earlier attempt began and did not finish (released by an error,
+    /// a panic or a dropped caller, or abandoned past its lease). A claim after the record's
+    /// retention ended, or for another request, starts again at 1.
+    pub attempt: u32,
 }
 
 /// The identity and fence of a claim, as presented to `complete`, `release` and `checkpoint`.

@@ -173,6 +173,7 @@ macro_rules! conformance_tests {
             retention_expiry_frees_the_identity,
             purge_removes_only_expired,
             a_purged_identity_never_reuses_a_fence,
+            attempts_count_unfinished_tries,
         }
     };
 }
@@ -591,6 +592,46 @@ pub mod cases {
             )
             .await
             .unwrap();
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn attempts_count_unfinished_tries<S: Store + Clone>(env: &Env<S>) {
+        let (k, f) = (key("k-attempts"), fp("a"));
+        let short = POLICY.lease(Duration::from_millis(300));
+        let first = begin_claimed(env, req("s", &k, &f, &short)).await;
+        assert_eq!(first.attempt, 1);
+        // Released (an error, a panic, a dropped caller): the retry is the second attempt.
+        env.store()
+            .release(claim("s", &k, first.fence))
+            .await
+            .unwrap();
+        let second = begin_claimed(env, req("s", &k, &f, &short)).await;
+        assert_eq!(second.attempt, 2);
+        assert!(!second.reclaimed);
+        // Abandoned past its lease: the take-over is the third.
+        env.wait(Duration::from_millis(450)).await;
+        let third = begin_claimed(env, req("s", &k, &f, &short)).await;
+        assert!(third.reclaimed);
+        assert_eq!(third.attempt, 3);
+        // Another request after a release starts again at 1.
+        env.store()
+            .release(claim("s", &k, third.fence))
+            .await
+            .unwrap();
+        let other = begin_claimed(env, req("s", &k, &fp("b"), &short)).await;
+        assert_eq!(other.attempt, 1);
+        // A request whose record's retention ended starts again at 1 too.
+        let (k2, retain) = (
+            key("k-attempts-2"),
+            short.retain(Duration::from_millis(300)),
+        );
+        let c = begin_claimed(env, req("s", &k2, &f, &retain)).await;
+        env.store().release(claim("s", &k2, c.fence)).await.unwrap();
+        env.wait(Duration::from_millis(450)).await;
+        assert_eq!(
+            begin_claimed(env, req("s", &k2, &f, &retain)).await.attempt,
+            1
+        );
     }
 }
 

@@ -12,7 +12,7 @@ use hashbrown::hash_table::Entry as TableEntry;
 use crate::clock::{Clock, SystemClock, duration_ms};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::lifecycle::{Decision, Seen, State, decide, owns};
+use crate::lifecycle::{Decision, Seen, State, decide, next_attempt, owns};
 use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, Record, RecordState, StoredResponse,
 };
@@ -56,6 +56,7 @@ struct Entry {
     lease_until: i64,
     expires_at: i64,
     recovery_point: Option<Vec<u8>>,
+    attempt: u32,
     response: Option<StoredResponse>,
 }
 
@@ -159,12 +160,14 @@ impl MemoryStore {
                     lease_until: now.saturating_add(lease),
                     expires_at: now.saturating_add(retain),
                     recovery_point: None,
+                    attempt: 1,
                     response: None,
                 });
                 return BeginOutcome::Claimed(Claimed {
                     fence,
                     reclaimed: false,
                     recovery_point: None,
+                    attempt: 1,
                 });
             }
             TableEntry::Occupied(o) => o.into_mut(),
@@ -175,11 +178,8 @@ impl MemoryStore {
             expired: e.expires_at <= now,
             lease_left_ms: e.lease_until - now,
         };
-        let (reclaim, keep_point) = match decide(seen, req.policy) {
-            Decision::Claim {
-                reclaim,
-                keep_recovery_point,
-            } => (reclaim, keep_recovery_point),
+        let (reclaim, continues) = match decide(seen, req.policy) {
+            Decision::Claim { reclaim, continues } => (reclaim, continues),
             Decision::Replay => {
                 return BeginOutcome::Replay(
                     e.response
@@ -198,13 +198,15 @@ impl MemoryStore {
         e.lease_until = now.saturating_add(lease);
         e.expires_at = now.saturating_add(retain);
         e.response = None;
-        if !keep_point {
+        if !continues {
             e.recovery_point = None;
         }
+        e.attempt = next_attempt(continues, e.attempt);
         BeginOutcome::Claimed(Claimed {
             fence: e.fence,
             reclaimed: reclaim,
             recovery_point: e.recovery_point.clone(),
+            attempt: e.attempt,
         })
     }
 }

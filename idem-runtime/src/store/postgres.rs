@@ -11,8 +11,8 @@ use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
 use crate::error::Result;
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
 use crate::store::sql::{
-    self, ATTEMPTS, Arg, Columns as _, CurRow, Dialect, DialectStatements, Engine, Shared,
-    SqlStoreBuilder, Statements, Types, contention, map_err,
+    self, ATTEMPTS, AddColumn, Arg, Columns as _, CurRow, Dialect, DialectStatements, Engine,
+    Shared, SqlStoreBuilder, Statements, Types, contention, map_err,
 };
 use crate::store::{Store, TxStore};
 
@@ -102,6 +102,16 @@ impl Dialect for Pg {
         Some(
             AssertSqlSafe(format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")).into_sql_str(),
         )
+    }
+
+    fn add_column(t: &str, _table: &str, column: &str, definition: &str) -> AddColumn {
+        AddColumn {
+            probe: None,
+            alter: AssertSqlSafe(format!(
+                "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {column} {definition}"
+            ))
+            .into_sql_str(),
+        }
     }
 
     fn fetch<'a>(

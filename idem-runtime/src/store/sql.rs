@@ -76,6 +76,10 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     fn statements(t: &str, shared: &Shared) -> DialectStatements;
     /// A statement run before the table is created, inside the migration's transaction.
     fn migration_lock() -> Option<SqlStr>;
+    /// Adds `column` (`definition` after its name) to a table created before it existed: the
+    /// statement, and, where the database cannot say `IF NOT EXISTS`, a query whose `present`
+    /// column counts the column if it is there already.
+    fn add_column(t: &str, table: &str, column: &str, definition: &str) -> AddColumn;
 
     /// Runs `sql` with `args` on `conn`: its first row, if any.
     fn fetch<'a>(
@@ -84,6 +88,16 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = Result<Option<Self::Row>>> + Send + 'a;
 }
+
+/// A column added to tables created before it existed.
+pub(crate) struct AddColumn {
+    pub(crate) probe: Option<SqlStr>,
+    pub(crate) alter: SqlStr,
+}
+
+/// Columns added since the table was first created, with their definitions: tables created
+/// earlier get them when the store migrates.
+const ADDED_COLUMNS: &[(&str, &str)] = &[("attempt", "{int4} NOT NULL DEFAULT 1")];
 
 /// Column types, per dialect.
 #[derive(Debug, Clone, Copy)]
@@ -99,6 +113,7 @@ pub(crate) struct Types {
 /// Reading a column of a row, the same way for every database.
 pub(crate) trait Columns {
     fn int8(&self, col: &str) -> Result<i64, sqlx::Error>;
+    fn int4(&self, col: &str) -> Result<i32, sqlx::Error>;
     fn opt_int4(&self, col: &str) -> Result<Option<i32>, sqlx::Error>;
     fn text(&self, col: &str) -> Result<String, sqlx::Error>;
     fn bytes(&self, col: &str) -> Result<Vec<u8>, sqlx::Error>;
@@ -117,6 +132,9 @@ where
     for<'r> bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     fn int8(&self, col: &str) -> Result<i64, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn int4(&self, col: &str) -> Result<i32, sqlx::Error> {
         self.try_get(col)
     }
     fn opt_int4(&self, col: &str) -> Result<Option<i32>, sqlx::Error> {
@@ -199,6 +217,7 @@ pub(crate) struct Statements {
     checkpoint: SqlStr,
     lookup: SqlStr,
     create: [SqlStr; 2],
+    upgrade: Vec<AddColumn>,
 }
 
 impl Statements {
@@ -246,10 +265,11 @@ impl Statements {
                 "UPDATE {t} SET fence = fence + 1, state = '{in_progress}', fingerprint = $3, \
                  lease_until = {}, expires_at = {}, \
                  recovery_point = CASE WHEN $6 THEN recovery_point END, \
+                 attempt = CASE WHEN $6 THEN attempt + 1 ELSE 1 END, \
                  response_status = NULL, response_error = {}, response_body = NULL, \
                  updated_at = {now} \
                  WHERE scope = $1 AND key = $2 AND fence = $7 AND state = $8 AND {} = $9 \
-                 RETURNING fence, recovery_point",
+                 RETURNING fence, recovery_point, attempt",
                 D::after("$4"),
                 D::after("$5"),
                 D::FALSE,
@@ -288,6 +308,7 @@ impl Statements {
                      lease_until {timestamp} NOT NULL, \
                      expires_at {timestamp} NOT NULL, \
                      recovery_point {bytes}, \
+                     attempt {int4} NOT NULL DEFAULT 1, \
                      response_status {int4}, \
                      response_error {boolean} NOT NULL DEFAULT {}, \
                      response_body {bytes}, \
@@ -302,6 +323,12 @@ impl Statements {
                     base_name(table)
                 )),
             ],
+            upgrade: ADDED_COLUMNS
+                .iter()
+                .map(|(column, definition)| {
+                    D::add_column(&t, table, column, &definition.replace("{int4}", int4))
+                })
+                .collect(),
         })
     }
 
@@ -369,12 +396,9 @@ pub(crate) fn next(req: &BeginRequest<'_>, cur: &CurRow) -> Result<Next> {
         lease_left_ms: cur.lease_left_ms,
     };
     Ok(match lifecycle::decide(seen, req.policy) {
-        Decision::Claim {
+        Decision::Claim { reclaim, continues } => Next::TakeOver {
             reclaim,
-            keep_recovery_point,
-        } => Next::TakeOver {
-            reclaim,
-            keep: keep_recovery_point,
+            keep: continues,
         },
         Decision::Replay => Next::Answer(BeginOutcome::Replay(
             stored_response(
@@ -440,6 +464,15 @@ impl<D: Dialect> Engine<D> {
         for stmt in D::migration_lock().iter().chain(&self.sql.create) {
             D::fetch(&mut tx, stmt, &[]).await?;
         }
+        for add in &self.sql.upgrade {
+            if let Some(probe) = &add.probe
+                && let Some(row) = D::fetch(&mut tx, probe, &[]).await?
+                && row.int8("present").map_err(map_err)? > 0
+            {
+                continue;
+            }
+            D::fetch(&mut tx, &add.alter, &[]).await?;
+        }
         tx.commit().await.map_err(map_err)
     }
 
@@ -449,6 +482,7 @@ impl<D: Dialect> Engine<D> {
             fence: fence_from_db(row.int8("fence").map_err(map_err)?)?,
             reclaimed: false,
             recovery_point: None,
+            attempt: 1,
         })
     }
 
@@ -481,6 +515,13 @@ impl<D: Dialect> Engine<D> {
             fence: fence_from_db(row.int8("fence").map_err(map_err)?)?,
             reclaimed: reclaim,
             recovery_point: row.opt_bytes("recovery_point").map_err(map_err)?,
+            attempt: u32::try_from(row.int4("attempt").map_err(map_err)?).map_err(|_| {
+                within(
+                    req.scope,
+                    req.key,
+                    Error::Store("an attempt number out of range".into()),
+                )
+            })?,
         }))
     }
 

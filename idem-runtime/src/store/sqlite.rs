@@ -15,8 +15,8 @@ use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
 use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
 use crate::store::sql::{
-    self, ATTEMPTS, Arg, CurRow, Dialect, DialectStatements, Engine, Next, Shared, SqlStoreBuilder,
-    Statements, Types, contention, map_err,
+    self, ATTEMPTS, AddColumn, Arg, CurRow, Dialect, DialectStatements, Engine, Next, Shared,
+    SqlStoreBuilder, Statements, Types, contention, map_err,
 };
 use crate::store::{Store, TxStore};
 
@@ -89,6 +89,21 @@ impl Dialect for Lite {
     fn migration_lock() -> Option<SqlStr> {
         // `BEGIN IMMEDIATE` already serialises migrations, across processes too.
         None
+    }
+
+    fn add_column(t: &str, table: &str, column: &str, definition: &str) -> AddColumn {
+        // `table` is a checked identifier, so it can stand in a string literal.
+        AddColumn {
+            probe: Some(
+                AssertSqlSafe(format!(
+                    "SELECT count(*) AS present FROM pragma_table_info('{table}') \
+                     WHERE name = '{column}'"
+                ))
+                .into_sql_str(),
+            ),
+            alter: AssertSqlSafe(format!("ALTER TABLE {t} ADD COLUMN {column} {definition}"))
+                .into_sql_str(),
+        }
     }
 
     fn fetch<'a>(
