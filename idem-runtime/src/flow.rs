@@ -482,6 +482,36 @@ where
     }
 }
 
+/// The separate-commits flow on a task of its own, for `on_cancel = "finish"`: the claim, the
+/// body and the completion run to their end even when the caller's future is dropped (a client
+/// that hung up), so a retry gets "in progress" and then the stored answer, never a second run
+/// of a body cut halfway. The caller awaits the task; a panic in the body is the caller's panic.
+pub async fn run_detached<S, R, M, B>(
+    store: S,
+    prepared: Prepared,
+    errors: ErrorOps<R::Err>,
+    body: B,
+) -> R
+where
+    S: Store,
+    R: IdemResult + Send + 'static,
+    R::Ok: Replay<M> + Send,
+    R::Err: Send + 'static,
+    M: 'static,
+    B: Body<R> + Send + 'static,
+    B::Fut: Send,
+{
+    let task = tokio::spawn(async move { run(&store, prepared, errors, body).await });
+    match task.await {
+        Ok(out) => out,
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            // The runtime is shutting down: the caller goes with it.
+            Err(e) => panic!("the guarded body's task was cancelled: {e}"),
+        },
+    }
+}
+
 /// A stored response, as the function's return value: its `Ok`, or a stored final error.
 fn replay<R, M>(stored: StoredResponse, errors: &ErrorOps<R::Err>) -> R
 where
