@@ -396,6 +396,11 @@ pub use idem_runtime::SqliteStore;
 #[doc(inline)]
 pub use idem_runtime::http;
 
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+#[doc(inline)]
+pub use idem_runtime::problem;
+
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 #[doc(inline)]

@@ -49,6 +49,9 @@ pub mod http;
 pub mod key;
 mod lifecycle;
 mod observe;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub mod problem;
 pub mod record;
 pub mod replay;
 pub mod scope;
