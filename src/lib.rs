@@ -44,6 +44,8 @@
 //! - `postgres`: the PostgreSQL store.
 //! - `axum`: the HTTP integration: `IdempotencyKey` extractor, problem+json errors, replay
 //!   header, lookup by key.
+//! - `tower`: a tower layer that guards any `http` service (axum, tonic, hyper) without
+//!   annotating its handlers.
 //! - `metrics`: counters for every outcome through the `metrics` facade.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -396,8 +398,13 @@ pub use idem_runtime::SqliteStore;
 #[doc(inline)]
 pub use idem_runtime::http;
 
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+#[doc(inline)]
+pub use idem_runtime::tower;
+
+#[cfg(any(feature = "axum", feature = "tower"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "axum", feature = "tower"))))]
 #[doc(inline)]
 pub use idem_runtime::problem;
 

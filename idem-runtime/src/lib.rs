@@ -25,6 +25,8 @@
 //! - `postgres`: [`PgStore`].
 //! - `axum`: the `http` module: the `IdempotencyKey` extractor, problem+json errors, replay
 //!   headers.
+//! - `tower`: the `tower` module: a layer that guards any `http` service (axum, tonic, hyper)
+//!   without annotating its handlers.
 //! - `metrics`: counters for every outcome through the `metrics` facade.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -49,8 +51,8 @@ pub mod http;
 pub mod key;
 mod lifecycle;
 mod observe;
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+#[cfg(any(feature = "axum", feature = "tower"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "axum", feature = "tower"))))]
 pub mod problem;
 pub mod record;
 pub mod replay;
@@ -60,6 +62,9 @@ pub mod sweeper;
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod tower;
 pub mod transition;
 
 #[doc(hidden)]

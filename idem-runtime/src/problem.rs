@@ -1,8 +1,8 @@
 //! RFC 9457 problem details for idem's errors, independent of any web framework: the status, the
 //! `application/problem+json` body and the `Retry-After` seconds of each [`Error`].
 //!
-//! The axum integration (`http`, feature `axum`) answers with these; an integration with another
-//! framework uses them too, so an error reads the same through each.
+//! The axum integration (`http`, feature `axum`) and the guard for any `http` service (`tower`,
+//! feature `tower`) both answer with these, so an error reads the same through either.
 //!
 //! ```
 //! use idem_runtime::problem::ProblemResponse;
