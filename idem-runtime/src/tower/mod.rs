@@ -81,7 +81,7 @@
 //!
 //! Other methods pass through untouched, their bodies streamed. Errors are RFC 9457
 //! `application/problem+json` bodies, the same as the axum integration's
-//! ([`ProblemResponse`](crate::problem::ProblemResponse)). Tracing events and metrics for every
+//! ([`ProblemResponse`]). Tracing events and metrics for every
 //! outcome come from the core, as for `#[idempotent]`.
 //!
 //! # Scope
