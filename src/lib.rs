@@ -135,6 +135,16 @@
     not(feature = "testkit"),
     doc = "- `testkit`: the store conformance suite, `testkit`, for a store of your own."
 )]
+#![cfg_attr(
+    feature = "tower",
+    doc = "- `tower`: the [`tower`] module, a layer that guards any `http` service (axum, tonic, \
+           hyper) without annotating its handlers."
+)]
+#![cfg_attr(
+    not(feature = "tower"),
+    doc = "- `tower`: the `tower` module, a layer that guards any `http` service (axum, tonic, \
+           hyper) without annotating its handlers."
+)]
 //! - `metrics`: counters for every outcome through the `metrics` facade.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -486,6 +496,16 @@ pub use idem_runtime::SqliteStore;
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[doc(inline)]
 pub use idem_runtime::http;
+
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+#[doc(inline)]
+pub use idem_runtime::tower;
+
+#[cfg(any(feature = "axum", feature = "tower"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "axum", feature = "tower"))))]
+#[doc(inline)]
+pub use idem_runtime::problem;
 
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]

@@ -35,11 +35,7 @@ use crate::key::{Key, KeyPolicy, ToKey};
 use crate::record::{RecordState, StoredResponse};
 use crate::store::Store;
 
-/// `Idempotency-Key`, the request header of the IETF draft.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-
-/// `Idempotent-Replayed: true` marks a response that was replayed, not computed.
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+pub use crate::problem::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
 const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -180,26 +176,7 @@ pub fn problem(status: StatusCode, code: &str, detail: &str) -> Response {
 
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        let status =
-            StatusCode::from_u16(self.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        if status.is_server_error() {
-            tracing::error!(target: "idem", error = %self, "idempotency guard failed");
-        }
-        // Internal errors say what kind of failure it was, not what the store said.
-        let detail = match &self {
-            Error::Unavailable(_) => {
-                "the idempotency store is unavailable; retry with the same key".to_owned()
-            }
-            Error::Store(_) | Error::Config(_) | Error::NoDefaultStore => {
-                "the idempotency guard failed".to_owned()
-            }
-            other => other.to_string(),
-        };
-        let mut p = Problem::new(status, self.code(), detail);
-        if let Some(after) = self.retry_after() {
-            p = p.retry_after(crate::error::whole_seconds(after));
-        }
-        p.into_response()
+        crate::problem::ProblemResponse::from_error(&self).into_http()
     }
 }
 

@@ -34,6 +34,8 @@
 #![cfg_attr(not(feature = "postgres"), doc = "- `postgres`: `PgStore`.")]
 //! - `axum`: the `http` module: the `IdempotencyKey` extractor, problem+json errors, the replay
 //!   layer.
+//! - `tower`: the `tower` module: a layer that guards any `http` service (axum, tonic, hyper)
+//!   without annotating its handlers.
 //! - `testkit`: the store conformance suite, `testkit`.
 //! - `metrics`: counters for every outcome through the `metrics` facade.
 
@@ -59,6 +61,9 @@ pub mod http;
 pub mod key;
 mod lifecycle;
 mod observe;
+#[cfg(any(feature = "axum", feature = "tower"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "axum", feature = "tower"))))]
+pub mod problem;
 pub mod record;
 pub mod replay;
 pub mod scope;
@@ -67,6 +72,9 @@ pub mod sweeper;
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod tower;
 pub mod transition;
 
 #[doc(hidden)]

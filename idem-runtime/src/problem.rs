@@ -1,0 +1,147 @@
+//! What idem says over HTTP, independent of any web framework: its two headers, and RFC 9457
+//! problem details for its errors (the status, the `application/problem+json` body and the
+//! `Retry-After` seconds of each [`Error`]).
+//!
+//! The axum integration (`http`, feature `axum`) and the guard for any `http` service (`tower`,
+//! feature `tower`) both speak this, so a request and an error read the same through either.
+//!
+//! ```
+//! use idem::problem::ProblemResponse;
+//! use idem::Error;
+//!
+//! let p = ProblemResponse::from_error(&Error::KeyReused);
+//! assert_eq!(p.status.as_u16(), 422);
+//! assert_eq!(
+//!     &p.body[..],
+//!     &br#"{"type":"about:blank","title":"Unprocessable Entity","status":422,"code":"KEY_REUSED_WITH_DIFFERENT_BODY","detail":"the idempotency key was already used for a different request"}"#[..]
+//! );
+//! assert_eq!(p.retry_after, None);
+//! ```
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Response, StatusCode};
+
+use crate::error::{Error, whole_seconds};
+
+/// `Idempotency-Key`, the request header of the IETF draft: where the key is read by default.
+pub const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
+
+/// `Idempotent-Replayed: true` marks an answer that was replayed, not computed.
+pub const IDEMPOTENT_REPLAYED: http::HeaderName =
+    http::HeaderName::from_static("idempotent-replayed");
+
+/// The media type of a problem detail.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// A problem detail as an HTTP answer: what any framework needs to send it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProblemResponse {
+    /// The HTTP status, also the body's `status` member.
+    pub status: StatusCode,
+    /// The `application/problem+json` body: `type`, `title`, `status`, `code`, `detail`, in
+    /// that order.
+    pub body: Bytes,
+    /// The `Retry-After` header, in seconds, when the client should try again.
+    pub retry_after: Option<u64>,
+}
+
+/// The body's members, in the order the RFC lists them, then idem's `code` and `detail`.
+#[derive(serde::Serialize)]
+struct Body<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    title: &'static str,
+    status: u16,
+    code: &'a str,
+    detail: &'a str,
+}
+
+impl ProblemResponse {
+    /// A problem with a machine-readable `code` and a human-readable `detail`.
+    pub fn new(status: StatusCode, code: &str, detail: &str) -> Self {
+        let body = Body {
+            kind: "about:blank",
+            title: status.canonical_reason().unwrap_or("Error"),
+            status: status.as_u16(),
+            code,
+            detail,
+        };
+        ProblemResponse {
+            status,
+            // Serializing strings and a number into a Vec cannot fail.
+            body: serde_json::to_vec(&body).unwrap_or_default().into(),
+            retry_after: None,
+        }
+    }
+
+    /// The answer for `error`: its status and code ([`Error::status`], [`Error::code`]), a
+    /// detail that says what went wrong without repeating what a store's driver said, and
+    /// `Retry-After` when retrying can succeed. Server errors are logged.
+    pub fn from_error(error: &Error) -> Self {
+        let status =
+            StatusCode::from_u16(error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if status.is_server_error() {
+            tracing::error!(target: "idem", error = %error, "idempotency guard failed");
+        }
+        // Internal errors say what kind of failure it was, not what the store said.
+        let detail = match error {
+            Error::Unavailable(_) => {
+                "the idempotency store is unavailable; retry with the same key".to_owned()
+            }
+            Error::Store(_) | Error::Config(_) | Error::NoDefaultStore => {
+                "the idempotency guard failed".to_owned()
+            }
+            other => other.to_string(),
+        };
+        let mut p = ProblemResponse::new(status, error.code(), &detail);
+        p.retry_after = error.retry_after().map(whole_seconds);
+        p
+    }
+
+    /// The answer as an `http` response, with `Content-Type: application/problem+json` and
+    /// `Retry-After` when set.
+    pub fn into_http<B: From<Bytes>>(self) -> Response<B> {
+        let mut resp = Response::new(B::from(self.body));
+        *resp.status_mut() = self.status;
+        resp.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn in_progress_carries_retry_after_in_whole_seconds() {
+        let p = ProblemResponse::from_error(&Error::InProgress {
+            retry_after: Duration::from_millis(2_100),
+        });
+        assert_eq!(p.status, StatusCode::CONFLICT);
+        assert_eq!(p.retry_after, Some(3));
+        let resp: Response<Bytes> = p.into_http();
+        assert_eq!(resp.headers()[RETRY_AFTER], "3");
+        assert_eq!(resp.headers()[CONTENT_TYPE], PROBLEM_JSON);
+        let body: serde_json::Value = serde_json::from_slice(resp.body()).unwrap();
+        assert_eq!(body["code"], "REQUEST_IN_PROGRESS");
+        assert_eq!(body["status"], 409);
+    }
+
+    #[test]
+    fn internal_errors_do_not_leak_the_driver_message() {
+        let p = ProblemResponse::from_error(&Error::Unavailable("10.0.0.7:5432 refused".into()));
+        assert_eq!(p.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(p.retry_after, Some(1));
+        let text = std::str::from_utf8(&p.body).unwrap();
+        assert!(text.contains("IDEMPOTENCY_STORE_UNAVAILABLE"), "{text}");
+        assert!(!text.contains("10.0.0.7"), "{text}");
+    }
+}

@@ -1,0 +1,294 @@
+//! How the guard keeps an HTTP answer in a record: the status in [`StoredResponse::status`], and
+//! the chosen headers, the trailers and the body bytes in a small versioned envelope in
+//! [`StoredResponse::body`].
+//!
+//! # Envelope, version 1
+//!
+//! ```text
+//! magic      9 bytes   "idem/http"
+//! version    1 byte    0x01
+//! headers    u16 BE    number of header entries, then for each:
+//!              u16 BE name length, the name (lower case), u32 BE value length, the value
+//! trailers   1 byte    0x00: none; 0x01: present, then a u16 BE count and entries as above
+//! body       the remaining bytes, exactly as the service answered them
+//! ```
+//!
+//! A header with several values is several entries, in the order the service sent them.
+//! Decoding is strict: a wrong magic, an unknown version, a truncated entry, a name or value
+//! that is not a valid header, or a missing or impossible status is [`Error::Decode`] (HTTP 500),
+//! never an answer made of whatever the bytes happened to hold.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+
+use crate::error::{Error, Result};
+use crate::record::StoredResponse;
+
+const MAGIC: &[u8] = b"idem/http";
+const VERSION: u8 = 1;
+
+/// An HTTP answer as the guard stores and replays it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredHttpResponse {
+    /// The status.
+    pub status: StatusCode,
+    /// The headers that were chosen for storage ([`GuardLayer::stored_headers`]).
+    ///
+    /// [`GuardLayer::stored_headers`]: super::GuardLayer::stored_headers
+    pub headers: HeaderMap,
+    /// The trailers, when the answer had any (a gRPC answer's `grpc-status`).
+    pub trailers: Option<HeaderMap>,
+    /// The body bytes.
+    pub body: Bytes,
+}
+
+impl StoredHttpResponse {
+    /// The record's form: the status, and the envelope of version 1 as its body. A final error
+    /// (any status but 2xx) is marked as one.
+    pub fn encode(&self) -> Result<StoredResponse> {
+        let size = MAGIC.len() + 4 + self.body.len() + entries_len(&self.headers);
+        let mut out = BytesMut::with_capacity(size);
+        out.put_slice(MAGIC);
+        out.put_u8(VERSION);
+        put_entries(&mut out, &self.headers)?;
+        match &self.trailers {
+            None => out.put_u8(0),
+            Some(t) => {
+                out.put_u8(1);
+                put_entries(&mut out, t)?;
+            }
+        }
+        out.put_slice(&self.body);
+        Ok(StoredResponse {
+            status: Some(self.status.as_u16()),
+            is_error: !self.status.is_success(),
+            body: out.freeze(),
+        })
+    }
+
+    /// Reads a stored answer back, strictly (see the module's documentation).
+    pub fn decode(stored: &StoredResponse) -> Result<Self> {
+        let status = stored
+            .status
+            .ok_or_else(|| bad("the stored answer has no HTTP status".into()))?;
+        let status = StatusCode::from_u16(status)
+            .map_err(|_| bad(format!("the stored HTTP status {status} is not a status")))?;
+        let mut r = Reader {
+            bytes: &stored.body,
+            at: 0,
+        };
+        if r.take(MAGIC.len())? != MAGIC {
+            return Err(bad("the stored answer is not an HTTP envelope".into()));
+        }
+        match r.u8()? {
+            VERSION => {}
+            v => return Err(bad(format!("unknown HTTP envelope version {v}"))),
+        }
+        let headers = r.entries()?;
+        let trailers = match r.u8()? {
+            0 => None,
+            1 => Some(r.entries()?),
+            f => return Err(bad(format!("unknown trailers flag {f}"))),
+        };
+        Ok(StoredHttpResponse {
+            status,
+            headers,
+            trailers,
+            body: stored.body.slice(r.at..),
+        })
+    }
+}
+
+fn bad(what: String) -> Error {
+    Error::Decode(what)
+}
+
+fn entries_len(map: &HeaderMap) -> usize {
+    2 + map
+        .iter()
+        .map(|(n, v)| 6 + n.as_str().len() + v.len())
+        .sum::<usize>()
+}
+
+fn put_entries(out: &mut BytesMut, map: &HeaderMap) -> Result<()> {
+    let count = u16::try_from(map.len())
+        .map_err(|_| Error::Encode(format!("{} header entries, at most 65535", map.len())))?;
+    out.put_u16(count);
+    for (name, value) in map {
+        // A header name is at most 65535 bytes long (the `http` crate's limit).
+        let name_len = u16::try_from(name.as_str().len())
+            .map_err(|_| Error::Encode("a header name longer than 65535 bytes".into()))?;
+        let value_len = u32::try_from(value.len())
+            .map_err(|_| Error::Encode("a header value longer than 4 GiB".into()))?;
+        out.put_u16(name_len);
+        out.put_slice(name.as_str().as_bytes());
+        out.put_u32(value_len);
+        out.put_slice(value.as_bytes());
+    }
+    Ok(())
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|end| *end <= self.bytes.len())
+            .ok_or_else(|| bad("the stored HTTP envelope is truncated".into()))?;
+        let out = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(out)
+    }
+
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16> {
+        let b = self.take(2)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+
+    fn u32(&mut self) -> Result<u32> {
+        let b = self.take(4)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn entries(&mut self) -> Result<HeaderMap> {
+        let count = self.u16()?;
+        let mut map = HeaderMap::with_capacity(usize::from(count));
+        for _ in 0..count {
+            let len = usize::from(self.u16()?);
+            let name = HeaderName::from_bytes(self.take(len)?)
+                .map_err(|_| bad("a stored header name is not a header name".into()))?;
+            let len = usize::try_from(self.u32()?)
+                .map_err(|_| bad("a stored header value is too long".into()))?;
+            let value = HeaderValue::from_bytes(self.take(len)?)
+                .map_err(|_| bad(format!("the stored value of {name} is not a header value")))?;
+            map.append(name, value);
+        }
+        Ok(map)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::header::{CONTENT_TYPE, LOCATION, SET_COOKIE};
+
+    use super::*;
+
+    fn sample() -> StoredHttpResponse {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(LOCATION, HeaderValue::from_static("/orders/7"));
+        headers.append(SET_COOKIE, HeaderValue::from_static("a=1"));
+        headers.append(SET_COOKIE, HeaderValue::from_static("b=2"));
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        StoredHttpResponse {
+            status: StatusCode::CREATED,
+            headers,
+            trailers: Some(trailers),
+            body: Bytes::from_static(b"{\"id\":7}\x00\xff"),
+        }
+    }
+
+    #[test]
+    fn round_trips_exactly() {
+        let a = sample();
+        let stored = a.encode().unwrap();
+        assert_eq!(stored.status, Some(201));
+        assert!(!stored.is_error);
+        let b = StoredHttpResponse::decode(&stored).unwrap();
+        assert_eq!(a, b);
+        let cookies: Vec<_> = b.headers.get_all(SET_COOKIE).iter().collect();
+        assert_eq!(cookies, ["a=1", "b=2"], "every value, in order");
+
+        let plain = StoredHttpResponse {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            headers: HeaderMap::new(),
+            trailers: None,
+            body: Bytes::new(),
+        };
+        let stored = plain.encode().unwrap();
+        assert!(stored.is_error, "a stored 4xx is a final error");
+        assert_eq!(StoredHttpResponse::decode(&stored).unwrap(), plain);
+    }
+
+    #[test]
+    fn the_layout_is_the_documented_one() {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("a/b"));
+        let stored = StoredHttpResponse {
+            status: StatusCode::OK,
+            headers,
+            trailers: None,
+            body: Bytes::from_static(b"hi"),
+        }
+        .encode()
+        .unwrap();
+        let mut expected =
+            b"idem/http\x01\x00\x01\x00\x0ccontent-type\x00\x00\x00\x03a/b\x00".to_vec();
+        expected.extend_from_slice(b"hi");
+        assert_eq!(&stored.body[..], &expected[..]);
+    }
+
+    #[test]
+    fn anything_but_a_valid_envelope_is_an_error() {
+        let good = sample().encode().unwrap();
+        let with_body = |body: &[u8]| StoredResponse {
+            body: Bytes::copy_from_slice(body),
+            ..good.clone()
+        };
+        let mut cases: Vec<(&str, StoredResponse)> = vec![
+            ("json written by a function", with_body(b"{\"id\":7}")),
+            ("empty", with_body(b"")),
+            ("unknown version", {
+                let mut b = good.body.to_vec();
+                b[MAGIC.len()] = 2;
+                with_body(&b)
+            }),
+            (
+                "no status",
+                StoredResponse {
+                    status: None,
+                    ..good.clone()
+                },
+            ),
+            (
+                "impossible status",
+                StoredResponse {
+                    status: Some(1000),
+                    ..good.clone()
+                },
+            ),
+            ("bad header name", {
+                let mut b = good.body.to_vec();
+                // The first name starts after magic, version, count and its length.
+                b[MAGIC.len() + 5] = b' ';
+                with_body(&b)
+            }),
+            ("bad trailers flag", {
+                let mut b = b"idem/http\x01\x00\x00".to_vec();
+                b.push(7);
+                with_body(&b)
+            }),
+        ];
+        // Every truncation of the envelope's head.
+        let head_len = good.body.len() - sample().body.len();
+        for cut in 0..head_len {
+            cases.push(("truncated", with_body(&good.body[..cut])));
+        }
+        for (what, stored) in cases {
+            match StoredHttpResponse::decode(&stored) {
+                Err(Error::Decode(_)) => {}
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+    }
+}

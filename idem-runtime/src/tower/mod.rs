@@ -1,0 +1,671 @@
+//! A guard for any `http` service (feature `tower`): the guarantees of `#[idempotent]` as a
+//! tower layer, for services whose handlers cannot or will not be annotated — a proxy, a
+//! generated gRPC service, routes built from closures. It serves axum, tonic and plain hyper.
+//!
+//! ```
+//! use std::convert::Infallible;
+//!
+//! use bytes::Bytes;
+//! use http::{header::LOCATION, Request, Response, StatusCode};
+//! use http_body_util::{BodyExt, Full};
+//! use idem::tower::{GuardBody, GuardLayer};
+//! use idem::MemoryStore;
+//! use tower::{ServiceBuilder, ServiceExt};
+//!
+//! /// Creates an order: under the guard, once per key, however often it is sent.
+//! async fn create_order(
+//!     req: Request<GuardBody<Full<Bytes>>>,
+//! ) -> Result<Response<Full<Bytes>>, Infallible> {
+//!     let _order = req.into_body().collect().await.map(|b| b.to_bytes());
+//!     Ok(Response::builder()
+//!         .status(StatusCode::CREATED)
+//!         .header(LOCATION, "/orders/1")
+//!         .body(Full::from(r#"{"id":1}"#))
+//!         .unwrap())
+//! }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let service = ServiceBuilder::new()
+//!     .layer(
+//!         GuardLayer::new(MemoryStore::new())
+//!             // The authenticated caller, as an auth layer left it: one caller's key never
+//!             // replays another's answer.
+//!             .principal(|parts| {
+//!                 let user = parts.headers.get("x-user")?.to_str().ok()?;
+//!                 Some(user.to_owned())
+//!             }),
+//!     )
+//!     .service_fn(create_order);
+//!
+//! let order = || {
+//!     Request::post("/orders")
+//!         .header("idempotency-key", "0b2c1c6e-1f7b-4f0f-9d3a-8f2f6f0a1111")
+//!         .header("x-user", "u-7")
+//!         .body(Full::from(r#"{"sku":9001}"#))
+//!         .unwrap()
+//! };
+//! let first = service.clone().oneshot(order()).await?;
+//! assert_eq!(first.status(), StatusCode::CREATED);
+//! let again = service.clone().oneshot(order()).await?;
+//! assert_eq!(again.status(), StatusCode::CREATED);
+//! assert_eq!(again.headers()["idempotent-replayed"], "true");
+//! assert_eq!(again.headers()[LOCATION], "/orders/1");
+//! assert_eq!(again.into_body().collect().await?.to_bytes(), r#"{"id":1}"#);
+//! # Ok::<(), idem::BoxError>(())
+//! # }).unwrap();
+//! ```
+//!
+//! # What it does
+//!
+//! For each request whose method is guarded ([`GuardLayer::require_key`], by default `POST` and
+//! `PATCH`; [`GuardLayer::guard_when_keyed`] for methods guarded only when a key is sent):
+//!
+//! 1. The key is read from the `Idempotency-Key` header ([`GuardLayer::header`]) and checked
+//!    with the [`KeyPolicy`]. Missing or malformed: 400 `INVALID_IDEMPOTENCY_KEY`.
+//! 2. The body is read whole, up to [`GuardLayer::body_limit`] (1 MiB by default). Longer: 413
+//!    `REQUEST_BODY_TOO_LARGE`; the inner service is never called.
+//! 3. The scope is rendered with [`ScopeBuilder`] from the method, the route and the principal
+//!    (below), the fingerprint with [`Fingerprinter`] from the method, the path with its query
+//!    and the body bytes, and the lifecycle begins ([`flow::begin`](crate::flow::begin)):
+//!    - a completed record with the same fingerprint is replayed: its status, its stored headers
+//!      and its body bytes, with `Idempotent-Replayed: true`; the inner service is not called;
+//!    - another fingerprint under the same key: 422 `KEY_REUSED_WITH_DIFFERENT_BODY`;
+//!    - a live claim: 409 `REQUEST_IN_PROGRESS` with `Retry-After`;
+//!    - an unavailable store: 503 `IDEMPOTENCY_STORE_UNAVAILABLE` with `Retry-After`.
+//! 4. Claimed: the inner service runs with the buffered body, and its answer is read whole.
+//!    An answer the rule stores ([`GuardLayer::store_if`]: by default a 2xx whose gRPC status,
+//!    if any, is `0`) completes the record ([`Guard::complete`](crate::Guard::complete)); any
+//!    other answer, an inner service error or an answer body that fails mid-stream releases it
+//!    ([`Guard::release`](crate::Guard::release)), so a retry runs again. A future dropped
+//!    before the end (the client went away) releases the claim through the guard's drop.
+//!
+//! Other methods pass through untouched, their bodies streamed. Errors are RFC 9457
+//! `application/problem+json` bodies, the same as the axum integration's
+//! ([`ProblemResponse`]). Tracing events and metrics for every
+//! outcome come from the core, as for `#[idempotent]`.
+//!
+//! # Scope
+//!
+//! `<namespace>:<METHOD>:<route>`, followed by `:<principal>` when the principal function returns
+//! one; every part is a value of [`ScopeBuilder`], percent-encoded, so that no two requests'
+//! parts can render the same scope. The namespace is `http` unless set
+//! ([`GuardLayer::namespace`], for services that share a store and have routes in common). The
+//! route is what [`GuardLayer::route`] returns, else the request's path. With axum, the matched
+//! route template is in the request's extensions; give it to the guard, so that the key of
+//! `POST /orders/7/refunds` is scoped to `/orders/{order_no}/refunds` (and reusing it for another
+//! order is key reuse, 422):
+//!
+//! ```
+//! use axum::{extract::MatchedPath, routing::post, Router};
+//! use idem::tower::GuardLayer;
+//! use idem::MemoryStore;
+//!
+//! # async fn refund() {}
+//! let app: Router = Router::new()
+//!     .route("/orders/{order_no}/refunds", post(refund))
+//!     // `Router::layer` wraps each route after routing, so the matched path is known.
+//!     .layer(GuardLayer::new(MemoryStore::new()).route(|parts| {
+//!         Some(parts.extensions.get::<MatchedPath>()?.as_str().to_owned())
+//!     }));
+//! ```
+//!
+//! With the `axum` feature on as well, [`axum_matched_path`] is that function.
+//!
+//! # What is stored
+//!
+//! The status, the headers named by [`GuardLayer::stored_headers`] (by default `content-type`,
+//! `content-encoding` and `location`), the trailers and the body bytes, in a small versioned
+//! envelope decoded strictly ([`StoredHttpResponse`] documents the format). A first answer reaches
+//! its client with all its headers; a replay carries the stored ones.
+//!
+//! # gRPC
+//!
+//! A tonic service is an `http` service: put the layer in front of it and send the key as the
+//! `idempotency-key` metadata. The body is the framed message, so the fingerprint covers the
+//! request message; the trailers (`grpc-status`, `grpc-message`) are stored and replayed, and
+//! only answers with `grpc-status` 0 are stored by default.
+
+mod body;
+mod envelope;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
+use http::request::Parts;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::Body;
+
+use crate::error::{BoxError, Error, KeyError, Result};
+use crate::fingerprint::{Fingerprint, Fingerprinter};
+use crate::flow::{Begun, begin};
+use crate::key::{Key, KeyPolicy};
+use crate::problem::ProblemResponse;
+use crate::record::Policy;
+use crate::scope::ScopeBuilder;
+use crate::store::Store;
+
+pub use body::GuardBody;
+pub use envelope::StoredHttpResponse;
+
+pub use crate::problem::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+
+/// How many bytes of a guarded request's body are read by default: 1 MiB.
+pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+
+/// A function of a request's parts: the route or the principal.
+type PartsFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+
+/// The rule that decides which answers are stored.
+type StoreRule = Arc<dyn Fn(&Answer<'_>) -> bool + Send + Sync>;
+
+/// An answer of the inner service, read whole, as the rule of [`GuardLayer::store_if`] sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer<'a> {
+    status: StatusCode,
+    headers: &'a HeaderMap,
+    trailers: Option<&'a HeaderMap>,
+}
+
+impl Answer<'_> {
+    /// The status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// All the answer's headers.
+    pub fn headers(&self) -> &HeaderMap {
+        self.headers
+    }
+
+    /// The trailers, if the answer had any.
+    pub fn trailers(&self) -> Option<&HeaderMap> {
+        self.trailers
+    }
+
+    /// The default rule: a 2xx status whose gRPC status, when there is one (in the trailers, or
+    /// in the headers of a trailers-only answer), is `0`.
+    pub fn is_success(&self) -> bool {
+        let grpc_ok = [Some(self.headers), self.trailers]
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m.get("grpc-status"))
+            .all(|s| s == "0");
+        self.status.is_success() && grpc_ok
+    }
+}
+
+/// A tower layer that makes an `http` service idempotent; see the [module](self) documentation.
+///
+/// Built with by-value setters; cheap to clone (the store is cloned per request, the settings
+/// are shared).
+#[derive(Clone)]
+pub struct GuardLayer<St> {
+    store: St,
+    config: Arc<Config>,
+}
+
+#[derive(Clone)]
+struct Config {
+    header: HeaderName,
+    key_policy: KeyPolicy,
+    require_key: Vec<Method>,
+    when_keyed: Vec<Method>,
+    namespace: String,
+    route: Option<PartsFn>,
+    principal: Option<PartsFn>,
+    body_limit: usize,
+    stored_headers: Vec<HeaderName>,
+    store_if: StoreRule,
+    policy: Policy,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("header", &self.header)
+            .field("key_policy", &self.key_policy)
+            .field("require_key", &self.require_key)
+            .field("when_keyed", &self.when_keyed)
+            .field("namespace", &self.namespace)
+            .field("route", &self.route.as_ref().map(|_| "fn"))
+            .field("principal", &self.principal.as_ref().map(|_| "fn"))
+            .field("body_limit", &self.body_limit)
+            .field("stored_headers", &self.stored_headers)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St> fmt::Debug for GuardLayer<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GuardLayer")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the guard does with a request, by its method and key.
+enum Decision {
+    /// Not guarded: hand it on as it is.
+    PassThrough,
+    /// Guarded under this key.
+    Guard(Key),
+    /// Guarded, and its key is missing or malformed.
+    Refuse(Error),
+}
+
+impl Config {
+    fn decide(&self, parts: &Parts) -> Decision {
+        let required = self.require_key.contains(&parts.method);
+        if !required && !self.when_keyed.contains(&parts.method) {
+            return Decision::PassThrough;
+        }
+        let Some(value) = parts.headers.get(&self.header) else {
+            return if required {
+                Decision::Refuse(Error::InvalidKey(KeyError::Missing))
+            } else {
+                Decision::PassThrough
+            };
+        };
+        match key_of(value, self.key_policy) {
+            Ok(key) => Decision::Guard(key),
+            Err(e) => Decision::Refuse(e),
+        }
+    }
+
+    /// `<namespace>:<METHOD>:<route>[:<principal>]`, every part encoded.
+    fn scope(&self, parts: &Parts) -> Result<String> {
+        let route = self.route.as_ref().and_then(|f| f(parts));
+        let route = route.as_deref().unwrap_or_else(|| parts.uri.path());
+        let principal = self.principal.as_ref().and_then(|f| f(parts));
+        let mut s = ScopeBuilder::with_capacity(
+            self.namespace.len() + route.len() + principal.as_ref().map_or(0, String::len) + 16,
+        );
+        s.value(self.namespace.as_str())
+            .literal(":")
+            .value(parts.method.as_str())
+            .literal(":")
+            .value(route);
+        if let Some(p) = &principal {
+            s.literal(":").value(p.as_str());
+        }
+        s.finish()
+    }
+}
+
+/// The key in a header value, checked as the `IdempotencyKey` extractor checks it.
+fn key_of(value: &HeaderValue, policy: KeyPolicy) -> Result<Key> {
+    let text = value.to_str().map_err(|_| {
+        let index = value
+            .as_bytes()
+            .iter()
+            .position(|b| !b.is_ascii_graphic())
+            .unwrap_or(0);
+        Error::InvalidKey(KeyError::InvalidByte { index })
+    })?;
+    Key::parse_with(text, policy)
+}
+
+/// Hashes bytes as one byte string (not as a sequence of numbers).
+struct RawBytes<'a>(&'a [u8]);
+
+impl serde::Serialize for RawBytes<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_bytes(self.0)
+    }
+}
+
+/// The method, the path with its query, and the body bytes, in that order.
+fn fingerprint(parts: &Parts, body: &[u8]) -> Result<Fingerprint> {
+    let target = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path(), |pq| pq.as_str());
+    let mut f = Fingerprinter::new();
+    f.add(parts.method.as_str())?;
+    f.add(target)?;
+    f.add(&RawBytes(body))?;
+    Ok(f.finish())
+}
+
+impl<St: Store + Clone> GuardLayer<St> {
+    /// A guard on `store` with the defaults: key in `Idempotency-Key` (any visible-ASCII key of
+    /// up to 255 bytes), required for `POST` and `PATCH`; bodies up to 1 MiB; scope from the
+    /// path, no principal; 2xx answers stored with their `content-type`, `content-encoding` and
+    /// `location`; the default [`Policy`].
+    pub fn new(store: St) -> Self {
+        GuardLayer {
+            store,
+            config: Arc::new(Config {
+                header: IDEMPOTENCY_KEY,
+                key_policy: KeyPolicy::DEFAULT,
+                require_key: vec![Method::POST, Method::PATCH],
+                when_keyed: Vec::new(),
+                namespace: "http".to_owned(),
+                route: None,
+                principal: None,
+                body_limit: DEFAULT_BODY_LIMIT,
+                stored_headers: vec![CONTENT_TYPE, CONTENT_ENCODING, LOCATION],
+                store_if: Arc::new(|a: &Answer<'_>| a.is_success()),
+                policy: Policy::DEFAULT,
+            }),
+        }
+    }
+
+    fn edit(mut self, f: impl FnOnce(&mut Config)) -> Self {
+        f(Arc::make_mut(&mut self.config));
+        self
+    }
+
+    /// The header that carries the key.
+    pub fn header(self, name: HeaderName) -> Self {
+        self.edit(|c| c.header = name)
+    }
+
+    /// Which keys are accepted, e.g. [`KeyPolicy::Uuid`].
+    pub fn key_policy(self, policy: KeyPolicy) -> Self {
+        self.edit(|c| c.key_policy = policy)
+    }
+
+    /// The methods that are guarded and must carry a key (400 without one). Replaces the
+    /// default, `POST` and `PATCH`.
+    pub fn require_key(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        let methods = methods.into_iter().collect();
+        self.edit(|c| c.require_key = methods)
+    }
+
+    /// The methods that are guarded when they carry a key and pass through when they do not
+    /// (none by default; `PUT` and `DELETE` are candidates). A method named here and in
+    /// [`GuardLayer::require_key`] requires its key.
+    pub fn guard_when_keyed(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        let methods = methods.into_iter().collect();
+        self.edit(|c| c.when_keyed = methods)
+    }
+
+    /// The first part of every scope (default `http`): give services that share a store and
+    /// have routes in common names of their own.
+    pub fn namespace(self, namespace: impl Into<String>) -> Self {
+        let namespace = namespace.into();
+        self.edit(|c| c.namespace = namespace)
+    }
+
+    /// How a request's route is found: the framework's matched route template, when the
+    /// function finds one in the request's parts (see the module documentation for axum). When
+    /// it returns `None`, or is not set, the route is the request's path.
+    pub fn route(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+        self.edit(|c| c.route = Some(Arc::new(f)))
+    }
+
+    /// How the authenticated principal is found in a request's parts (a header, or an
+    /// extension an auth layer put there): it is part of the scope, so one principal's key never
+    /// replays another's answer. Put this layer after the one that authenticates.
+    pub fn principal(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+        self.edit(|c| c.principal = Some(Arc::new(f)))
+    }
+
+    /// The most bytes of a guarded request's body that are read (default
+    /// [`DEFAULT_BODY_LIMIT`]); a longer body is refused with 413 before the inner service is
+    /// called.
+    pub fn body_limit(self, bytes: usize) -> Self {
+        self.edit(|c| c.body_limit = bytes)
+    }
+
+    /// The headers of an answer that are stored and replayed with it. Replaces the default,
+    /// `content-type`, `content-encoding` and `location`.
+    pub fn stored_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        let names = names.into_iter().collect();
+        self.edit(|c| c.stored_headers = names)
+    }
+
+    /// Which answers are stored and replayed; every other answer releases the claim so that a
+    /// retry runs again. The default is [`Answer::is_success`]. To replay final client errors
+    /// too: `.store_if(|a| a.is_success() || a.status() == StatusCode::UNPROCESSABLE_ENTITY)`.
+    pub fn store_if(self, rule: impl Fn(&Answer<'_>) -> bool + Send + Sync + 'static) -> Self {
+        self.edit(|c| c.store_if = Arc::new(rule))
+    }
+
+    /// Lease, retention and what to do with an abandoned claim.
+    pub fn policy(self, policy: Policy) -> Self {
+        self.edit(|c| c.policy = policy)
+    }
+}
+
+impl<S, St: Clone> tower_layer::Layer<S> for GuardLayer<St> {
+    type Service = GuardService<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GuardService {
+            inner,
+            store: self.store.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+/// With the `axum` feature: the route template axum matched (`/orders/{order_no}`), for
+/// [`GuardLayer::route`].
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub fn axum_matched_path(parts: &Parts) -> Option<String> {
+    parts
+        .extensions
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+}
+
+/// The service of [`GuardLayer`].
+#[derive(Clone)]
+pub struct GuardService<S, St> {
+    inner: S,
+    store: St,
+    config: Arc<Config>,
+}
+
+impl<S, St> fmt::Debug for GuardService<S, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GuardService")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, St, ReqB, ResB> tower_service::Service<Request<ReqB>> for GuardService<S, St>
+where
+    S: tower_service::Service<Request<GuardBody<ReqB>>, Response = Response<ResB>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: Store + Clone,
+    ReqB: Body + Send + 'static,
+    ReqB::Data: Send,
+    ReqB::Error: Into<BoxError>,
+    ResB: Body + Send + 'static,
+    ResB::Data: Send,
+    ResB::Error: Into<BoxError>,
+{
+    type Response = Response<GuardBody<ResB>>;
+    type Error = S::Error;
+    type Future = BoxFuture<std::result::Result<Self::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        // The instance that was polled ready serves this request; a clone takes its place.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(handle(inner, self.store.clone(), self.config.clone(), req))
+    }
+}
+
+fn problem<B>(e: &Error) -> Response<GuardBody<B>> {
+    ProblemResponse::from_error(e).into_http()
+}
+
+/// One request through the guard.
+async fn handle<S, St, ReqB, ResB>(
+    mut inner: S,
+    store: St,
+    config: Arc<Config>,
+    req: Request<ReqB>,
+) -> std::result::Result<Response<GuardBody<ResB>>, S::Error>
+where
+    S: tower_service::Service<Request<GuardBody<ReqB>>, Response = Response<ResB>>,
+    St: Store,
+    ReqB: Body,
+    ReqB::Error: Into<BoxError>,
+    ResB: Body,
+    ResB::Error: Into<BoxError>,
+{
+    let (parts, req_body) = req.into_parts();
+    let key = match config.decide(&parts) {
+        Decision::PassThrough => {
+            let req = Request::from_parts(parts, GuardBody::inner(req_body));
+            return Ok(inner.call(req).await?.map(GuardBody::inner));
+        }
+        Decision::Refuse(e) => return Ok(problem(&e)),
+        Decision::Guard(key) => key,
+    };
+
+    let limit = config.body_limit;
+    let declared = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Ok(too_large(limit));
+    }
+    let (bytes, req_trailers) = match body::read(req_body, Some(limit)).await {
+        Ok(read) => read,
+        Err(body::ReadError::TooLarge) => return Ok(too_large(limit)),
+        Err(body::ReadError::Failed(e)) => {
+            tracing::debug!(target: "idem", error = %e, "the request body could not be read");
+            return Ok(ProblemResponse::new(
+                StatusCode::BAD_REQUEST,
+                "INVALID_REQUEST_BODY",
+                "the request body could not be read",
+            )
+            .into_http());
+        }
+    };
+
+    let begun = match (config.scope(&parts), fingerprint(&parts, &bytes)) {
+        (Ok(scope), Ok(fp)) => begin(&store, scope, key, fp, config.policy).await,
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    };
+    let guard = match begun {
+        Ok(Begun::Claimed(guard)) => guard,
+        Ok(Begun::Replay(stored)) => {
+            return Ok(match StoredHttpResponse::decode(&stored) {
+                Ok(answer) => replay(answer),
+                Err(e) => problem(&e),
+            });
+        }
+        Err(e) => return Ok(problem(&e)),
+    };
+
+    // Claimed: the inner service runs once. Dropping this future from here on (a client that
+    // went away) drops the guard, which releases the claim.
+    let req = Request::from_parts(parts, GuardBody::buffered(bytes, req_trailers));
+    let resp = match inner.call(req).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            let _ = guard.release().await;
+            return Err(e);
+        }
+    };
+    let (head, res_body) = resp.into_parts();
+    let (data, trailers) = match body::read(res_body, None).await {
+        Ok(read) => read,
+        Err(e) => {
+            // Nothing complete was answered: free the key, and fail the body for the client.
+            let _ = guard.release().await;
+            return Ok(Response::from_parts(
+                head,
+                GuardBody::failed(e.into_error()),
+            ));
+        }
+    };
+    let answer = Answer {
+        status: head.status,
+        headers: &head.headers,
+        trailers: trailers.as_ref(),
+    };
+    if !(config.store_if)(&answer) {
+        let _ = guard.release().await;
+        return Ok(Response::from_parts(
+            head,
+            GuardBody::buffered(data, trailers),
+        ));
+    }
+    let mut kept = HeaderMap::new();
+    for name in &config.stored_headers {
+        for value in head.headers.get_all(name) {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    let stored = StoredHttpResponse {
+        status: head.status,
+        headers: kept,
+        trailers,
+        body: data,
+    };
+    match stored.encode() {
+        Ok(record) => match guard.complete(&record).await {
+            Ok(()) => {}
+            // A newer attempt owns the record; its answer is the one that will be replayed.
+            Err(e @ Error::FenceLost { .. }) => return Ok(problem(&e)),
+            // The effect happened and this is its answer: hand it back. The record stays
+            // claimed until its lease runs out (see Guard::complete).
+            Err(e) => {
+                tracing::error!(target: "idem", error = %e, "could not store the response; returning it unstored");
+            }
+        },
+        Err(e) => {
+            // The side effect happened but its answer cannot be stored: keep the claim (a retry
+            // gets "in progress", then re-claims after the lease) rather than run it twice.
+            tracing::error!(target: "idem", error = %e, "cannot encode the response for storage");
+            guard.keep_claimed();
+        }
+    }
+    let StoredHttpResponse { trailers, body, .. } = stored;
+    Ok(Response::from_parts(
+        head,
+        GuardBody::buffered(body, trailers),
+    ))
+}
+
+/// A stored answer as the client gets it again: its status, stored headers, trailers and
+/// bytes, marked as replayed.
+fn replay<B>(stored: StoredHttpResponse) -> Response<GuardBody<B>> {
+    let StoredHttpResponse {
+        status,
+        headers,
+        trailers,
+        body,
+    } = stored;
+    let mut resp = Response::new(GuardBody::buffered(body, trailers));
+    *resp.status_mut() = status;
+    *resp.headers_mut() = headers;
+    resp.headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    resp
+}
+
+fn too_large<B>(limit: usize) -> Response<GuardBody<B>> {
+    ProblemResponse::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "REQUEST_BODY_TOO_LARGE",
+        &format!("the request body is longer than {limit} bytes"),
+    )
+    .into_http()
+}

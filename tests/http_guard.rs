@@ -1,0 +1,1228 @@
+//! The guard for any `http` service (`idem::tower`, feature `tower`): over a plain tower
+//! service called directly, over a hyper server and over an axum router; and the storm of 100
+//! concurrent duplicates on every store.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Full};
+use idem::tower::{GuardBody, GuardLayer, GuardService, StoredHttpResponse};
+use idem::{
+    Begun, Fingerprint, Key, KeyPolicy, MemoryStore, PgStore, Policy, SqliteStore, Store,
+    StoredResponse,
+};
+use serde_json::Value;
+use std::future::Future;
+use tower::{Layer, ServiceExt, service_fn};
+
+// ---------------------------------------------------------------------------------------------
+// A body made of chunks, that can fail, with trailers: for requests and answers alike.
+
+#[derive(Default)]
+struct TestBody {
+    chunks: VecDeque<Result<Bytes, io::Error>>,
+    trailers: Option<HeaderMap>,
+    /// Whether the length is announced (as a buffered body would).
+    exact: bool,
+}
+
+impl TestBody {
+    fn full(data: impl Into<Bytes>) -> Self {
+        TestBody {
+            chunks: VecDeque::from([Ok(data.into())]),
+            trailers: None,
+            exact: true,
+        }
+    }
+
+    /// Chunks, with no length announced.
+    fn chunks(parts: &[&'static str]) -> Self {
+        TestBody {
+            chunks: parts
+                .iter()
+                .map(|p| Ok(Bytes::from_static(p.as_bytes())))
+                .collect(),
+            trailers: None,
+            exact: false,
+        }
+    }
+
+    /// One chunk, then a failure.
+    fn failing_after(first: &'static str) -> Self {
+        TestBody {
+            chunks: VecDeque::from([
+                Ok(Bytes::from_static(first.as_bytes())),
+                Err(io::Error::other("the answer broke off")),
+            ]),
+            trailers: None,
+            exact: false,
+        }
+    }
+
+    fn with_trailers(mut self, trailers: HeaderMap) -> Self {
+        self.trailers = Some(trailers);
+        self
+    }
+}
+
+impl Body for TestBody {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        Poll::Ready(match self.chunks.pop_front() {
+            Some(chunk) => Some(chunk.map(Frame::data)),
+            None => self.trailers.take().map(|t| Ok(Frame::trailers(t))),
+        })
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.exact {
+            let len = self.chunks.iter().flatten().map(|c| c.len() as u64).sum();
+            SizeHint::with_exact(len)
+        } else {
+            SizeHint::default()
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The inner service: counts its calls, and answers as the test says.
+
+/// What the inner service does on its n-th call (from 1).
+type Behaviour =
+    Arc<dyn Fn(usize, Bytes) -> Result<Response<TestBody>, io::Error> + Send + Sync + 'static>;
+
+/// The gate's permits: a test that takes them all holds every call inside the inner service.
+const GATE: u32 = 1 << 20;
+
+#[derive(Clone)]
+struct Inner {
+    calls: Arc<AtomicUsize>,
+    /// Held by a call while it runs, when the test wants a slow inner service.
+    gate: Arc<tokio::sync::Semaphore>,
+    behaviour: Behaviour,
+}
+
+impl Inner {
+    fn new(
+        behaviour: impl Fn(usize, Bytes) -> Result<Response<TestBody>, io::Error>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        Inner {
+            calls: Arc::new(AtomicUsize::new(0)),
+            gate: Arc::new(tokio::sync::Semaphore::new(GATE as usize)),
+            behaviour: Arc::new(behaviour),
+        }
+    }
+
+    /// Creates an order: 201, JSON, a `Location`, and a header that is not stored.
+    fn orders() -> Self {
+        Inner::new(|n, body| Ok(created(n, &body)))
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+/// A plain tower service: counts its calls, reads the request, waits at the gate, answers.
+impl tower::Service<Request<GuardBody<TestBody>>> for Inner {
+    type Response = Response<TestBody>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<TestBody>, io::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), io::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<GuardBody<TestBody>>) -> Self::Future {
+        let inner = self.clone();
+        Box::pin(async move {
+            let n = inner.calls.fetch_add(1, Ordering::SeqCst) + 1;
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map_err(io::Error::other)?
+                .to_bytes();
+            let _running = inner.gate.acquire().await;
+            (inner.behaviour)(n, body)
+        })
+    }
+}
+
+fn created(n: usize, body: &[u8]) -> Response<TestBody> {
+    Response::builder()
+        .status(StatusCode::CREATED)
+        .header(CONTENT_TYPE, "application/json")
+        .header(LOCATION, format!("/orders/{n}"))
+        .header("x-trace", format!("trace-{n}"))
+        .body(TestBody::full(format!(
+            r#"{{"order":{n},"request":{:?}}}"#,
+            String::from_utf8_lossy(body)
+        )))
+        .unwrap()
+}
+
+type Guarded<St> = GuardService<Inner, St>;
+
+/// `layer` around the inner service, called directly (no network).
+fn guarded<St: Store + Clone>(layer: GuardLayer<St>, inner: &Inner) -> Guarded<St> {
+    layer.layer(inner.clone())
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    trailers: Option<HeaderMap>,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+
+    /// The problem's code, after checking it is a problem.
+    fn code(&self) -> String {
+        assert_eq!(
+            self.headers[CONTENT_TYPE], "application/problem+json",
+            "{:?}",
+            self.body
+        );
+        let p = self.json();
+        assert_eq!(p["status"], self.status.as_u16());
+        p["code"].as_str().unwrap().to_owned()
+    }
+
+    fn replayed(&self) -> bool {
+        match self.headers.get("idempotent-replayed") {
+            None => false,
+            Some(v) => {
+                assert_eq!(v, "true");
+                true
+            }
+        }
+    }
+}
+
+async fn send<St: Store + Clone>(svc: &Guarded<St>, req: Request<TestBody>) -> Answer {
+    let resp = svc
+        .clone()
+        .oneshot(req)
+        .await
+        .expect("the inner service did not fail");
+    let (head, body) = resp.into_parts();
+    let collected = body.collect().await.expect("the body reads whole");
+    Answer {
+        status: head.status,
+        headers: head.headers,
+        trailers: collected.trailers().cloned(),
+        body: collected.to_bytes(),
+    }
+}
+
+fn post(uri: &str, key: Option<&str>, body: &'static str) -> Request<TestBody> {
+    let mut b = Request::post(uri);
+    if let Some(k) = key {
+        b = b.header("idempotency-key", k);
+    }
+    b.body(TestBody::full(body)).unwrap()
+}
+
+const KEY: &str = "0b2c1c6e-1f7b-4f0f-9d3a-8f2f6f0a1111";
+
+// ---------------------------------------------------------------------------------------------
+// Over a plain tower service.
+
+#[tokio::test]
+async fn the_first_call_runs_and_the_retry_replays_status_chosen_headers_and_bytes() {
+    let inner = Inner::orders();
+    let svc = guarded(GuardLayer::new(MemoryStore::new()), &inner);
+    let first = send(&svc, post("/orders", Some(KEY), r#"{"sku":9001}"#)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.replayed());
+    assert_eq!(
+        first.headers["x-trace"], "trace-1",
+        "a first answer keeps every header"
+    );
+    assert_eq!(first.json()["order"], 1);
+
+    for _ in 0..3 {
+        let again = send(&svc, post("/orders", Some(KEY), r#"{"sku":9001}"#)).await;
+        assert_eq!(again.status, StatusCode::CREATED, "the original status");
+        assert!(again.replayed());
+        assert_eq!(again.body, first.body, "byte for byte");
+        assert_eq!(again.headers[CONTENT_TYPE], "application/json");
+        assert_eq!(again.headers[LOCATION], "/orders/1");
+        assert!(
+            again.headers.get("x-trace").is_none(),
+            "only the chosen headers are stored"
+        );
+    }
+    assert_eq!(inner.calls(), 1);
+}
+
+#[tokio::test]
+async fn stored_headers_are_configurable_and_every_value_is_kept() {
+    let inner = Inner::new(|n, _| {
+        Ok(Response::builder()
+            .status(StatusCode::ACCEPTED)
+            .header("set-cookie", format!("a={n}"))
+            .header("set-cookie", "b=2")
+            .header(LOCATION, "/elsewhere")
+            .body(TestBody::full("queued"))
+            .unwrap())
+    });
+    let layer = GuardLayer::new(MemoryStore::new()).stored_headers([http::header::SET_COOKIE]);
+    let svc = guarded(layer, &inner);
+    send(&svc, post("/jobs", Some(KEY), "x")).await;
+    let again = send(&svc, post("/jobs", Some(KEY), "x")).await;
+    assert_eq!(again.status, StatusCode::ACCEPTED);
+    let cookies: Vec<_> = again.headers.get_all("set-cookie").iter().collect();
+    assert_eq!(cookies, ["a=1", "b=2"]);
+    assert!(again.headers.get(LOCATION).is_none());
+    assert_eq!(&again.body[..], b"queued");
+    assert_eq!(inner.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_key_reused_with_another_body_or_query_is_422() {
+    let inner = Inner::orders();
+    let svc = guarded(GuardLayer::new(MemoryStore::new()), &inner);
+    let first = send(&svc, post("/orders", Some(KEY), r#"{"sku":1}"#)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    for req in [
+        post("/orders", Some(KEY), r#"{"sku":2}"#),
+        post("/orders?coupon=1", Some(KEY), r#"{"sku":1}"#),
+    ] {
+        let r = send(&svc, req).await;
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(r.code(), "KEY_REUSED_WITH_DIFFERENT_BODY");
+    }
+    assert_eq!(inner.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_guarded_method_without_a_good_key_is_400_and_the_inner_service_never_runs() {
+    let inner = Inner::orders();
+    let svc = guarded(GuardLayer::new(MemoryStore::new()), &inner);
+    let missing = send(&svc, post("/orders", None, "{}")).await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert_eq!(missing.code(), "INVALID_IDEMPOTENCY_KEY");
+    let patch = Request::patch("/orders/1")
+        .body(TestBody::full("{}"))
+        .unwrap();
+    assert_eq!(send(&svc, patch).await.status, StatusCode::BAD_REQUEST);
+    let long = "k".repeat(256);
+    for bad in ["", "a b", long.as_str()] {
+        let req = Request::post("/orders")
+            .header("idempotency-key", bad)
+            .body(TestBody::full("{}"))
+            .unwrap();
+        let r = send(&svc, req).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad:?}");
+        assert_eq!(r.code(), "INVALID_IDEMPOTENCY_KEY");
+    }
+    let non_ascii = Request::post("/orders")
+        .header(
+            "idempotency-key",
+            HeaderValue::from_bytes(b"cl\xe9").unwrap(),
+        )
+        .body(TestBody::full("{}"))
+        .unwrap();
+    assert_eq!(send(&svc, non_ascii).await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(inner.calls(), 0);
+}
+
+#[tokio::test]
+async fn the_key_header_and_policy_are_configurable() {
+    let inner = Inner::orders();
+    let layer = GuardLayer::new(MemoryStore::new())
+        .header(http::HeaderName::from_static("x-request-key"))
+        .key_policy(KeyPolicy::Uuid);
+    let svc = guarded(layer, &inner);
+    let with = |name: &str, key: &str| {
+        Request::post("/orders")
+            .header(name, key)
+            .body(TestBody::full("{}"))
+            .unwrap()
+    };
+    let r = send(&svc, with("idempotency-key", KEY)).await;
+    assert_eq!(
+        r.status,
+        StatusCode::BAD_REQUEST,
+        "not the configured header"
+    );
+    let r = send(&svc, with("x-request-key", "order-17")).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "not a UUID");
+    assert_eq!(inner.calls(), 0);
+    let r = send(&svc, with("x-request-key", KEY)).await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    assert_eq!(inner.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_413_and_the_inner_service_never_runs() {
+    let inner = Inner::orders();
+    let svc = guarded(GuardLayer::new(MemoryStore::new()).body_limit(16), &inner);
+    // Announced too long: refused before reading.
+    let declared = Request::post("/orders")
+        .header("idempotency-key", KEY)
+        .header(CONTENT_LENGTH, "17")
+        .body(TestBody::full("01234567890123456"))
+        .unwrap();
+    // Not announced: refused once the bytes read pass the limit.
+    let streamed = Request::post("/orders")
+        .header("idempotency-key", "k-2")
+        .body(TestBody::chunks(&["0123456789", "0123456"]))
+        .unwrap();
+    for req in [declared, streamed] {
+        let r = send(&svc, req).await;
+        assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(r.code(), "REQUEST_BODY_TOO_LARGE");
+    }
+    assert_eq!(inner.calls(), 0);
+    // Exactly the limit, in two chunks, is read whole and handed on.
+    let at_limit = Request::post("/orders")
+        .header("idempotency-key", "k-3")
+        .body(TestBody::chunks(&["01234567", "89abcdef"]))
+        .unwrap();
+    let r = send(&svc, at_limit).await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    assert_eq!(r.json()["request"], "0123456789abcdef");
+    assert_eq!(inner.calls(), 1);
+}
+
+#[tokio::test]
+async fn an_inner_error_releases_the_claim_and_the_retry_runs() {
+    let inner = Inner::new(|n, body| match n {
+        1 => Err(io::Error::other("the database went away")),
+        _ => Ok(created(n, &body)),
+    });
+    let svc = guarded(GuardLayer::new(MemoryStore::new()), &inner);
+    let err = svc
+        .clone()
+        .oneshot(post("/orders", Some(KEY), "{}"))
+        .await
+        .expect_err("the inner service's error is handed on");
+    assert_eq!(err.to_string(), "the database went away");
+    let retry = send(&svc, post("/orders", Some(KEY), "{}")).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed(), "the retry ran");
+    assert_eq!(retry.json()["order"], 2);
+    let again = send(&svc, post("/orders", Some(KEY), "{}")).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, retry.body);
+    assert_eq!(inner.calls(), 2);
+}
+
+#[tokio::test]
+async fn only_stored_answers_replay_and_the_rule_is_configurable() {
+    let inner = Inner::new(|n, body| match n {
+        1 => Ok(Response::builder()
+            .status(StatusCode::SERVICE_UNAVAILABLE)
+            .body(TestBody::full("try later"))
+            .unwrap()),
+        2 => Ok(Response::builder()
+            .status(StatusCode::CONFLICT)
+            .body(TestBody::full("sold out"))
+            .unwrap()),
+        _ => Ok(created(n, &body)),
+    });
+    // By default only 2xx is stored: the 503 and the 409 each release the key.
+    let svc = guarded(GuardLayer::new(MemoryStore::new()), &inner);
+    let statuses = [
+        send(&svc, post("/orders", Some(KEY), "{}")).await.status,
+        send(&svc, post("/orders", Some(KEY), "{}")).await.status,
+        send(&svc, post("/orders", Some(KEY), "{}")).await.status,
+    ];
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::CONFLICT,
+            StatusCode::CREATED
+        ]
+    );
+    assert_eq!(inner.calls(), 3);
+
+    // Storing final 409s too: the second answer is replayed.
+    let inner = Inner::new(|n, _| {
+        Ok(Response::builder()
+            .status(if n == 1 {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::CONFLICT
+            })
+            .body(TestBody::full(format!("answer {n}")))
+            .unwrap())
+    });
+    let layer = GuardLayer::new(MemoryStore::new())
+        .store_if(|a| a.is_success() || a.status() == StatusCode::CONFLICT);
+    let svc = guarded(layer, &inner);
+    assert_eq!(
+        send(&svc, post("/orders", Some(KEY), "{}")).await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let stored = send(&svc, post("/orders", Some(KEY), "{}")).await;
+    assert_eq!(stored.status, StatusCode::CONFLICT);
+    let replay = send(&svc, post("/orders", Some(KEY), "{}")).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.status, StatusCode::CONFLICT);
+    assert_eq!(&replay.body[..], b"answer 2");
+    assert_eq!(inner.calls(), 2);
+}
+
+#[tokio::test]
+async fn an_answer_body_that_fails_mid_stream_releases_the_claim() {
+    let inner = Inner::new(|n, body| match n {
+        1 => Ok(Response::builder()
+            .status(StatusCode::CREATED)
+            .body(TestBody::failing_after(r#"{"order":"#))
+            .unwrap()),
+        _ => Ok(created(n, &body)),
+    });
+    let svc = guarded(GuardLayer::new(MemoryStore::new()), &inner);
+    let resp = svc
+        .clone()
+        .oneshot(post("/orders", Some(KEY), "{}"))
+        .await
+        .unwrap();
+    let err = resp
+        .into_body()
+        .collect()
+        .await
+        .expect_err("the client sees the body fail");
+    assert_eq!(err.to_string(), "the answer broke off");
+    let retry = send(&svc, post("/orders", Some(KEY), "{}")).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed());
+    assert_eq!(inner.calls(), 2);
+}
+
+#[tokio::test]
+async fn a_dropped_call_releases_the_claim() {
+    let inner = Inner::orders();
+    let store = MemoryStore::new();
+    let svc = guarded(GuardLayer::new(store.clone()), &inner);
+    // The first call hangs inside the inner service; the client gives up.
+    let all = inner.gate.acquire_many(GATE).await.unwrap();
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(200),
+        svc.clone().oneshot(post("/orders", Some(KEY), "{}")),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the call was still running");
+    assert_eq!(inner.calls(), 1);
+    drop(all);
+    // The claim is released promptly, not when its five-minute lease runs out.
+    let mut retry = send(&svc, post("/orders", Some(KEY), "{}")).await;
+    for _ in 0..50 {
+        if retry.status != StatusCode::CONFLICT {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        retry = send(&svc, post("/orders", Some(KEY), "{}")).await;
+    }
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed());
+    assert_eq!(inner.calls(), 2);
+}
+
+#[tokio::test]
+async fn a_concurrent_duplicate_is_409_with_retry_after_then_replays() {
+    let inner = Inner::orders();
+    let svc = guarded(GuardLayer::new(MemoryStore::new()), &inner);
+    let all = inner.gate.acquire_many(GATE).await.unwrap();
+    let first = tokio::spawn({
+        let svc = svc.clone();
+        async move { send(&svc, post("/orders", Some(KEY), "{}")).await }
+    });
+    while inner.calls() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let dup = send(&svc, post("/orders", Some(KEY), "{}")).await;
+    assert_eq!(dup.status, StatusCode::CONFLICT);
+    assert_eq!(dup.code(), "REQUEST_IN_PROGRESS");
+    let after: u64 = dup.headers[RETRY_AFTER].to_str().unwrap().parse().unwrap();
+    assert!(after >= 1, "{after}");
+    drop(all);
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    let again = send(&svc, post("/orders", Some(KEY), "{}")).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert_eq!(inner.calls(), 1);
+}
+
+#[tokio::test]
+async fn methods_that_are_not_guarded_pass_through() {
+    let inner = Inner::new(|n, _| {
+        Ok(Response::builder()
+            .header("x-call", n.to_string())
+            .body(TestBody::full(format!("call {n}")))
+            .unwrap())
+    });
+    let layer = GuardLayer::new(MemoryStore::new()).guard_when_keyed([Method::DELETE]);
+    let svc = guarded(layer, &inner);
+    let req = |method: Method, key: Option<&str>| {
+        let mut b = Request::builder().method(method).uri("/orders/1");
+        if let Some(k) = key {
+            b = b.header("idempotency-key", k);
+        }
+        b.body(TestBody::full("")).unwrap()
+    };
+    // GET and PUT are not guarded: without a key or with one, each call runs.
+    for (i, (method, key)) in [
+        (Method::GET, None),
+        (Method::GET, Some(KEY)),
+        (Method::GET, Some(KEY)),
+        (Method::PUT, None),
+        (Method::PUT, Some(KEY)),
+        (Method::PUT, Some(KEY)),
+        (Method::DELETE, None),
+        (Method::DELETE, None),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let r = send(&svc, req(method.clone(), key)).await;
+        assert_eq!(r.status, StatusCode::OK, "{method} {key:?}");
+        assert_eq!(
+            std::str::from_utf8(&r.body).unwrap(),
+            format!("call {}", i + 1)
+        );
+        assert!(!r.replayed());
+    }
+    // DELETE with a key is guarded: the second is a replay.
+    let first = send(&svc, req(Method::DELETE, Some(KEY))).await;
+    let again = send(&svc, req(Method::DELETE, Some(KEY))).await;
+    assert!(!first.replayed());
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert_eq!(inner.calls(), 9);
+    // The required methods can be changed too: POST without a key now passes.
+    let layer = GuardLayer::new(MemoryStore::new()).require_key([Method::PUT]);
+    let svc = guarded(layer, &inner);
+    assert_eq!(
+        send(&svc, post("/x", None, "")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&svc, req(Method::PUT, None)).await.status,
+        StatusCode::BAD_REQUEST
+    );
+}
+
+fn user_of(parts: &http::request::Parts) -> Option<String> {
+    Some(parts.headers.get("x-user")?.to_str().ok()?.to_owned())
+}
+
+#[tokio::test]
+async fn two_principals_with_one_key_do_not_share_a_record() {
+    let inner = Inner::orders();
+    let svc = guarded(
+        GuardLayer::new(MemoryStore::new()).principal(user_of),
+        &inner,
+    );
+    let as_user = |user: &str| {
+        Request::post("/orders")
+            .header("idempotency-key", KEY)
+            .header("x-user", user)
+            .body(TestBody::full(r#"{"sku":7}"#))
+            .unwrap()
+    };
+    let a = send(&svc, as_user("alice")).await;
+    let b = send(&svc, as_user("bob")).await;
+    assert_eq!(
+        (a.status, b.status),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    assert!(!b.replayed(), "another principal's key never replays");
+    assert_ne!(a.body, b.body);
+    let a_again = send(&svc, as_user("alice")).await;
+    assert!(a_again.replayed());
+    assert_eq!(a_again.body, a.body);
+    // A principal whose name holds the delimiter cannot reach another's record either.
+    let c = send(&svc, as_user("alice:x")).await;
+    assert!(!c.replayed());
+    assert_eq!(inner.calls(), 3);
+}
+
+#[tokio::test]
+async fn the_scope_is_namespace_method_route_and_principal_each_encoded() {
+    let store = MemoryStore::new();
+    let inner = Inner::orders();
+    let layer = GuardLayer::new(store.clone())
+        .principal(user_of)
+        .namespace("shop");
+    let svc = guarded(layer, &inner);
+    let req = Request::post("/orders/a:b?x=1")
+        .header("idempotency-key", KEY)
+        .header("x-user", "u:1")
+        .body(TestBody::full("{}"))
+        .unwrap();
+    assert_eq!(send(&svc, req).await.status, StatusCode::CREATED);
+    let record = store
+        .lookup("shop:POST:%2Forders%2Fa%3Ab:u%3A1", KEY)
+        .await
+        .unwrap()
+        .expect("the record under the documented scope");
+    let stored = StoredHttpResponse::decode(record.response.as_ref().unwrap()).unwrap();
+    assert_eq!(stored.status, StatusCode::CREATED);
+    assert_eq!(stored.headers[LOCATION], "/orders/1");
+    // Without a principal the scope has one part fewer.
+    let svc = guarded(GuardLayer::new(store.clone()), &inner);
+    assert_eq!(
+        send(&svc, post("/orders", Some(KEY), "{}")).await.status,
+        StatusCode::CREATED
+    );
+    assert!(
+        store
+            .lookup("http:POST:%2Forders", KEY)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+#[tokio::test]
+async fn a_stored_answer_that_cannot_be_decoded_is_500_never_garbage() {
+    let store = MemoryStore::new();
+    // A record under the guard's scope whose answer is not an envelope (written by something
+    // else, or damaged).
+    let fp = {
+        let mut f = idem::Fingerprinter::new();
+        f.add("POST").unwrap();
+        f.add("/orders").unwrap();
+        f.add(&serde_bytes_like(b"{}")).unwrap();
+        f.finish()
+    };
+    let key = Key::parse(KEY).unwrap();
+    match idem::begin(
+        &store,
+        "http:POST:%2Forders".into(),
+        key,
+        fp,
+        Policy::DEFAULT,
+    )
+    .await
+    .unwrap()
+    {
+        Begun::Claimed(g) => g
+            .complete(&StoredResponse {
+                status: Some(201),
+                is_error: false,
+                body: Bytes::from_static(b"{\"order\":1}"),
+            })
+            .await
+            .unwrap(),
+        Begun::Replay(_) => unreachable!("a new store"),
+    }
+    let inner = Inner::orders();
+    let svc = guarded(GuardLayer::new(store), &inner);
+    let r = send(&svc, post("/orders", Some(KEY), "{}")).await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(r.code(), "IDEMPOTENCY_INTERNAL_ERROR");
+    assert_eq!(
+        inner.calls(),
+        0,
+        "nothing runs on a record that cannot be read"
+    );
+}
+
+/// The body's bytes as the guard fingerprints them: one byte string.
+fn serde_bytes_like(b: &'static [u8]) -> impl serde::Serialize {
+    struct B(&'static [u8]);
+    impl serde::Serialize for B {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_bytes(self.0)
+        }
+    }
+    B(b)
+}
+
+#[tokio::test]
+async fn the_fingerprint_is_method_path_with_query_and_body() {
+    // Pinned: records written by one release must match the requests of the next. The digest
+    // was computed from the documented layout: the fingerprint domain, then STR "POST", STR
+    // "/orders?x=1", BYTES "{}".
+    let fp = {
+        let mut f = idem::Fingerprinter::new();
+        f.add("POST").unwrap();
+        f.add("/orders?x=1").unwrap();
+        f.add(&serde_bytes_like(b"{}")).unwrap();
+        f.finish()
+    };
+    assert_eq!(fp, expected_fingerprint());
+    let store = MemoryStore::new();
+    let inner = Inner::orders();
+    let svc = guarded(GuardLayer::new(store.clone()), &inner);
+    send(&svc, post("/orders?x=1", Some(KEY), "{}")).await;
+    let record = store
+        .lookup("http:POST:%2Forders", KEY)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.fingerprint, fp);
+}
+
+fn expected_fingerprint() -> Fingerprint {
+    use sha2_free::digest;
+    let mut input = b"idem/fingerprint/v1\0".to_vec();
+    for (tag, bytes) in [
+        (0x09u8, &b"POST"[..]),
+        (0x09, &b"/orders?x=1"[..]),
+        (0x0A, &b"{}"[..]),
+    ] {
+        input.push(tag);
+        input.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        input.extend_from_slice(bytes);
+    }
+    Fingerprint::from_bytes(digest(&input))
+}
+
+/// sha256 written out (FIPS 180-4), so the pinned fingerprint does not come from the code it
+/// checks.
+mod sha2_free {
+    const K: [u32; 64] = [
+        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
+        0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
+        0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
+        0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
+        0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
+        0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
+        0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
+        0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+        0xc67178f2,
+    ];
+
+    pub(super) fn digest(msg: &[u8]) -> [u8; 32] {
+        let mut h: [u32; 8] = [
+            0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
+            0x5be0cd19,
+        ];
+        let mut m = msg.to_vec();
+        m.push(0x80);
+        while m.len() % 64 != 56 {
+            m.push(0);
+        }
+        m.extend_from_slice(&((msg.len() as u64) * 8).to_be_bytes());
+        for block in m.chunks(64) {
+            let mut w = [0u32; 64];
+            for i in 0..16 {
+                w[i] = u32::from_be_bytes(block[i * 4..i * 4 + 4].try_into().unwrap());
+            }
+            for i in 16..64 {
+                let s0 = w[i - 15].rotate_right(7) ^ w[i - 15].rotate_right(18) ^ (w[i - 15] >> 3);
+                let s1 = w[i - 2].rotate_right(17) ^ w[i - 2].rotate_right(19) ^ (w[i - 2] >> 10);
+                w[i] = w[i - 16]
+                    .wrapping_add(s0)
+                    .wrapping_add(w[i - 7])
+                    .wrapping_add(s1);
+            }
+            let [mut a, mut b, mut c, mut d, mut e, mut f, mut g, mut hh] = h;
+            for i in 0..64 {
+                let s1 = e.rotate_right(6) ^ e.rotate_right(11) ^ e.rotate_right(25);
+                let ch = (e & f) ^ (!e & g);
+                let t1 = hh
+                    .wrapping_add(s1)
+                    .wrapping_add(ch)
+                    .wrapping_add(K[i])
+                    .wrapping_add(w[i]);
+                let s0 = a.rotate_right(2) ^ a.rotate_right(13) ^ a.rotate_right(22);
+                let maj = (a & b) ^ (a & c) ^ (b & c);
+                let t2 = s0.wrapping_add(maj);
+                hh = g;
+                g = f;
+                f = e;
+                e = d.wrapping_add(t1);
+                d = c;
+                c = b;
+                b = a;
+                a = t1.wrapping_add(t2);
+            }
+            for (x, y) in h.iter_mut().zip([a, b, c, d, e, f, g, hh]) {
+                *x = x.wrapping_add(y);
+            }
+        }
+        let mut out = [0u8; 32];
+        for (i, word) in h.iter().enumerate() {
+            out[i * 4..i * 4 + 4].copy_from_slice(&word.to_be_bytes());
+        }
+        out
+    }
+
+    #[test]
+    fn known_answer() {
+        // FIPS 180-4's example: sha256("abc").
+        let d = digest(b"abc");
+        assert_eq!(
+            d[..4],
+            [0xba, 0x78, 0x16, 0xbf],
+            "sha256(abc) starts ba7816bf"
+        );
+        assert_eq!(d[28..], [0xf2, 0x00, 0x15, 0xad]);
+    }
+}
+
+#[tokio::test]
+async fn trailers_are_stored_and_a_failed_grpc_status_is_not() {
+    let trailers = |status: &'static str| {
+        let mut t = HeaderMap::new();
+        t.insert("grpc-status", HeaderValue::from_static(status));
+        t
+    };
+    let inner = Inner::new(move |n, _| {
+        let status = if n == 1 { "13" } else { "0" };
+        Ok(Response::builder()
+            .header(CONTENT_TYPE, "application/grpc")
+            .body(TestBody::full(format!("\0\0\0\0\x01{n}")).with_trailers(trailers(status)))
+            .unwrap())
+    });
+    let svc = guarded(GuardLayer::new(MemoryStore::new()), &inner);
+    let call = || post("/shop.Orders/Create", Some(KEY), "\0\0\0\0\x01x");
+    let failed = send(&svc, call()).await;
+    assert_eq!(failed.trailers.as_ref().unwrap()["grpc-status"], "13");
+    let ok = send(&svc, call()).await;
+    assert_eq!(ok.trailers.as_ref().unwrap()["grpc-status"], "0");
+    assert!(!ok.replayed(), "grpc-status 13 released the key");
+    let again = send(&svc, call()).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, ok.body);
+    assert_eq!(again.trailers, ok.trailers);
+    assert_eq!(again.headers[CONTENT_TYPE], "application/grpc");
+    assert_eq!(inner.calls(), 2);
+}
+
+#[tokio::test]
+async fn an_unreachable_store_is_503_with_retry_after() {
+    // Nothing listens on port 1.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/test")
+        .unwrap();
+    let inner = Inner::orders();
+    let svc = guarded(GuardLayer::new(PgStore::new(pool)), &inner);
+    let r = send(&svc, post("/orders", Some(KEY), "{}")).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.headers[RETRY_AFTER], "1");
+    assert_eq!(r.code(), "IDEMPOTENCY_STORE_UNAVAILABLE");
+    assert_eq!(inner.calls(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Over hyper: a real server, a real client.
+
+/// The order service on hyper, guarded by `layer`, on an ephemeral port.
+async fn serve_hyper<St: Store + Clone>(layer: GuardLayer<St>, inner: Inner) -> String {
+    use hyper::body::Incoming;
+    use hyper_util::rt::TokioIo;
+    use hyper_util::service::TowerToHyperService;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let svc = layer.layer(service_fn(move |req: Request<GuardBody<Incoming>>| {
+        let inner = inner.clone();
+        async move {
+            let n = inner.calls.fetch_add(1, Ordering::SeqCst) + 1;
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map_err(io::Error::other)?
+                .to_bytes();
+            // Long enough for every duplicate of a storm to arrive while it runs.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let resp = created(n, &body);
+            let (head, body) = resp.into_parts();
+            let bytes = body.collect().await?.to_bytes();
+            Ok::<_, io::Error>(Response::from_parts(head, Full::new(bytes)))
+        }
+    }));
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let svc = TowerToHyperService::new(svc.clone());
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    base
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn over_hyper_first_call_replay_and_413() {
+    let inner = Inner::orders();
+    let base = serve_hyper(
+        GuardLayer::new(MemoryStore::new()).body_limit(64),
+        inner.clone(),
+    )
+    .await;
+    let c = reqwest::Client::new();
+    let order = || {
+        c.post(format!("{base}/orders"))
+            .header("idempotency-key", KEY)
+            .body(r#"{"sku":9001}"#)
+            .send()
+    };
+    let first = order().await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(first.headers()["x-trace"], "trace-1");
+    let first = first.bytes().await.unwrap();
+    let again = order().await.unwrap();
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()[LOCATION], "/orders/1");
+    assert_eq!(
+        again.headers()[CONTENT_LENGTH],
+        first.len().to_string().as_str()
+    );
+    assert_eq!(again.bytes().await.unwrap(), first);
+    let big = c
+        .post(format!("{base}/orders"))
+        .header("idempotency-key", "big")
+        .body("x".repeat(65))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(big.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(big.headers()[CONTENT_TYPE], "application/problem+json");
+    assert_eq!(inner.calls(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The storm: 100 concurrent duplicates over HTTP, on every store.
+
+async fn storm<St: Store + Clone>(store: St) {
+    let inner = Inner::orders();
+    let base = serve_hyper(GuardLayer::new(store), inner.clone()).await;
+    let c = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..100 {
+        let (c, url) = (c.clone(), format!("{base}/orders"));
+        tasks.push(tokio::spawn(async move {
+            let r = c
+                .post(url)
+                .header("idempotency-key", "storm")
+                .body(r#"{"sku":9001,"qty":2}"#)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status();
+            let replayed = r.headers().contains_key("idempotent-replayed");
+            (status, replayed, r.bytes().await.unwrap())
+        }));
+    }
+    let (mut answers, mut in_progress) = (Vec::new(), 0);
+    for t in tasks {
+        let (status, replayed, body) = t.await.unwrap();
+        match status {
+            StatusCode::CREATED => answers.push((replayed, body)),
+            StatusCode::CONFLICT => {
+                let p: Value = serde_json::from_slice(&body).unwrap();
+                assert_eq!(p["code"], "REQUEST_IN_PROGRESS");
+                in_progress += 1;
+            }
+            other => panic!("storm: {other} {body:?}"),
+        }
+    }
+    assert_eq!(inner.calls(), 1, "one of 100 duplicates ran");
+    assert_eq!(answers.iter().filter(|(replayed, _)| !replayed).count(), 1);
+    assert_eq!(answers.len() + in_progress, 100);
+    // Every answer is the first one, and so is the answer after the storm.
+    let after = c
+        .post(format!("{base}/orders"))
+        .header("idempotency-key", "storm")
+        .body(r#"{"sku":9001,"qty":2}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(after.headers()["idempotent-replayed"], "true");
+    let after = after.bytes().await.unwrap();
+    assert!(answers.iter().all(|(_, body)| *body == after));
+    assert_eq!(inner.calls(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn storm_memory() {
+    storm(MemoryStore::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn storm_sqlite() {
+    let file = common::SqliteFile::new();
+    storm(SqliteStore::connect(&file.url).await.unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+async fn storm_postgres() {
+    let schema = common::PgSchema::create(&common::pg_url(), 16).await;
+    let store = PgStore::builder()
+        .build(schema.pool.clone())
+        .await
+        .expect("create the table");
+    storm(store).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Over an axum router.
+
+mod over_axum {
+    use axum::Router;
+    use axum::routing::post;
+
+    use super::*;
+
+    async fn serve(router: Router) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        base
+    }
+
+    fn router(layer: GuardLayer<MemoryStore>, calls: Arc<AtomicUsize>) -> Router {
+        let refund = {
+            let calls = calls.clone();
+            move |axum::extract::Path(order): axum::extract::Path<String>, body: Bytes| {
+                let calls = calls.clone();
+                async move {
+                    let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                    (
+                        StatusCode::CREATED,
+                        [(LOCATION, format!("/refunds/{n}"))],
+                        axum::Json(serde_json::json!({
+                            "refund": n,
+                            "order": order,
+                            "cents": String::from_utf8_lossy(&body),
+                        })),
+                    )
+                }
+            }
+        };
+        let status = {
+            let calls = calls.clone();
+            move || {
+                let calls = calls.clone();
+                async move { calls.fetch_add(1, Ordering::SeqCst).to_string() }
+            }
+        };
+        Router::new()
+            .route("/orders/{order}/refunds", post(refund).get(status))
+            .layer(layer)
+    }
+
+    #[tokio::test]
+    async fn the_matched_route_scopes_the_key_and_replays_are_exact() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let layer = GuardLayer::new(MemoryStore::new()).route(idem::tower::axum_matched_path);
+        let base = serve(router(layer, calls.clone())).await;
+        let c = reqwest::Client::new();
+        let refund = |order: &str| {
+            c.post(format!("{base}/orders/{order}/refunds"))
+                .header("idempotency-key", KEY)
+                .body("250")
+                .send()
+        };
+        let first = refund("ORD-1").await.unwrap();
+        assert_eq!(first.status(), StatusCode::CREATED);
+        let first = first.bytes().await.unwrap();
+        let again = refund("ORD-1").await.unwrap();
+        assert_eq!(again.status(), StatusCode::CREATED);
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        assert_eq!(again.headers()[CONTENT_TYPE], "application/json");
+        assert_eq!(again.headers()[LOCATION], "/refunds/1");
+        assert_eq!(again.bytes().await.unwrap(), first);
+        // The same key on another order of the same route is key reuse.
+        let other = refund("ORD-2").await.unwrap();
+        assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        let p: Value = other.json().await.unwrap();
+        assert_eq!(p["code"], "KEY_REUSED_WITH_DIFFERENT_BODY");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        // GET passes through, without a key.
+        let got = c
+            .get(format!("{base}/orders/ORD-1/refunds"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(got.status(), StatusCode::OK);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn without_a_route_function_the_path_scopes_the_key() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let base = serve(router(GuardLayer::new(MemoryStore::new()), calls.clone())).await;
+        let c = reqwest::Client::new();
+        for order in ["ORD-1", "ORD-2"] {
+            let r = c
+                .post(format!("{base}/orders/{order}/refunds"))
+                .header("idempotency-key", KEY)
+                .body("250")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::CREATED, "{order}");
+            assert!(r.headers().get("idempotent-replayed").is_none());
+        }
+        let missing = c
+            .post(format!("{base}/orders/ORD-3/refunds"))
+            .body("250")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_router_called_directly_replays_too() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let app = router(GuardLayer::new(MemoryStore::new()), calls.clone());
+        let req = || {
+            Request::post("/orders/ORD-9/refunds")
+                .header("idempotency-key", KEY)
+                .body(axum::body::Body::from("100"))
+                .unwrap()
+        };
+        let first = app.clone().oneshot(req()).await.unwrap();
+        assert_eq!(first.status(), StatusCode::CREATED);
+        let first = first.into_body().collect().await.unwrap().to_bytes();
+        let again = app.clone().oneshot(req()).await.unwrap();
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        assert_eq!(again.into_body().collect().await.unwrap().to_bytes(), first);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+}
