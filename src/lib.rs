@@ -280,8 +280,19 @@ pub use idem_runtime::{
 
 #[doc(inline)]
 pub use idem_runtime::{
-    clock, error, fingerprint, flow, guard, key, record, replay, scope, store, transition,
+    clock, error, fingerprint, guard, key, record, replay, scope, store, transition,
 };
+
+/// The record lifecycle as a guarded call lives it; what integrations build on: learning of
+/// replays ([`watch_replays`](flow::watch_replays)) and choosing how long an "in progress"
+/// answer says to wait ([`RetryHint`](flow::RetryHint)).
+pub mod flow {
+    #[doc(inline)]
+    pub use idem_runtime::flow::{
+        Begun, Replays, RetryHint, begin, replays_watched, retry_hint, set_retry_hint,
+        watch_replays,
+    };
+}
 
 #[doc(inline)]
 pub use idem_runtime::transition::{Created, StateMachine, Transition, Versioned};
