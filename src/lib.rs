@@ -35,13 +35,15 @@
 //! - [`macro@state_transition`] generates the guarded `UPDATE` of a state machine and says what
 //!   happened when it did not apply.
 //! - Stores: [`MemoryStore`], [`SqliteStore`] (feature `sqlite`, default), [`PgStore`] (feature
-//!   `postgres`), all passing one conformance suite.
+//!   `postgres`), [`RedisStore`] (feature `redis`: Redis or Valkey, standalone or cluster), all
+//!   passing one conformance suite.
 //! - [`begin`] and [`Guard`]: the same lifecycle by hand.
 //!
 //! # Features
 //!
 //! - `sqlite` (default): the SQLite store, bundled.
 //! - `postgres`: the PostgreSQL store.
+//! - `redis`: the Redis / Valkey store, standalone or cluster.
 //! - `axum`: the HTTP integration: `IdempotencyKey` extractor, problem+json errors, replay
 //!   header, lookup by key.
 //! - `metrics`: counters for every outcome through the `metrics` facade.
@@ -400,6 +402,11 @@ pub use idem_runtime::http;
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 #[doc(inline)]
 pub use idem_runtime::PgStore;
+
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+#[doc(inline)]
+pub use idem_runtime::{RedisStore, RedisStoreBuilder};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]

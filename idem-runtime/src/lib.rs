@@ -23,6 +23,7 @@
 //!
 //! - `sqlite` (default): [`SqliteStore`], bundled SQLite through sqlx.
 //! - `postgres`: [`PgStore`].
+//! - `redis`: [`RedisStore`], Redis or Valkey, standalone or cluster.
 //! - `axum`: the `http` module: the `IdempotencyKey` extractor, problem+json errors, replay
 //!   headers.
 //! - `metrics`: counters for every outcome through the `metrics` facade.
@@ -83,6 +84,9 @@ pub use crate::store::TxStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use crate::store::postgres::PgStore;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use crate::store::redis::{RedisStore, RedisStoreBuilder};
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use crate::store::sqlite::SqliteStore;

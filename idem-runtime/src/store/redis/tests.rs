@@ -1,0 +1,256 @@
+//! The begin script against `lifecycle::decide`: every combination of what an existing record
+//! can hold is written into Redis, begun through the script, and the script's answer must be the
+//! rule's answer.
+//!
+//! Needs a server: `IDEM_REDIS_URL=redis://127.0.0.1:6379`. Without it the test says it was
+//! skipped, unless `IDEM_REQUIRE_REDIS=1` (CI), where it fails. (The integration tests' helper
+//! in `tests/common` is the same rule; this crate cannot reach it.)
+
+use std::time::Duration;
+
+use redis::AsyncCommands;
+
+use super::*;
+use crate::lifecycle::{Decision, Seen, SeenState, decide};
+use crate::record::Policy;
+
+fn redis_url(test: &str) -> Option<String> {
+    match std::env::var("IDEM_REDIS_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            if std::env::var("IDEM_REQUIRE_REDIS").as_deref() == Ok("1") {
+                panic!("{test}: IDEM_REQUIRE_REDIS=1 but IDEM_REDIS_URL is not set");
+            }
+            eprintln!("SKIPPED {test}: needs Redis; set IDEM_REDIS_URL=redis://… to run it");
+            None
+        }
+    }
+}
+
+fn unique_prefix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("idem-unit:{}:{nanos}:", std::process::id())
+}
+
+async fn server_now_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+    s * 1000 + us / 1000
+}
+
+/// What the script answered, as a decision of the rule.
+fn as_decision(outcome: &BeginOutcome) -> Decision {
+    match outcome {
+        BeginOutcome::Claimed(c) => Decision::Claim {
+            reclaim: c.reclaimed,
+            keep_recovery_point: c.recovery_point.as_deref() == Some(&b"step-2"[..]),
+        },
+        BeginOutcome::Replay(_) => Decision::Replay,
+        BeginOutcome::InProgress { retry_after } => Decision::InProgress(*retry_after),
+        BeginOutcome::KeyReused => Decision::KeyReused,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn begin_script_decides_every_row_as_lifecycle_decide() {
+    let Some(url) =
+        redis_url("store::redis::tests::begin_script_decides_every_row_as_lifecycle_decide")
+    else {
+        return;
+    };
+    let store = RedisStore::builder()
+        .prefix(unique_prefix())
+        .connect(&url)
+        .await
+        .unwrap();
+    let mut raw = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mine = Fingerprint::of("the request").unwrap();
+    let other = Fingerprint::of("another request").unwrap();
+    let reclaim = Policy::DEFAULT.lease(Duration::from_secs(30));
+    let fail_closed = reclaim.expired_lease(ExpiredLease::FailClosed);
+
+    let mut rows = 0;
+    let mut names = Vec::new();
+    for state in [
+        SeenState::InProgress,
+        SeenState::Completed,
+        SeenState::Released,
+    ] {
+        for same_fingerprint in [true, false] {
+            for expired in [false, true] {
+                for lease_left_ms in [1500i64, 0, -5] {
+                    for policy in [&reclaim, &fail_closed] {
+                        rows += 1;
+                        let key = format!("k-{rows}");
+                        let name = store.record_key("decide", &key);
+                        names.push(name.clone());
+                        let now = server_now_ms(&mut raw).await;
+                        let state_text = match state {
+                            SeenState::InProgress => "in_progress",
+                            SeenState::Completed => "completed",
+                            SeenState::Released => "released",
+                        };
+                        let fence = 1_000u64;
+                        let mut fields: Vec<(&str, Vec<u8>)> = vec![
+                            ("v", b"1".to_vec()),
+                            ("scope", b"decide".to_vec()),
+                            ("key", key.clone().into_bytes()),
+                            ("fp", mine.as_bytes().to_vec()),
+                            ("state", state_text.into()),
+                            ("fence", fence.to_string().into_bytes()),
+                            (
+                                "lease_until",
+                                (now + lease_left_ms).to_string().into_bytes(),
+                            ),
+                            (
+                                "expires_at",
+                                if expired { now - 1_000 } else { now + 60_000 }
+                                    .to_string()
+                                    .into_bytes(),
+                            ),
+                        ];
+                        match state {
+                            SeenState::Completed => {
+                                fields.push(("status", b"201".to_vec()));
+                                fields.push(("error", b"0".to_vec()));
+                                fields.push(("body", b"{\"done\":1}".to_vec()));
+                            }
+                            _ => fields.push(("recovery", b"step-2".to_vec())),
+                        }
+                        // The key outlives the `expires_at` it holds, so the script's own
+                        // expiry check is what is tested, not Redis's.
+                        let _: () = raw.hset_multiple(&name, &fields).await.unwrap();
+                        let _: () = raw.pexpire(&name, 60_000).await.unwrap();
+
+                        let fp = if same_fingerprint { &mine } else { &other };
+                        let outcome = store
+                            .begin(BeginRequest {
+                                scope: "decide",
+                                key: &key,
+                                fingerprint: fp,
+                                policy,
+                            })
+                            .await
+                            .unwrap();
+                        let seen = Seen {
+                            state,
+                            same_fingerprint,
+                            expired,
+                            lease_left_ms,
+                        };
+                        let expected = decide(seen, policy);
+                        let got = as_decision(&outcome);
+                        let what = format!("{seen:?} under {:?}", policy.expired_lease);
+                        match (expected, got) {
+                            // The script reads the clock a moment after the record was
+                            // written: the remaining lease may be a little shorter.
+                            (Decision::InProgress(want), Decision::InProgress(have)) => {
+                                assert!(
+                                    have <= want && want - have < Duration::from_millis(300),
+                                    "{what}: in progress for {have:?}, the rule says {want:?}"
+                                );
+                            }
+                            (want, have) => assert_eq!(have, want, "{what}"),
+                        }
+                        match outcome {
+                            BeginOutcome::Claimed(c) => {
+                                assert_eq!(c.fence, fence + 1, "{what}: a take-over adds one");
+                                let written: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
+                                    .arg(&name)
+                                    .arg(&["state", "fence", "fp", "body", "status"])
+                                    .query_async(&mut raw)
+                                    .await
+                                    .unwrap();
+                                assert_eq!(written[0].as_deref(), Some(&b"in_progress"[..]));
+                                assert_eq!(written[1].as_deref(), Some(&b"1001"[..]));
+                                assert_eq!(written[2].as_deref(), Some(&fp.as_bytes()[..]));
+                                assert_eq!(written[3], None, "{what}: the old answer is gone");
+                                assert_eq!(written[4], None, "{what}: the old status is gone");
+                            }
+                            BeginOutcome::Replay(r) => {
+                                assert_eq!(r.body, &b"{\"done\":1}"[..]);
+                                assert_eq!(r.status, Some(201));
+                                assert!(!r.is_error);
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(rows, 72);
+    let _: () = raw.del(&names).await.unwrap();
+}
+
+#[test]
+fn record_keys_are_unambiguous_and_hash_tagged() {
+    // sha256(00 00 00 0c "refund:ORD-1" 00 00 00 03 "k-1"), computed independently.
+    assert_eq!(
+        record_name("idem:", "refund:ORD-1", "k-1"),
+        "idem:{7002ada12e6bbb5ac546339d6263e2c4422af7727e6925f1e4099940858b9616}"
+    );
+    assert_ne!(
+        record_name("idem:", "ab", "c"),
+        record_name("idem:", "a", "bc"),
+        "moving a byte between scope and key makes another identity"
+    );
+    assert!(
+        RedisStore::builder()
+            .prefix("bad{prefix")
+            .check_prefix()
+            .is_err()
+    );
+    assert!(RedisStore::builder().prefix("ok:").check_prefix().is_ok());
+}
+
+#[test]
+fn transient_errors_are_unavailable() {
+    use redis::{ErrorKind, ServerErrorKind};
+    let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+    assert!(matches!(map_err(io), Error::Unavailable(_)));
+    let timeout = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+    assert!(matches!(map_err(timeout), Error::Unavailable(_)));
+    for kind in [
+        ServerErrorKind::ClusterDown,
+        ServerErrorKind::TryAgain,
+        ServerErrorKind::BusyLoading,
+        ServerErrorKind::MasterDown,
+        ServerErrorKind::ReadOnly,
+    ] {
+        let e = RedisError::from((ErrorKind::Server(kind), "transient"));
+        assert!(matches!(map_err(e), Error::Unavailable(_)), "{kind:?}");
+    }
+    let broken = RedisError::from((
+        ErrorKind::Server(ServerErrorKind::ResponseError),
+        "user_script:1: a bug",
+    ));
+    assert!(matches!(map_err(broken), Error::Store(_)));
+}
+
+#[test]
+fn eviction_policies_are_read_from_every_answer_shape() {
+    let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+    let mut out = Vec::new();
+    collect_policies(
+        &Value::Array(vec![bulk("maxmemory-policy"), bulk("noeviction")]),
+        &mut out,
+    );
+    collect_policies(
+        &Value::Map(vec![(
+            bulk("127.0.0.1:7102"),
+            Value::Array(vec![bulk("maxmemory-policy"), bulk("volatile-lru")]),
+        )]),
+        &mut out,
+    );
+    collect_policies(
+        &Value::Map(vec![(bulk("maxmemory-policy"), bulk("allkeys-lru"))]),
+        &mut out,
+    );
+    assert_eq!(out, ["noeviction", "volatile-lru", "allkeys-lru"]);
+}
