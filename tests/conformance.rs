@@ -1,7 +1,10 @@
-//! One conformance suite, the same cases against every store: memory, SQLite and PostgreSQL.
+//! One conformance suite, the same cases against every store: memory, SQLite, PostgreSQL, and
+//! Redis standalone and cluster.
 //!
 //! PostgreSQL runs when `DATABASE_URL` points at it (each test in a schema of its own) and is
-//! skipped with a printed reason otherwise, unless `IDEM_REQUIRE_POSTGRES=1`.
+//! skipped with a printed reason otherwise, unless `IDEM_REQUIRE_POSTGRES=1`. Redis runs when
+//! `IDEM_REDIS_URL` (standalone) and `IDEM_REDIS_CLUSTER` (comma-separated nodes) are set (each
+//! test under a key prefix of its own), and is skipped otherwise, unless `IDEM_REQUIRE_REDIS=1`.
 
 mod common;
 
@@ -9,17 +12,21 @@ use std::time::Duration;
 
 use idem::{
     BeginOutcome, BeginRequest, ClaimRef, Error, ExpiredLease, Fingerprint, Key, ManualClock,
-    MemoryStore, PgStore, Policy, RecordState, SqliteStore, Store, StoredResponse, TxStore,
+    MemoryStore, PgStore, Policy, RecordState, RedisStore, SqliteStore, Store, StoredResponse,
+    TxStore,
 };
 
-use common::{PgSchema, SqliteFile, pg_url};
+use common::{PgSchema, RedisKeys, SqliteFile, pg_url, redis_cluster, redis_url};
 
 /// A store under test, with a way to let time pass.
 pub struct Env<S> {
     store: S,
     clock: Option<ManualClock>,
+    /// The store deletes expired records by itself (a key's TTL): `purge_expired` finds none.
+    expires_by_itself: bool,
     _pg: Option<PgSchema>,
     _file: Option<SqliteFile>,
+    _redis: Option<RedisKeys>,
 }
 
 impl<S: Store + Clone> Env<S> {
@@ -36,8 +43,10 @@ async fn memory(_test: &str) -> Option<Env<MemoryStore>> {
     Some(Env {
         store: MemoryStore::with_clock(clock.clone()),
         clock: Some(clock),
+        expires_by_itself: false,
         _pg: None,
         _file: None,
+        _redis: None,
     })
 }
 
@@ -47,8 +56,10 @@ async fn sqlite(_test: &str) -> Option<Env<SqliteStore>> {
     Some(Env {
         store,
         clock: None,
+        expires_by_itself: false,
         _pg: None,
         _file: Some(file),
+        _redis: None,
     })
 }
 
@@ -62,8 +73,46 @@ async fn postgres(test: &str) -> Option<Env<PgStore>> {
     Some(Env {
         store,
         clock: None,
+        expires_by_itself: false,
         _pg: Some(schema),
         _file: None,
+        _redis: None,
+    })
+}
+
+async fn redis(test: &str) -> Option<Env<RedisStore>> {
+    let url = redis_url(test)?;
+    let keys = RedisKeys::new(std::slice::from_ref(&url));
+    let store = RedisStore::builder()
+        .prefix(keys.prefix.clone())
+        .connect(&url)
+        .await
+        .expect("connect to Redis");
+    Some(Env {
+        store,
+        clock: None,
+        expires_by_itself: true,
+        _pg: None,
+        _file: None,
+        _redis: Some(keys),
+    })
+}
+
+async fn redis_cluster_env(test: &str) -> Option<Env<RedisStore>> {
+    let nodes = redis_cluster(test)?;
+    let keys = RedisKeys::new(&nodes);
+    let store = RedisStore::builder()
+        .prefix(keys.prefix.clone())
+        .connect_cluster(&nodes)
+        .await
+        .expect("connect to the Redis cluster");
+    Some(Env {
+        store,
+        clock: None,
+        expires_by_itself: true,
+        _pg: None,
+        _file: None,
+        _redis: Some(keys),
     })
 }
 
@@ -406,7 +455,12 @@ mod cases {
             .await
             .unwrap();
         env.wait(Duration::from_millis(450)).await;
-        assert_eq!(env.store.purge_expired().await.unwrap(), 5);
+        for i in 0..5 {
+            let k = format!("k-purge-{i}");
+            assert!(env.store.lookup("s", &k).await.unwrap().is_none(), "{k}");
+        }
+        let expired = if env.expires_by_itself { 0 } else { 5 };
+        assert_eq!(env.store.purge_expired().await.unwrap(), expired);
         assert_eq!(env.store.purge_expired().await.unwrap(), 0);
         assert!(
             env.store
@@ -430,7 +484,8 @@ mod cases {
         );
         // The owner stalls past the retention; the record is purged and claimed afresh.
         env.wait(Duration::from_millis(450)).await;
-        assert_eq!(env.store.purge_expired().await.unwrap(), 1);
+        let expired = if env.expires_by_itself { 0 } else { 1 };
+        assert_eq!(env.store.purge_expired().await.unwrap(), expired);
         let new = claimed(
             env.store
                 .begin(req("s", &k, &fp("a"), &POLICY))
@@ -709,7 +764,13 @@ macro_rules! every_store {
     )*};
 }
 
-every_store!(memory_store => memory, sqlite_store => sqlite, postgres_store => postgres);
+every_store!(
+    memory_store => memory,
+    sqlite_store => sqlite,
+    postgres_store => postgres,
+    redis_store => redis,
+    redis_cluster_store => redis_cluster_env
+);
 
 suite!(
     sqlite_transactional,

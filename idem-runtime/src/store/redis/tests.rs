@@ -71,7 +71,10 @@ async fn begin_script_decides_every_row_as_lifecycle_decide() {
         .unwrap();
     let mine = Fingerprint::of("the request").unwrap();
     let other = Fingerprint::of("another request").unwrap();
-    let reclaim = Policy::DEFAULT.lease(Duration::from_secs(30));
+    // A short retention: a failed run leaves nothing behind for long.
+    let reclaim = Policy::DEFAULT
+        .lease(Duration::from_secs(30))
+        .retain(Duration::from_secs(60));
     let fail_closed = reclaim.expired_lease(ExpiredLease::FailClosed);
 
     let mut rows = 0;
