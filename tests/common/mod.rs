@@ -244,3 +244,21 @@ impl Drop for RedisKeys {
         .join();
     }
 }
+
+/// Whether a `redis-server` binary can be started here, for tests that run private servers
+/// (restarts, configurations the shared server must not get). `None` with a printed reason when
+/// it cannot; under `IDEM_REQUIRE_REDIS=1` that fails the test instead.
+pub fn redis_server(test: &str) -> Option<&'static str> {
+    let found = std::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if found {
+        return Some("redis-server");
+    }
+    if std::env::var("IDEM_REQUIRE_REDIS").as_deref() == Ok("1") {
+        panic!("{test}: IDEM_REQUIRE_REDIS=1 but there is no redis-server binary");
+    }
+    eprintln!("SKIPPED {test}: needs a redis-server binary to start private servers");
+    None
+}
