@@ -208,6 +208,27 @@ async fn values_that_are_not_our_records_are_store_errors_and_never_run_the_body
         cmd.arg(store.record_key(&scope, key)).arg(args);
         cmd
     };
+    // The genuine meta field, with one of its six parts replaced.
+    let meta = String::from_utf8(
+        genuine
+            .iter()
+            .find(|(f, _)| f == "meta")
+            .map(|(_, v)| v.clone())
+            .unwrap(),
+    )
+    .unwrap();
+    let meta_with = |part: usize, value: &str| {
+        let mut parts: Vec<&str> = meta.split(' ').collect();
+        parts[part] = value;
+        parts.join(" ").into_bytes()
+    };
+    let (v2, bad_fence, huge_fence, paused, bad_flag) = (
+        meta_with(0, "2"),
+        meta_with(2, "12ab"),
+        meta_with(2, "123456789012345678"),
+        meta_with(1, "paused"),
+        meta_with(5, "yes"),
+    );
     let cases: Vec<(&str, &str, redis::Cmd)> = vec![
         ("a string", "k-string", plain("SET", "k-string", &["hello"])),
         ("a list", "k-list", plain("RPUSH", "k-list", &["a"])),
@@ -217,14 +238,14 @@ async fn values_that_are_not_our_records_are_store_errors_and_never_run_the_body
             plain("HSET", "k-hash", &["name", "x"]),
         ),
         (
-            "no format version",
-            "k-no-version",
-            record("k-no-version", &[("v", None)]),
+            "a record without its meta field",
+            "k-no-meta",
+            record("k-no-meta", &[("meta", None)]),
         ),
         (
             "an unknown format version",
             "k-version-2",
-            record("k-version-2", &[("v", Some(b"2"))]),
+            record("k-version-2", &[("meta", Some(&v2))]),
         ),
         (
             "another identity's record",
@@ -234,17 +255,17 @@ async fn values_that_are_not_our_records_are_store_errors_and_never_run_the_body
         (
             "a fence that is not a number",
             "k-bad-fence",
-            record("k-bad-fence", &[("fence", Some(b"12ab"))]),
+            record("k-bad-fence", &[("meta", Some(&bad_fence))]),
         ),
         (
-            "a missing lease",
-            "k-no-lease",
-            record("k-no-lease", &[("lease_until", None)]),
+            "a fence out of range",
+            "k-huge-fence",
+            record("k-huge-fence", &[("meta", Some(&huge_fence))]),
         ),
         (
             "an unknown state",
             "k-bad-state",
-            record("k-bad-state", &[("state", Some(b"paused"))]),
+            record("k-bad-state", &[("meta", Some(&paused))]),
         ),
         (
             "a short fingerprint",
@@ -259,7 +280,7 @@ async fn values_that_are_not_our_records_are_store_errors_and_never_run_the_body
         (
             "a completed record with a bad error flag",
             "k-bad-flag",
-            record("k-bad-flag", &[("error", Some(b"yes"))]),
+            record("k-bad-flag", &[("meta", Some(&bad_flag))]),
         ),
     ];
     for (what, key, cmd) in cases {
@@ -652,16 +673,13 @@ async fn retention_is_the_keys_expiry_on_the_servers_clock() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let stored: (String, String) = redis::cmd("HMGET")
-        .arg(&name)
-        .arg(&["expires_at", "lease_until"])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(stored.0.parse::<i64>().unwrap(), expire_at);
     let left = expire_at - server_now;
     assert!((19_000..=20_000).contains(&left), "{left} ms of retention");
-    let lease_left = stored.1.parse::<i64>().unwrap() - server_now;
+    let meta: String = conn.hget(&name, "meta").await.unwrap();
+    let parts: Vec<&str> = meta.split(' ').collect();
+    assert_eq!(&parts[..2], ["1", "in_progress"], "{meta}");
+    assert_eq!(parts[2], c.fence.to_string());
+    let lease_left = parts[3].parse::<i64>().unwrap() - server_now;
     assert!(
         (9_000..=10_000).contains(&lease_left),
         "{lease_left} ms of lease"

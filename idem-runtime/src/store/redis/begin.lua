@@ -4,59 +4,64 @@
 -- Returns {1, fence, reclaimed 0/1, recovery point or nil} | {2, status or nil, '0'/'1', body}
 --       | {3, retry after ms} | {4} (key reused) | {0, why the key is not an idem record}.
 local scope, key, fp = ARGV[1], ARGV[2], ARGV[3]
-local lease, retain = tonumber(ARGV[4]), tonumber(ARGV[5])
-local now = now_ms()
-local rec, why = load(scope, key)
-if rec == false then
-  return {0, why}
+
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  -- The first claim (or the first since the record expired): the fence starts at the server's
+  -- clock, above every fence an expired life of the record handed out.
+  local now = now_ms()
+  local fence = math.max(now, 1)
+  redis.call('HSET', KEYS[1], 'meta',
+    meta('in_progress', int(fence), int(now + tonumber(ARGV[4])), '-', '-'),
+    'scope', scope, 'key', key, 'fp', fp)
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  return {1, fence, 0}
 end
 
-if rec == nil then
-  -- The first claim: the fence starts at the server's clock, so a record that expired and is
-  -- created again starts above every fence its previous life handed out.
-  local fence = math.max(now, 1)
-  redis.call('HSET', KEYS[1], 'v', '1', 'scope', scope, 'key', key, 'fp', fp,
-    'state', 'in_progress', 'fence', int(fence), 'lease_until', int(now + lease),
-    'expires_at', int(now + retain))
-  redis.call('PEXPIREAT', KEYS[1], int(now + retain))
-  return {1, fence, 0}
+local rec, why = load(scope, key)
+if not rec then
+  return {0, why}
 end
 
 -- Takes the record over: fence + 1, a new lease and retention, no response; the recovery point
 -- is kept only when the previous attempt was this same request and did not finish.
 local function take(reclaimed, keep_recovery_point)
+  local now = now_ms()
   local fence = rec.fence + 1
-  redis.call('HSET', KEYS[1], 'fp', fp, 'state', 'in_progress', 'fence', int(fence),
-    'lease_until', int(now + lease), 'expires_at', int(now + retain))
-  if keep_recovery_point then
-    redis.call('HDEL', KEYS[1], 'status', 'error', 'body')
-  else
-    redis.call('HDEL', KEYS[1], 'status', 'error', 'body', 'recovery')
+  redis.call('HSET', KEYS[1], 'meta',
+    meta('in_progress', int(fence), int(now + tonumber(ARGV[4])), '-', '-'), 'fp', fp)
+  if rec.body then
+    redis.call('HDEL', KEYS[1], 'body')
   end
-  redis.call('PEXPIREAT', KEYS[1], int(now + retain))
+  if rec.recovery and not keep_recovery_point then
+    redis.call('HDEL', KEYS[1], 'recovery')
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
   if keep_recovery_point and rec.recovery then
     return {1, fence, reclaimed, rec.recovery}
   end
   return {1, fence, reclaimed}
 end
 
--- The rule of lifecycle::decide, row by row.
+-- The rule of lifecycle::decide, row by row. A record whose retention ended is no longer here
+-- (the key expired), which is the first claim above.
 local same = rec.fp == fp
-local expired = rec.expires_at <= now
-if expired or rec.state == 'released' then
-  return take(0, (not expired) and same)
+if rec.state == 'released' then
+  return take(0, same)
 end
 if not same then
   return {4}
 end
 if rec.state == 'completed' then
-  return {2, rec.status or false, rec.error, rec.body}
+  if rec.status == '-' then
+    return {2, false, rec.error, rec.body}
+  end
+  return {2, rec.status, rec.error, rec.body}
 end
-local left = rec.lease_until - now
+local left = rec.lease_until - now_ms()
 if left > 0 then
   return {3, left}
 end
 if ARGV[6] ~= '1' then
-  return {3, lease}
+  return {3, tonumber(ARGV[4])}
 end
 return take(1, true)

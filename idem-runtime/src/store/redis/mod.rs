@@ -21,9 +21,14 @@
 //! depend on the clocks of the service's instances. A record's first fence is the server's clock
 //! in milliseconds and grows by one on every take-over or claim after a release; a record that
 //! expired and is created again therefore starts above every fence of its previous life.
-//! Retention is the key's own expiry (`PEXPIREAT`, set from the server's clock when a record is
-//! claimed): Redis deletes expired records by itself, so no sweeper is needed and
-//! [`Store::purge_expired`] does nothing.
+//! Retention is the key's own expiry (`PEXPIRE`, counted on the server's clock from the claim):
+//! a key that exists is within its retention, Redis deletes expired records by itself, so no
+//! sweeper is needed and [`Store::purge_expired`] does nothing.
+//!
+//! The hash holds `meta` (`<version> <state> <fence> <lease_until> <status> <error>`: what every
+//! decision reads, in one field), `scope`, `key`, `fp` (the fingerprint), and, when there is one,
+//! `recovery` and the response's `body`. A replay reads one hash and does not need the clock;
+//! a completion is one conditional write.
 //!
 //! # Durability is the operator's choice
 //!
@@ -497,7 +502,11 @@ impl Store for RedisStore {
             .arg(claim.scope)
             .arg(claim.key)
             .arg(claim.fence)
-            .arg(response.status.map(|s| s.to_string()).unwrap_or_default())
+            .arg(
+                response
+                    .status
+                    .map_or_else(|| "-".to_owned(), |s| s.to_string()),
+            )
             .arg(if response.is_error { "1" } else { "0" })
             .arg(&response.body[..]);
         self.write(claim, &inv).await

@@ -99,36 +99,36 @@ async fn begin_script_decides_every_row_as_lifecycle_decide() {
                             SeenState::Released => "released",
                         };
                         let fence = 1_000u64;
+                        let (status, error) = match state {
+                            SeenState::Completed => ("201", "0"),
+                            _ => ("-", "-"),
+                        };
                         let mut fields: Vec<(&str, Vec<u8>)> = vec![
-                            ("v", b"1".to_vec()),
+                            (
+                                "meta",
+                                format!(
+                                    "1 {state_text} {fence} {} {status} {error}",
+                                    now + lease_left_ms
+                                )
+                                .into_bytes(),
+                            ),
                             ("scope", b"decide".to_vec()),
                             ("key", key.clone().into_bytes()),
                             ("fp", mine.as_bytes().to_vec()),
-                            ("state", state_text.into()),
-                            ("fence", fence.to_string().into_bytes()),
-                            (
-                                "lease_until",
-                                (now + lease_left_ms).to_string().into_bytes(),
-                            ),
-                            (
-                                "expires_at",
-                                if expired { now - 1_000 } else { now + 60_000 }
-                                    .to_string()
-                                    .into_bytes(),
-                            ),
                         ];
                         match state {
-                            SeenState::Completed => {
-                                fields.push(("status", b"201".to_vec()));
-                                fields.push(("error", b"0".to_vec()));
-                                fields.push(("body", b"{\"done\":1}".to_vec()));
-                            }
+                            SeenState::Completed => fields.push(("body", b"{\"done\":1}".to_vec())),
                             _ => fields.push(("recovery", b"step-2".to_vec())),
                         }
-                        // The key outlives the `expires_at` it holds, so the script's own
-                        // expiry check is what is tested, not Redis's.
                         let _: () = raw.hset_multiple(&name, &fields).await.unwrap();
-                        let _: () = raw.pexpire(&name, 60_000).await.unwrap();
+                        if expired {
+                            // Retention is the key's expiry: an expired record is a key that
+                            // Redis no longer has.
+                            let _: () = raw.pexpire(&name, 1).await.unwrap();
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        } else {
+                            let _: () = raw.pexpire(&name, 30_000).await.unwrap();
+                        }
 
                         let fp = if same_fingerprint { &mine } else { &other };
                         let outcome = store
@@ -161,19 +161,24 @@ async fn begin_script_decides_every_row_as_lifecycle_decide() {
                             (want, have) => assert_eq!(have, want, "{what}"),
                         }
                         match outcome {
+                            BeginOutcome::Claimed(c) if expired => {
+                                assert!(c.fence > fence, "{what}: the fence still grows");
+                            }
                             BeginOutcome::Claimed(c) => {
                                 assert_eq!(c.fence, fence + 1, "{what}: a take-over adds one");
                                 let written: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
                                     .arg(&name)
-                                    .arg(&["state", "fence", "fp", "body", "status"])
+                                    .arg(&["meta", "fp", "body"])
                                     .query_async(&mut raw)
                                     .await
                                     .unwrap();
-                                assert_eq!(written[0].as_deref(), Some(&b"in_progress"[..]));
-                                assert_eq!(written[1].as_deref(), Some(&b"1001"[..]));
-                                assert_eq!(written[2].as_deref(), Some(&fp.as_bytes()[..]));
-                                assert_eq!(written[3], None, "{what}: the old answer is gone");
-                                assert_eq!(written[4], None, "{what}: the old status is gone");
+                                let meta = String::from_utf8(written[0].clone().unwrap()).unwrap();
+                                assert!(meta.starts_with("1 in_progress 1001 "), "{what}: {meta}");
+                                assert!(meta.ends_with(" - -"), "{what}: {meta}");
+                                assert_eq!(written[1].as_deref(), Some(&fp.as_bytes()[..]));
+                                assert_eq!(written[2], None, "{what}: the old answer is gone");
+                                let ttl: i64 = raw.pttl(&name).await.unwrap();
+                                assert!(ttl > 50_000, "{what}: retention counts again ({ttl} ms)");
                             }
                             BeginOutcome::Replay(r) => {
                                 assert_eq!(r.body, &b"{\"done\":1}"[..]);
