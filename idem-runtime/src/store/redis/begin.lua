@@ -11,7 +11,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   local now = now_ms()
   local fence = math.max(now, 1)
   redis.call('HSET', KEYS[1], 'meta',
-    meta('in_progress', int(fence), int(now + tonumber(ARGV[4])), '-', '-'),
+    meta('in_progress', fence, now + tonumber(ARGV[4]), '-', '-'),
     'scope', scope, 'key', key, 'fp', fp)
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   return {1, fence, 0}
@@ -28,7 +28,7 @@ local function take(reclaimed, keep_recovery_point)
   local now = now_ms()
   local fence = rec.fence + 1
   redis.call('HSET', KEYS[1], 'meta',
-    meta('in_progress', int(fence), int(now + tonumber(ARGV[4])), '-', '-'), 'fp', fp)
+    meta('in_progress', fence, now + tonumber(ARGV[4]), '-', '-'), 'fp', fp)
   if rec.body then
     redis.call('HDEL', KEYS[1], 'body')
   end

@@ -10,6 +10,6 @@ if rec == nil or rec.fence_text ~= ARGV[3] or rec.state ~= 'in_progress' then
   return {2}
 end
 redis.call('HSET', KEYS[1], 'meta',
-  meta('in_progress', rec.fence_text, int(now_ms() + tonumber(ARGV[5])), '-', '-'),
+  meta('in_progress', rec.fence_text, now_ms() + tonumber(ARGV[5]), '-', '-'),
   'recovery', ARGV[4])
 return {1}

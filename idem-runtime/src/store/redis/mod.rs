@@ -3,10 +3,10 @@
 //!
 //! # Design
 //!
-//! One record is one hash, named `{prefix}{<digest>}`: the digest is the hex sha256 of the scope
-//! and the key, each preceded by its length in four big-endian bytes, so that no two identities
-//! share a name, and it sits inside a hash tag so that every key a script could touch is in one
-//! cluster slot. The hash stores the scope and the key themselves, and every script compares
+//! One record is one hash, named `{prefix}{<digest>}`: the digest is the first 128 bits of the
+//! sha256 of the scope and the key, each preceded by its length in four big-endian bytes (so
+//! that no split of the same bytes gives the same name), in hex, inside a hash tag so that every
+//! key a script could touch is in one cluster slot. The hash stores the scope and the key themselves, and every script compares
 //! them with the caller's before it reads anything else: a digest collision or a foreign writer
 //! is an [`Error::Store`], never someone else's answer.
 //!
@@ -410,8 +410,9 @@ impl RedisStore {
         &self.inner.prefix
     }
 
-    /// The name of the key that holds the record of `(scope, key)`:
-    /// `{prefix}{<hex sha256 of the length-prefixed scope and key>}`.
+    /// The name of the key that holds the record of `(scope, key)`: the prefix, then in braces
+    /// (a hash tag) the hex of the first 16 bytes of the sha256 of the length-prefixed scope and
+    /// key.
     pub fn record_key(&self, scope: &str, key: &str) -> String {
         record_name(&self.inner.prefix, scope, key)
     }
@@ -439,7 +440,9 @@ impl RedisStore {
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
-/// `{prefix}{<hex sha256 of len(scope) scope len(key) key>}`, lengths as four big-endian bytes.
+/// `{prefix}{<hex of the first 16 bytes of sha256(len(scope) scope len(key) key)>}`, lengths as
+/// four big-endian bytes. 128 bits make a collision practically impossible, and one would still
+/// be caught (the record holds its scope and key); the short name is cheaper for every lookup.
 fn record_name(prefix: &str, scope: &str, key: &str) -> String {
     let mut h = Sha256::new();
     for part in [scope, key] {
@@ -449,10 +452,10 @@ fn record_name(prefix: &str, scope: &str, key: &str) -> String {
         h.update(part.as_bytes());
     }
     let digest = h.finalize();
-    let mut name = String::with_capacity(prefix.len() + 2 + 64);
+    let mut name = String::with_capacity(prefix.len() + 2 + 32);
     name.push_str(prefix);
     name.push('{');
-    for b in digest.iter() {
+    for b in &digest[..16] {
         name.push(char::from(HEX[usize::from(b >> 4)]));
         name.push(char::from(HEX[usize::from(b & 0xf)]));
     }

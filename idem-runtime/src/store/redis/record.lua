@@ -27,12 +27,9 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- An integer as a record stores it: decimal digits, never an exponent.
-local function int(n)
-  return string.format('%d', n)
-end
-
--- The meta field of a record.
+-- The meta field of a record. Numbers are concatenated as Lua prints them, "%.14g": exact
+-- digits without an exponent below 10^14 ms (year 5138), which every fence and time stays under
+-- (leases and retention are capped at 2^45 ms).
 local function meta(state, fence, lease_until, status, error)
   return '1 ' .. state .. ' ' .. fence .. ' ' .. lease_until .. ' ' .. status .. ' ' .. error
 end
