@@ -6,9 +6,9 @@
 //! One record is one hash, named `{prefix}{<digest>}`: the digest is the first 128 bits of the
 //! sha256 of the scope and the key, each preceded by its length in four big-endian bytes (so
 //! that no split of the same bytes gives the same name), in hex, inside a hash tag so that every
-//! key a script could touch is in one cluster slot. The hash stores the scope and the key themselves, and every script compares
-//! them with the caller's before it reads anything else: a digest collision or a foreign writer
-//! is an [`Error::Store`], never someone else's answer.
+//! key a script could touch is in one cluster slot. The hash stores the scope and the key
+//! themselves, and every script compares them with the caller's before it decides anything: a
+//! digest collision or a foreign writer is an [`Error::Store`], never someone else's answer.
 //!
 //! Every operation is one Lua script on that one key, atomic on the server (`record.lua` shared,
 //! then `begin.lua`, `complete.lua`, `release.lua`, `checkpoint.lua`, `lookup.lua`). `begin`
@@ -17,8 +17,8 @@
 //! while the fence is the caller's. Scripts are sent as `EVALSHA`; a server that does not know
 //! one (after a restart or a failover) gets it again, transparently.
 //!
-//! Time is the server's: scripts read `TIME`, so leases, retention and first fences never
-//! depend on the clocks of the service's instances. A record's first fence is the server's clock
+//! Time is the server's: scripts that need the time read `TIME`, so leases, retention and first
+//! fences never depend on the clocks of the service's instances. A record's first fence is the server's clock
 //! in milliseconds and grows by one on every take-over or claim after a release; a record that
 //! expired and is created again therefore starts above every fence of its previous life.
 //! Retention is the key's own expiry (`PEXPIRE`, counted on the server's clock from the claim):
@@ -60,8 +60,7 @@
 //! [`Error::Store`] naming the key; the body never runs over it.
 //!
 //! Transactional mode does not apply: records live outside the database, so `RedisStore` does
-//! not implement [`TxStore`](crate::TxStore), and `#[idempotent(…, transaction = tx)]` with it
-//! does not compile.
+//! not implement `TxStore`, and `#[idempotent(…, transaction = tx)]` with it does not compile.
 
 use std::fmt;
 use std::sync::{Arc, LazyLock};
@@ -88,8 +87,8 @@ mod tests;
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "idem:";
 
-/// Leases and retention are capped at about 1,100 years: every time a script computes stays far
-/// below 2^53 ms, where Lua's numbers are exact.
+/// Leases and retention are capped at about 1,100 years: every time a script computes stays
+/// below 10^14 ms, where Lua's numbers are exact and print without an exponent.
 const MAX_MS: u64 = 1 << 45;
 
 struct Scripts {
@@ -446,8 +445,7 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 fn record_name(prefix: &str, scope: &str, key: &str) -> String {
     let mut h = Sha256::new();
     for part in [scope, key] {
-        // Lengths are bounded (scopes 1024 bytes, keys 255); a length that did not fit would
-        // still be unambiguous with the saturated prefix and the bytes that follow.
+        // Scopes are at most 1024 bytes and keys 255: the length always fits.
         h.update(u32::try_from(part.len()).unwrap_or(u32::MAX).to_be_bytes());
         h.update(part.as_bytes());
     }
