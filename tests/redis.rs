@@ -707,6 +707,89 @@ async fn retention_is_the_keys_expiry_on_the_servers_clock() {
 
 // ---- cluster -----------------------------------------------------------------------------------
 
+/// A 3-primary cluster of this test's own (`.ci/redis-cluster`), stopped on drop.
+struct PrivateCluster {
+    dir: tempfile::TempDir,
+    first: u16,
+}
+
+impl PrivateCluster {
+    fn start() -> PrivateCluster {
+        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        // Three client ports and their cluster-bus ports (+10000), all free.
+        let seed = (std::process::id() % 1000) as u16 * 10;
+        let first = (0..100)
+            .map(|i| 20_000 + (seed + i * 10) % 10_000)
+            .find(|&p| (p..p + 3).all(|q| free(q) && free(q + 10_000)))
+            .expect("three free ports for a private cluster");
+        let cluster = PrivateCluster {
+            dir: tempfile::tempdir().unwrap(),
+            first,
+        };
+        let status = Command::new("bash")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/redis-cluster"))
+            .arg("start")
+            .arg(cluster.dir.path())
+            .arg(first.to_string())
+            .status()
+            .expect("run .ci/redis-cluster");
+        assert!(status.success(), "the private cluster did not start");
+        cluster
+    }
+
+    fn nodes(&self) -> Vec<String> {
+        (self.first..self.first + 3)
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect()
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/redis-cluster"))
+            .arg("stop")
+            .arg(self.dir.path())
+            .arg(self.first.to_string())
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_evicting_primary_of_a_cluster_is_refused() {
+    let Some(_) = common::redis_server("redis::one_evicting_primary_of_a_cluster_is_refused")
+    else {
+        return;
+    };
+    let cluster = PrivateCluster::start();
+    let nodes = cluster.nodes();
+    RedisStore::connect_cluster(&nodes).await.unwrap();
+    // Only the last primary evicts: the check must ask every primary, not one at random.
+    let mut conn = raw(&nodes[2]).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory-policy", "volatile-lfu"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        match RedisStore::connect_cluster(&nodes).await {
+            Err(Error::Config(msg)) => assert!(msg.contains("volatile-lfu"), "{msg}"),
+            other => panic!("expected a configuration error, got {other:?}"),
+        }
+    }
+    let store = RedisStore::builder()
+        .allow_eviction(true)
+        .connect_cluster(&nodes)
+        .await
+        .unwrap();
+    claimed(
+        store
+            .begin(req("s", "k", &fp("a"), &Policy::DEFAULT))
+            .await
+            .unwrap(),
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_spread_over_every_primary_of_a_cluster() {
     let Some(nodes) = common::redis_cluster("redis::records_spread_over_every_primary") else {
