@@ -2,7 +2,7 @@
 //! measured side by side, interleaved, in one run.
 //!
 //! ```text
-//! cargo run --release --example bench -- --store sqlite|postgres|memory --concurrency N --seconds S
+//! cargo run --release --example bench -- --store sqlite|postgres|memory|redis --concurrency N --seconds S
 //!     [--rounds R]     rounds of every variant, interleaved (default 3)
 //!     [--variants a,b] only these variants (unguarded always runs: ratios are against it)
 //! ```
@@ -18,6 +18,17 @@
 //! - `cached_replay`: the same through the in-process cache of completed records.
 //!
 //! Then a storm: 200 concurrent duplicates of one request, in both modes.
+//!
+//! `--store redis` compares idempotency stores on one workload (the memory store's business
+//! insert, a locked map, so that the store is what differs). It needs `IDEM_REDIS_URL`; with
+//! `DATABASE_URL` it also runs the PostgreSQL store (records only), in a schema of its own:
+//!
+//! - `separate` / `replay` / `cached_replay`: `#[idempotent]` on `RedisStore`;
+//! - `pg_separate` / `pg_replay`: `#[idempotent]` on `PgStore`;
+//! - `peer_separate` / `peer_replay`: the `idempotent` crate's (0.3) Valkey store: `try_insert`,
+//!   the body, `complete`, with the same arguments fingerprinted and the same answer encoded.
+//!
+//! Keys are written under a prefix of the run's own and deleted at the end.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -110,6 +121,49 @@ mod on_postgres {
     sql_variants!(sqlx::Postgres, idem::PgStore, sqlx::PgPool);
 }
 
+/// The `idempotent` crate's Valkey store, guarding the same body as `memory_separate`: the same
+/// argument fingerprinted, the answer JSON-encoded, 24 h retention.
+async fn peer_separate(
+    store: &idempotent::store::valkey::ValkeyStore,
+    table: &Table,
+    key: &str,
+    order_no: &str,
+    amount: i64,
+) -> Result<Order, Error> {
+    use idempotent::entry::ExistingEntry;
+    use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
+    use idempotent::store::{IdempotencyStore, InsertResult};
+    let peer = |e: idempotent::store::valkey::ValkeyError| Error::Unavailable(e.into());
+    let key = idempotent::IdempotencyKey::new(key).map_err(|e| Error::Encode(e.to_string()))?;
+    let request = serde_json::to_vec(&amount).map_err(|e| Error::Encode(e.to_string()))?;
+    let fp = DefaultFingerprintStrategy.compute("bench", &request);
+    let entry = idempotent::IdempotencyEntry::new(fp, Duration::from_secs(86_400));
+    match store.try_insert(&key, entry.clone()).await.map_err(peer)? {
+        InsertResult::Claimed { fencing_token } => {
+            BODY_RUNS.fetch_add(1, Ordering::Relaxed);
+            let out = table.insert(order_no, amount)?;
+            let bytes = serde_json::to_vec(&out).map_err(|e| Error::Encode(e.to_string()))?;
+            let response = idempotent::CachedResponse {
+                status_code: 200,
+                metadata: idempotent::Metadata::default(),
+                body: bytes.into(),
+            };
+            store
+                .complete(&key, entry.complete(response), fencing_token)
+                .await
+                .map_err(peer)?;
+            Ok(out)
+        }
+        InsertResult::Exists(ExistingEntry::Completed(done)) if done.fingerprint == fp => {
+            serde_json::from_slice(&done.response().body).map_err(|e| Error::Decode(e.to_string()))
+        }
+        InsertResult::Exists(ExistingEntry::Completed(_)) => Err(Error::KeyReused),
+        InsertResult::Exists(ExistingEntry::Processing(_)) => Err(Error::InProgress {
+            retry_after: Duration::from_secs(1),
+        }),
+    }
+}
+
 /// The memory variant's "table".
 #[derive(Clone, Default)]
 struct Table(Arc<Mutex<HashMap<String, i64>>>);
@@ -154,22 +208,75 @@ enum Target {
         store: idem::PgStore,
         cached: CachedStore<idem::PgStore>,
     },
+    Redis {
+        store: idem::RedisStore,
+        cached: CachedStore<idem::RedisStore>,
+        table: Table,
+        pg: Option<idem::PgStore>,
+        peer: Arc<idempotent::store::valkey::ValkeyStore>,
+        /// For `INFO cpu`: the server's own CPU time per operation.
+        info: redis::aio::MultiplexedConnection,
+    },
 }
 
-const VARIANTS: [&str; 6] = [
+const VARIANTS: [&str; 10] = [
     "unguarded",
     "separate",
     "transactional",
     "handwritten",
     "replay",
     "cached_replay",
+    "pg_separate",
+    "pg_replay",
+    "peer_separate",
+    "peer_replay",
 ];
 const REPLAY_KEYS: u64 = 1000;
 
 impl Target {
+    /// The Redis server's CPU time so far (user + system, `INFO cpu`); zero for other stores.
+    async fn redis_cpu(&self) -> Duration {
+        let Target::Redis { info, .. } = self else {
+            return Duration::ZERO;
+        };
+        let text: String = match redis::cmd("INFO")
+            .arg("cpu")
+            .query_async(&mut info.clone())
+            .await
+        {
+            Ok(t) => t,
+            Err(_) => return Duration::ZERO,
+        };
+        let secs: f64 = text
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .filter(|(k, _)| *k == "used_cpu_sys" || *k == "used_cpu_user")
+            .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+            .sum();
+        Duration::from_secs_f64(secs)
+    }
+
     fn supports(&self, variant: &str) -> bool {
-        !matches!(self, Target::Memory { .. })
-            || !matches!(variant, "transactional" | "handwritten")
+        match self {
+            Target::Memory { .. } => !matches!(
+                variant,
+                "transactional"
+                    | "handwritten"
+                    | "pg_separate"
+                    | "pg_replay"
+                    | "peer_separate"
+                    | "peer_replay"
+            ),
+            Target::Sqlite { .. } | Target::Postgres { .. } => !matches!(
+                variant,
+                "pg_separate" | "pg_replay" | "peer_separate" | "peer_replay"
+            ),
+            Target::Redis { pg, .. } => match variant {
+                "transactional" | "handwritten" => false,
+                "pg_separate" | "pg_replay" => pg.is_some(),
+                _ => true,
+            },
+        }
     }
 
     /// One request of `variant`; `n` makes its key and order number unique.
@@ -195,6 +302,52 @@ impl Target {
             }
             (Target::Memory { cached, table, .. }, "cached_replay") => {
                 memory_separate(cached, table, &replay_key, &replay_no, amount_replay)
+                    .await
+                    .map(drop)
+            }
+            (Target::Redis { table, .. }, "unguarded") => table.insert(&order_no, amount).map(drop),
+            (Target::Redis { store, table, .. }, "separate") => {
+                memory_separate(store, table, &key, &order_no, amount)
+                    .await
+                    .map(drop)
+            }
+            (Target::Redis { store, table, .. }, "replay") => {
+                memory_separate(store, table, &replay_key, &replay_no, amount_replay)
+                    .await
+                    .map(drop)
+            }
+            (Target::Redis { cached, table, .. }, "cached_replay") => {
+                memory_separate(cached, table, &replay_key, &replay_no, amount_replay)
+                    .await
+                    .map(drop)
+            }
+            (
+                Target::Redis {
+                    pg: Some(pg),
+                    table,
+                    ..
+                },
+                "pg_separate",
+            ) => memory_separate(pg, table, &key, &order_no, amount)
+                .await
+                .map(drop),
+            (
+                Target::Redis {
+                    pg: Some(pg),
+                    table,
+                    ..
+                },
+                "pg_replay",
+            ) => memory_separate(pg, table, &replay_key, &replay_no, amount_replay)
+                .await
+                .map(drop),
+            (Target::Redis { peer, table, .. }, "peer_separate") => {
+                peer_separate(peer, table, &key, &order_no, amount)
+                    .await
+                    .map(drop)
+            }
+            (Target::Redis { peer, table, .. }, "peer_replay") => {
+                peer_separate(peer, table, &replay_key, &replay_no, amount_replay)
                     .await
                     .map(drop)
             }
@@ -267,6 +420,11 @@ impl Target {
     /// replays).
     async fn duplicate(&self, transactional: bool, key: &str) -> Result<(), Error> {
         match (self, transactional) {
+            (Target::Redis { store, table, .. }, _) => {
+                memory_separate(store, table, key, "storm", 1)
+                    .await
+                    .map(drop)
+            }
             (Target::Memory { store, table, .. }, _) => {
                 memory_separate(store, table, key, "storm", 1)
                     .await
@@ -335,6 +493,27 @@ struct Tally {
     ops: u64,
     busy: Duration,
     latencies_us: Vec<u32>,
+    /// CPU time of this process (client side) while the variant ran.
+    client_cpu: Duration,
+    /// CPU time of the Redis server while the variant ran (`--store redis`).
+    redis_cpu: Duration,
+}
+
+/// CPU time used by this process so far (user + system), from `/proc/self/stat`; zero where
+/// there is no such file.
+fn process_cpu() -> Duration {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return Duration::ZERO;
+    };
+    // Fields after the command name (which may hold spaces) start at its closing parenthesis;
+    // utime and stime are the 14th and 15th fields, in clock ticks (100 per second on Linux).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|i| fields.get(*i)?.parse::<u64>().ok())
+        .sum();
+    Duration::from_millis(ticks * 10)
 }
 
 fn percentile(sorted: &[u32], p: f64) -> u32 {
@@ -352,6 +531,7 @@ async fn run_variant(
     tally: &mut Tally,
 ) {
     let deadline = Instant::now() + Duration::from_secs_f64(a.seconds);
+    let (cpu_before, redis_before) = (process_cpu(), target.redis_cpu().await);
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..a.concurrency {
@@ -366,6 +546,9 @@ async fn run_variant(
                     .await
                     .unwrap_or_else(|e| panic!("{variant}: {e}"));
                 lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                // A call answered from memory never yields; give the scheduler its turn now
+                // and then, or a connection task that another call waits for never runs.
+                tokio::task::consume_budget().await;
             }
             lat
         }));
@@ -376,6 +559,8 @@ async fn run_variant(
         tally.latencies_us.extend(lat);
     }
     tally.busy += start.elapsed();
+    tally.client_cpu += process_cpu().saturating_sub(cpu_before);
+    tally.redis_cpu += target.redis_cpu().await.saturating_sub(redis_before);
 }
 
 #[tokio::main]
@@ -383,6 +568,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = args();
     let _file;
     let mut pg_cleanup: Option<(sqlx::PgPool, String)> = None;
+    let mut redis_cleanup: Option<(String, String)> = None;
     let target = match a.store.as_str() {
         "memory" => {
             let store = MemoryStore::new();
@@ -443,13 +629,61 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 store,
             }
         }
-        other => return Err(format!("unknown store {other}: sqlite, postgres or memory").into()),
+        "redis" => {
+            let url = std::env::var("IDEM_REDIS_URL")
+                .map_err(|_| "--store redis needs IDEM_REDIS_URL")?;
+            let prefix = format!("idem-bench-{}:", std::process::id());
+            redis_cleanup = Some((url.clone(), prefix.clone()));
+            let store = idem::RedisStore::builder()
+                .prefix(prefix.clone())
+                .connect(&url)
+                .await?;
+            let peer = idempotent::store::valkey::ValkeyStore::with_prefix(
+                redis::Client::open(url.as_str())?,
+                Some(&format!("{prefix}peer")),
+            )
+            .await?;
+            let pg = match std::env::var("DATABASE_URL") {
+                Ok(pg_url) => {
+                    let schema = format!("idem_bench_{}", std::process::id());
+                    let admin = sqlx::PgPool::connect(&pg_url).await?;
+                    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+                        .execute(&admin)
+                        .await?;
+                    pg_cleanup = Some((admin, schema.clone()));
+                    let options: sqlx::postgres::PgConnectOptions = pg_url.parse()?;
+                    let pool = sqlx::postgres::PgPoolOptions::new()
+                        .max_connections(a.concurrency as u32)
+                        .connect_with(options.options([("search_path", schema.as_str())]))
+                        .await?;
+                    Some(idem::PgStore::builder().build(pool).await?)
+                }
+                Err(_) => None,
+            };
+            Target::Redis {
+                cached: CachedStore::new(store.clone(), 10_000),
+                store,
+                table: Table::default(),
+                pg,
+                peer: Arc::new(peer),
+                info: redis::Client::open(url.as_str())?
+                    .get_multiplexed_async_connection()
+                    .await?,
+            }
+        }
+        other => {
+            return Err(format!("unknown store {other}: sqlite, postgres, memory or redis").into());
+        }
     };
 
     // The keys that replays answer, completed once, and a warm-up of every variant.
     let counter = Arc::new(AtomicU64::new(1_000_000));
-    for n in 0..REPLAY_KEYS {
-        target.call("replay", n).await?;
+    for v in ["replay", "pg_replay", "peer_replay"] {
+        if target.supports(v) {
+            for n in 0..REPLAY_KEYS {
+                target.call(v, n).await?;
+            }
+        }
     }
     let variants: Vec<&'static str> = VARIANTS
         .iter()
@@ -486,11 +720,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             percentile(&t.latencies_us, 0.50),
             percentile(&t.latencies_us, 0.99),
         );
+        let per_op = |d: Duration| d.as_secs_f64() * 1e6 / t.ops.max(1) as f64;
+        let redis_cpu = match target {
+            Target::Redis { .. } => format!(" redis_cpu_us_per_op={:.1}", per_op(t.redis_cpu)),
+            _ => String::new(),
+        };
         println!(
-            "RESULT store={} variant={v} ops_per_sec={:.0} p50_us={p50} p99_us={p99} ratio={:.2}",
+            "RESULT store={} variant={v} ops_per_sec={:.0} p50_us={p50} p99_us={p99} ratio={:.2} client_cpu_us_per_op={:.1}{redis_cpu}",
             a.store,
             ops,
-            ops / base
+            ops / base,
+            per_op(t.client_cpu),
         );
         rows.push((v, ops, p50, p99, ops / base));
     }
@@ -513,7 +753,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         if a.only.is_some() {
             break;
         }
-        if transactional && matches!(target, Target::Memory { .. }) {
+        if transactional && matches!(target, Target::Memory { .. } | Target::Redis { .. }) {
             continue;
         }
         let key = format!("storm-{transactional}-{}", std::process::id());
@@ -559,10 +799,43 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
 
+    if let Some((url, prefix)) = redis_cleanup {
+        let deleted = delete_prefix(&url, &prefix).await?;
+        println!("deleted {deleted} Redis keys under {prefix}");
+    }
     if let Some((admin, schema)) = pg_cleanup {
         sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
             .execute(&admin)
             .await?;
     }
     Ok(())
+}
+
+/// Deletes every key under `prefix` (the run's records), in batches.
+async fn delete_prefix(url: &str, prefix: &str) -> Result<u64, redis::RedisError> {
+    let mut conn = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let mut cursor = 0u64;
+    let mut deleted = 0;
+    loop {
+        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await?;
+        if !keys.is_empty() {
+            deleted += redis::cmd("UNLINK")
+                .arg(&keys)
+                .query_async::<u64>(&mut conn)
+                .await?;
+        }
+        if next == 0 {
+            return Ok(deleted);
+        }
+        cursor = next;
+    }
 }

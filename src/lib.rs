@@ -35,8 +35,9 @@
 //! - [`macro@state_transition`] generates the guarded `UPDATE` of a state machine and says what
 //!   happened when it did not apply.
 //! - Stores: [`MemoryStore`], `SqliteStore` (feature `sqlite`, default), `PgStore` (feature
-//!   `postgres`), all passing one conformance suite, which `testkit` (feature `testkit`) runs on a
-//!   store of your own.
+//!   `postgres`), `RedisStore` (feature `redis`: Redis or Valkey, standalone or cluster), all
+//!   passing one conformance suite, which `testkit` (feature `testkit`) runs on a store of your
+//!   own.
 //! - [`begin`] and [`Guard`]: the same lifecycle by hand.
 //!
 //! # An axum handler, end to end
@@ -144,6 +145,14 @@
     not(feature = "tower"),
     doc = "- `tower`: the `tower` module, a layer that guards any `http` service (axum, tonic, \
            hyper) without annotating its handlers."
+)]
+#![cfg_attr(
+    feature = "redis",
+    doc = "- `redis`: [`RedisStore`], Redis or Valkey, standalone or cluster."
+)]
+#![cfg_attr(
+    not(feature = "redis"),
+    doc = "- `redis`: `RedisStore`, Redis or Valkey, standalone or cluster."
 )]
 //! - `metrics`: counters for every outcome through the `metrics` facade.
 
@@ -280,7 +289,7 @@ pub use idem_runtime::{
 
 #[doc(inline)]
 pub use idem_runtime::{
-    clock, error, fingerprint, guard, key, record, replay, scope, store, transition,
+    clock, error, fingerprint, guard, key, lifecycle, record, replay, scope, store, transition,
 };
 
 /// The record lifecycle as a guarded call lives it; what integrations build on: learning of
@@ -522,6 +531,11 @@ pub use idem_runtime::problem;
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 #[doc(inline)]
 pub use idem_runtime::PgStore;
+
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+#[doc(inline)]
+pub use idem_runtime::{RedisStore, RedisStoreBuilder};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]

@@ -8,7 +8,7 @@
 struct Service {
     /// The `cfg` set when the service is configured.
     cfg: &'static str,
-    /// The variable that points at it, and the URL schemes it accepts.
+    /// The variable that points at it, and the URL schemes it accepts (any value when empty).
     var: &'static str,
     schemes: &'static [&'static str],
     /// The variable that makes it required.
@@ -17,14 +17,40 @@ struct Service {
     example: &'static str,
 }
 
-const SERVICES: &[Service] = &[Service {
-    cfg: "idem_postgres",
-    var: "DATABASE_URL",
-    schemes: &["postgres://", "postgresql://"],
-    require: "IDEM_REQUIRE_POSTGRES",
-    name: "PostgreSQL",
-    example: "DATABASE_URL=postgres://postgres@127.0.0.1:5432/test",
-}];
+const SERVICES: &[Service] = &[
+    Service {
+        cfg: "idem_postgres",
+        var: "DATABASE_URL",
+        schemes: &["postgres://", "postgresql://"],
+        require: "IDEM_REQUIRE_POSTGRES",
+        name: "PostgreSQL",
+        example: "DATABASE_URL=postgres://postgres@127.0.0.1:5432/test",
+    },
+    Service {
+        cfg: "idem_redis",
+        var: "IDEM_REDIS_URL",
+        schemes: &["redis://", "rediss://", "valkey://"],
+        require: "IDEM_REQUIRE_REDIS",
+        name: "Redis",
+        example: "IDEM_REDIS_URL=redis://127.0.0.1:6379",
+    },
+    Service {
+        cfg: "idem_redis_cluster",
+        var: "IDEM_REDIS_CLUSTER",
+        schemes: &["redis://", "rediss://", "valkey://"],
+        require: "IDEM_REQUIRE_REDIS",
+        name: "a Redis Cluster",
+        example: "IDEM_REDIS_CLUSTER=redis://127.0.0.1:7101,redis://127.0.0.1:7102,…",
+    },
+];
+
+/// Private Redis servers (restarts, settings the shared server must not get) need the binary.
+fn redis_server_runs() -> bool {
+    std::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
 
 fn main() {
     let mut skipped = Vec::new();
@@ -46,6 +72,18 @@ fn main() {
         } else {
             skipped.push(format!("{} (set {})", s.name, s.example));
         }
+    }
+    println!("cargo::rustc-check-cfg=cfg(idem_redis_server)");
+    println!("cargo::rerun-if-env-changed=PATH");
+    if redis_server_runs() {
+        println!("cargo::rustc-cfg=idem_redis_server");
+    } else if std::env::var("IDEM_REQUIRE_REDIS").as_deref() == Ok("1") {
+        eprintln!(
+            "IDEM_REQUIRE_REDIS=1 but there is no redis-server binary to start private servers"
+        );
+        std::process::exit(1);
+    } else {
+        skipped.push("a redis-server binary (install Redis)".to_owned());
     }
     if !skipped.is_empty() {
         println!(

@@ -1,5 +1,5 @@
-//! The store conformance suite (`idem::testkit`), run on every store idem ships: memory, SQLite
-//! and PostgreSQL, and the transactional cases on both SQL stores. The same kit is what a store
+//! The store conformance suite (`idem::testkit`), run on every store idem ships: memory, SQLite,
+//! PostgreSQL and Redis (standalone and on a cluster), and the transactional cases on both SQL stores. The same kit is what a store
 //! written elsewhere runs to prove it keeps the contract.
 //!
 //! PostgreSQL runs when `DATABASE_URL` points at it at build time (each case in a schema of its
@@ -8,9 +8,9 @@
 mod common;
 
 use idem::testkit::Env;
-use idem::{ManualClock, MemoryStore, PgStore, SqliteStore};
+use idem::{ManualClock, MemoryStore, PgStore, RedisStore, SqliteStore};
 
-use common::{PgSchema, SqliteFile};
+use common::{PgSchema, RedisKeys, SqliteFile};
 
 async fn memory() -> Env<MemoryStore> {
     let clock = ManualClock::new();
@@ -32,6 +32,31 @@ async fn postgres() -> Env<PgStore> {
     Env::new(store).keep(schema)
 }
 
+/// Redis under a key prefix of the case's own. Records leave by their time to live, so
+/// `purge_expired` has nothing to delete.
+async fn redis() -> Env<RedisStore> {
+    let url = common::redis_url();
+    let keys = RedisKeys::new(std::slice::from_ref(&url));
+    let store = RedisStore::builder()
+        .prefix(keys.prefix.clone())
+        .connect(&url)
+        .await
+        .expect("connect to Redis");
+    Env::new(store).expires_by_itself().keep(keys)
+}
+
+/// The same on a cluster of three primaries.
+async fn redis_cluster() -> Env<RedisStore> {
+    let nodes = common::redis_cluster();
+    let keys = RedisKeys::new(&nodes);
+    let store = RedisStore::builder()
+        .prefix(keys.prefix.clone())
+        .connect_cluster(&nodes)
+        .await
+        .expect("connect to the Redis cluster");
+    Env::new(store).expires_by_itself().keep(keys)
+}
+
 mod memory_store {
     idem::testkit::conformance_tests!(super::memory);
 }
@@ -47,6 +72,23 @@ mod postgres_store {
             ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
         )]
         super::postgres
+    );
+}
+
+mod redis_store {
+    idem::testkit::conformance_tests!(
+        #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
+        super::redis
+    );
+}
+
+mod redis_cluster_store {
+    idem::testkit::conformance_tests!(
+        #[cfg_attr(
+            not(idem_redis_cluster),
+            ignore = "needs a Redis Cluster: set IDEM_REDIS_CLUSTER=redis://host:port,…"
+        )]
+        super::redis_cluster
     );
 }
 

@@ -1,5 +1,6 @@
 //! The refund service over real HTTP: a server on an ephemeral port and a real client, on
-//! SQLite and on PostgreSQL, and two server processes sharing PostgreSQL.
+//! SQLite, on PostgreSQL, and with its idempotency records in Redis (orders in SQLite); and two
+//! server processes sharing PostgreSQL.
 
 mod common;
 
@@ -26,6 +27,7 @@ struct Server {
     db_url: String,
     _pg: Option<common::PgSchema>,
     _file: Option<common::SqliteFile>,
+    _redis: Option<common::RedisKeys>,
 }
 
 impl Server {
@@ -55,7 +57,7 @@ impl Server {
 }
 
 async fn serve(url: &str) -> String {
-    let (router, _) = app::build(url).await.expect("build the service");
+    let (router, _) = app::build(url, None).await.expect("build the service");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
@@ -70,6 +72,32 @@ async fn sqlite() -> Server {
         db_url: file.url.clone(),
         _pg: None,
         _file: Some(file),
+        _redis: None,
+    }
+}
+
+/// Orders in a SQLite file, idempotency records in Redis under a prefix of the test's own.
+async fn redis() -> Server {
+    let url = common::redis_url();
+    let keys = common::RedisKeys::new(std::slice::from_ref(&url));
+    let store = idem::RedisStore::builder()
+        .prefix(keys.prefix.clone())
+        .connect(&url)
+        .await
+        .expect("connect to Redis");
+    let file = common::SqliteFile::new();
+    let (router, _) = app::build(&file.url, Some(store))
+        .await
+        .expect("build the service");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    Server {
+        base,
+        db_url: file.url.clone(),
+        _pg: None,
+        _file: Some(file),
+        _redis: Some(keys),
     }
 }
 
@@ -89,6 +117,7 @@ async fn postgres() -> Server {
         db_url,
         _pg: Some(schema),
         _file: None,
+        _redis: None,
     }
 }
 
@@ -409,6 +438,7 @@ macro_rules! e2e {
 
 e2e!(on_sqlite, sqlite);
 e2e!(on_postgres, postgres, #[cfg_attr(not(idem_postgres), ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…")]);
+e2e!(on_redis, redis, #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]);
 
 /// The example's binary, built by `cargo test` (or built here when only this test is run).
 fn example_binary() -> std::path::PathBuf {
@@ -438,10 +468,16 @@ impl Drop for Process {
 }
 
 fn spawn_server(database_url: &str) -> (Process, String) {
+    spawn_server_with(database_url, &[])
+}
+
+/// The example's binary on `database_url`, with more environment (`IDEM_STORE_URL`, …).
+fn spawn_server_with(database_url: &str, env: &[(&str, &str)]) -> (Process, String) {
     let mut child = Command::new(example_binary())
         .env("IDEM_ADDR", "127.0.0.1:0")
         .env("DATABASE_URL", database_url)
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -469,10 +505,36 @@ async fn two_server_processes_share_postgres() {
     let db_url = pg_url_in(&url, &schema.name);
     let (_a, base_a) = spawn_server(&db_url);
     let (_b, base_b) = spawn_server(&db_url);
+    sixty_posts_make_one_order(&schema, &base_a, &base_b).await;
+}
+
+/// The example run as documented, `IDEM_STORE_URL` naming the cluster's nodes: two processes,
+/// orders in PostgreSQL, idempotency records in Redis Cluster.
+#[cfg_attr(
+    not(all(idem_postgres, idem_redis_cluster)),
+    ignore = "needs PostgreSQL and a Redis Cluster: set DATABASE_URL=postgres://… and IDEM_REDIS_CLUSTER=redis://host:port,…"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_server_processes_share_a_redis_cluster() {
+    let (url, nodes) = (common::pg_url(), common::redis_cluster());
+    let keys = common::RedisKeys::new(&nodes);
+    let schema = common::PgSchema::create(&url, 2).await;
+    let db_url = pg_url_in(&url, &schema.name);
+    let env = [
+        ("IDEM_STORE_URL", &nodes.join(",")[..]),
+        ("IDEM_STORE_PREFIX", &keys.prefix[..]),
+    ];
+    let (_a, base_a) = spawn_server_with(&db_url, &env);
+    let (_b, base_b) = spawn_server_with(&db_url, &env);
+    sixty_posts_make_one_order(&schema, &base_a, &base_b).await;
+    assert_eq!(keys.count().await, 1, "the one record is in the cluster");
+}
+
+async fn sixty_posts_make_one_order(schema: &common::PgSchema, base_a: &str, base_b: &str) {
     let c = client();
     let mut tasks = Vec::new();
     for i in 0..60 {
-        let base = if i % 2 == 0 { &base_a } else { &base_b };
+        let base = if i % 2 == 0 { base_a } else { base_b };
         let (c, url) = (c.clone(), format!("{base}/api/orders"));
         tasks.push(tokio::spawn(async move {
             let r = c
@@ -504,7 +566,7 @@ async fn two_server_processes_share_postgres() {
     assert_eq!(n, 1, "one order across both processes");
     assert_eq!(bodies.len(), 1);
     // Each process replays the same bytes.
-    for base in [&base_a, &base_b] {
+    for base in [base_a, base_b] {
         let r = c
             .post(format!("{base}/api/orders"))
             .header("Idempotency-Key", "two-processes")

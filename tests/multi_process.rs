@@ -1,5 +1,6 @@
-//! Several OS processes race on the same keys, against one SQLite file and against PostgreSQL:
-//! every key is claimed, and its side effect done, exactly once.
+//! Several OS processes race on the same keys, against one SQLite file, against PostgreSQL, and
+//! against Redis standalone and Redis Cluster: every key is claimed, and its side effect done,
+//! exactly once.
 //!
 //! A plain `main` (harness = false): the test starts copies of its own binary with `--worker`.
 
@@ -10,8 +11,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::{
-    BeginOutcome, BeginRequest, ClaimRef, Fingerprint, Key, PgStore, Policy, SqliteStore, Store,
-    StoredResponse,
+    BeginOutcome, BeginRequest, ClaimRef, Fingerprint, Key, PgStore, Policy, RedisStore,
+    SqliteStore, Store, StoredResponse,
 };
 
 const PROCESSES: usize = 4;
@@ -60,7 +61,72 @@ fn main() {
                 "test multi_process::postgres ... ignored, needs PostgreSQL: set DATABASE_URL=postgres://…"
             );
         }
+
+        if cfg!(idem_redis) {
+            let url = common::redis_url();
+            let keys = common::RedisKeys::new(std::slice::from_ref(&url));
+            race("redis", &format!("{url}#{}", keys.prefix)).await;
+            let mut conn = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            check_effects("redis", redis_effects(&mut conn, &keys.prefix).await);
+            println!("test multi_process::redis ... ok");
+        } else {
+            println!("test multi_process::redis ... ignored, needs Redis: set IDEM_REDIS_URL=redis://…");
+        }
+
+        if cfg!(idem_redis_cluster) {
+            let nodes = common::redis_cluster();
+            let keys = common::RedisKeys::new(&nodes);
+            race(
+                "redis-cluster",
+                &format!("{}#{}", nodes.join(","), keys.prefix),
+            )
+            .await;
+            let mut conn = redis::cluster::ClusterClient::new(nodes)
+                .unwrap()
+                .get_async_connection()
+                .await
+                .unwrap();
+            check_effects(
+                "redis-cluster",
+                redis_effects(&mut conn, &keys.prefix).await,
+            );
+            println!("test multi_process::redis_cluster ... ok");
+        } else {
+            println!(
+                "test multi_process::redis_cluster ... ignored, needs a Redis Cluster: set IDEM_REDIS_CLUSTER=redis://host:port,…"
+            );
+        }
     });
+}
+
+/// The side effects of a Redis race: one hash, a counter per key, next to the records.
+fn effects_key(prefix: &str) -> String {
+    format!("{prefix}effects")
+}
+
+async fn redis_effects<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
+    prefix: &str,
+) -> Vec<(String, i64)> {
+    redis::cmd("HGETALL")
+        .arg(effects_key(prefix))
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+async fn redis_effect<C: redis::aio::ConnectionLike>(mut conn: C, prefix: &str, key: &str) {
+    let _: i64 = redis::cmd("HINCRBY")
+        .arg(effects_key(prefix))
+        .arg(key)
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
 }
 
 async fn create_effects_sqlite(store: &SqliteStore) {
@@ -133,6 +199,43 @@ async fn worker(kind: &str, target: &str, start_at_ms: u128) {
                         .await
                         .unwrap();
                 }
+            })
+            .await
+        }
+        "redis" => {
+            let (url, prefix) = target.split_once('#').unwrap();
+            let store = RedisStore::builder()
+                .prefix(prefix)
+                .connect(url)
+                .await
+                .unwrap();
+            let conn = redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            run(&store, start_at_ms, |key| {
+                let conn = conn.clone();
+                async move { redis_effect(conn, prefix, &key).await }
+            })
+            .await
+        }
+        "redis-cluster" => {
+            let (nodes, prefix) = target.split_once('#').unwrap();
+            let nodes: Vec<&str> = nodes.split(',').collect();
+            let store = RedisStore::builder()
+                .prefix(prefix)
+                .connect_cluster(&nodes)
+                .await
+                .unwrap();
+            let conn = redis::cluster::ClusterClient::new(nodes)
+                .unwrap()
+                .get_async_connection()
+                .await
+                .unwrap();
+            run(&store, start_at_ms, |key| {
+                let conn = conn.clone();
+                async move { redis_effect(conn, prefix, &key).await }
             })
             .await
         }

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem::http::{IdempotencyKey, IdempotencyLayer, Problem};
-use idem::{Key, Transition, Versioned, idempotent};
+use idem::{Key, Store, Transition, Versioned, idempotent};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -17,39 +17,80 @@ use serde_json::{Value, json};
 use crate::db::{Db, Order, OrderStatus, PgDb, SqliteDb};
 use crate::gateway::MoneyMove;
 
-/// The application state.
+/// The application state: the database (with the simulated payment gateway's ledger) and the
+/// idempotency store (in the same database, or in Redis).
 #[derive(Clone)]
-pub struct App<D> {
+pub struct App<D, S> {
     pub db: D,
+    pub idem: S,
 }
 
 /// Connects to `database_url` (PostgreSQL), or opens the SQLite file it names, and returns the
-/// router with a description of the database.
-pub async fn build(database_url: &str) -> Result<(Router, String), idem::Error> {
+/// router with a description of where things are kept. Idempotency records go to `redis` when
+/// given, else into the same database as the orders.
+pub async fn build(
+    database_url: &str,
+    redis: Option<idem::RedisStore>,
+) -> Result<(Router, String), idem::Error> {
     if database_url.starts_with("postgres") {
         let db = PgDb::connect(database_url).await?;
-        Ok((router(App { db }), "PostgreSQL".into()))
+        Ok(with_store(db, redis, "PostgreSQL".into()))
     } else {
         let db = SqliteDb::open(database_url).await?;
-        Ok((router(App { db }), format!("SQLite ({database_url})")))
+        Ok(with_store(db, redis, format!("SQLite ({database_url})")))
+    }
+}
+
+fn with_store<D: Db>(db: D, redis: Option<idem::RedisStore>, database: String) -> (Router, String) {
+    match redis {
+        Some(idem) => (
+            router(App { db, idem }),
+            format!("{database}; idempotency records in Redis"),
+        ),
+        None => {
+            let idem = db.store().clone();
+            (router(App { db, idem }), database)
+        }
+    }
+}
+
+/// Connects to the Redis store named by `url`: one `redis://…` URL for a standalone server or
+/// Valkey, several separated by commas for a cluster; keys under `prefix` (default `idem:`).
+pub async fn connect_redis(
+    url: &str,
+    prefix: Option<&str>,
+) -> Result<idem::RedisStore, idem::Error> {
+    let mut builder = idem::RedisStore::builder();
+    if let Some(prefix) = prefix {
+        builder = builder.prefix(prefix);
+    }
+    let nodes: Vec<&str> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .collect();
+    if nodes.len() > 1 {
+        builder.connect_cluster(nodes).await
+    } else {
+        builder.connect(url).await
     }
 }
 
 /// Every route, behind the idempotency layer. Replays answer 200 (the first answer may be
 /// 201), with the first body byte for byte and `Idempotent-Replayed: true`.
-pub fn router<D: Db>(app: App<D>) -> Router {
+pub fn router<D: Db, S: Store + Clone>(app: App<D, S>) -> Router {
     Router::new()
-        .route("/api/orders", post(create_order::<D>))
-        .route("/api/orders/by-key/{key}", get(order_by_key::<D>))
-        .route("/api/payments/callback", post(payment_callback::<D>))
-        .route("/api/orders/{order_no}/refunds", post(refund::<D>))
-        .route("/api/orders/{order_no}/ship", post(ship::<D>))
-        .route("/api/orders/{order_no}/confirm", post(confirm::<D>))
+        .route("/api/orders", post(create_order::<D, S>))
+        .route("/api/orders/by-key/{key}", get(order_by_key::<D, S>))
+        .route("/api/payments/callback", post(payment_callback::<D, S>))
+        .route("/api/orders/{order_no}/refunds", post(refund::<D, S>))
+        .route("/api/orders/{order_no}/ship", post(ship::<D, S>))
+        .route("/api/orders/{order_no}/confirm", post(confirm::<D, S>))
         .route(
             "/api/users/{user_id}/profile",
-            get(profile::<D>).patch(update_profile::<D>),
+            get(profile::<D, S>).patch(update_profile::<D, S>),
         )
-        .route("/api/gateway/ledger", get(ledger::<D>))
+        .route("/api/gateway/ledger", get(ledger::<D, S>))
         .layer(IdempotencyLayer::new().replay_status(StatusCode::OK))
         .with_state(app)
 }
@@ -203,13 +244,13 @@ fn price_cents(sku_id: i64) -> i64 {
 #[idempotent(
     scope = "order:<user.id>",
     key = key,
-    store = app.db.store(),
+    store = app.idem,
     skip(app, user, delay),
     lease = "30s",
     claim = claim
 )]
-pub async fn create_order<D: Db>(
-    State(app): State<App<D>>,
+pub async fn create_order<D: Db, S: Store + Clone>(
+    State(app): State<App<D, S>>,
     user: User,
     delay: DemoDelay,
     key: IdempotencyKey,
@@ -244,14 +285,14 @@ pub async fn create_order<D: Db>(
 
 /// `GET /api/orders/by-key/{key}`: did my request happen? 200 with its result, 409 while it
 /// runs, 404 when unknown (safe to send it again with the same key).
-pub async fn order_by_key<D: Db>(
-    State(app): State<App<D>>,
+pub async fn order_by_key<D: Db, S: Store + Clone>(
+    State(app): State<App<D, S>>,
     user: User,
     Param(key): Param<String>,
 ) -> Result<Response, AppError> {
     let key = Key::parse(&key)?;
     let scope = idem::scope!("order:<user.id>")?;
-    Ok(idem::http::lookup(app.db.store(), &scope, &key).await)
+    Ok(idem::http::lookup(&app.idem, &scope, &key).await)
 }
 
 // ---- payments ----------------------------------------------------------------------------------
@@ -307,8 +348,8 @@ fn transition_answer(
 
 /// `POST /api/payments/callback`: PENDING → PAID when the amount matches. A duplicate callback
 /// is 200 with `"duplicated": true`; a mismatched amount is 409 and a warning in the log.
-pub async fn payment_callback<D: Db>(
-    State(app): State<App<D>>,
+pub async fn payment_callback<D: Db, S: Store + Clone>(
+    State(app): State<App<D, S>>,
     Body(cb): Body<PaymentCallback>,
 ) -> Result<Json<TransitionAnswer>, AppError> {
     let outcome = app.db.mark_paid(&cb.order_no, cb.amount_cents).await?;
@@ -340,10 +381,10 @@ pub struct OwnedOrder {
     pub order_no: String,
 }
 
-impl<D: Db> FromRequestParts<App<D>> for OwnedOrder {
+impl<D: Db, S: Store + Clone> FromRequestParts<App<D, S>> for OwnedOrder {
     type Rejection = AppError;
 
-    async fn from_request_parts(parts: &mut Parts, app: &App<D>) -> Result<Self, AppError> {
+    async fn from_request_parts(parts: &mut Parts, app: &App<D, S>) -> Result<Self, AppError> {
         let Param(order_no) = Param::<String>::from_request_parts(parts, app).await?;
         let user = User::from_request_parts(parts, app).await?;
         match app.db.find_order(&order_no).await? {
@@ -360,9 +401,9 @@ impl<D: Db> FromRequestParts<App<D>> for OwnedOrder {
 /// `POST /api/orders/{order_no}/refunds`: refunds a paid order through the gateway, once per
 /// (order, key): the gateway call carries the guard's downstream key, so even a take-over of an
 /// abandoned attempt cannot move the money twice. Then PAID → CANCELLED.
-#[idempotent(scope = "refund:<order_no>", key = key, store = app.db.store(), skip(app), claim = claim)]
-pub async fn refund<D: Db>(
-    State(app): State<App<D>>,
+#[idempotent(scope = "refund:<order_no>", key = key, store = app.idem, skip(app), claim = claim)]
+pub async fn refund<D: Db, S: Store + Clone>(
+    State(app): State<App<D, S>>,
     OwnedOrder { order_no }: OwnedOrder,
     key: IdempotencyKey,
 ) -> Result<(StatusCode, Json<Refund>), AppError> {
@@ -417,7 +458,9 @@ pub struct Ledger {
 }
 
 /// `GET /api/gateway/ledger`: every money move, to count them.
-pub async fn ledger<D: Db>(State(app): State<App<D>>) -> Result<Json<Ledger>, AppError> {
+pub async fn ledger<D: Db, S: Store + Clone>(
+    State(app): State<App<D, S>>,
+) -> Result<Json<Ledger>, AppError> {
     let moves = app.db.gateway_moves().await?;
     Ok(Json(Ledger {
         count: moves.len(),
@@ -428,16 +471,16 @@ pub async fn ledger<D: Db>(State(app): State<App<D>>) -> Result<Json<Ledger>, Ap
 // ---- shipping ----------------------------------------------------------------------------------
 
 /// `POST /api/orders/{order_no}/ship`: PAID → SHIPPED.
-pub async fn ship<D: Db>(
-    State(app): State<App<D>>,
+pub async fn ship<D: Db, S: Store + Clone>(
+    State(app): State<App<D, S>>,
     Param(order_no): Param<String>,
 ) -> Result<Json<TransitionAnswer>, AppError> {
     transition_answer(app.db.ship(&order_no).await?, "shipment")
 }
 
 /// `POST /api/orders/{order_no}/confirm`: SHIPPED → DONE.
-pub async fn confirm<D: Db>(
-    State(app): State<App<D>>,
+pub async fn confirm<D: Db, S: Store + Clone>(
+    State(app): State<App<D, S>>,
     Param(order_no): Param<String>,
 ) -> Result<Json<TransitionAnswer>, AppError> {
     transition_answer(app.db.confirm(&order_no).await?, "confirmation")
@@ -446,8 +489,8 @@ pub async fn confirm<D: Db>(
 // ---- profiles ----------------------------------------------------------------------------------
 
 /// `GET /api/users/{user_id}/profile`.
-pub async fn profile<D: Db>(
-    State(app): State<App<D>>,
+pub async fn profile<D: Db, S: Store + Clone>(
+    State(app): State<App<D, S>>,
     Param(user_id): Param<i64>,
 ) -> Result<Response, AppError> {
     match app.db.profile(user_id).await? {
@@ -468,8 +511,8 @@ pub struct ProfileUpdate {
 
 /// `PATCH /api/users/{user_id}/profile` with the version read: 200 with the new version, or
 /// 409 with the latest one when someone updated it first (read again, then retry).
-pub async fn update_profile<D: Db>(
-    State(app): State<App<D>>,
+pub async fn update_profile<D: Db, S: Store + Clone>(
+    State(app): State<App<D, S>>,
     Param(user_id): Param<i64>,
     Body(update): Body<ProfileUpdate>,
 ) -> Result<Json<Value>, AppError> {

@@ -3,6 +3,9 @@
 //! ```text
 //! cargo run --example refund_service                       # SQLite file refund_service.db
 //! DATABASE_URL=postgres://postgres@127.0.0.1/test cargo run --example refund_service
+//! IDEM_STORE_URL=redis://127.0.0.1:6379 cargo run --example refund_service   # records in Redis
+//! IDEM_STORE_URL=redis://127.0.0.1:7101,redis://127.0.0.1:7102 cargo run --example refund_service
+//! IDEM_STORE_PREFIX=staging:idem: …                        # another key prefix (default idem:)
 //! IDEM_ADDR=127.0.0.1:8080 cargo run --example refund_service
 //! ```
 //!
@@ -27,7 +30,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     let addr = std::env::var("IDEM_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "sqlite://refund_service.db".into());
-    let (router, database) = app::build(&url).await?;
+    // Idempotency records live with the orders unless IDEM_STORE_URL names a Redis server or
+    // cluster (comma-separated nodes); orders stay in SQLite or PostgreSQL either way.
+    let redis = match std::env::var("IDEM_STORE_URL") {
+        Ok(store) if store.starts_with("redis") => {
+            let prefix = std::env::var("IDEM_STORE_PREFIX").ok();
+            Some(app::connect_redis(&store, prefix.as_deref()).await?)
+        }
+        Ok(store) if !store.is_empty() => {
+            return Err(format!(
+                "IDEM_STORE_URL must be redis://… (or several, comma-separated), not {store:?}"
+            )
+            .into());
+        }
+        _ => None,
+    };
+    let (router, database) = app::build(&url, redis).await?;
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     // Tests read this line to find the port when IDEM_ADDR asks for port 0.
     println!(

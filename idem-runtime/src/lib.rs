@@ -32,6 +32,14 @@
 )]
 #![cfg_attr(feature = "postgres", doc = "- `postgres`: [`PgStore`].")]
 #![cfg_attr(not(feature = "postgres"), doc = "- `postgres`: `PgStore`.")]
+#![cfg_attr(
+    feature = "redis",
+    doc = "- `redis`: [`RedisStore`], Redis or Valkey, standalone or cluster."
+)]
+#![cfg_attr(
+    not(feature = "redis"),
+    doc = "- `redis`: `RedisStore`, Redis or Valkey, standalone or cluster."
+)]
 //! - `axum`: the `http` module: the `IdempotencyKey` extractor, problem+json errors, the replay
 //!   layer.
 //! - `tower`: the `tower` module: a layer that guards any `http` service (axum, tonic, hyper)
@@ -59,7 +67,7 @@ pub mod guard;
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod http;
 pub mod key;
-mod lifecycle;
+pub mod lifecycle;
 mod observe;
 #[cfg(any(feature = "axum", feature = "tower"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "axum", feature = "tower"))))]
@@ -104,6 +112,9 @@ pub use crate::store::TxStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use crate::store::postgres::PgStore;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use crate::store::redis::{RedisStore, RedisStoreBuilder};
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use crate::store::sqlite::SqliteStore;

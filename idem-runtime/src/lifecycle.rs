@@ -4,7 +4,21 @@
 //! Stores differ in how they read and write atomically; what a record's state means, and what a
 //! new request may do with it, does not. Every store reads what it holds into a [`Seen`], asks
 //! [`decide`], and applies the [`Decision`] with its own atomic primitive, conditional on the
-//! record being exactly as seen.
+//! record being exactly as seen. A store written outside idem does the same, and proves it with
+//! the test kit (`testkit`, feature `testkit`).
+//!
+//! ```
+//! use std::time::Duration;
+//! use idem::lifecycle::{decide, Decision, Seen, State};
+//! use idem::Policy;
+//!
+//! // A record in progress for the same request, its lease run out: take it over.
+//! let seen = Seen { state: State::InProgress, same_fingerprint: true, expired: false, lease_left_ms: -5 };
+//! assert_eq!(decide(seen, &Policy::DEFAULT), Decision::Claim { reclaim: true, continues: true });
+//! // Completed: replay it.
+//! let done = Seen { state: State::Completed, ..seen };
+//! assert_eq!(decide(done, &Policy::DEFAULT), Decision::Replay);
+//! ```
 
 use std::time::Duration;
 
@@ -14,7 +28,7 @@ use crate::record::{ExpiredLease, Policy};
 /// The state of a record as stores keep it. [`crate::RecordState`] is the public view of the
 /// two states a caller can observe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum State {
+pub enum State {
     /// Claimed; the body is running, or its owner crashed and the lease will tell.
     InProgress,
     /// Done; the response is stored and replayed.
@@ -23,11 +37,9 @@ pub(crate) enum State {
     Released,
 }
 
-// Stores that keep records as text (SQL, and others to come) read and write these.
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 impl State {
     /// The text stores write.
-    pub(crate) const fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             State::InProgress => "in_progress",
             State::Completed => "completed",
@@ -37,7 +49,7 @@ impl State {
 
     /// The state written as `text`. Anything else is not a record idem wrote: an error, never a
     /// state that lets a body run.
-    pub(crate) fn parse(text: &str) -> Result<State, Error> {
+    pub fn parse(text: &str) -> Result<State, Error> {
         match text {
             "in_progress" => Ok(State::InProgress),
             "completed" => Ok(State::Completed),
@@ -51,19 +63,20 @@ impl State {
 
 /// What a store saw in an existing record.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Seen {
-    pub(crate) state: State,
+pub struct Seen {
+    /// Its state.
+    pub state: State,
     /// Its fingerprint equals the request's.
-    pub(crate) same_fingerprint: bool,
+    pub same_fingerprint: bool,
     /// Its retention has ended (the identity is free again).
-    pub(crate) expired: bool,
+    pub expired: bool,
     /// Milliseconds left on its lease (zero or less: the lease ran out).
-    pub(crate) lease_left_ms: i64,
+    pub lease_left_ms: i64,
 }
 
 /// What to answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Decision {
+pub enum Decision {
     /// Take the record: fence + 1, state in progress, a new lease and retention.
     Claim {
         /// Over an owner's abandoned claim (its lease ran out).
@@ -73,12 +86,16 @@ pub(crate) enum Decision {
         /// recovery point is cleared and the attempt number starts again at 1.
         continues: bool,
     },
+    /// Replay the stored answer.
     Replay,
+    /// Another attempt holds a live claim: answer "in progress", with how long its lease runs.
     InProgress(Duration),
+    /// The identity belongs to another request.
     KeyReused,
 }
 
-pub(crate) fn decide(seen: Seen, policy: &Policy) -> Decision {
+/// What `begin` answers for a request that found the record `seen`.
+pub fn decide(seen: Seen, policy: &Policy) -> Decision {
     if seen.expired || seen.state == State::Released {
         return Decision::Claim {
             reclaim: false,
@@ -105,7 +122,7 @@ pub(crate) fn decide(seen: Seen, policy: &Policy) -> Decision {
 
 /// The attempt number of a claim: one more than the record's when the claim continues an
 /// unfinished attempt of the same request, else 1.
-pub(crate) fn next_attempt(continues: bool, previous: u32) -> u32 {
+pub fn next_attempt(continues: bool, previous: u32) -> u32 {
     if continues {
         previous.saturating_add(1)
     } else {
@@ -116,7 +133,7 @@ pub(crate) fn next_attempt(continues: bool, previous: u32) -> u32 {
 /// Whether a fenced write (complete, release, checkpoint) by the owner of `fence` applies to a
 /// record in `state` with `record_fence` whose retention has or has not ended. Stores that cannot
 /// call this inside their atomic primitive (SQL) state the same condition in their statements.
-pub(crate) fn owns(fence: u64, record_fence: u64, state: State, expired: bool) -> bool {
+pub fn owns(fence: u64, record_fence: u64, state: State, expired: bool) -> bool {
     fence == record_fence && state == State::InProgress && !expired
 }
 

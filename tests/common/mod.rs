@@ -1,4 +1,5 @@
-//! Test support: isolated PostgreSQL schemas, SQLite files, and where PostgreSQL is.
+//! Test support: isolated PostgreSQL schemas, SQLite files, Redis key prefixes, and where the
+//! services are.
 
 #![allow(dead_code)]
 
@@ -111,4 +112,125 @@ impl SqliteFile {
         let url = format!("sqlite://{}", dir.path().join("idem.db").display());
         SqliteFile { dir, url }
     }
+}
+
+/// The standalone Redis (or Valkey) URL for tests: `IDEM_REDIS_URL`.
+///
+/// Tests that call this carry `#[cfg_attr(not(idem_redis), ignore = "…")]`: `build.rs` sets
+/// `idem_redis` when the variable is set, so without it they are listed as ignored.
+pub fn redis_url() -> String {
+    match std::env::var("IDEM_REDIS_URL") {
+        Ok(url) if url.starts_with("redis") || url.starts_with("valkey") => url,
+        _ => panic!("this test needs Redis: set IDEM_REDIS_URL=redis://…"),
+    }
+}
+
+/// The nodes of a Redis (or Valkey) Cluster for tests: `IDEM_REDIS_CLUSTER`, comma-separated
+/// URLs. Tests that call this carry `#[cfg_attr(not(idem_redis_cluster), ignore = "…")]`.
+pub fn redis_cluster() -> Vec<String> {
+    let nodes: Vec<String> = std::env::var("IDEM_REDIS_CLUSTER")
+        .unwrap_or_default()
+        .split(',')
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .collect();
+    assert!(
+        !nodes.is_empty(),
+        "this test needs a Redis Cluster: set IDEM_REDIS_CLUSTER=redis://host:port,…"
+    );
+    nodes
+}
+
+/// A key prefix of its own for one test on a shared Redis server or cluster; every key under it
+/// is deleted on drop, even when the test panics.
+pub struct RedisKeys {
+    pub prefix: String,
+    /// The standalone server, or every primary of the cluster.
+    nodes: Vec<String>,
+}
+
+impl RedisKeys {
+    pub fn new(nodes: &[String]) -> RedisKeys {
+        RedisKeys {
+            prefix: format!("{}:", unique("idem-test")),
+            nodes: nodes.to_vec(),
+        }
+    }
+
+    /// How many keys exist under the prefix, on every node.
+    pub async fn count(&self) -> usize {
+        let mut n = 0;
+        for node in &self.nodes {
+            n += scan(node, &self.prefix).await.len();
+        }
+        n
+    }
+}
+
+/// Every key under `prefix` on one node (a cluster node answers for its own slots).
+async fn scan(node: &str, prefix: &str) -> Vec<Vec<u8>> {
+    let Ok(client) = redis::Client::open(node) else {
+        return Vec::new();
+    };
+    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+        return Vec::new();
+    };
+    let mut keys = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let Ok((next, batch)): redis::RedisResult<(u64, Vec<Vec<u8>>)> = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+        else {
+            break;
+        };
+        keys.extend(batch);
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    keys
+}
+
+impl Drop for RedisKeys {
+    fn drop(&mut self) {
+        let nodes = self.nodes.clone();
+        let prefix = self.prefix.clone();
+        // Drop cannot await, and may run inside a runtime: clean up from a thread of its own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                for node in &nodes {
+                    let keys = scan(node, &prefix).await;
+                    let Ok(client) = redis::Client::open(node.as_str()) else {
+                        continue;
+                    };
+                    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+                        continue;
+                    };
+                    for key in keys {
+                        let _: redis::RedisResult<i64> =
+                            redis::cmd("DEL").arg(key).query_async(&mut conn).await;
+                    }
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// The `redis-server` binary, for tests that run private servers (restarts, configurations the
+/// shared server must not get). Tests that call this carry
+/// `#[cfg_attr(not(idem_redis_server), ignore = "…")]`: `build.rs` sets it when the binary runs.
+pub fn redis_server() -> &'static str {
+    "redis-server"
 }

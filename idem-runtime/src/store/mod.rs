@@ -17,6 +17,9 @@ pub mod memory;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
@@ -40,7 +43,7 @@ pub use tx::TxStore;
     message = "`{Self}` is not an idempotency store",
     label = "not a store",
     note = "pass a store by place (`store = app.idem`, not `store = &app.idem`): idem clones the handle, which is cheap",
-    note = "stores are `idem::MemoryStore`, `idem::SqliteStore`, `idem::PgStore` or a type implementing `idem::Store`"
+    note = "stores are `idem::MemoryStore`, `idem::SqliteStore`, `idem::PgStore`, `idem::RedisStore` or a type implementing `idem::Store`"
 )]
 pub trait Store: Send + Sync + 'static {
     /// Claims the record for `(scope, key)`, or reports why not: replay, in progress, key

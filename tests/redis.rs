@@ -1,0 +1,1026 @@
+//! What only the Redis store has to prove: values under its keys that are not its records,
+//! servers that may evict, connections that drop, servers that restart between a claim and its
+//! completion, retention on the server's clock, and records spread over a cluster.
+//!
+//! The shared server (`IDEM_REDIS_URL`) and cluster (`IDEM_REDIS_CLUSTER`) are only written
+//! under per-test key prefixes; restarts and configurations happen on private `redis-server`
+//! processes on ports of their own.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use idem::lifecycle::{Decision, Seen, State, decide};
+use idem::{
+    BeginOutcome, BeginRequest, ClaimRef, Error, ExpiredLease, Fingerprint, Policy, RedisStore,
+    Store, StoredResponse, idempotent,
+};
+use redis::AsyncCommands;
+
+use common::RedisKeys;
+
+// ---- helpers -----------------------------------------------------------------------------------
+
+/// A `redis-server` of this test's own on a free port, killed on drop.
+struct PrivateRedis {
+    bin: &'static str,
+    port: u16,
+    dir: tempfile::TempDir,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl PrivateRedis {
+    fn start(bin: &'static str, args: &[&str]) -> PrivateRedis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut server = PrivateRedis {
+            bin,
+            port,
+            dir: tempfile::tempdir().unwrap(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            child: None,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new(self.bin)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let ready = redis::Client::open(self.url().as_str())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+            match ready {
+                Ok(_) => return,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => panic!(
+                    "the private redis-server on {} did not start: {e}",
+                    self.port
+                ),
+            }
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server as a crash would (SIGKILL): nothing is flushed on the way out.
+    fn crash(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// A crash, then the same server started again on the same port and directory.
+    fn restart(&mut self) {
+        self.crash();
+        self.spawn();
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.crash();
+    }
+}
+
+async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+fn fp(v: &str) -> Fingerprint {
+    Fingerprint::of(v).unwrap()
+}
+
+fn req<'a>(scope: &'a str, key: &'a str, fp: &'a Fingerprint, p: &'a Policy) -> BeginRequest<'a> {
+    BeginRequest {
+        scope,
+        key,
+        fingerprint: fp,
+        policy: p,
+    }
+}
+
+fn claimed(outcome: BeginOutcome) -> idem::Claimed {
+    match outcome {
+        BeginOutcome::Claimed(c) => c,
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+fn claim<'a>(scope: &'a str, key: &'a str, fence: u64) -> ClaimRef<'a> {
+    ClaimRef { scope, key, fence }
+}
+
+/// Retries `f` until it stops answering `Unavailable` (a connection coming back), or 10 s.
+async fn until_available<T, F, Fut>(mut f: F) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match f().await {
+            Err(Error::Unavailable(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => return other,
+        }
+    }
+}
+
+// ---- what is not ours --------------------------------------------------------------------------
+
+static FOREIGN_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+#[idempotent(scope = "foreign:<order>", key = key, store = store)]
+async fn guarded(store: &RedisStore, order: &str, key: &str) -> Result<u32, Error> {
+    FOREIGN_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(7)
+}
+
+#[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_that_are_not_our_records_are_store_errors_and_never_run_the_body() {
+    let url = common::redis_url();
+    let keys = RedisKeys::new(std::slice::from_ref(&url));
+    let store = RedisStore::builder()
+        .prefix(keys.prefix.clone())
+        .connect(&url)
+        .await
+        .unwrap();
+    let mut conn = raw(&url).await;
+    let order = "A1";
+    let scope = idem::scope!("foreign:<order>").unwrap();
+
+    // A genuine record, to copy and break field by field.
+    let good_key = "k-genuine";
+    assert_eq!(guarded(&store, order, good_key).await.unwrap(), 7);
+    let genuine: Vec<(String, Vec<u8>)> = conn
+        .hgetall(store.record_key(&scope, good_key))
+        .await
+        .unwrap();
+    let runs_before = FOREIGN_RUNS.load(Ordering::SeqCst);
+
+    // A copy of the genuine record under another key, with some fields replaced (`Some`) or
+    // left out (`None`).
+    let record = |key: &str, overrides: &[(&str, Option<&[u8]>)]| {
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(store.record_key(&scope, key));
+        for (f, v) in &genuine {
+            match overrides.iter().find(|(o, _)| o == f) {
+                Some((_, Some(new))) => cmd.arg(f).arg(*new),
+                Some((_, None)) => continue,
+                None => cmd.arg(f).arg(v),
+            };
+        }
+        cmd
+    };
+    let plain = |name: &str, key: &str, args: &[&str]| {
+        let mut cmd = redis::cmd(name);
+        cmd.arg(store.record_key(&scope, key)).arg(args);
+        cmd
+    };
+    // The genuine meta field, with one of its six parts replaced.
+    let meta = String::from_utf8(
+        genuine
+            .iter()
+            .find(|(f, _)| f == "meta")
+            .map(|(_, v)| v.clone())
+            .unwrap(),
+    )
+    .unwrap();
+    let meta_with = |part: usize, value: &str| {
+        let mut parts: Vec<&str> = meta.split(' ').collect();
+        parts[part] = value;
+        parts.join(" ").into_bytes()
+    };
+    let (v2, bad_fence, huge_fence, paused, bad_flag) = (
+        meta_with(0, "2"),
+        meta_with(2, "12ab"),
+        meta_with(2, "123456789012345678"),
+        meta_with(1, "paused"),
+        meta_with(5, "yes"),
+    );
+    let cases: Vec<(&str, &str, redis::Cmd)> = vec![
+        ("a string", "k-string", plain("SET", "k-string", &["hello"])),
+        ("a list", "k-list", plain("RPUSH", "k-list", &["a"])),
+        (
+            "someone else's hash",
+            "k-hash",
+            plain("HSET", "k-hash", &["name", "x"]),
+        ),
+        (
+            "a record without its meta field",
+            "k-no-meta",
+            record("k-no-meta", &[("meta", None)]),
+        ),
+        (
+            "an unknown format version",
+            "k-version-2",
+            record("k-version-2", &[("meta", Some(&v2))]),
+        ),
+        (
+            "another identity's record",
+            "k-other-identity",
+            record("k-other-identity", &[]),
+        ),
+        (
+            "a fence that is not a number",
+            "k-bad-fence",
+            record("k-bad-fence", &[("meta", Some(&bad_fence))]),
+        ),
+        (
+            "a fence out of range",
+            "k-huge-fence",
+            record("k-huge-fence", &[("meta", Some(&huge_fence))]),
+        ),
+        (
+            "an unknown state",
+            "k-bad-state",
+            record("k-bad-state", &[("meta", Some(&paused))]),
+        ),
+        (
+            "a short fingerprint",
+            "k-short-fp",
+            record("k-short-fp", &[("fp", Some(b"0123456789"))]),
+        ),
+        (
+            "a completed record without its body",
+            "k-no-body",
+            record("k-no-body", &[("body", None)]),
+        ),
+        (
+            "a completed record with a bad error flag",
+            "k-bad-flag",
+            record("k-bad-flag", &[("meta", Some(&bad_flag))]),
+        ),
+    ];
+    for (what, key, cmd) in cases {
+        let _: redis::Value = cmd.query_async(&mut conn).await.unwrap();
+        let name = store.record_key(&scope, key);
+        let before: redis::Value = redis::cmd("DUMP")
+            .arg(&name)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+
+        let err = guarded(&store, order, key).await.unwrap_err();
+        match &err {
+            Error::Store(e) => assert!(
+                e.to_string().contains(&name),
+                "{what}: the error names the key: {e}"
+            ),
+            other => panic!("{what}: expected a store error, got {other:?}"),
+        }
+        assert_eq!(err.status(), 500, "{what}");
+        let f = fp("x");
+        let p = Policy::DEFAULT;
+        for result in [
+            store.begin(req(&scope, key, &f, &p)).await.map(drop),
+            store
+                .complete(claim(&scope, key, 1), &StoredResponse::ok(b"x".to_vec()))
+                .await,
+            store.release(claim(&scope, key, 1)).await,
+            store.checkpoint(claim(&scope, key, 1), b"p", p.lease).await,
+            store.lookup(&scope, key).await.map(drop),
+        ] {
+            assert!(matches!(result, Err(Error::Store(_))), "{what}: {result:?}");
+        }
+        let after: redis::Value = redis::cmd("DUMP")
+            .arg(&name)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(before, after, "{what}: the value is left as it was");
+    }
+    assert_eq!(
+        FOREIGN_RUNS.load(Ordering::SeqCst),
+        runs_before,
+        "no body ran over a value that is not a record"
+    );
+    // The genuine record still replays.
+    assert_eq!(guarded(&store, order, good_key).await.unwrap(), 7);
+    assert_eq!(FOREIGN_RUNS.load(Ordering::SeqCst), runs_before);
+}
+
+// ---- eviction ----------------------------------------------------------------------------------
+
+#[cfg_attr(
+    not(idem_redis_server),
+    ignore = "needs a redis-server binary to start private servers"
+)]
+#[tokio::test]
+async fn an_evicting_server_is_refused_unless_allowed() {
+    let bin = common::redis_server();
+    let server = PrivateRedis::start(bin, &["--maxmemory-policy", "allkeys-lru"]);
+    let url = server.url();
+    let mut conn = raw(&url).await;
+    for policy in [
+        "allkeys-lru",
+        "volatile-lru",
+        "volatile-ttl",
+        "allkeys-random",
+    ] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg(policy)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        match RedisStore::connect(&url).await {
+            Err(Error::Config(msg)) => {
+                assert!(msg.contains(policy), "{msg}");
+                assert!(msg.contains("noeviction"), "{msg}");
+            }
+            other => panic!("{policy}: expected a configuration error, got {other:?}"),
+        }
+        let store = RedisStore::builder()
+            .allow_eviction(true)
+            .connect(&url)
+            .await
+            .unwrap();
+        claimed(
+            store
+                .begin(req("s", policy, &fp("a"), &Policy::DEFAULT))
+                .await
+                .unwrap(),
+        );
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    RedisStore::connect(&url).await.unwrap();
+}
+
+/// A `MakeWriter` that keeps what was logged.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg_attr(
+    not(idem_redis_server),
+    ignore = "needs a redis-server binary to start private servers"
+)]
+#[tokio::test]
+async fn a_server_that_hides_its_configuration_is_trusted_with_a_warning() {
+    let bin = common::redis_server();
+    // As on managed services: CONFIG renamed away, or denied to the service's user by an ACL.
+    let renamed = PrivateRedis::start(bin, &["--rename-command", "CONFIG", ""]);
+    let acl = PrivateRedis::start(bin, &[]);
+    let mut conn = raw(&acl.url()).await;
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "svc", "on", ">pw", "~*", "+@all", "-config"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let acl_url = format!("redis://svc:pw@127.0.0.1:{}", acl.port);
+
+    for url in [renamed.url(), acl_url] {
+        let logs = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer({
+                let logs = logs.clone();
+                move || logs.clone()
+            })
+            .with_ansi(false)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let store = RedisStore::connect(&url).await.unwrap();
+        claimed(
+            store
+                .begin(req("s", "k", &fp("a"), &Policy::DEFAULT))
+                .await
+                .unwrap(),
+        );
+        let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+        assert!(logged.contains("WARN"), "{url}: {logged}");
+        assert!(logged.contains("maxmemory-policy"), "{url}: {logged}");
+    }
+}
+
+// ---- connections and restarts ------------------------------------------------------------------
+
+#[cfg_attr(
+    not(idem_redis_server),
+    ignore = "needs a redis-server binary to start private servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_server_is_unavailable() {
+    let _ = common::redis_server();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    match RedisStore::connect(&format!("redis://127.0.0.1:{port}")).await {
+        Err(e @ Error::Unavailable(_)) => assert_eq!(e.status(), 503),
+        other => panic!("expected unavailable, got {other:?}"),
+    }
+    assert!(matches!(
+        RedisStore::connect("not a url").await,
+        Err(Error::Config(_))
+    ));
+    assert!(matches!(
+        RedisStore::builder()
+            .prefix("has{brace")
+            .connect("redis://127.0.0.1")
+            .await,
+        Err(Error::Config(_))
+    ));
+}
+
+#[cfg_attr(
+    not(idem_redis_server),
+    ignore = "needs a redis-server binary to start private servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_connection_is_unavailable_then_recovers() {
+    let bin = common::redis_server();
+    let mut server = PrivateRedis::start(bin, &[]);
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let f = fp("a");
+    let p = Policy::DEFAULT;
+    let c = claimed(store.begin(req("s", "k1", &f, &p)).await.unwrap());
+
+    server.crash();
+    for result in [
+        store.begin(req("s", "k2", &f, &p)).await.map(drop),
+        store
+            .complete(
+                claim("s", "k1", c.fence),
+                &StoredResponse::ok(b"x".to_vec()),
+            )
+            .await,
+        store.release(claim("s", "k1", c.fence)).await,
+        store
+            .checkpoint(claim("s", "k1", c.fence), b"p", p.lease)
+            .await,
+        store.lookup("s", "k1").await.map(drop),
+    ] {
+        match result {
+            Err(e @ Error::Unavailable(_)) => {
+                assert_eq!(e.status(), 503);
+                assert!(e.is_retryable());
+            }
+            other => panic!("expected unavailable, got {other:?}"),
+        }
+    }
+
+    // The server comes back empty (no persistence) and without the scripts: the store
+    // reconnects by itself and loads them again.
+    server.spawn();
+    let again = until_available(|| store.begin(req("s", "k2", &f, &p)))
+        .await
+        .unwrap();
+    claimed(again);
+}
+
+/// A claim, then the server crashes and restarts before the completion. Without persistence the
+/// record is gone: the late completion is refused, a retry claims afresh with a higher fence, and
+/// the late completion is still refused after it. With every write on disk the record survives:
+/// the late completion lands once, and a second one is refused.
+#[cfg_attr(
+    not(idem_redis_server),
+    ignore = "needs a redis-server binary to start private servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_between_claim_and_complete_never_completes_twice() {
+    let bin = common::redis_server();
+    let f = fp("a");
+    let p = Policy::DEFAULT;
+    let late_answer = StoredResponse::ok(b"late".to_vec());
+    let done = |b: &str| StoredResponse::ok(b.as_bytes().to_vec());
+
+    // No persistence: everything is lost.
+    let mut server = PrivateRedis::start(bin, &[]);
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let first = claimed(store.begin(req("s", "k", &f, &p)).await.unwrap());
+    server.restart();
+    let late = until_available(|| store.complete(claim("s", "k", first.fence), &late_answer)).await;
+    assert!(
+        matches!(late, Err(Error::FenceLost { .. })),
+        "the late completion over a lost record must be refused: {late:?}"
+    );
+    let retry = claimed(store.begin(req("s", "k", &f, &p)).await.unwrap());
+    assert!(
+        retry.fence > first.fence,
+        "{} > {}",
+        retry.fence,
+        first.fence
+    );
+    let late = store
+        .complete(claim("s", "k", first.fence), &done("late"))
+        .await;
+    assert!(matches!(late, Err(Error::FenceLost { .. })), "{late:?}");
+    store
+        .complete(claim("s", "k", retry.fence), &done("retry"))
+        .await
+        .unwrap();
+    match store.begin(req("s", "k", &f, &p)).await.unwrap() {
+        BeginOutcome::Replay(r) => assert_eq!(r.body, &b"retry"[..]),
+        other => panic!("{other:?}"),
+    }
+    drop(server);
+
+    // Every write on disk: the claim survives the crash.
+    let mut server = PrivateRedis::start(bin, &["--appendonly", "yes", "--appendfsync", "always"]);
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let first = claimed(store.begin(req("s", "k", &f, &p)).await.unwrap());
+    server.restart();
+    until_available(|| store.complete(claim("s", "k", first.fence), &late_answer))
+        .await
+        .unwrap();
+    let twice = store
+        .complete(claim("s", "k", first.fence), &done("twice"))
+        .await;
+    assert!(matches!(twice, Err(Error::FenceLost { .. })), "{twice:?}");
+    match store.begin(req("s", "k", &f, &p)).await.unwrap() {
+        BeginOutcome::Replay(r) => assert_eq!(r.body, &b"late"[..], "landed once"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The owner of a claim dies with the server; the server comes back with the claim (it was on
+/// disk). The record is in progress until its lease ends on the server's clock, then a retry
+/// takes it over, and the dead owner's late writes are refused.
+#[cfg_attr(
+    not(idem_redis_server),
+    ignore = "needs a redis-server binary to start private servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_survives_a_restart_is_never_stuck_past_its_lease() {
+    let bin = common::redis_server();
+    let mut server = PrivateRedis::start(bin, &["--appendonly", "yes", "--appendfsync", "always"]);
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let f = fp("a");
+    let p = Policy::DEFAULT.lease(Duration::from_millis(1500));
+    let first = claimed(store.begin(req("s", "k", &f, &p)).await.unwrap());
+    let claimed_at = Instant::now();
+    server.restart();
+
+    let outcome = until_available(|| store.begin(req("s", "k", &f, &p)))
+        .await
+        .unwrap();
+    if claimed_at.elapsed() < Duration::from_millis(1300) {
+        match outcome {
+            BeginOutcome::InProgress { retry_after } => {
+                assert!(
+                    retry_after <= Duration::from_millis(1500),
+                    "{retry_after:?}"
+                )
+            }
+            other => panic!("the lease is still live: expected in progress, got {other:?}"),
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(1600).saturating_sub(claimed_at.elapsed())).await;
+    let retry = claimed(store.begin(req("s", "k", &f, &p)).await.unwrap());
+    assert!(retry.reclaimed);
+    assert_eq!(retry.fence, first.fence + 1);
+    let late = store
+        .complete(
+            claim("s", "k", first.fence),
+            &StoredResponse::ok(b"late".to_vec()),
+        )
+        .await;
+    assert!(matches!(late, Err(Error::FenceLost { .. })), "{late:?}");
+}
+
+#[cfg_attr(
+    not(idem_redis_server),
+    ignore = "needs a redis-server binary to start private servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_script_cache_is_reloaded() {
+    let bin = common::redis_server();
+    let server = PrivateRedis::start(bin, &[]);
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let f = fp("a");
+    let p = Policy::DEFAULT;
+    let c = claimed(store.begin(req("s", "k", &f, &p)).await.unwrap());
+    let mut conn = raw(&server.url()).await;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    store
+        .complete(claim("s", "k", c.fence), &StoredResponse::ok(b"1".to_vec()))
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.begin(req("s", "k", &f, &p)).await.unwrap(),
+        BeginOutcome::Replay(_)
+    ));
+}
+
+// ---- time --------------------------------------------------------------------------------------
+
+#[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_is_the_keys_expiry_on_the_servers_clock() {
+    let url = common::redis_url();
+    let keys = RedisKeys::new(std::slice::from_ref(&url));
+    let store = RedisStore::builder()
+        .prefix(keys.prefix.clone())
+        .connect(&url)
+        .await
+        .unwrap();
+    let mut conn = raw(&url).await;
+    let p = Policy::DEFAULT
+        .lease(Duration::from_secs(10))
+        .retain(Duration::from_secs(20));
+    let c = claimed(store.begin(req("s", "k", &fp("a"), &p)).await.unwrap());
+    let name = store.record_key("s", "k");
+
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let server_now = secs * 1000 + micros / 1000;
+    let expire_at: i64 = redis::cmd("PEXPIRETIME")
+        .arg(&name)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let left = expire_at - server_now;
+    assert!((19_000..=20_000).contains(&left), "{left} ms of retention");
+    let meta: String = conn.hget(&name, "meta").await.unwrap();
+    let parts: Vec<&str> = meta.split(' ').collect();
+    assert_eq!(&parts[..2], ["1", "in_progress"], "{meta}");
+    assert_eq!(parts[2], c.fence.to_string());
+    let lease_left = parts[3].parse::<i64>().unwrap() - server_now;
+    assert!(
+        (9_000..=10_000).contains(&lease_left),
+        "{lease_left} ms of lease"
+    );
+    // The first fence is the server's clock in milliseconds.
+    assert!(
+        (server_now - 5_000..=server_now).contains(&(c.fence as i64)),
+        "{}",
+        c.fence
+    );
+
+    // Completion keeps the retention counted from the claim.
+    store
+        .complete(claim("s", "k", c.fence), &StoredResponse::ok(b"1".to_vec()))
+        .await
+        .unwrap();
+    let after: i64 = redis::cmd("PEXPIRETIME")
+        .arg(&name)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(after, expire_at);
+    assert_eq!(store.purge_expired().await.unwrap(), 0);
+}
+
+// ---- cluster -----------------------------------------------------------------------------------
+
+/// A 3-primary cluster of this test's own (`.ci/redis-cluster`), stopped on drop.
+struct PrivateCluster {
+    dir: tempfile::TempDir,
+    first: u16,
+}
+
+impl PrivateCluster {
+    fn start() -> PrivateCluster {
+        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        // Three client ports and their cluster-bus ports (+10000), all free.
+        let seed = (std::process::id() % 1000) as u16 * 10;
+        let first = (0..100)
+            .map(|i| 20_000 + (seed + i * 10) % 10_000)
+            .find(|&p| (p..p + 3).all(|q| free(q) && free(q + 10_000)))
+            .expect("three free ports for a private cluster");
+        let cluster = PrivateCluster {
+            dir: tempfile::tempdir().unwrap(),
+            first,
+        };
+        let status = Command::new("bash")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../.ci/redis-cluster"))
+            .arg("start")
+            .arg(cluster.dir.path())
+            .arg(first.to_string())
+            .status()
+            .expect("run .ci/redis-cluster");
+        assert!(status.success(), "the private cluster did not start");
+        cluster
+    }
+
+    fn nodes(&self) -> Vec<String> {
+        (self.first..self.first + 3)
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect()
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../.ci/redis-cluster"))
+            .arg("stop")
+            .arg(self.dir.path())
+            .arg(self.first.to_string())
+            .status();
+    }
+}
+
+#[cfg_attr(
+    not(idem_redis_server),
+    ignore = "needs a redis-server binary to start private servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_evicting_primary_of_a_cluster_is_refused() {
+    let _ = common::redis_server();
+    let cluster = PrivateCluster::start();
+    let nodes = cluster.nodes();
+    RedisStore::connect_cluster(&nodes).await.unwrap();
+    // Only the last primary evicts: the check must ask every primary, not one at random.
+    let mut conn = raw(&nodes[2]).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory-policy", "volatile-lfu"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        match RedisStore::connect_cluster(&nodes).await {
+            Err(Error::Config(msg)) => assert!(msg.contains("volatile-lfu"), "{msg}"),
+            other => panic!("expected a configuration error, got {other:?}"),
+        }
+    }
+    let store = RedisStore::builder()
+        .allow_eviction(true)
+        .connect_cluster(&nodes)
+        .await
+        .unwrap();
+    claimed(
+        store
+            .begin(req("s", "k", &fp("a"), &Policy::DEFAULT))
+            .await
+            .unwrap(),
+    );
+}
+
+#[cfg_attr(
+    not(idem_redis_cluster),
+    ignore = "needs a Redis Cluster: set IDEM_REDIS_CLUSTER=redis://host:port,…"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_spread_over_every_primary_of_a_cluster() {
+    let nodes = common::redis_cluster();
+    let keys = RedisKeys::new(&nodes);
+    let store = RedisStore::builder()
+        .prefix(keys.prefix.clone())
+        .connect_cluster(&nodes)
+        .await
+        .unwrap();
+    let f = fp("a");
+    let p = Policy::DEFAULT;
+    for i in 0..60 {
+        let k = format!("k-{i}");
+        let c = claimed(store.begin(req("s", &k, &f, &p)).await.unwrap());
+        store
+            .complete(
+                claim("s", &k, c.fence),
+                &StoredResponse::ok(k.clone().into_bytes()),
+            )
+            .await
+            .unwrap();
+    }
+    for node in &nodes {
+        let mut conn = raw(node).await;
+        let mut cursor = 0u64;
+        let mut here = 0;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{}*", keys.prefix))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            here += batch.len();
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        assert!(here > 0, "no record on {node}");
+    }
+    assert_eq!(keys.count().await, 60);
+    for i in 0..60 {
+        let k = format!("k-{i}");
+        match store.begin(req("s", &k, &f, &p)).await.unwrap() {
+            BeginOutcome::Replay(r) => assert_eq!(r.body, k.as_bytes()),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+fn decide_prefix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("idem-unit:{}:{nanos}:", std::process::id())
+}
+
+async fn server_now_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+    s * 1000 + us / 1000
+}
+
+/// What the script answered, as a decision of the rule.
+fn as_decision(outcome: &BeginOutcome) -> Decision {
+    match outcome {
+        BeginOutcome::Claimed(c) => Decision::Claim {
+            reclaim: c.reclaimed,
+            continues: c.recovery_point.as_deref() == Some(&b"step-2"[..]),
+        },
+        BeginOutcome::Replay(_) => Decision::Replay,
+        BeginOutcome::InProgress { retry_after } => Decision::InProgress(*retry_after),
+        BeginOutcome::KeyReused => Decision::KeyReused,
+    }
+}
+
+/// The begin script against `lifecycle::decide`: every combination of what an existing record
+/// can hold is written into Redis, begun through the script, and the script's answer must be the
+/// rule's answer (the script restates the rule in Lua; this keeps the two the same).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
+async fn begin_script_decides_every_row_as_lifecycle_decide() {
+    let url = common::redis_url();
+    let store = RedisStore::builder()
+        .prefix(decide_prefix())
+        .connect(&url)
+        .await
+        .unwrap();
+    let mut raw = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mine = Fingerprint::of("the request").unwrap();
+    let other = Fingerprint::of("another request").unwrap();
+    // A short retention: a failed run leaves nothing behind for long.
+    let reclaim = Policy::DEFAULT
+        .lease(Duration::from_secs(30))
+        .retain(Duration::from_secs(60));
+    let fail_closed = reclaim.expired_lease(ExpiredLease::FailClosed);
+
+    let mut rows = 0;
+    let mut names = Vec::new();
+    for state in [State::InProgress, State::Completed, State::Released] {
+        for same_fingerprint in [true, false] {
+            for expired in [false, true] {
+                for lease_left_ms in [1500i64, 0, -5] {
+                    for policy in [&reclaim, &fail_closed] {
+                        rows += 1;
+                        let key = format!("k-{rows}");
+                        let name = store.record_key("decide", &key);
+                        names.push(name.clone());
+                        let now = server_now_ms(&mut raw).await;
+                        let state_text = match state {
+                            State::InProgress => "in_progress",
+                            State::Completed => "completed",
+                            State::Released => "released",
+                        };
+                        let fence = 1_000u64;
+                        let (status, error) = match state {
+                            State::Completed => ("201", "0"),
+                            _ => ("-", "-"),
+                        };
+                        let mut fields: Vec<(&str, Vec<u8>)> = vec![
+                            (
+                                "meta",
+                                format!(
+                                    "1 {state_text} {fence} {} {status} {error}",
+                                    now + lease_left_ms
+                                )
+                                .into_bytes(),
+                            ),
+                            ("scope", b"decide".to_vec()),
+                            ("key", key.clone().into_bytes()),
+                            ("fp", mine.as_bytes().to_vec()),
+                        ];
+                        match state {
+                            State::Completed => fields.push(("body", b"{\"done\":1}".to_vec())),
+                            _ => fields.push(("recovery", b"step-2".to_vec())),
+                        }
+                        let _: () = raw.hset_multiple(&name, &fields).await.unwrap();
+                        if expired {
+                            // Retention is the key's expiry: an expired record is a key that
+                            // Redis no longer has.
+                            let _: () = raw.pexpire(&name, 1).await.unwrap();
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        } else {
+                            let _: () = raw.pexpire(&name, 30_000).await.unwrap();
+                        }
+
+                        let fp = if same_fingerprint { &mine } else { &other };
+                        let outcome = store
+                            .begin(BeginRequest {
+                                scope: "decide",
+                                key: &key,
+                                fingerprint: fp,
+                                policy,
+                            })
+                            .await
+                            .unwrap();
+                        let seen = Seen {
+                            state,
+                            same_fingerprint,
+                            expired,
+                            lease_left_ms,
+                        };
+                        let expected = decide(seen, policy);
+                        let got = as_decision(&outcome);
+                        let what = format!("{seen:?} under {:?}", policy.expired_lease);
+                        match (expected, got) {
+                            // The script reads the clock a moment after the record was
+                            // written: the remaining lease may be a little shorter.
+                            (Decision::InProgress(want), Decision::InProgress(have)) => {
+                                assert!(
+                                    have <= want && want - have < Duration::from_millis(300),
+                                    "{what}: in progress for {have:?}, the rule says {want:?}"
+                                );
+                            }
+                            (want, have) => assert_eq!(have, want, "{what}"),
+                        }
+                        match outcome {
+                            BeginOutcome::Claimed(c) if expired => {
+                                assert!(c.fence > fence, "{what}: the fence still grows");
+                            }
+                            BeginOutcome::Claimed(c) => {
+                                assert_eq!(c.fence, fence + 1, "{what}: a take-over adds one");
+                                let written: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
+                                    .arg(&name)
+                                    .arg(&["meta", "fp", "body"])
+                                    .query_async(&mut raw)
+                                    .await
+                                    .unwrap();
+                                let meta = String::from_utf8(written[0].clone().unwrap()).unwrap();
+                                assert!(meta.starts_with("1 in_progress 1001 "), "{what}: {meta}");
+                                assert!(meta.ends_with(" - -"), "{what}: {meta}");
+                                assert_eq!(written[1].as_deref(), Some(&fp.as_bytes()[..]));
+                                assert_eq!(written[2], None, "{what}: the old answer is gone");
+                                let ttl: i64 = raw.pttl(&name).await.unwrap();
+                                assert!(ttl > 50_000, "{what}: retention counts again ({ttl} ms)");
+                            }
+                            BeginOutcome::Replay(r) => {
+                                assert_eq!(r.body, &b"{\"done\":1}"[..]);
+                                assert_eq!(r.status, Some(201));
+                                assert!(!r.is_error);
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(rows, 72);
+    let _: () = raw.del(&names).await.unwrap();
+}
