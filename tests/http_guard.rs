@@ -1017,7 +1017,8 @@ async fn over_hyper_first_call_replay_and_413() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The storm: 100 concurrent duplicates over HTTP, on every store.
+// The storm: 100 concurrent duplicates over HTTP, on every store (memory, SQLite, PostgreSQL,
+// Redis).
 
 async fn storm<St: Store + Clone>(store: St) {
     let inner = Inner::orders();
@@ -1094,6 +1095,19 @@ async fn storm_postgres() {
         .build(schema.pool.clone())
         .await
         .expect("create the table");
+    storm(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
+async fn storm_redis() {
+    let url = common::redis_url();
+    let keys = common::RedisKeys::new(std::slice::from_ref(&url));
+    let store = idem::RedisStore::builder()
+        .prefix(keys.prefix.clone())
+        .connect(&url)
+        .await
+        .expect("connect to Redis");
     storm(store).await;
 }
 
