@@ -205,7 +205,9 @@ pub(super) struct Check {
     pub(super) name: Option<String>,
     /// The name PostgreSQL generates when none is given: `<table>_<first column>_check`.
     pub(super) generated_name: String,
-    /// Each column the expression mentions, and what it tells about that column.
+    /// Every column the expression mentions: dropping one drops the constraint.
+    pub(super) columns: Vec<String>,
+    /// What the expression tells about the columns it restricts.
     pub(super) restrictions: BTreeMap<String, Restriction>,
 }
 
@@ -316,8 +318,25 @@ impl Table {
         self.altered_in.as_deref()
     }
 
+    /// The column a migration names. Exactly, or else the one column that matches ignoring
+    /// case: PostgreSQL would have rejected the statement, SQLite ignores case.
     pub(super) fn column_mut(&mut self, name: &str) -> Option<&mut Column> {
-        self.columns.iter_mut().find(|c| c.name == name)
+        let at = self
+            .columns
+            .iter()
+            .position(|c| c.name == name)
+            .or_else(|| {
+                let mut matches = self
+                    .columns
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| c.name.eq_ignore_ascii_case(name));
+                match (matches.next(), matches.next()) {
+                    (Some((i, _)), None) => Some(i),
+                    _ => None,
+                }
+            })?;
+        self.columns.get_mut(at)
     }
 }
 

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use sqlparser::ast::{
     AlterColumnOperation, AlterTable, AlterTableOperation, AlterTypeAddValuePosition,
     AlterTypeOperation, ColumnDef, ColumnOption, CreateIndex, CreateTable, DataType, Expr, Ident,
-    ObjectName, ObjectNamePart, ObjectType, RenameTableNameKind, Set, Statement, TableConstraint,
-    UserDefinedTypeRepresentation,
+    ObjectName, ObjectNamePart, ObjectType, RenameTableNameKind, Set, SetExpr, Statement,
+    TableConstraint, UserDefinedTypeRepresentation,
 };
 use sqlparser::dialect::{Dialect, GenericDialect, PostgreSqlDialect, SQLiteDialect};
 use sqlparser::parser::Parser;
@@ -68,6 +68,15 @@ fn fold(ident: &Ident) -> String {
     match ident.quote_style {
         None => ident.value.to_ascii_lowercase(),
         Some(_) => ident.value.clone(),
+    }
+}
+
+/// The table an `INTO` target names.
+fn expr_name(expr: &Expr) -> Option<ObjectName> {
+    match expr {
+        Expr::Identifier(ident) => Some(ObjectName::from(vec![ident.clone()])),
+        Expr::CompoundIdentifier(parts) => Some(ObjectName::from(parts.clone())),
+        _ => None,
     }
 }
 
@@ -192,17 +201,19 @@ impl Replay {
                 }
             }
             // Its columns are the module's business: known to exist, not what it holds.
-            Statement::CreateVirtualTable {
-                name,
-                if_not_exists,
-                ..
-            } => {
-                if let Some(name) = name_ref(name) {
-                    let q = self.qualify(name);
-                    if !(*if_not_exists && self.catalog.tables.contains_key(&q)) {
-                        let mut table = Table::new(q.clone(), Arc::clone(&self.file));
-                        table.certain = false;
-                        self.catalog.tables.insert(q, table);
+            Statement::CreateVirtualTable { name, .. } => self.add_uncertain_table(name),
+            // A view can be the target of an UPDATE too; what it exposes is not followed.
+            Statement::CreateView(view) => self.add_uncertain_table(&view.name),
+            // `SELECT … INTO t` creates `t` with the query's columns.
+            Statement::Query(query) => {
+                if let SetExpr::Select(select) = &*query.body
+                    && let Some(into) = &select.into
+                    && !into.temporary
+                {
+                    for target in &into.targets {
+                        if let Some(name) = expr_name(target) {
+                            self.add_uncertain_table(&name);
+                        }
                     }
                 }
             }
@@ -252,6 +263,17 @@ impl Replay {
         }
     }
 
+    /// A table whose existence is known but whose columns are not.
+    fn add_uncertain_table(&mut self, name: &ObjectName) {
+        let Some(name) = name_ref(name) else {
+            return;
+        };
+        let q = self.qualify(name);
+        let mut table = Table::new(q.clone(), Arc::clone(&self.file));
+        table.certain = false;
+        self.catalog.tables.insert(q, table);
+    }
+
     fn qualify(&self, (schema, name): NameRef) -> QualifiedName {
         QualifiedName::new(schema.unwrap_or_else(|| self.schema.clone()), name)
     }
@@ -266,17 +288,31 @@ impl Replay {
         let (schema, bare) = name;
         if let Some(schema) = schema {
             let q = QualifiedName::new(schema.clone(), bare.clone());
-            return map.contains_key(&q).then_some(q);
+            if map.contains_key(&q) {
+                return Some(q);
+            }
+            let mut matches = map.keys().filter(|k| {
+                k.schema.eq_ignore_ascii_case(schema) && k.name.eq_ignore_ascii_case(bare)
+            });
+            return match (matches.next(), matches.next()) {
+                (Some(only), None) => Some(only.clone()),
+                _ => None,
+            };
         }
         let here = QualifiedName::new(self.schema.clone(), bare.clone());
         if map.contains_key(&here) {
             return Some(here);
         }
-        let mut matches = map.keys().filter(|k| &k.name == bare);
-        match (matches.next(), matches.next()) {
-            (Some(only), None) => Some(only.clone()),
-            _ => None,
-        }
+        let unique = |same: &dyn Fn(&QualifiedName) -> bool| {
+            let mut matches = map.keys().filter(|k| same(k));
+            match (matches.next(), matches.next()) {
+                (Some(only), None) => Some(only.clone()),
+                _ => None,
+            }
+        };
+        // PostgreSQL would have rejected a statement naming a table in another case; SQLite
+        // ignores case, so a unique match that ignores it is the table meant.
+        unique(&|k| &k.name == bare).or_else(|| unique(&|k| k.name.eq_ignore_ascii_case(bare)))
     }
 
     /// The table an `ALTER` or `CREATE INDEX` names. One that the catalog does not know was
@@ -544,6 +580,13 @@ impl Replay {
                 self.catalog.tables.retain(|q, _| q.schema != schema);
                 self.catalog.types.retain(|q, _| q.schema != schema);
             }
+            ObjectType::View | ObjectType::MaterializedView => {
+                if let Some(q) = self.resolve(&self.catalog.tables, &name)
+                    && self.catalog.tables.get(&q).is_some_and(|t| !t.certain)
+                {
+                    self.catalog.tables.remove(&q);
+                }
+            }
             ObjectType::Index => {
                 for table in self.catalog.tables.values_mut() {
                     let before = table.unique.len();
@@ -800,6 +843,7 @@ fn add_check(table: &mut Table, name: Option<String>, expr: &Expr, on_column: Op
     table.checks.push(Check {
         name,
         generated_name,
+        columns: mentioned,
         restrictions,
     });
 }
@@ -846,7 +890,7 @@ fn drop_column(table: &mut Table, column: &str) {
     // PostgreSQL drops the constraints and indexes that involve the column with it.
     table
         .checks
-        .retain(|c| !c.restrictions.contains_key(column));
+        .retain(|c| !c.columns.iter().any(|m| m == column));
     table
         .unique
         .retain(|u| !u.columns.iter().any(|c| c == column));
@@ -869,18 +913,22 @@ fn alter_operation(table: &mut Table, operation: &AlterTableOperation) {
     match operation {
         AlterTableOperation::DropColumn { column_names, .. } => {
             for column in column_names {
-                drop_column(table, &fold(column));
+                if let Some(name) = table.column_mut(&fold(column)).map(|c| c.name.clone()) {
+                    drop_column(table, &name);
+                }
             }
         }
         AlterTableOperation::RenameColumn {
             old_column_name,
             new_column_name,
         } => {
-            let (from, to) = (fold(old_column_name), fold(new_column_name));
-            if let Some(column) = table.column_mut(&from) {
-                column.name.clone_from(&to);
-            }
+            let to = fold(new_column_name);
+            let Some(column) = table.column_mut(&fold(old_column_name)) else {
+                return;
+            };
+            let from = std::mem::replace(&mut column.name, to.clone());
             for check in &mut table.checks {
+                rename_in(&mut check.columns, &from, &to);
                 if let Some(r) = check.restrictions.remove(&from) {
                     check.restrictions.insert(to.clone(), r);
                 }

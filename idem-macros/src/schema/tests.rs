@@ -884,3 +884,59 @@ fn dropping_a_schema_with_cascade_drops_its_tables() {
     ));
     assert!(matches!(catalog.table("keep.b"), Lookup::Found(_)));
 }
+
+#[test]
+fn views_and_select_into_exist_with_unknown_columns() {
+    let dir = crate_with(&[(
+        "migrations/1_init.sql",
+        "CREATE TABLE orders (id INT, status TEXT);\n\
+         CREATE VIEW open_orders AS SELECT * FROM orders WHERE status = 'OPEN';\n\
+         SELECT id INTO archived_orders FROM orders;\n\
+         CREATE VIEW gone AS SELECT 1;\nDROP VIEW gone;\n",
+    )]);
+    let catalog = read_catalog(dir.path());
+    for name in ["open_orders", "archived_orders"] {
+        let t = table(&catalog, name);
+        assert!(!t.is_certain(), "{name}");
+        assert!(matches!(t.column("id"), Lookup::Missing { certain: false }));
+    }
+    assert!(matches!(
+        catalog.table("gone"),
+        Lookup::Missing { certain: true }
+    ));
+    assert!(table(&catalog, "orders").is_certain());
+}
+
+#[test]
+fn sqlite_names_in_another_case_still_find_their_column() {
+    let dir = crate_with(&[(
+        "migrations/1_init.sql",
+        "CREATE TABLE \"Jobs\" (\"State\" TEXT CHECK (\"State\" IN ('A', 'B')), \"N\" INT);\n\
+         ALTER TABLE jobs RENAME COLUMN state TO phase;\n\
+         ALTER TABLE JOBS DROP COLUMN n;\n",
+    )]);
+    let catalog = read_catalog(dir.path());
+    // Created quoted, altered unquoted: one table to SQLite, which compares names ignoring case.
+    let jobs = table(&catalog, "Jobs");
+    assert_eq!(names(jobs), vec!["phase"]);
+    assert_eq!(
+        values(column(jobs, "phase").allowed_values()),
+        Some(vec!["A", "B"])
+    );
+}
+
+#[test]
+fn dropping_a_column_drops_every_check_that_mentions_it() {
+    let dir = crate_with(&[(
+        "migrations/1_init.sql",
+        "CREATE TABLE t (status TEXT, reason TEXT,\n\
+           CHECK (status IN ('A', 'B') AND reason IS NOT NULL),\n\
+           CHECK (status IN ('A', 'B', 'C')));\n\
+         ALTER TABLE t DROP COLUMN reason;\n",
+    )]);
+    let catalog = read_catalog(dir.path());
+    assert_eq!(
+        values(column(table(&catalog, "t"), "status").allowed_values()),
+        Some(vec!["A", "B", "C"])
+    );
+}
