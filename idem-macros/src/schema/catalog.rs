@@ -176,8 +176,9 @@ impl Column {
         self.not_null
     }
 
-    /// Whether an `INSERT` may leave it out and still satisfy `NOT NULL` (a default, a
-    /// serial or identity column, a generated column).
+    /// Whether an `INSERT` may leave it out and still satisfy `NOT NULL`: a default, a serial
+    /// or identity column, a generated column, or an `INTEGER PRIMARY KEY` (SQLite's rowid;
+    /// counted on either database, so that no backend gets a false error).
     pub(crate) fn has_default(&self) -> bool {
         self.has_default || self.generated
     }

@@ -30,6 +30,7 @@ pub(super) fn build(files: Vec<(MigrationFile, String)>, config: Option<PathBuf>
             config,
             ..Catalog::default()
         },
+        // Replaced by each file before any of its statements is applied.
         file: Arc::new(MigrationFile {
             path: PathBuf::new(),
             version: None,
@@ -240,7 +241,7 @@ impl Replay {
                 self.set_search_path(values);
             }
             // Everything else leaves tables and types as they are: data, indexes that are not
-            // unique, functions, views, grants, comments.
+            // unique, functions, grants, comments.
             _ => {}
         }
     }
@@ -278,8 +279,8 @@ impl Replay {
         QualifiedName::new(schema.unwrap_or_else(|| self.schema.clone()), name)
     }
 
-    /// An existing table: qualified exactly; unqualified, in the current schema, else in the
-    /// one schema that has it.
+    /// An existing table or type: qualified exactly; unqualified, in the current schema, else
+    /// in the one schema that has it.
     fn resolve<T>(
         &self,
         map: &BTreeMap<QualifiedName, T>,
@@ -315,9 +316,9 @@ impl Replay {
         unique(&|k| &k.name == bare).or_else(|| unique(&|k| k.name.eq_ignore_ascii_case(bare)))
     }
 
-    /// The table an `ALTER` or `CREATE INDEX` names. One that the catalog does not know was
-    /// made some way this reader did not follow: it is added, uncertain, so that what is said
-    /// about it becomes warnings.
+    /// The table an `ALTER TABLE` names. One that the catalog does not know was made some way
+    /// this reader did not follow: it is added, uncertain, so that what is said about it
+    /// becomes warnings.
     fn table_for_change(&mut self, name: &ObjectName) -> Option<QualifiedName> {
         let name = name_ref(name)?;
         if let Some(q) = self.resolve(&self.catalog.tables, &name) {
@@ -335,7 +336,10 @@ impl Replay {
         let mut column = Column::new(fold(&def.name), def.data_type.to_string());
         column.type_ref = self.type_ref(&def.data_type);
         let declared = column.declared_type.to_ascii_lowercase();
-        column.has_default = declared.contains("serial");
+        column.has_default = matches!(
+            declared.as_str(),
+            "serial" | "bigserial" | "smallserial" | "serial2" | "serial4" | "serial8"
+        );
         let mut constraints = ColumnConstraints::default();
         for option in &def.options {
             match &option.option {
