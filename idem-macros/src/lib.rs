@@ -6,16 +6,21 @@
 
 mod attr;
 mod bindings;
+mod create_once;
+mod ctxt;
 mod duration;
 mod idempotent;
+mod krate;
 mod machine;
-mod scope;
 // Not called by the macros yet: the SQL macros check their attributes against it next.
 #[allow(dead_code, unused_imports)]
 mod schema;
+mod scope;
+mod spans;
 mod sql;
 mod template;
 mod transition;
+mod types;
 mod versioned;
 
 use proc_macro::TokenStream;
@@ -29,19 +34,19 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 /// Generates the guarded `UPDATE` of a state transition.
 #[proc_macro_attribute]
 pub fn state_transition(args: TokenStream, item: TokenStream) -> TokenStream {
-    transition::expand(args.into(), item.into()).into()
+    sql::expand(&transition::STEPS, args.into(), item.into()).into()
 }
 
 /// Generates an optimistic, versioned `UPDATE`.
 #[proc_macro_attribute]
 pub fn versioned_update(args: TokenStream, item: TokenStream) -> TokenStream {
-    versioned::expand_versioned(args.into(), item.into()).into()
+    sql::expand(&versioned::STEPS, args.into(), item.into()).into()
 }
 
 /// Generates an insert that returns the existing row when a unique business number is taken.
 #[proc_macro_attribute]
 pub fn create_once(args: TokenStream, item: TokenStream) -> TokenStream {
-    versioned::expand_create_once(args.into(), item.into()).into()
+    sql::expand(&create_once::STEPS, args.into(), item.into()).into()
 }
 
 /// Declares a state machine: an enum of states with their column texts, and its edges.

@@ -1,0 +1,73 @@
+//! Columns matched to the arguments of the same names.
+
+use syn::{Ident, LitStr};
+
+use super::decl::FnArgs;
+use super::ident::SqlIdent;
+use crate::ctxt::Ctxt;
+
+/// Matches the columns an attribute names to the function's arguments, and remembers which
+/// arguments were used so that the others can be reported.
+pub(crate) struct Binder<'a> {
+    args: Option<&'a FnArgs>,
+    fn_name: &'a Ident,
+    used: Vec<Ident>,
+}
+
+impl<'a> Binder<'a> {
+    /// `args` is `None` when the arguments could not be read: nothing is matched or reported.
+    pub(crate) fn new(args: Option<&'a FnArgs>, fn_name: &'a Ident) -> Self {
+        Binder {
+            args,
+            fn_name,
+            used: Vec::new(),
+        }
+    }
+
+    /// The argument for each column named in `lit`; an error on `lit` for each without one.
+    pub(crate) fn bind(
+        &mut self,
+        lit: &LitStr,
+        columns: Vec<SqlIdent>,
+        cx: &mut Ctxt,
+    ) -> Vec<(SqlIdent, Ident)> {
+        let Some(args) = self.args else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for column in columns {
+            match args.values.iter().find(|a| *a == column.name.as_str()) {
+                Some(a) => {
+                    self.used.push(a.clone());
+                    out.push((column, a.clone()));
+                }
+                None => cx.at(
+                    lit.span(),
+                    format_args!(
+                        "column `{}` takes its value from an argument of the same name, and `{}` has none: add `{}: …`",
+                        column.name, self.fn_name, column.name
+                    ),
+                ),
+            }
+        }
+        out
+    }
+
+    /// The argument for one column.
+    pub(crate) fn bind_one(
+        &mut self,
+        lit: &LitStr,
+        column: SqlIdent,
+        cx: &mut Ctxt,
+    ) -> Option<(SqlIdent, Ident)> {
+        self.bind(lit, vec![column], cx).pop()
+    }
+
+    /// Reports every argument no column took, with `message(argument)`.
+    pub(crate) fn report_unused(&self, message: impl Fn(&Ident) -> String, cx: &mut Ctxt) {
+        let Some(args) = self.args else { return };
+        for a in args.values.iter().filter(|a| !self.used.contains(a)) {
+            cx.at(a.span(), message(a));
+        }
+    }
+}

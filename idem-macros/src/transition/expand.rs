@@ -1,0 +1,227 @@
+//! The generated transition: one guarded `UPDATE`, and when it changes nothing, one `SELECT`
+//! by key that tells a duplicate from a guard mismatch, an illegal state or a missing row.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{ToTokens, quote, quote_spanned};
+use syn::Ident;
+
+use super::valid::{Model, SetValue};
+use crate::sql::Decl;
+use crate::sql::shell::{self, Body, Params};
+
+/// The statements, for one dialect.
+struct Sql {
+    update: String,
+    select: String,
+}
+
+/// The statements, with `now` for the database's clock. Parameters are bound in this order:
+/// keys, guards, set arguments, `to`, each `from`.
+fn statements(m: &Model, now: &str) -> Sql {
+    let mut params = Params::default();
+    let key_where = params.equal(m.keys.iter().map(|(c, _)| c));
+    let guard_where = params.equal(m.guards.iter().map(|(c, _)| c));
+    let mut set: Vec<String> = m
+        .sets
+        .iter()
+        .map(|s| match s {
+            SetValue::Arg(c, _) => format!("{} = {}", c.quoted, params.next()),
+            SetValue::Now(c) => format!("{} = {now}", c.quoted),
+        })
+        .collect();
+    set.insert(0, format!("{} = {}", m.state.quoted, params.next()));
+    let from: Vec<String> = m.from.iter().map(|_| params.next()).collect();
+    let mut conditions = key_where.clone();
+    conditions.push(format!("{} IN ({})", m.state.quoted, from.join(", ")));
+    conditions.extend(guard_where);
+    let returning = if m.returning.is_some() {
+        " RETURNING *"
+    } else {
+        ""
+    };
+    // The guards again, compared in the database, for a row already in `to`.
+    let guards: Vec<String> = m
+        .guards
+        .iter()
+        .enumerate()
+        .map(|(i, (c, _))| format!("{} = ${}", c.quoted, m.keys.len() + i + 1))
+        .collect();
+    let guards_match = if guards.is_empty() {
+        "true".to_owned()
+    } else {
+        format!("COALESCE(({}), false)", guards.join(" AND "))
+    };
+    Sql {
+        update: format!(
+            "UPDATE {} SET {} WHERE {}{returning}",
+            m.target.table.quoted,
+            set.join(", "),
+            conditions.join(" AND ")
+        ),
+        select: format!(
+            "SELECT {} AS \"__idem_state\", {guards_match} AS \"__idem_guards_match\"{} FROM {} WHERE {}",
+            m.state.quoted,
+            if m.returning.is_some() { ", *" } else { "" },
+            m.target.table.quoted,
+            key_where.join(" AND ")
+        ),
+    }
+}
+
+pub(super) fn expand(m: Model, decl: Decl) -> TokenStream {
+    let p = m.target.krate.private();
+    let pg = statements(&m, "now()");
+    let lite = statements(&m, "CURRENT_TIMESTAMP");
+    let (pg_update, pg_select, lite_update, lite_select) =
+        (&pg.update, &pg.select, &lite.update, &lite.select);
+    let setup = quote_spanned! {Span::mixed_site()=>
+        let postgres = #p::is_postgres(&*conn);
+        let (sql_update, sql_select) = if postgres {
+            (#pg_update, #pg_select)
+        } else {
+            (#lite_update, #lite_select)
+        };
+    };
+    let mut body = Body::new(&m.target, attempt(&m, &p));
+    body.prelude = machine_check(&m).unwrap_or_default();
+    body.setup = setup;
+    shell::function(decl, body)
+}
+
+/// The arguments in binding order: keys, guards, set arguments.
+fn bound(m: &Model) -> (Vec<&Ident>, Vec<&Ident>, Vec<&Ident>) {
+    let keys = m.keys.iter().map(|(_, a)| a).collect();
+    let guards = m.guards.iter().map(|(_, a)| a).collect();
+    let sets = m
+        .sets
+        .iter()
+        .filter_map(|s| match s {
+            SetValue::Arg(_, a) => Some(a),
+            SetValue::Now(_) => None,
+        })
+        .collect();
+    (keys, guards, sets)
+}
+
+/// The `UPDATE`, returning when it applied; and the row type read from a `SELECT` row.
+fn apply(m: &Model, p: &TokenStream) -> (TokenStream, TokenStream) {
+    let (key_args, guard_args, set_args) = bound(m);
+    let to = m.to.value();
+    let from: Vec<String> = m.from.iter().map(|f| f.value()).collect();
+    match &m.returning {
+        Some(ty) => (
+            quote_spanned! {Span::mixed_site()=>
+                let applied: ::core::option::Option<#ty> = #p::sqlx::query_as(sql_update)
+                    #(.bind(&#key_args))* #(.bind(&#guard_args))* #(.bind(&#set_args))*
+                    .bind(#to) #(.bind(#from))*
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(#p::sql_error)?;
+                if let ::core::option::Option::Some(row) = applied {
+                    return ::core::result::Result::Ok(#p::Transition::Applied(row));
+                }
+            },
+            quote_spanned!(Span::mixed_site()=> <#ty as #p::sqlx::FromRow<'_, _>>::from_row(&row).map_err(#p::sql_error)?),
+        ),
+        None => (
+            quote_spanned! {Span::mixed_site()=>
+                let done = #p::sqlx::query(sql_update)
+                    #(.bind(&#key_args))* #(.bind(&#guard_args))* #(.bind(&#set_args))*
+                    .bind(#to) #(.bind(#from))*
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(#p::sql_error)?;
+                if done.rows_affected() > 0 {
+                    return ::core::result::Result::Ok(#p::Transition::Applied(()));
+                }
+            },
+            quote!(()),
+        ),
+    }
+}
+
+/// One attempt: the update, then the classification of a miss.
+fn attempt(m: &Model, p: &TokenStream) -> TokenStream {
+    let (key_args, guard_args, _) = bound(m);
+    let (apply, row_of) = apply(m, p);
+    let to = m.to.value();
+    let from: Vec<String> = m.from.iter().map(|f| f.value()).collect();
+    let table = &m.target.table.name;
+    let guard_names: Vec<&str> = m.guards.iter().map(|(c, _)| c.name.as_str()).collect();
+    let guarded = !m.guards.is_empty();
+    let key_debug = quote!(&(#(&#key_args,)*));
+    quote_spanned! {Span::mixed_site()=>
+        #apply
+        let found = #p::sqlx::query(sql_select)
+            #(.bind(&#key_args))* #(.bind(&#guard_args))*
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(#p::sql_error)?;
+        let ::core::option::Option::Some(row) = found else {
+            return ::core::result::Result::Ok(#p::Transition::NotFound);
+        };
+        let current: ::std::string::String =
+            #p::sqlx::Row::try_get(&row, "__idem_state").map_err(#p::sql_error)?;
+        match #p::classify_miss(&current, &[#(#from),*], #to, #guarded) {
+            #p::Miss::AlreadyApplied => {
+                let guards_match: bool =
+                    #p::sqlx::Row::try_get(&row, "__idem_guards_match").map_err(#p::sql_error)?;
+                if !guards_match {
+                    #p::warn_guard_differs_after(#table, #key_debug, #to, &[#(#guard_names),*]);
+                }
+                return ::core::result::Result::Ok(#p::Transition::AlreadyApplied(#row_of));
+            }
+            #p::Miss::GuardMismatch => {
+                #p::warn_guard_mismatch(#table, #key_debug, &[#(#from),*], #to, &[#(#guard_names),*]);
+                return ::core::result::Result::Ok(#p::Transition::GuardMismatch(#row_of));
+            }
+            #p::Miss::Illegal => {
+                return ::core::result::Result::Ok(#p::Transition::Illegal {
+                    current: #p::StateValue::from_column(current)?,
+                });
+            }
+            // Back in a `from` state between the two statements: apply again.
+            #p::Miss::Retry => {}
+        }
+    }
+}
+
+/// With a machine: a `const` block that fails to compile when `from` or `to` is not one of
+/// its states, or `from → to` not one of its edges, spanned on the offending string.
+fn machine_check(m: &Model) -> Option<TokenStream> {
+    let machine = m.machine.as_ref()?;
+    let name = machine.to_token_stream().to_string().replace(' ', "");
+    let to_lit = &m.to;
+    let state_checks = m.from.iter().chain(std::iter::once(to_lit)).map(|lit| {
+        let msg = format!(
+            "`{}` is not a state of the state machine `{name}`",
+            lit.value()
+        );
+        quote_spanned! {lit.span()=>
+            if !<#machine>::__idem_is_state(#lit) {
+                ::core::panic!(#msg);
+            }
+        }
+    });
+    let edge_checks = m.from.iter().map(|f| {
+        let msg = format!(
+            "`{}` → `{}` is not an edge of the state machine `{name}`: declare it there, or start from another state",
+            f.value(),
+            to_lit.value()
+        );
+        quote_spanned! {to_lit.span()=>
+            if <#machine>::__idem_is_state(#f)
+                && <#machine>::__idem_is_state(#to_lit)
+                && !<#machine>::__idem_allows(#f, #to_lit)
+            {
+                ::core::panic!(#msg);
+            }
+        }
+    });
+    Some(quote! {
+        const _: () = {
+            #(#state_checks)*
+            #(#edge_checks)*
+        };
+    })
+}
