@@ -297,6 +297,21 @@ pub use idem_macros::state_transition;
 /// let scope = idem::scope!("order:<user.id>").unwrap();
 /// assert_eq!(scope, "order:7");
 /// ```
+///
+/// Where idem is re-exported under another path, say where after the template, as `crate =
+/// "…"` says it to the attributes:
+///
+/// ```
+/// mod deps {
+///     pub(crate) use idem;
+/// }
+/// # struct User { id: u64 }
+/// # fn main() {
+/// # let user = User { id: 7 };
+/// let scope = idem::scope!("order:<user.id>", crate = "crate::deps::idem").unwrap();
+/// # assert_eq!(scope, "order:7");
+/// # }
+/// ```
 #[doc(inline)]
 pub use idem_macros::scope;
 
@@ -325,6 +340,22 @@ pub use idem_macros::scope;
 /// assert!(OrderStatus::Paid.can_become(OrderStatus::Cancelled));
 /// assert!(!OrderStatus::Shipped.can_become(OrderStatus::Cancelled));
 /// assert_eq!(OrderStatus::parse("DONE"), Some(OrderStatus::Done));
+/// ```
+///
+/// Where idem is re-exported under another path, say where with `#[idem(crate = "…")]` on the
+/// enum (the attribute is the macro's, not the enum's):
+///
+/// ```
+/// mod deps {
+///     pub(crate) use idem;
+/// }
+///
+/// idem::state_machine! {
+///     #[idem(crate = "crate::deps::idem")]
+///     pub enum Light { Red = "RED", Green = "GREEN" }
+///     Red -> Green -> Red;
+/// }
+/// # fn main() { assert!(Light::Red.can_become(Light::Green)); }
 /// ```
 #[doc(inline)]
 pub use idem_macros::state_machine;
