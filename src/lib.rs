@@ -68,18 +68,21 @@
 ///
 /// | argument | meaning |
 /// |---|---|
-/// | `scope = "refund:<order_no>"` | **required.** What the operation acts on. `<placeholders>` name arguments (bound by their patterns: `Path(order_no)` binds `order_no`) or field paths of them (`<user.id>`); values are percent-encoded so different values never give the same scope. Two placeholders need a delimiter such as `:` between them. |
-/// | `key = <expr>` | **required.** The idempotency key: anything [`ToKey`]: a `&str` or `String` (validated with [`KeyPolicy::DEFAULT`]), an integer message id, a [`Key`], the HTTP extractor. A bad key is rejected before the store is touched. |
+/// | `scope = "refund:<order_no>"` | **required.** What the operation acts on: the operation's name as literal text (two functions with the same template would share their records, so a scope of placeholders alone is refused), then `<placeholders>` naming arguments (bound by their patterns: `Path(order_no)` binds `order_no`) or field paths of them (`<user.id>`), each rendered with `Display`. Values are percent-encoded so different values never give the same scope. Two placeholders need a delimiter such as `:` between them. |
+/// | `key = <expr>` | **required.** The idempotency key, read from the request: anything [`ToKey`]: a `&str` or `String` (validated with [`KeyPolicy::DEFAULT`]), an integer message id, a [`Key`], the HTTP extractor. A bad key is rejected before the store is touched; a literal is refused at compile time (every call would share it). |
 /// | `store = <expr>` | The store, by place (`app.idem`, `self.store`, a `&MemoryStore` argument): it is cloned, which is cheap. Without it, the store installed with [`set_default_store`]. |
-/// | `fingerprint(a, b)` | Fingerprint exactly these arguments. |
-/// | `skip(a, b)` | Fingerprint every argument but these. `#[idem(skip)]` on a parameter does the same. By default every argument is fingerprinted except `self`, the key and the store when they are plain arguments; an argument that is not `Serialize` is a compile error pointing at it. |
-/// | `lease = "30s"` | How long a claim lives before it is presumed abandoned (default `"5m"`). Units `ms`, `s`, `m`, `h`, `d`; checked at compile time. |
+/// | `fingerprint(a, b.c)` | Fingerprint exactly these arguments, or fields of them (`req.cents`). Not empty: a retry with other arguments must be refused, not answered. |
+/// | `skip(a, b)` | Fingerprint every argument but these (names, not fields). `#[idem(skip)]` on a parameter does the same, and cannot be combined with `fingerprint(…)` listing it. By default every argument is fingerprinted except `self`, the key when it is an argument itself (`key = key`), and the store or the argument it is read from (`app` in `store = app.idem`: application state is not part of the request). An argument that `key = …` only reads (`headers` in `key = headers.key`) is fingerprinted. An argument that is not `Serialize` is a compile error pointing at it. |
+/// | `lease = "30s"` | How long a claim lives before it is presumed abandoned (default `"5m"`), at least `"1s"`: a claim that runs out while the body runs lets a retry run it again. Units `ms`, `s`, `m`, `h`, `d`; checked at compile time. |
 /// | `retain = "24h"` | How long the answer is replayed (default `"24h"`); at least the lease. |
 /// | `on_error = "release"` | `"release"` (default): an `Err` frees the key so a retry runs the body again. `"store_final"`: errors for which [`FinalError::is_final`] holds are stored and replayed like successes. |
 /// | `on_expired_lease = "reclaim"` | `"reclaim"` (default): an abandoned claim is taken over (fence + 1, with its recovery point). `"fail_closed"`: keep answering "in progress". |
 /// | `transaction = tx` | Transactional mode ([`TxStore`]: SQLite or PostgreSQL): the body gets `tx: &mut sqlx::Transaction<'static, DB>`; the claim, the body's SQL and the completion commit together, and an `Err` or a panic rolls all of them back. |
 /// | `claim = c` | The body gets `c: `[`ClaimInfo`]: its fence, whether it took over an abandoned claim, the recovery point, and [`ClaimInfo::downstream_key`] for calls to the outside world. |
-/// | `crate = "path::to::idem"` | Where idem is, when it is re-exported under another path. |
+/// | `crate = "path::to::idem"` | Where idem is, when it is re-exported under another path. Without it, a crate whose `Cargo.toml` renames the dependency, or does not depend on idem at all, gets one error that says so. |
+///
+/// `#[idempotent]` is given once per function, on a function with a body: on a trait method,
+/// put it on the method in each `impl` block.
 ///
 /// # Examples
 ///

@@ -127,8 +127,8 @@ impl Arg<'_, '_> {
         }
     }
 
-    /// `(a, b, c)`: a list of identifiers.
-    pub(crate) fn idents(&self) -> syn::Result<Vec<Ident>> {
+    /// `(a, b.c, d.0)`: a list of argument names, or field paths of them.
+    pub(crate) fn paths(&self) -> syn::Result<Vec<FieldPath>> {
         let name = self.name;
         if !self.meta.input.peek(syn::token::Paren) {
             return Err(self.meta.error(format_args!(
@@ -137,8 +137,33 @@ impl Arg<'_, '_> {
         }
         let content;
         syn::parenthesized!(content in self.meta.input);
-        let list = content.parse_terminated(syn::ext::IdentExt::parse_any, syn::Token![,])?;
+        let list = content.parse_terminated(FieldPath::parse, syn::Token![,])?;
         Ok(list.into_iter().collect())
+    }
+}
+
+/// An argument, or a field of one: `req`, `req.cents`, `pair.0`.
+pub(crate) struct FieldPath {
+    pub(crate) root: Ident,
+    pub(crate) fields: Vec<syn::Member>,
+}
+
+impl FieldPath {
+    fn parse(input: syn::parse::ParseStream<'_>) -> syn::Result<Self> {
+        let root = syn::ext::IdentExt::parse_any(input)?;
+        let mut fields = Vec::new();
+        while input.peek(syn::Token![.]) {
+            input.parse::<syn::Token![.]>()?;
+            fields.push(input.parse()?);
+        }
+        Ok(FieldPath { root, fields })
+    }
+}
+
+impl quote::ToTokens for FieldPath {
+    fn to_tokens(&self, tokens: &mut TokenStream) {
+        let (root, fields) = (&self.root, &self.fields);
+        tokens.extend(quote::quote!(#root #(.#fields)*));
     }
 }
 

@@ -11,7 +11,7 @@ use syn::{LitStr, Token};
 
 use crate::attr::{self, Grammar};
 use crate::ctxt::Ctxt;
-use crate::krate::Krate;
+use crate::krate::{Krate, Site};
 use crate::template::{self, Part, Template};
 
 const GRAMMAR: Grammar = Grammar {
@@ -55,7 +55,7 @@ fn validate(input: Input, cx: &mut Ctxt) -> Option<Model> {
         krate = arg.lit_str(cx)?;
         Ok(())
     });
-    let krate = Krate::new(krate.as_ref(), cx);
+    let krate = Krate::new(krate.as_ref(), Site::Scope, cx);
     let template = cx.ok(template::parse(&input.lit.value(), input.lit.span()))?;
     Some(Model {
         template,
@@ -72,13 +72,14 @@ pub(crate) fn expand(input: TokenStream) -> TokenStream {
     let mut cx = Ctxt::default();
     let model = validate(input, &mut cx);
     match cx.finish(model, "scope!") {
-        Ok(m) => render(&m.template, &m.lit, &m.krate.private()),
+        Ok(m) => render(&m.template, &m.lit, &m.krate),
         Err(e) => e.to_compile_error(),
     }
 }
 
 /// Code that evaluates to `Result<String, idem::Error>`: the rendered scope.
-pub(crate) fn render(t: &Template, lit: &LitStr, private: &TokenStream) -> TokenStream {
+pub(crate) fn render(t: &Template, lit: &LitStr, krate: &Krate) -> TokenStream {
+    let private = krate.private();
     let span = lit.span();
     let builder = syn::Ident::new("__idem_scope", proc_macro2::Span::mixed_site());
     let cap = t.literal_len + 16;
@@ -86,11 +87,18 @@ pub(crate) fn render(t: &Template, lit: &LitStr, private: &TokenStream) -> Token
         Part::Text(text) => quote!(#builder.literal(#text);),
         Part::Hole(h) => {
             let root = syn::Ident::new(&h.root, span);
+            // A field is named by generated tokens located on the string: rustc's "a field with
+            // a similar name exists" cannot then offer to rewrite the whole string as the field.
+            let located = proc_macro2::Span::mixed_site().located_at(span);
             let fields = h.fields.iter().map(|f| match f.parse::<u32>() {
-                Ok(index) => syn::Member::Unnamed(syn::Index { index, span }),
-                Err(_) => syn::Member::Named(syn::Ident::new(f, span)),
+                Ok(index) => syn::Member::Unnamed(syn::Index {
+                    index,
+                    span: located,
+                }),
+                Err(_) => syn::Member::Named(syn::Ident::new(f, located)),
             });
-            quote_spanned!(span=> #builder.value(&#root #(.#fields)*);)
+            let p = krate.private_at(span);
+            quote_spanned!(span=> #p::ScopeValue::add_to(&#root #(.#fields)*, &mut #builder);)
         }
     });
     quote! {

@@ -76,6 +76,14 @@ pub(crate) fn parse(text: &str, span: Span) -> syn::Result<Template> {
             }
         }
     }
+    let named = parts
+        .iter()
+        .any(|p| matches!(p, Part::Text(t) if t.bytes().any(|b| b.is_ascii_alphanumeric())));
+    if !named {
+        return Err(err(format!(
+            "scope template `{text}` has no literal text: start it with the operation's name, e.g. `refund:{text}`. Two functions with the same template share their records, so one would get the other's answers"
+        )));
+    }
     Ok(Template { parts, literal_len })
 }
 
@@ -161,7 +169,7 @@ mod tests {
         assert_eq!(holes("refund:<order_no>"), ["order_no"]);
         assert_eq!(holes("order:<user.id>:<cart.0>"), ["user.id", "cart.0"]);
         assert_eq!(holes("consumer:payments"), Vec::<String>::new());
-        assert_eq!(holes("<a>/<b>"), ["a", "b"]);
+        assert_eq!(holes("pair:<a>/<b>"), ["a", "b"]);
     }
 
     #[test]
@@ -173,7 +181,9 @@ mod tests {
         assert!(error("refund:<>").contains("empty placeholder"));
         assert!(error("refund:<order no>").contains("not an argument"));
         assert!(error("refund:<1x>").contains("not an argument"));
-        assert!(error("<a><b>").contains("separated"));
-        assert!(error("<a>-<b>").contains("separated only by"));
+        assert!(error("x:<a><b>").contains("separated"));
+        assert!(error("x:<a>-<b>").contains("separated only by"));
+        assert!(error("<order_no>").contains("no literal text"));
+        assert!(error(":<a>/<b>").contains("no literal text"));
     }
 }

@@ -56,6 +56,39 @@ impl<T: serde::Serialize + ?Sized> Fingerprintable for T {
     }
 }
 
+/// An argument that `key = …` reads but is not itself (`key = req.key`): it goes into the
+/// fingerprint like any other argument, and when it cannot, the message says why it is there.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be fingerprinted",
+    label = "`key = …` reads this argument, and only an argument that is the key itself (`key = key`) is left out of the fingerprint",
+    note = "if it is not part of the request, leave it out with `#[idem(skip)]` on the argument or `skip(…)` in the attribute; if it is, derive `serde::Serialize` for it"
+)]
+pub trait KeySource {
+    fn add_to(&self, f: &mut Fingerprinter) -> Result<(), Error>;
+}
+
+impl<T: serde::Serialize + ?Sized> KeySource for T {
+    fn add_to(&self, f: &mut Fingerprinter) -> Result<(), Error> {
+        f.add(self)
+    }
+}
+
+/// A value in a scope placeholder.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a scope value",
+    label = "a placeholder is rendered with `Display`",
+    note = "an `Option` or a struct has no `Display`: name a field that is always there (`<user.id>`), or an argument that holds the text"
+)]
+pub trait ScopeValue {
+    fn add_to(&self, scope: &mut ScopeBuilder);
+}
+
+impl<T: std::fmt::Display + ?Sized> ScopeValue for T {
+    fn add_to(&self, scope: &mut ScopeBuilder) {
+        scope.value(self);
+    }
+}
+
 pub fn key<K: ToKey + ?Sized>(k: &K) -> Result<Key, Error> {
     k.to_key()
 }

@@ -4,7 +4,7 @@ use proc_macro2::{Span, TokenStream};
 use syn::spanned::Spanned;
 use syn::{Expr, FnArg, Ident, ItemFn, LitStr};
 
-use crate::attr::{self, Given, Grammar};
+use crate::attr::{self, FieldPath, Given, Grammar};
 use crate::ctxt::Ctxt;
 
 const GRAMMAR: Grammar = Grammar {
@@ -31,8 +31,8 @@ pub(super) struct Args {
     pub(super) scope: Option<LitStr>,
     pub(super) key: Option<Expr>,
     pub(super) store: Option<Expr>,
-    pub(super) fingerprint: Option<(Span, Vec<Ident>)>,
-    pub(super) skip: Option<(Span, Vec<Ident>)>,
+    pub(super) fingerprint: Option<(Span, Vec<FieldPath>)>,
+    pub(super) skip: Option<(Span, Vec<FieldPath>)>,
     pub(super) lease: Option<LitStr>,
     pub(super) retain: Option<LitStr>,
     pub(super) on_error: Option<LitStr>,
@@ -49,7 +49,7 @@ impl Args {
         let mut args = Args::default();
         args.given = attr::parse(tokens, &GRAMMAR, cx, |arg, cx| {
             let list = |arg: &attr::Arg<'_, '_>| -> syn::Result<_> {
-                Ok(Some((arg.meta.path.span(), arg.idents()?)))
+                Ok(Some((arg.meta.path.span(), arg.paths()?)))
             };
             match arg.name {
                 "scope" => args.scope = arg.lit_str(cx)?,

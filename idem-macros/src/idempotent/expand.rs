@@ -7,7 +7,6 @@ use syn::spanned::Spanned;
 use syn::{Ident, ItemFn, LitStr, Stmt, Type};
 
 use super::valid::Model;
-use crate::spans::respan;
 use crate::types;
 
 /// Names and spans shared by the pieces of the expansion.
@@ -26,7 +25,7 @@ impl Gen<'_> {
     /// The runtime path, re-spanned onto a user token: an unmet trait bound of the function it
     /// names is then reported there, under the return type or the store, not on the attribute.
     fn private_at(&self, span: Span) -> TokenStream {
-        respan(self.private.clone(), span)
+        self.model.krate.private_at(span)
     }
 
     /// A hygienic generated local.
@@ -139,12 +138,19 @@ fn prepared(g: &Gen<'_>) -> TokenStream {
     let v_fp = Gen::local("fp");
     let v_policy = Gen::local("policy");
     let scope_lit = LitStr::new("", m.scope_span);
-    let scope_expr = crate::scope::render(&m.template, &scope_lit, private);
-    let fp_steps = m.fingerprinted.iter().map(|(ident, cfgs)| {
-        let p = g.private_at(ident.span());
-        quote_spanned! {ident.span()=>
+    let scope_expr = crate::scope::render(&m.template, &scope_lit, &m.krate);
+    let fp_steps = m.fingerprinted.iter().map(|f| {
+        let span = f.path.root.span();
+        let p = g.private_at(span);
+        let check = if f.read_by_key {
+            Ident::new("KeySource", span)
+        } else {
+            Ident::new("Fingerprintable", span)
+        };
+        let (path, cfgs) = (&f.path, &f.cfgs);
+        quote_spanned! {span=>
             #(#cfgs)*
-            #p::Fingerprintable::add_to(&#ident, &mut #v_fp)?;
+            #p::#check::add_to(&#path, &mut #v_fp)?;
         }
     });
     let key = &m.key;

@@ -15,10 +15,20 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut func: ItemFn = match syn::parse2(item.clone()) {
         Ok(f) => f,
         Err(_) => {
-            let e = syn::Error::new(
-                Span::call_site(),
-                "#[idempotent] applies to an `async fn` with a body",
-            )
+            let e = match syn::parse2::<syn::TraitItemFn>(item.clone()) {
+                // A declaration: in a trait, or a `fn …;` elsewhere.
+                Ok(f) if f.default.is_none() => syn::Error::new(
+                    f.sig.ident.span(),
+                    format_args!(
+                        "#[idempotent] rewrites a function's body, and `{}` has none here: put the attribute on the method in each `impl` block, where its body is",
+                        f.sig.ident
+                    ),
+                ),
+                _ => syn::Error::new(
+                    Span::call_site(),
+                    "#[idempotent] applies to an `async fn` with a body",
+                ),
+            }
             .to_compile_error();
             return quote!(#item #e);
         }

@@ -7,9 +7,10 @@ use syn::spanned::Spanned;
 use syn::{Expr, Ident, ItemFn, LitStr, ReturnType, Signature, Type};
 
 use super::ast::Args;
+use crate::attr::FieldPath;
 use crate::bindings::{self, Param};
 use crate::ctxt::Ctxt;
-use crate::krate::Krate;
+use crate::krate::{Krate, Site};
 use crate::template::{self, Part, Template};
 use crate::types;
 
@@ -20,11 +21,21 @@ pub(super) struct Model {
     pub(super) scope_span: Span,
     pub(super) key: Expr,
     pub(super) store: Option<Expr>,
-    pub(super) fingerprinted: Vec<(Ident, Vec<syn::Attribute>)>,
+    pub(super) fingerprinted: Vec<Fingerprinted>,
     pub(super) policy: Policy,
     pub(super) transaction: Option<Ident>,
     pub(super) claim: Option<Ident>,
     pub(super) ret: Type,
+}
+
+/// One value that goes into the fingerprint: an argument or a field of one, with the
+/// `#[cfg]`s of its parameter.
+pub(super) struct Fingerprinted {
+    pub(super) path: FieldPath,
+    pub(super) cfgs: Vec<syn::Attribute>,
+    /// The argument is there because `key = …` reads it (`key = req.key`): when it cannot be
+    /// fingerprinted, the error says so.
+    pub(super) read_by_key: bool,
 }
 
 /// The per-handler policy, as far as the attribute sets it.
@@ -42,6 +53,12 @@ pub(super) fn validate(
     cx: &mut Ctxt,
 ) -> Option<Model> {
     let sig = &func.sig;
+    if let Some(again) = func.attrs.iter().find(|a| is_idempotent(a.path())) {
+        cx.spanned(
+            again,
+            "#[idempotent] is given twice: the inner one would find the outer one's claim and refuse every call as in progress. Keep one",
+        );
+    }
     if sig.asyncness.is_none() {
         cx.at(
             sig.fn_token.span,
@@ -54,15 +71,10 @@ pub(super) fn validate(
         p.skipped |= skip.is_some();
     }
     let template = scope(&args, &params, sig, cx);
-    if !args.given.contains("key") {
-        cx.at(
-            Span::call_site(),
-            "missing `key`: the idempotency key, e.g. `key = key` for an `IdempotencyKey` argument or `key = msg.id` for a message",
-        );
-    }
-    let fingerprinted = fingerprinted(&args, &params, sig, cx);
+    key(&args, cx);
+    let fingerprinted = fingerprinted(&args, &params, skipped, sig, cx);
     let policy = policy(&args, cx);
-    let krate = Krate::new(args.krate.as_ref(), cx);
+    let krate = Krate::new(args.krate.as_ref(), Site::Attribute, cx);
     for name in [&args.transaction, &args.claim].into_iter().flatten() {
         if bound(&params).any(|i| i == name) {
             cx.at(
@@ -70,6 +82,16 @@ pub(super) fn validate(
                 format_args!("`{name}` would hide the argument `{name}`: name it something else"),
             );
         }
+    }
+    if let (Some(tx), Some(claim)) = (&args.transaction, &args.claim)
+        && tx == claim
+    {
+        cx.at(
+            claim.span(),
+            format_args!(
+                "`transaction` and `claim` both name `{claim}`: the body gets two values, so give them two names, e.g. `transaction = tx, claim = claim`"
+            ),
+        );
     }
     Some(Model {
         krate,
@@ -83,6 +105,54 @@ pub(super) fn validate(
         claim: args.claim,
         ret: ret?,
     })
+}
+
+/// `#[idempotent]` or `#[idem::idempotent]`.
+fn is_idempotent(path: &syn::Path) -> bool {
+    path.segments
+        .last()
+        .is_some_and(|s| s.ident == "idempotent")
+}
+
+/// `key` is given, and is not the same for every call.
+fn key(args: &Args, cx: &mut Ctxt) {
+    match &args.key {
+        None if !args.given.contains("key") => cx.at(
+            Span::call_site(),
+            "missing `key`: the idempotency key, e.g. `key = key` for an `IdempotencyKey` argument or `key = msg.id` for a message",
+        ),
+        Some(key) if literal(key) => cx.spanned(
+            key,
+            "`key` is a literal, so every call has the same key and gets the first call's answer: take the key from the request, e.g. `key = key` for an `IdempotencyKey` argument or `key = msg.id` for a message",
+        ),
+        _ => {}
+    }
+}
+
+fn literal(e: &Expr) -> bool {
+    match e {
+        Expr::Lit(_) => true,
+        Expr::Reference(r) => literal(&r.expr),
+        Expr::Paren(p) => literal(&p.expr),
+        Expr::Group(g) => literal(&g.expr),
+        _ => false,
+    }
+}
+
+/// The argument an expression reads from: `app` in `app.idem`, `self` in `self.store()`.
+fn root(e: &Expr) -> Option<&Ident> {
+    match e {
+        Expr::Path(p) if p.qself.is_none() => p.path.get_ident(),
+        Expr::Field(f) => root(&f.base),
+        Expr::MethodCall(m) => root(&m.receiver),
+        Expr::Index(i) => root(&i.expr),
+        Expr::Reference(r) => root(&r.expr),
+        Expr::Paren(p) => root(&p.expr),
+        Expr::Group(g) => root(&g.expr),
+        Expr::Unary(u) => root(&u.expr),
+        Expr::Try(t) => root(&t.expr),
+        _ => None,
+    }
 }
 
 /// Every name the parameters bind.
@@ -154,21 +224,23 @@ fn scope(args: &Args, params: &[Param], sig: &Signature, cx: &mut Ctxt) -> Optio
     Some(template)
 }
 
-/// The identifiers that go into the fingerprint, each with the `#[cfg]`s of its parameter.
+/// What goes into the fingerprint: the listed arguments or fields, or every argument but the
+/// skipped ones, the key and the store.
 fn fingerprinted(
     args: &Args,
     params: &[Param],
+    skipped: &[Option<Span>],
     sig: &Signature,
     cx: &mut Ctxt,
-) -> Option<Vec<(Ident, Vec<syn::Attribute>)>> {
+) -> Option<Vec<Fingerprinted>> {
     let find = |name: &Ident| params.iter().find(|p| p.idents.iter().any(|i| i == name));
     let mut ok = true;
-    let mut check = |list: &[Ident], cx: &mut Ctxt| {
-        for name in list.iter().filter(|name| find(name).is_none()) {
+    let mut check = |list: &[FieldPath], cx: &mut Ctxt| {
+        for path in list.iter().filter(|p| find(&p.root).is_none()) {
             ok = false;
             cx.at(
-                name.span(),
-                format_args!("`{name}` is not an argument of `{}`", sig.ident),
+                path.root.span(),
+                format_args!("`{}` is not an argument of `{}`", path.root, sig.ident),
             );
         }
     };
@@ -178,27 +250,103 @@ fn fingerprinted(
             "use either `fingerprint(…)` (exactly these arguments) or `skip(…)` (all but these), not both",
         );
     }
-    let out: Vec<(Ident, Vec<syn::Attribute>)> = if let Some((_, list)) = &args.fingerprint {
+    let out = if let Some((span, list)) = &args.fingerprint {
         check(list, cx);
+        listed(*span, list, params, skipped, cx);
         list.iter()
-            .filter_map(|name| find(name).map(|p| (name.clone(), p.cfgs.clone())))
+            .filter_map(|path| {
+                let p = find(&path.root)?;
+                Some(Fingerprinted {
+                    path: FieldPath {
+                        root: path.root.clone(),
+                        fields: path.fields.clone(),
+                    },
+                    cfgs: p.cfgs.clone(),
+                    read_by_key: false,
+                })
+            })
             .collect()
     } else {
         let skip = args.skip.as_ref().map(|(_, l)| l.as_slice());
         let skip = skip.unwrap_or_default();
         check(skip, cx);
-        // The key identifies the request and the store keeps it: neither is part of what the
-        // request says.
-        let implicit = [plain_ident(&args.key), plain_ident(&args.store)];
-        params
-            .iter()
-            .filter(|p| !p.skipped && !p.is_receiver)
-            .flat_map(|p| p.idents.iter().map(move |i| (i, p)))
-            .filter(|(i, _)| !skip.contains(i) && !implicit.iter().flatten().any(|k| k == *i))
-            .map(|(i, p)| (i.clone(), p.cfgs.clone()))
-            .collect()
+        for path in skip.iter().filter(|p| !p.fields.is_empty()) {
+            cx.spanned(
+                path,
+                "`skip` takes argument names, not fields: to hash part of an argument, list what makes up the request with `fingerprint(…)`, e.g. `fingerprint(order_no, req.cents)`",
+            );
+        }
+        all_but(args, params, skip)
     };
     ok.then_some(out)
+}
+
+/// `fingerprint(…)` names something, and nothing twice or also skipped.
+fn listed(
+    span: Span,
+    list: &[FieldPath],
+    params: &[Param],
+    skipped: &[Option<Span>],
+    cx: &mut Ctxt,
+) {
+    if list.is_empty() {
+        cx.at(
+            span,
+            "`fingerprint()` lists nothing, so a retry with other arguments would get the first answer instead of an error: list what makes up the request, e.g. `fingerprint(order_no, cents)`, or leave `fingerprint` out to hash every argument",
+        );
+    }
+    let text = |p: &FieldPath| quote::ToTokens::to_token_stream(p).to_string();
+    for (i, path) in list.iter().enumerate() {
+        if list[..i].iter().any(|e| text(e) == text(path)) {
+            cx.spanned(
+                path,
+                format_args!("`{}` is listed twice in `fingerprint(…)`", text(path)),
+            );
+        }
+    }
+    for (param, skip) in params.iter().zip(skipped) {
+        let Some(skip) = skip else { continue };
+        if let Some(ident) = param
+            .idents
+            .iter()
+            .find(|i| list.iter().any(|p| p.root == **i))
+        {
+            cx.at(
+                *skip,
+                format_args!(
+                    "`{ident}` is marked `#[idem(skip)]`, but `fingerprint(…)` lists it: remove one of the two"
+                ),
+            );
+        }
+    }
+}
+
+/// Every argument but `self`, the skipped ones, the key and the store: the key identifies the
+/// request, and the store (or the application state it is read from, `app` in
+/// `store = app.idem`) keeps it; neither is part of what the request says.
+fn all_but(args: &Args, params: &[Param], skip: &[FieldPath]) -> Vec<Fingerprinted> {
+    let implicit = [
+        plain_ident(&args.key),
+        plain_ident(&args.store),
+        args.store.as_ref().and_then(root).cloned(),
+    ];
+    let key_root = args.key.as_ref().and_then(root);
+    params
+        .iter()
+        .filter(|p| !p.skipped && !p.is_receiver)
+        .flat_map(|p| p.idents.iter().map(move |i| (i, p)))
+        .filter(|(i, _)| {
+            !skip.iter().any(|s| s.root == **i) && !implicit.iter().flatten().any(|k| k == *i)
+        })
+        .map(|(i, p)| Fingerprinted {
+            path: FieldPath {
+                root: i.clone(),
+                fields: Vec::new(),
+            },
+            cfgs: p.cfgs.clone(),
+            read_by_key: key_root == Some(i),
+        })
+        .collect()
 }
 
 /// `key = key`: the expression is an argument itself.
@@ -209,6 +357,10 @@ fn plain_ident(e: &Option<Expr>) -> Option<Ident> {
     }
 }
 
+/// The shortest lease: below a second, a body's ordinary latency (a database round trip under
+/// load, a pause) outlives its claim, and a retry that arrives then runs the body again.
+const MIN_LEASE_MS: u64 = 1_000;
+
 /// Lease, retention, and what happens to errors and abandoned claims.
 fn policy(args: &Args, cx: &mut Ctxt) -> Policy {
     let mut duration = |lit: &Option<LitStr>| {
@@ -217,6 +369,17 @@ fn policy(args: &Args, cx: &mut Ctxt) -> Policy {
     };
     let lease_ms = duration(&args.lease);
     let retain_ms = duration(&args.retain);
+    if let (Some(ms), Some(lit)) = (lease_ms, &args.lease)
+        && ms < MIN_LEASE_MS
+    {
+        cx.at(
+            lit.span(),
+            format_args!(
+                "a lease of {} is too short: a claim that runs out while the body still runs lets a retry run the body a second time. Give the longest time the body can take, at least \"1s\" (the default is \"5m\")",
+                lit.value()
+            ),
+        );
+    }
     let (lease, retain) = (lease_ms.unwrap_or(300_000), retain_ms.unwrap_or(86_400_000));
     if retain < lease {
         let span = args.retain.as_ref().or(args.lease.as_ref());

@@ -5,7 +5,7 @@ use syn::Ident;
 use super::ast::Machine;
 use crate::attr::{self, Grammar};
 use crate::ctxt::Ctxt;
-use crate::krate::Krate;
+use crate::krate::{Krate, Site};
 
 const OPTIONS: Grammar = Grammar {
     site: "#[idem(…)] of state_machine!",
@@ -44,7 +44,7 @@ fn options(m: &Machine, cx: &mut Ctxt) -> Krate {
             Ok(())
         });
     }
-    Krate::new(krate.as_ref(), cx)
+    Krate::new(krate.as_ref(), Site::Machine, cx)
 }
 
 fn states(m: &Machine, cx: &mut Ctxt) {

@@ -7,7 +7,7 @@ use super::args::{Args, Required};
 use super::decl::{self, Decl, FnArgs};
 use super::ident::{self, SqlIdent};
 use crate::ctxt::Ctxt;
-use crate::krate::Krate;
+use crate::krate::{Krate, Site};
 
 /// What a generated function acts on.
 pub(crate) struct Target {
@@ -39,7 +39,7 @@ pub(crate) fn check(
     let fn_args = cx.ok(decl::fn_args(sig, attr));
     let table = args.table.as_ref();
     let table = table.and_then(|l| cx.ok(ident::lit_ident(l, "table", true)));
-    let krate = Krate::new(args.krate.as_ref(), cx);
+    let krate = Krate::new(args.krate.as_ref(), Site::Attribute, cx);
     let target = match (table, &fn_args) {
         (Some(table), Some(a)) => Some(Target {
             krate,
