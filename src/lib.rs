@@ -194,8 +194,11 @@ pub use idem_runtime::transition::{Created, StateMachine, Transition, Versioned}
 /// Declare an `async fn` without a body. Its first argument is the executor: anything
 /// [`sqlx::Acquire`](https://docs.rs/sqlx/latest/sqlx/trait.Acquire.html) for PostgreSQL or SQLite
 /// (a `&PgPool`, a `&mut PgConnection`, a `&mut Transaction<…>`). Every other argument fills the
-/// column of the same name. It returns `Result<Transition<R, S>, E>` with `R` the `returning` row
-/// (or `()`), `S` the machine's enum (or `String`), and `E: From<idem::Error>`.
+/// column of the same name, and must be a type the executor's database can bind (`u64` on
+/// PostgreSQL is an error on the argument). It returns `Result<Transition<R, S>, E>` with `R`
+/// the `returning` row (written when `returning` is given, and only then), `S` the machine's
+/// enum (only with `machine = …`) or `String`, and `E: From<idem::Error>`: each part is checked
+/// where it is written.
 ///
 /// One round trip when the transition applies; one more, a `SELECT` by key, only when it does
 /// not. A guard mismatch (the row is in a `from` state but a guard column differs) is logged at
@@ -207,12 +210,12 @@ pub use idem_runtime::transition::{Created, StateMachine, Transition, Versioned}
 /// |---|---|
 /// | `table = "orders"` | **required.** The table (`schema.table` allowed). |
 /// | `key = "order_no"` | **required.** The key column(s), comma-separated. |
-/// | `from = "PENDING"` or `from = ["PENDING", "PAID"]` | **required.** The states the transition starts from. |
-/// | `to = "PAID"` | **required.** The target state; not one of `from`. |
-/// | `state = "status"` | The state column (default `status`). |
-/// | `guard = "amount_cents"` | Extra columns that must equal their arguments. |
-/// | `set = "paid_at = now(), paid_by"` | Extra columns to set: from the argument of the same name, or `now()` (the database's clock). |
-/// | `returning = Order` | A `sqlx::FromRow` type: the row after the update (`RETURNING *`), or as found. |
+/// | `from = "PENDING"` or `from = ["PENDING", "PAID"]` | **required.** The states the transition starts from: at least one, each one name (`"PENDING, PAID"` is refused: write a list). |
+/// | `to = "PAID"` | **required.** The target state; one name, not one of `from`. |
+/// | `state = "status"` | The state column (default `status`); not a key or guard column. |
+/// | `guard = "amount_cents"` | Extra columns that must equal their arguments; not key columns. |
+/// | `set = "paid_at = now(), paid_by"` | Extra columns to set: from the argument of the same name, or `now()` (the database's clock). Not the state column (the transition sets it to `to`), a key column (the row would move) or a guard column. |
+/// | `returning = Order` | A `sqlx::FromRow` type: the row after the update (`RETURNING *`), or as found. The return type says `Transition<Order, …>`. |
 /// | `machine = OrderStatus` | A [`state_machine!`]: `from` and `to` must be its states and every `from → to` one of its edges, checked at compile time; `Illegal { current }` is then typed. |
 /// | `crate = "path::to::idem"` | Where idem is, when it is re-exported. |
 ///
@@ -367,8 +370,9 @@ pub use idem_macros::state_machine;
 /// version that was read, and says [`Versioned`]`::{Updated { version }, Stale { current_version
 /// }, NotFound}`. Retry stale updates with [`transition::retry_versioned`].
 ///
-/// Arguments: `table`, `key` (columns), `set` (columns, from the arguments of the same name),
-/// `version` (the column, default `version`; the argument of that name is the version read),
+/// Arguments: `table`, `key` (columns), `set` (columns, from the arguments of the same name; not
+/// the version column, which the update bumps itself, nor a key column), `version` (the column,
+/// default `version`; the argument of that name, an `i64` or narrower, is the version read),
 /// `crate`.
 ///
 /// ```
@@ -395,8 +399,8 @@ pub use idem_macros::versioned_update;
 /// unique-violation error. Safe inside a transaction (no statement fails).
 ///
 /// Arguments: `table`, `unique` (the column(s) of a unique index, which must be among the
-/// arguments), `returning` (a `sqlx::FromRow` type), `crate`. Every argument after the executor
-/// is an inserted column.
+/// arguments), `returning` (a `sqlx::FromRow` type, the `R` of `Created<R>`), `crate`. Every
+/// argument after the executor is an inserted column.
 ///
 /// ```
 /// use idem::{Created, Error};

@@ -31,6 +31,8 @@ pub use serde;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use sqlx;
 
+use std::marker::PhantomData;
+
 use crate::flow::FinalOps;
 use crate::replay::{decode_final, encode_final};
 
@@ -184,6 +186,272 @@ pub fn errors_final<E: From<Error> + FinalError>() -> ErrorOps<E> {
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub fn sql_error(e: sqlx::Error) -> Error {
     crate::store::sql::map_err(e)
+}
+
+/// Marks the implementation of a check trait that applies.
+#[derive(Debug)]
+pub enum Holds {}
+
+/// Marks a second implementation that never applies: with two candidates, the compiler weighs
+/// the first one's bounds before choosing it, so a type that fails them matches no
+/// implementation, is reported once, and is an error type in the code after the check.
+#[derive(Debug)]
+pub enum Never {}
+
+/// Implemented by no type.
+pub trait Impossible {
+    fn never() -> std::convert::Infallible;
+}
+
+/// The first argument of a generated statement function.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an executor",
+    label = "the first argument runs the statements",
+    note = "take a `&PgPool`, a `&mut PgConnection`, a `&mut Transaction<'_, Postgres>` or an `impl sqlx::Acquire<'_, Database = Postgres>` (or their SQLite counterparts) as the first argument"
+)]
+pub trait Executor<'c, M> {
+    type Database: sqlx::Database;
+    type Checked;
+    fn checked(self) -> Self::Checked;
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<'c, A: sqlx::Acquire<'c>> Executor<'c, Holds> for A {
+    type Database = A::Database;
+    type Checked = A;
+    fn checked(self) -> A {
+        self
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<'c, A: Impossible> Executor<'c, Never> for A {
+    type Database = sqlx::Sqlite;
+    type Checked = A;
+    fn checked(self) -> A {
+        self
+    }
+}
+
+/// The executor, and its database: what every later check is against. When the argument is not
+/// an executor, both are error types and nothing downstream reports the same mistake again.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub fn executor<'c, A: Executor<'c, M>, M>(a: A) -> (A::Checked, PhantomData<A::Database>) {
+    (a.checked(), PhantomData)
+}
+
+/// A column argument: its value is bound as a statement parameter.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be sent to {DB} as a column value",
+    label = "this argument is bound as a statement parameter",
+    note = "sqlx binds integers as `i16`, `i32` or `i64` (PostgreSQL has no unsigned integers), text as `&str` or `String`, and any type that implements `sqlx::Type` and `sqlx::Encode` for the database"
+)]
+pub trait Bind<DB, M> {
+    type Value;
+    fn checked(self) -> Self::Value;
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<DB: sqlx::Database, T> Bind<DB, Holds> for T
+where
+    T: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    type Value = T;
+    fn checked(self) -> T {
+        self
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<DB, T: Impossible> Bind<DB, Never> for T {
+    type Value = T;
+    fn checked(self) -> T {
+        self
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub fn bind<DB, T: Bind<DB, M>, M>(_db: &PhantomData<DB>, value: T) -> T::Value {
+    value.checked()
+}
+
+/// The `returning` type of a generated statement.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be read from a row",
+    label = "`returning` names the type each returned row is read into",
+    note = "derive `sqlx::FromRow` for it: its fields are read from the columns of the same names"
+)]
+pub trait RowOf<DB: sqlx::Database, M>: Sized {
+    fn decode(row: &DB::Row) -> Result<Self, sqlx::Error>;
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<DB: sqlx::Database, R> RowOf<DB, Holds> for R
+where
+    R: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    fn decode(row: &DB::Row) -> Result<Self, sqlx::Error> {
+        R::from_row(row)
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<DB: sqlx::Database, R: Impossible> RowOf<DB, Never> for R {
+    #[allow(unreachable_code)]
+    fn decode(_row: &DB::Row) -> Result<Self, sqlx::Error> {
+        match R::never() {}
+    }
+}
+
+/// The row type, checked, with the function that reads it: the statements after the check
+/// need no bound of their own, so a type that fails it is reported once.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub struct Rows<DB: sqlx::Database, R> {
+    decode: fn(&DB::Row) -> Result<R, sqlx::Error>,
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<DB: sqlx::Database, R> std::fmt::Debug for Rows<DB, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Rows")
+    }
+}
+
+/// The row type `R` (from `row`), checked against the executor's database.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub fn rows<R: RowOf<DB, M>, DB: sqlx::Database, M>(
+    _db: &PhantomData<DB>,
+    _row: PhantomData<R>,
+) -> Rows<DB, R> {
+    Rows { decode: R::decode }
+}
+
+/// A row read into the checked row type.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub fn decode<DB: sqlx::Database, R>(rows: &Rows<DB, R>, row: &DB::Row) -> Result<R, Error> {
+    (rows.decode)(row).map_err(sql_error)
+}
+
+/// How a generated statement function turns an [`Error`] into its own error type.
+pub fn into_error<E: From<Error>>() -> fn(Error) -> E {
+    E::from
+}
+
+/// The row type written in the return type, against `returning`.
+#[diagnostic::on_unimplemented(
+    message = "the return type reads rows as `{Self}`, but `returning = {R}`",
+    label = "not the `returning` type",
+    note = "the statement's rows are read into one type: name the same one in `returning` and in the return type"
+)]
+pub trait SameRow<R> {
+    type Row;
+}
+
+impl<R> SameRow<R> for R {
+    type Row = R;
+}
+
+/// The row type, when the return type's is `returning`'s.
+pub fn same_row<T: SameRow<R>, R>() -> PhantomData<T::Row> {
+    PhantomData
+}
+
+/// The state type written in `Transition<_, S>`, against `machine = M`.
+#[diagnostic::on_unimplemented(
+    message = "`Transition<_, {Self}>` names a state type other than `machine = {M}`",
+    label = "not the machine's state type",
+    note = "a state read from the column is parsed into the machine's enum: write `Transition<_, {M}>`, or `Transition<_, String>` for the column's text"
+)]
+pub trait StateOf<M> {
+    type State;
+}
+
+impl<M: StateMachine> StateOf<M> for M {
+    type State = M;
+}
+
+impl<M> StateOf<M> for String {
+    type State = String;
+}
+
+pub fn state_of<S: StateOf<M>, M>() -> PhantomData<S::State> {
+    PhantomData
+}
+
+/// The state type written in `Transition<_, S>` of a transition without `machine = …`.
+#[diagnostic::on_unimplemented(
+    message = "`Transition<_, {Self}>` needs `machine = {Self}` in the attribute",
+    label = "a state type other than the column's text",
+    note = "with `machine = {Self}`, `from` and `to` are checked against the machine at compile time; without one, a state is the column's text: `Transition<_, String>`"
+)]
+pub trait TextState {
+    type State;
+}
+
+impl TextState for String {
+    type State = String;
+}
+
+pub fn text_state<S: TextState>() -> PhantomData<S::State> {
+    PhantomData
+}
+
+/// The state column's text, parsed into the checked state type.
+pub fn state_value<S: StateValue>(_state: &PhantomData<S>, text: String) -> Result<S, Error> {
+    S::from_column(text)
+}
+
+/// The argument holding the version an optimistic update expects.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot hold a row version",
+    label = "the version that was read",
+    note = "a version is an `i64` (an `i32` or `i16` is widened): the statement compares it, bumps it and returns the new one"
+)]
+pub trait VersionValue {
+    fn get(&self) -> i64;
+}
+
+macro_rules! version_value {
+    ($($t:ty),*) => {$(
+        impl VersionValue for $t {
+            fn get(&self) -> i64 {
+                i64::from(*self)
+            }
+        }
+
+        impl VersionValue for &$t {
+            fn get(&self) -> i64 {
+                i64::from(**self)
+            }
+        }
+    )*};
+}
+
+version_value!(i64, i32, i16);
+
+pub fn version<T: VersionValue>(v: &T) -> i64 {
+    v.get()
+}
+
+/// The states and edges of a `state_machine!`, as their column texts, for the compile-time
+/// checks of `#[state_transition(machine = …)]`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a state machine",
+    label = "`machine` names a type declared with `idem::state_machine!`",
+    note = "declare the states and edges once with `idem::state_machine! {{ pub enum {Self} {{ … }} … }}`"
+)]
+pub trait MachineTexts {
+    const MACHINE: MachineText;
+}
+
+/// A machine's states and edges, as column texts.
+#[derive(Debug, Clone, Copy)]
+pub struct MachineText {
+    pub states: &'static [&'static str],
+    pub edges: &'static [(&'static str, &'static str)],
 }
 
 /// The connection the generated statements run on: a pool's, or the caller's own.

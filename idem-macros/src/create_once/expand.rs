@@ -4,6 +4,7 @@
 use proc_macro2::{Span, TokenStream};
 use quote::quote_spanned;
 use syn::Ident;
+use syn::spanned::Spanned;
 
 use super::valid::Model;
 use crate::sql::Decl;
@@ -20,10 +21,11 @@ pub(super) fn expand(m: Model, decl: Decl) -> TokenStream {
         params.join(", "),
         conflict.join(", ")
     );
+    let values: Vec<&Ident> = m.target.values.iter().map(|a| &a.ident).collect();
     let unique_args: Vec<&Ident> = m
         .unique
         .iter()
-        .filter_map(|u| m.values.iter().find(|a| *a == u.name.as_str()))
+        .filter_map(|u| values.iter().copied().find(|a| *a == u.name.as_str()))
         .collect();
     let where_: Vec<String> = m
         .unique
@@ -36,27 +38,38 @@ pub(super) fn expand(m: Model, decl: Decl) -> TokenStream {
         m.target.table.quoted,
         where_.join(" AND ")
     );
-    let (values, ty) = (&m.values, &m.returning);
     let p = m.target.krate.private();
     let attempt = quote_spanned! {Span::mixed_site()=>
-        let inserted: ::core::option::Option<#ty> = #p::sqlx::query_as(#insert)
+        let inserted = #p::sqlx::query(#insert)
             #(.bind(&#values))*
             .fetch_optional(&mut *conn)
             .await
             .map_err(#p::sql_error)?;
         if let ::core::option::Option::Some(row) = inserted {
+            let row = #p::decode(&__idem_rows, &row)?;
             return ::core::result::Result::Ok(#p::Created::Inserted(row));
         }
         // The number is taken: the row that holds it is the answer, not an error.
-        let existing: ::core::option::Option<#ty> = #p::sqlx::query_as(#select)
+        let existing = #p::sqlx::query(#select)
             #(.bind(&#unique_args))*
             .fetch_optional(&mut *conn)
             .await
             .map_err(#p::sql_error)?;
         if let ::core::option::Option::Some(row) = existing {
+            let row = #p::decode(&__idem_rows, &row)?;
             return ::core::result::Result::Ok(#p::Created::Existing(row));
         }
         // Deleted between the two statements: insert again.
     };
-    shell::function(decl, Body::new(&m.target, attempt))
+    let mut body = Body::new(&m.target, attempt);
+    body.checks = checks(&m);
+    shell::function(decl, body)
+}
+
+/// The row type: the same as `returning` where the return type writes it, and readable from a
+/// row, on `returning`.
+fn checks(m: &Model) -> TokenStream {
+    let returning = &m.returning;
+    let row = shell::row(&m.target, m.row.as_ref(), returning);
+    shell::rows(&m.target, row, returning.span())
 }

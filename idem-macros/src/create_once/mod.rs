@@ -5,6 +5,7 @@ mod expand;
 mod valid;
 
 use crate::attr::Grammar;
+use crate::sql::ret::Outcome;
 use crate::sql::{Required, Steps};
 
 pub(crate) const STEPS: Steps<valid::Model> = Steps {
@@ -25,6 +26,10 @@ pub(crate) const STEPS: Steps<valid::Model> = Steps {
             ("returning", "returning = Order"),
         ],
         missing: |name, example| format!("missing `{name}` in #[create_once], e.g. `{example}`"),
+    },
+    outcome: Outcome {
+        name: "Created",
+        example: "Result<Created<Order>, idem::Error>",
     },
     validate: valid::validate,
     expand: expand::expand,

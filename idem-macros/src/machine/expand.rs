@@ -10,7 +10,7 @@ use super::valid::Model;
 
 pub(super) fn expand(m: &Machine, model: &Model<'_>) -> TokenStream {
     let p = model.krate.private();
-    let declaration = declaration(m);
+    let declaration = declaration(m, model);
     let inherent = inherent(m, model, &p);
     let traits = traits(m, model, &p);
     quote! {
@@ -21,11 +21,10 @@ pub(super) fn expand(m: &Machine, model: &Model<'_>) -> TokenStream {
 }
 
 /// The enum itself, with the derives every state machine has.
-fn declaration(m: &Machine) -> TokenStream {
-    let Machine {
-        attrs, vis, ident, ..
-    } = m;
-    let variants = m.states.iter().map(|s| {
+fn declaration(m: &Machine, model: &Model<'_>) -> TokenStream {
+    let Machine { vis, ident, .. } = m;
+    let attrs = &model.attrs;
+    let variants = model.states.iter().map(|s| {
         let (a, i) = (&s.attrs, &s.ident);
         quote!(#(#a)* #i)
     });
@@ -55,8 +54,8 @@ fn edge_texts<'a>(m: &'a Machine, model: &Model<'_>) -> (Vec<&'a LitStr>, Vec<&'
 
 fn inherent(m: &Machine, model: &Model<'_>, p: &TokenStream) -> TokenStream {
     let ident = &m.ident;
-    let idents: Vec<&Ident> = m.states.iter().map(|s| &s.ident).collect();
-    let texts: Vec<&LitStr> = m.states.iter().map(|s| &s.text).collect();
+    let idents: Vec<&Ident> = model.states.iter().map(|s| &s.ident).collect();
+    let texts: Vec<&LitStr> = model.states.iter().map(|s| &s.text).collect();
     let edge_from: Vec<&Ident> = model.edges.iter().map(|(a, _)| *a).collect();
     let edge_to: Vec<&Ident> = model.edges.iter().map(|(_, b)| *b).collect();
     let (edge_from_text, edge_to_text) = edge_texts(m, model);
@@ -87,15 +86,13 @@ fn inherent(m: &Machine, model: &Model<'_>, p: &TokenStream) -> TokenStream {
                 #can_become
             }
 
-            #[doc(hidden)]
-            pub const fn __idem_is_state(text: &str) -> bool {
-                #p::const_str_in(text, &[#(#texts),*])
-            }
+        }
 
-            #[doc(hidden)]
-            pub const fn __idem_allows(from: &str, to: &str) -> bool {
-                #p::const_edge_in(from, to, &[#((#edge_from_text, #edge_to_text)),*])
-            }
+        impl #p::MachineTexts for #ident {
+            const MACHINE: #p::MachineText = #p::MachineText {
+                states: &[#(#texts),*],
+                edges: &[#((#edge_from_text, #edge_to_text)),*],
+            };
         }
     }
 }
@@ -103,7 +100,7 @@ fn inherent(m: &Machine, model: &Model<'_>, p: &TokenStream) -> TokenStream {
 fn traits(m: &Machine, model: &Model<'_>, p: &TokenStream) -> TokenStream {
     let ident = &m.ident;
     let name = ident.to_string();
-    let idents: Vec<&Ident> = m.states.iter().map(|s| &s.ident).collect();
+    let idents: Vec<&Ident> = model.states.iter().map(|s| &s.ident).collect();
     let edge_from = model.edges.iter().map(|(a, _)| *a);
     let edge_to = model.edges.iter().map(|(_, b)| *b);
     quote! {

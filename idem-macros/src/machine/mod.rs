@@ -20,8 +20,14 @@ pub(crate) fn expand(input: TokenStream) -> TokenStream {
     };
     let mut cx = Ctxt::default();
     let model = valid::validate(&machine, &mut cx);
-    match cx.finish(model, "state_machine!") {
-        Ok(model) => expand::expand(&machine, &model),
-        Err(e) => e.to_compile_error(),
+    // What is valid is declared even next to errors, so that code using the enum still
+    // compiles and the errors are only the macro's own.
+    let declared = expand::expand(&machine, &model);
+    match cx.finish(Some(()), "state_machine!") {
+        Ok(()) => declared,
+        Err(e) => {
+            let e = e.to_compile_error();
+            quote::quote!(#declared #e)
+        }
     }
 }

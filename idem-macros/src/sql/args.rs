@@ -93,7 +93,11 @@ fn from_states(expr: Expr) -> syn::Result<Vec<LitStr>> {
         )),
     };
     match &expr {
-        Expr::Array(a) if !a.elems.is_empty() => a.elems.iter().map(lit).collect(),
+        Expr::Array(a) if a.elems.is_empty() => Err(syn::Error::new_spanned(
+            a,
+            "`from = []` lists no state, so the transition could never apply: name the states it starts from, e.g. `from = \"PENDING\"` or `from = [\"PENDING\", \"PAID\"]`",
+        )),
+        Expr::Array(a) => a.elems.iter().map(lit).collect(),
         other => Ok(vec![lit(other)?]),
     }
 }

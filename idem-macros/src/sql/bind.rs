@@ -12,6 +12,8 @@ pub(crate) struct Binder<'a> {
     args: Option<&'a FnArgs>,
     fn_name: &'a Ident,
     used: Vec<Ident>,
+    /// Every column list could be read: only then is an argument no column took reported.
+    complete: bool,
 }
 
 impl<'a> Binder<'a> {
@@ -21,7 +23,14 @@ impl<'a> Binder<'a> {
             args,
             fn_name,
             used: Vec::new(),
+            complete: true,
         }
+    }
+
+    /// Notes whether a column list could be read: an argument it may have named is not then
+    /// reported as unused on top of the list's own error.
+    pub(crate) fn readable(&mut self, ok: bool) {
+        self.complete &= ok;
     }
 
     /// The argument for each column named in `lit`; an error on `lit` for each without one.
@@ -36,10 +45,10 @@ impl<'a> Binder<'a> {
         };
         let mut out = Vec::new();
         for column in columns {
-            match args.values.iter().find(|a| *a == column.name.as_str()) {
+            match args.value(&column.name) {
                 Some(a) => {
-                    self.used.push(a.clone());
-                    out.push((column, a.clone()));
+                    self.used.push(a.ident.clone());
+                    out.push((column, a.ident.clone()));
                 }
                 None => cx.at(
                     lit.span(),
@@ -65,9 +74,11 @@ impl<'a> Binder<'a> {
 
     /// Reports every argument no column took, with `message(argument)`.
     pub(crate) fn report_unused(&self, message: impl Fn(&Ident) -> String, cx: &mut Ctxt) {
-        let Some(args) = self.args else { return };
-        for a in args.values.iter().filter(|a| !self.used.contains(a)) {
-            cx.at(a.span(), message(a));
+        let Some(args) = self.args.filter(|_| self.complete) else {
+            return;
+        };
+        for a in args.values.iter().filter(|a| !self.used.contains(&a.ident)) {
+            cx.at(a.ident.span(), message(&a.ident));
         }
     }
 }

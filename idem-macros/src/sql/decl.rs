@@ -2,8 +2,11 @@
 //! executor and whose other arguments fill the columns of the same names.
 
 use proc_macro2::{Span, TokenStream};
+use quote::ToTokens;
 use quote::quote;
-use syn::{FnArg, Ident, Pat, Signature};
+use syn::{Ident, Pat, Signature, Type};
+
+use crate::ctxt::Ctxt;
 
 /// An `async fn` without a body (`;` or `{}`): the macro writes the body.
 pub(crate) struct Decl {
@@ -74,48 +77,94 @@ pub(crate) fn require_async(sig: &Signature, attr: &str) -> syn::Result<()> {
     Ok(())
 }
 
-/// The function's arguments: the executor first, then plain `name: Type` arguments.
-pub(crate) struct FnArgs {
-    pub(crate) executor: Ident,
-    pub(crate) values: Vec<Ident>,
+/// One argument: its name and type.
+#[derive(Clone)]
+pub(crate) struct FnArg {
+    pub(crate) ident: Ident,
+    pub(crate) ty: Type,
 }
 
-pub(crate) fn fn_args(sig: &Signature, attr: &str) -> syn::Result<FnArgs> {
-    let mut idents = Vec::new();
+/// The function's arguments: the executor first, then plain `name: Type` arguments.
+pub(crate) struct FnArgs {
+    pub(crate) executor: FnArg,
+    pub(crate) values: Vec<FnArg>,
+}
+
+impl FnArgs {
+    /// The argument named `name`.
+    pub(crate) fn value(&self, name: &str) -> Option<&FnArg> {
+        self.values.iter().find(|a| a.ident == name)
+    }
+}
+
+pub(crate) fn fn_args(sig: &Signature, attr: &str, cx: &mut Ctxt) -> Option<FnArgs> {
+    let mut args = Vec::new();
     for arg in &sig.inputs {
         match arg {
-            FnArg::Receiver(r) => {
-                return Err(syn::Error::new(
+            syn::FnArg::Receiver(r) => {
+                cx.at(
                     r.self_token.span,
                     format_args!(
                         "#[{attr}] generates a free function: take the executor as the first argument instead of `self`"
                     ),
-                ));
+                );
+                return None;
             }
-            FnArg::Typed(t) => match &*t.pat {
-                Pat::Ident(p) if p.subpat.is_none() => idents.push(p.ident.clone()),
+            syn::FnArg::Typed(t) => match &*t.pat {
+                Pat::Ident(p) if p.subpat.is_none() => args.push(FnArg {
+                    ident: p.ident.clone(),
+                    ty: (*t.ty).clone(),
+                }),
                 other => {
-                    return Err(syn::Error::new_spanned(
+                    cx.spanned(
                         other,
                         format_args!(
                             "#[{attr}] arguments must be plain names: they name the columns they fill"
                         ),
-                    ));
+                    );
+                    return None;
                 }
             },
         }
     }
-    let mut it = idents.into_iter();
-    let Some(executor) = it.next() else {
-        return Err(syn::Error::new(
+    if args.is_empty() {
+        cx.at(
             sig.paren_token.span.join(),
             format_args!(
                 "#[{attr}] needs the executor as the first argument: a `&PgPool`, `&mut PgConnection`, `&mut Transaction<…>` (or their SQLite counterparts)"
             ),
-        ));
-    };
-    Ok(FnArgs {
+        );
+        return None;
+    }
+    let at = executor_position(&args);
+    if at > 0 {
+        let (exec, first) = (&args[at], &args[0]);
+        cx.at(
+            exec.ident.span(),
+            format_args!(
+                "the executor comes first: move `{}` before `{}` (every argument after it fills the column of its name)",
+                exec.ident, first.ident
+            ),
+        );
+    }
+    let executor = args.remove(at);
+    Some(FnArgs {
         executor,
-        values: it.collect(),
+        values: args,
     })
+}
+
+/// Where the executor is: the first argument, unless only a later one has an executor's type
+/// (a pool, a connection, a transaction, an `impl Acquire`).
+fn executor_position(args: &[FnArg]) -> usize {
+    let looks = |a: &FnArg| {
+        let text = a.ty.to_token_stream().to_string();
+        ["Pool", "Connection", "Transaction", "Acquire", "Executor"]
+            .iter()
+            .any(|w| text.contains(w))
+    };
+    if args.first().is_some_and(looks) {
+        return 0;
+    }
+    args.iter().position(looks).unwrap_or(0)
 }

@@ -11,6 +11,7 @@ pub(crate) mod args;
 pub(crate) mod bind;
 pub(crate) mod decl;
 pub(crate) mod ident;
+pub(crate) mod ret;
 pub(crate) mod shell;
 pub(crate) mod target;
 
@@ -30,6 +31,7 @@ pub(crate) struct Steps<M> {
     pub(crate) attr: &'static str,
     pub(crate) grammar: Grammar,
     pub(crate) required: Required,
+    pub(crate) outcome: ret::Outcome,
     pub(crate) validate: fn(Checked, &Decl, &mut Ctxt) -> Option<M>,
     pub(crate) expand: fn(M, Decl) -> TokenStream,
 }
@@ -43,7 +45,7 @@ pub(crate) fn expand<M>(steps: &Steps<M>, args: TokenStream, item: TokenStream) 
     };
     let mut cx = Ctxt::default();
     let args = Args::parse(args, &steps.grammar, &mut cx);
-    let checked = target::check(steps.attr, args, &steps.required, &decl, &mut cx);
+    let checked = target::check(steps, args, &decl, &mut cx);
     let model = (steps.validate)(checked, &decl, &mut cx);
     match cx.finish(model, steps.attr) {
         Ok(model) => (steps.expand)(model, decl),

@@ -4,6 +4,7 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::Ident;
+use syn::spanned::Spanned;
 
 use super::valid::{Model, SetValue};
 use crate::sql::Decl;
@@ -83,9 +84,34 @@ pub(super) fn expand(m: Model, decl: Decl) -> TokenStream {
         };
     };
     let mut body = Body::new(&m.target, attempt(&m, &p));
+    body.checks = checks(&m);
     body.prelude = machine_check(&m).unwrap_or_default();
     body.setup = setup;
     shell::function(decl, body)
+}
+
+/// The row type (readable from a row, on `returning`; the same as the return type's, on that)
+/// and the state type (the machine's, or the column's text), each checked where it is written.
+fn checks(m: &Model) -> TokenStream {
+    let t = &m.target;
+    let at = |span: Span| t.krate.private_at(span);
+    let mut out = TokenStream::new();
+    if let Some(returning) = &m.returning {
+        out.extend(shell::rows(
+            t,
+            shell::row(t, m.row.as_ref(), returning),
+            returning.span(),
+        ));
+    }
+    if let Some(state) = &m.state_type {
+        let p = at(state.span());
+        let check = match &m.machine {
+            Some(machine) => quote_spanned!(state.span()=> #p::state_of::<#state, #machine>()),
+            None => quote_spanned!(state.span()=> #p::text_state::<#state>()),
+        };
+        out.extend(quote_spanned!(Span::mixed_site()=> let __idem_state = #check;));
+    }
+    out
 }
 
 /// The arguments in binding order: keys, guards, set arguments.
@@ -109,19 +135,20 @@ fn apply(m: &Model, p: &TokenStream) -> (TokenStream, TokenStream) {
     let to = m.to.value();
     let from: Vec<String> = m.from.iter().map(|f| f.value()).collect();
     match &m.returning {
-        Some(ty) => (
+        Some(_) => (
             quote_spanned! {Span::mixed_site()=>
-                let applied: ::core::option::Option<#ty> = #p::sqlx::query_as(sql_update)
+                let applied = #p::sqlx::query(sql_update)
                     #(.bind(&#key_args))* #(.bind(&#guard_args))* #(.bind(&#set_args))*
                     .bind(#to) #(.bind(#from))*
                     .fetch_optional(&mut *conn)
                     .await
                     .map_err(#p::sql_error)?;
                 if let ::core::option::Option::Some(row) = applied {
+                    let row = #p::decode(&__idem_rows, &row)?;
                     return ::core::result::Result::Ok(#p::Transition::Applied(row));
                 }
             },
-            quote_spanned!(Span::mixed_site()=> <#ty as #p::sqlx::FromRow<'_, _>>::from_row(&row).map_err(#p::sql_error)?),
+            quote_spanned!(Span::mixed_site()=> #p::decode(&__idem_rows, &row)?),
         ),
         None => (
             quote_spanned! {Span::mixed_site()=>
@@ -150,6 +177,10 @@ fn attempt(m: &Model, p: &TokenStream) -> TokenStream {
     let guard_names: Vec<&str> = m.guards.iter().map(|(c, _)| c.name.as_str()).collect();
     let guarded = !m.guards.is_empty();
     let key_debug = quote!(&(#(&#key_args,)*));
+    let current = match &m.state_type {
+        Some(_) => quote_spanned!(Span::mixed_site()=> #p::state_value(&__idem_state, current)),
+        None => quote_spanned!(Span::mixed_site()=> #p::StateValue::from_column(current)),
+    };
     quote_spanned! {Span::mixed_site()=>
         #apply
         let found = #p::sqlx::query(sql_select)
@@ -177,7 +208,7 @@ fn attempt(m: &Model, p: &TokenStream) -> TokenStream {
             }
             #p::Miss::Illegal => {
                 return ::core::result::Result::Ok(#p::Transition::Illegal {
-                    current: #p::StateValue::from_column(current)?,
+                    current: #current?,
                 });
             }
             // Back in a `from` state between the two statements: apply again.
@@ -187,10 +218,14 @@ fn attempt(m: &Model, p: &TokenStream) -> TokenStream {
 }
 
 /// With a machine: a `const` block that fails to compile when `from` or `to` is not one of
-/// its states, or `from → to` not one of its edges, spanned on the offending string.
+/// its states, or `from → to` not one of its edges, spanned on the offending string. The
+/// machine is read once, on its path: a type that is not a machine is one error there.
 fn machine_check(m: &Model) -> Option<TokenStream> {
     let machine = m.machine.as_ref()?;
     let name = machine.to_token_stream().to_string().replace(' ', "");
+    let p = m.target.krate.private();
+    let p_machine = m.target.krate.private_at(machine.span());
+    let read = quote_spanned!(machine.span()=> <#machine as #p_machine::MachineTexts>::MACHINE);
     let to_lit = &m.to;
     let state_checks = m.from.iter().chain(std::iter::once(to_lit)).map(|lit| {
         let msg = format!(
@@ -198,7 +233,7 @@ fn machine_check(m: &Model) -> Option<TokenStream> {
             lit.value()
         );
         quote_spanned! {lit.span()=>
-            if !<#machine>::__idem_is_state(#lit) {
+            if !#p::const_str_in(#lit, MACHINE.states) {
                 ::core::panic!(#msg);
             }
         }
@@ -210,9 +245,9 @@ fn machine_check(m: &Model) -> Option<TokenStream> {
             to_lit.value()
         );
         quote_spanned! {to_lit.span()=>
-            if <#machine>::__idem_is_state(#f)
-                && <#machine>::__idem_is_state(#to_lit)
-                && !<#machine>::__idem_allows(#f, #to_lit)
+            if #p::const_str_in(#f, MACHINE.states)
+                && #p::const_str_in(#to_lit, MACHINE.states)
+                && !#p::const_edge_in(#f, #to_lit, MACHINE.edges)
             {
                 ::core::panic!(#msg);
             }
@@ -220,6 +255,7 @@ fn machine_check(m: &Model) -> Option<TokenStream> {
     });
     Some(quote! {
         const _: () = {
+            const MACHINE: #p::MachineText = #read;
             #(#state_checks)*
             #(#edge_checks)*
         };

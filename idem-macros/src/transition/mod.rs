@@ -5,6 +5,7 @@ mod expand;
 mod valid;
 
 use crate::attr::Grammar;
+use crate::sql::ret::Outcome;
 use crate::sql::{Required, Steps};
 
 pub(crate) const STEPS: Steps<valid::Model> = Steps {
@@ -36,6 +37,10 @@ pub(crate) const STEPS: Steps<valid::Model> = Steps {
                 "missing `{name}`: #[state_transition] needs `table`, `key`, `from` and `to`, e.g. `{example}`"
             )
         },
+    },
+    outcome: Outcome {
+        name: "Transition",
+        example: "Result<Transition<Order, OrderStatus>, idem::Error>",
     },
     validate: valid::validate,
     expand: expand::expand,

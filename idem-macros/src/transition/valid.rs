@@ -1,12 +1,16 @@
 //! The checks of `#[state_transition]`: names are SQL identifiers, every column has its
-//! argument and every argument its column, and the states make a transition.
+//! argument and every argument its column, no column plays two parts, the states make a
+//! transition, and the return type matches `returning` and `machine`.
 
 use proc_macro2::Span;
+use quote::ToTokens;
+use syn::spanned::Spanned;
 use syn::{Ident, LitStr, Type};
 
 use crate::ctxt::Ctxt;
 use crate::sql::bind::Binder;
 use crate::sql::ident::{self, SqlIdent};
+use crate::sql::ret::Ret;
 use crate::sql::target::Target;
 use crate::sql::{Args, Checked, Decl};
 
@@ -14,6 +18,14 @@ use crate::sql::{Args, Checked, Decl};
 pub(super) enum SetValue {
     Arg(SqlIdent, Ident),
     Now(SqlIdent),
+}
+
+impl SetValue {
+    fn column(&self) -> &SqlIdent {
+        match self {
+            SetValue::Arg(c, _) | SetValue::Now(c) => c,
+        }
+    }
 }
 
 pub(crate) struct Model {
@@ -26,6 +38,9 @@ pub(crate) struct Model {
     pub(super) to: LitStr,
     pub(super) returning: Option<Type>,
     pub(super) machine: Option<syn::Path>,
+    /// `R` and `S` of `Transition<R, S>`, where the return type writes them.
+    pub(super) row: Option<Type>,
+    pub(super) state_type: Option<Type>,
 }
 
 /// The columns, each matched to its argument.
@@ -44,9 +59,12 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
         |a| format!("argument `{a}` is not a column of this transition: name it in `key`, `guard` or `set`, or remove it"),
         cx,
     );
+    parts(args, &columns, cx);
     states(args, cx);
+    let target = input.target?;
+    let (row, state_type) = outcome(args, &target.ret, cx)?;
     Some(Model {
-        target: input.target?,
+        target,
         state: columns.state?,
         keys: columns.keys?,
         guards: columns.guards?,
@@ -55,13 +73,16 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
         to: args.to.clone()?,
         returning: args.returning.clone(),
         machine: args.machine.clone(),
+        row,
+        state_type,
     })
 }
 
 fn columns(args: &Args, binder: &mut Binder<'_>, cx: &mut Ctxt) -> Columns {
     let mut list = |lit: &LitStr, what: &str, cx: &mut Ctxt| {
-        let columns = cx.ok(ident::columns(lit, what))?;
-        Some(binder.bind(lit, columns, cx))
+        let columns = cx.ok(ident::columns(lit, what));
+        binder.readable(columns.is_some());
+        Some(binder.bind(lit, columns?, cx))
     };
     let keys = args.key.as_ref().and_then(|l| list(l, "key column", cx));
     let guards = match &args.guard {
@@ -70,7 +91,9 @@ fn columns(args: &Args, binder: &mut Binder<'_>, cx: &mut Ctxt) -> Columns {
     };
     let mut sets = Vec::new();
     if let Some(l) = &args.set {
-        for item in cx.ok(ident::set_list(l)).unwrap_or_default() {
+        let items = cx.ok(ident::set_list(l));
+        binder.readable(items.is_some());
+        for item in items.unwrap_or_default() {
             if item.now {
                 sets.push(SetValue::Now(item.column));
             } else if let Some((col, arg)) = binder.bind_one(l, item.column, cx) {
@@ -91,7 +114,78 @@ fn columns(args: &Args, binder: &mut Binder<'_>, cx: &mut Ctxt) -> Columns {
     }
 }
 
-/// `from` lists each state once, and `to` is not one of them.
+/// Each column plays one part: the state is set to `to` and compared with `from`, keys find
+/// the row, guards are compared, and `set` columns are written.
+fn parts(args: &Args, c: &Columns, cx: &mut Ctxt) {
+    let state = c.state.as_ref().map(|s| s.name.as_str());
+    let keys: Vec<&str> = c
+        .keys
+        .iter()
+        .flatten()
+        .map(|(k, _)| k.name.as_str())
+        .collect();
+    let guards: Vec<&str> = c
+        .guards
+        .iter()
+        .flatten()
+        .map(|(g, _)| g.name.as_str())
+        .collect();
+    let mut clash = |lit: &Option<LitStr>, msg: String| {
+        if let Some(lit) = lit {
+            cx.at(lit.span(), msg);
+        }
+    };
+    for s in c.sets.iter().map(|s| s.column().name.as_str()) {
+        if Some(s) == state {
+            clash(
+                &args.set,
+                format!(
+                    "`set` names the state column `{s}`: the transition sets it to `to` itself, and a second value would leave the row in a state no transition allows. Remove it from `set`"
+                ),
+            );
+        } else if keys.contains(&s) {
+            clash(
+                &args.set,
+                format!(
+                    "`set` names the key column `{s}`: the transition finds its row by key, and must not move it to another. Remove it from `set`"
+                ),
+            );
+        } else if guards.contains(&s) {
+            clash(
+                &args.set,
+                format!(
+                    "`set` names the guard column `{s}`, which is compared with the same argument: setting it changes nothing. Remove it from `set` or `guard`"
+                ),
+            );
+        }
+    }
+    if let Some(s) = state {
+        if keys.contains(&s) {
+            clash(
+                &args.key,
+                format!(
+                    "the state column `{s}` cannot be a key column: the transition compares it with `from` and sets it to `to`"
+                ),
+            );
+        }
+        if guards.contains(&s) {
+            clash(
+                &args.guard,
+                format!(
+                    "`guard` names the state column `{s}`: `from` already says which states the row may be in"
+                ),
+            );
+        }
+    }
+    for g in guards.iter().filter(|g| keys.contains(g)) {
+        clash(
+            &args.guard,
+            format!("`{g}` is a key column already, and compared as one: remove it from `guard`"),
+        );
+    }
+}
+
+/// `from` lists each state once, and `to` is not one of them; every state is one name.
 fn states(args: &Args, cx: &mut Ctxt) {
     let from = args.from.as_deref().unwrap_or_default();
     for (i, f) in from.iter().enumerate() {
@@ -104,16 +198,77 @@ fn states(args: &Args, cx: &mut Ctxt) {
         if f.value().is_empty() {
             cx.at(f.span(), "a state name cannot be empty");
         }
+        one_name(f, "from", cx);
     }
-    if let Some(to) = &args.to
-        && from.iter().any(|f| f.value() == to.value())
-    {
-        cx.at(
-            to.span(),
-            format_args!(
-                "`to = \"{}\"` is also a `from` state: a transition must change the state (a row already in `to` is reported as `AlreadyApplied`)",
-                to.value()
-            ),
-        );
+    if let Some(to) = &args.to {
+        one_name(to, "to", cx);
+        if from.iter().any(|f| f.value() == to.value()) {
+            cx.at(
+                to.span(),
+                format_args!(
+                    "`to = \"{}\"` is also a `from` state: a transition must change the state (a row already in `to` is reported as `AlreadyApplied`)",
+                    to.value()
+                ),
+            );
+        }
     }
+}
+
+/// A state name with a comma, a quote or a blank is a list written as one string, or a typo:
+/// the column holds no such text.
+fn one_name(lit: &LitStr, arg: &str, cx: &mut Ctxt) {
+    let value = lit.value();
+    if !value.contains([',', '"', '\'', ' ', '\t', '\n']) {
+        return;
+    }
+    let names: Vec<String> = value
+        .split([',', '"', '\'', ' ', '\t', '\n'])
+        .filter(|n| !n.is_empty())
+        .map(|n| format!("\"{n}\""))
+        .collect();
+    let hint = if arg == "from" && names.len() > 1 {
+        format!("several states are a list: `from = [{}]`", names.join(", "))
+    } else {
+        format!("`{arg}` is one state, such as `{arg} = \"PAID\"`")
+    };
+    cx.at(
+        lit.span(),
+        format_args!("`{value}` is not one state name: {hint}"),
+    );
+}
+
+/// `R` and `S` of the return type's `Transition<R, S>`, checked against `returning`: a row
+/// type needs `returning`, and `returning` needs the row type written.
+fn outcome(args: &Args, ret: &Ret, cx: &mut Ctxt) -> Option<(Option<Type>, Option<Type>)> {
+    let Some(types) = &ret.args else {
+        return Some((None, None));
+    };
+    let (row, state) = (types.first().cloned(), types.get(1).cloned());
+    match (&args.returning, &row) {
+        (Some(returning), None) => {
+            let r = returning.to_token_stream();
+            cx.at(
+                ret.outcome_span,
+                format_args!(
+                    "the transition returns `{r}` rows (`returning = {r}`): write `Transition<{r}>` here"
+                ),
+            );
+            None
+        }
+        (None, Some(row)) if !is_unit(row) => {
+            let r = row.to_token_stream();
+            cx.at(
+                row.span(),
+                format_args!(
+                    "`Transition<{r}>` carries a row, but the statement returns none: add `returning = {r}` to the attribute, or write `Transition`"
+                ),
+            );
+            None
+        }
+        _ => Some((row, state)),
+    }
+}
+
+fn is_unit(ty: &Type) -> bool {
+    matches!(ty, Type::Tuple(t) if t.elems.is_empty())
 }

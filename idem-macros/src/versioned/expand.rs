@@ -28,11 +28,10 @@ pub(super) fn expand(m: Model, decl: Decl) -> TokenStream {
     );
     let key_args: Vec<&Ident> = m.keys.iter().map(|(_, a)| a).collect();
     let set_args: Vec<&Ident> = m.sets.iter().map(|(_, a)| a).collect();
-    let expected = &m.expected;
     let p = m.target.krate.private();
     let attempt = quote_spanned! {Span::mixed_site()=>
         let updated: ::core::option::Option<i64> = #p::sqlx::query_scalar(#update)
-            #(.bind(&#key_args))* #(.bind(&#set_args))* .bind(&#expected)
+            #(.bind(&#key_args))* #(.bind(&#set_args))* .bind(__idem_expected)
             .fetch_optional(&mut *conn)
             .await
             .map_err(#p::sql_error)?;
@@ -48,12 +47,20 @@ pub(super) fn expand(m: Model, decl: Decl) -> TokenStream {
             ::core::option::Option::None => {
                 return ::core::result::Result::Ok(#p::Versioned::NotFound);
             }
-            ::core::option::Option::Some(current_version) if current_version != #expected => {
+            ::core::option::Option::Some(current_version) if current_version != __idem_expected => {
                 return ::core::result::Result::Ok(#p::Versioned::Stale { current_version });
             }
             // The row was re-created with the expected version between the statements.
             ::core::option::Option::Some(_) => {}
         }
     };
-    shell::function(decl, Body::new(&m.target, attempt))
+    // The version argument is checked as a version (an `i64`, or narrower), on its name.
+    let ident = &m.expected.ident;
+    let span = ident.span();
+    let p_at = m.target.krate.private_at(span);
+    let version = quote_spanned!(span=> #p_at::version(&#ident));
+    let mut body = Body::new(&m.target, attempt);
+    body.checks = quote_spanned!(Span::mixed_site()=> let __idem_expected: i64 = #version;);
+    body.unbound = vec![ident.clone()];
+    shell::function(decl, body)
 }

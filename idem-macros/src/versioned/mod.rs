@@ -6,6 +6,7 @@ mod expand;
 mod valid;
 
 use crate::attr::Grammar;
+use crate::sql::ret::Outcome;
 use crate::sql::{Required, Steps};
 
 pub(crate) const STEPS: Steps<valid::Model> = Steps {
@@ -29,6 +30,10 @@ pub(crate) const STEPS: Steps<valid::Model> = Steps {
         missing: |name, example| {
             format!("missing `{name}` in #[versioned_update], e.g. `{example}`")
         },
+    },
+    outcome: Outcome {
+        name: "Versioned",
+        example: "Result<Versioned, idem::Error>",
     },
     validate: valid::validate,
     expand: expand::expand,
