@@ -217,11 +217,58 @@ pub use idem_runtime::transition::{Created, StateMachine, Transition, Versioned}
 /// | `set = "paid_at = now(), paid_by"` | Extra columns to set: from the argument of the same name, or `now()` (the database's clock). Not the state column (the transition sets it to `to`), a key column (the row would move) or a guard column. |
 /// | `returning = Order` | A `sqlx::FromRow` type: the row after the update (`RETURNING *`), or as found. The return type says `Transition<Order, …>`. |
 /// | `machine = OrderStatus` | A [`state_machine!`]: `from` and `to` must be its states and every `from → to` one of its edges, checked at compile time; `Illegal { current }` is then typed. |
+/// | `migrations = "../migrations"` | Where the migrations to check against are (see below), or `false` to check nothing against them. |
 /// | `crate = "path::to::idem"` | Where idem is, when it is re-exported. |
 ///
 /// Table and column names must be SQL identifiers (letters, digits, `_`): anything else,
 /// such as an injection attempt in a name, is a compile error. Names are quoted, so they are
 /// case-sensitive as written. Values are always bound as parameters.
+///
+/// # Checked against the migrations
+///
+/// At compile time, with no database, the attribute reads the crate's sqlx migrations and
+/// replays their DDL (in sqlx's order; `.down.sql` files are not applied) into the tables,
+/// columns, types, `NOT NULL`, `CHECK` constraints and enum types they leave. It then checks,
+/// each error on the attribute's string or on the argument:
+///
+/// - the table exists (with the nearest name as a suggestion);
+/// - every column the attribute names (`key`, `guard`, `state`, the targets of `set`) exists,
+///   naming the migration that created the table and the last that changed it;
+/// - `from` and `to` are values the state column allows, by its enum type or its
+///   `CHECK (… IN (…))`, and with `machine = …` so is every state of the machine (a `const`
+///   check that names the state);
+/// - each argument's type fits its column: `&str` for a `BIGINT` column is an error on the
+///   argument. Only types idem knows are judged (integers, floats, `bool`, text, bytes, and
+///   references and `Option`s of them); any other type (a newtype, `chrono`, `uuid`) is taken
+///   at its word;
+/// - on PostgreSQL, a table or column written in another case than the migration's (the
+///   generated SQL quotes names, so `"Orders"` is not `orders`).
+///
+/// The `returning` type's fields are not compared with the columns: an attribute cannot see
+/// the fields of a struct declared elsewhere. What is checked is that the type can be read from
+/// a row (`sqlx::FromRow`), on `returning`.
+///
+/// When the state column (or a key, guard or set column) is of a PostgreSQL enum type, the
+/// generated statements cast the text bound to it (`CAST($1 AS "order_status")`) and read the
+/// state back as text: without the migrations, such a column fails at run time.
+///
+/// Where the migrations are: the crate's `migrations/`, or the `[migrate] migrations-dir` of its
+/// `sqlx.toml`, as for `sqlx::migrate!()`; or `migrations = "…"`, a directory of migrations or a
+/// single `.sql` schema file, relative to the file the attribute is in (as for
+/// `include_str!`). No migrations found: nothing is checked, and nothing is said.
+///
+/// A statement the SQL parser cannot read makes what it names uncertain: a problem with an
+/// uncertain table or column is a warning (a deprecation warning whose note is the message),
+/// never an error, since the statement may have made the difference.
+///
+/// Cargo rebuilds the crate when a migration the check read changes. To have it rebuild when a
+/// migration is added, put this in the crate's `build.rs`:
+///
+/// ```text
+/// fn main() {
+///     println!("cargo:rerun-if-changed=migrations");
+/// }
+/// ```
 ///
 /// # Examples
 ///
@@ -373,7 +420,9 @@ pub use idem_macros::state_machine;
 /// Arguments: `table`, `key` (columns), `set` (columns, from the arguments of the same name; not
 /// the version column, which the update bumps itself, nor a key column), `version` (the column,
 /// default `version`; the argument of that name, an `i64` or narrower, is the version read),
-/// `crate`.
+/// `migrations`, `crate`. Checked against the migrations as
+/// [`#[state_transition]`](macro@state_transition#checked-against-the-migrations) is, and the
+/// version column must be an integer column.
 ///
 /// ```
 /// use idem::{Error, Versioned};
@@ -399,8 +448,11 @@ pub use idem_macros::versioned_update;
 /// unique-violation error. Safe inside a transaction (no statement fails).
 ///
 /// Arguments: `table`, `unique` (the column(s) of a unique index, which must be among the
-/// arguments), `returning` (a `sqlx::FromRow` type, the `R` of `Created<R>`), `crate`. Every
-/// argument after the executor is an inserted column.
+/// arguments), `returning` (a `sqlx::FromRow` type, the `R` of `Created<R>`), `migrations`,
+/// `crate`. Every argument after the executor is an inserted column. Checked against the
+/// migrations as [`#[state_transition]`](macro@state_transition#checked-against-the-migrations)
+/// is; besides, every `NOT NULL` column without a default must be inserted, and `unique` must
+/// be a primary key or a unique constraint (`ON CONFLICT` needs one).
 ///
 /// ```
 /// use idem::{Created, Error};

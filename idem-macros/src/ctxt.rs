@@ -3,13 +3,14 @@
 
 use std::fmt::Display;
 
-use proc_macro2::Span;
-use quote::ToTokens;
+use proc_macro2::{Span, TokenStream};
+use quote::{ToTokens, quote_spanned};
 
-/// The errors of one expansion, combined in the order they were found.
+/// The errors of one expansion, combined in the order they were found, and its warnings.
 #[derive(Default)]
 pub(crate) struct Ctxt {
     errors: Option<syn::Error>,
+    warnings: Vec<(Span, String)>,
 }
 
 impl Ctxt {
@@ -30,6 +31,20 @@ impl Ctxt {
         self.push(syn::Error::new_spanned(tokens, msg));
     }
 
+    /// A warning at `span`: something that may be wrong, and cannot be known to be.
+    pub(crate) fn warn(&mut self, span: Span, msg: impl Display) {
+        self.warnings.push((span, msg.to_string()));
+    }
+
+    /// The warnings, as items that make the compiler say them: emitted whether the expansion
+    /// succeeds or not.
+    pub(crate) fn take_warnings(&mut self) -> TokenStream {
+        std::mem::take(&mut self.warnings)
+            .into_iter()
+            .map(|(span, msg)| warning(span, &msg))
+            .collect()
+    }
+
     /// The value, or `None` with its error recorded.
     pub(crate) fn ok<T>(&mut self, result: syn::Result<T>) -> Option<T> {
         result.map_err(|e| self.push(e)).ok()
@@ -46,5 +61,19 @@ impl Ctxt {
                 format_args!("invalid #[{attr}]"),
             )),
         }
+    }
+}
+
+/// A warning on stable Rust: a deprecated constant used at `span`, whose note is the message.
+/// The compiler says "use of deprecated constant `…::idem_schema_warning`: <message>".
+fn warning(span: Span, msg: &str) -> TokenStream {
+    let name = syn::Ident::new("idem_schema_warning", span);
+    quote_spanned! {span=>
+        const _: () = {
+            #[deprecated(note = #msg)]
+            #[allow(non_upper_case_globals)]
+            const #name: () = ();
+            #name
+        };
     }
 }

@@ -12,7 +12,7 @@ mod duration;
 mod idempotent;
 mod krate;
 mod machine;
-// Not called by the macros yet: the SQL macros check their attributes against it next.
+// The catalog answers more than the macros ask of it yet.
 #[allow(dead_code, unused_imports)]
 mod schema;
 mod scope;
@@ -34,19 +34,28 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 /// Generates the guarded `UPDATE` of a state transition.
 #[proc_macro_attribute]
 pub fn state_transition(args: TokenStream, item: TokenStream) -> TokenStream {
-    sql::expand(&transition::STEPS, args.into(), item.into()).into()
+    sql::expand(&transition::STEPS, origin(), args.into(), item.into()).into()
 }
 
 /// Generates an optimistic, versioned `UPDATE`.
 #[proc_macro_attribute]
 pub fn versioned_update(args: TokenStream, item: TokenStream) -> TokenStream {
-    sql::expand(&versioned::STEPS, args.into(), item.into()).into()
+    sql::expand(&versioned::STEPS, origin(), args.into(), item.into()).into()
 }
 
 /// Generates an insert that returns the existing row when a unique business number is taken.
 #[proc_macro_attribute]
 pub fn create_once(args: TokenStream, item: TokenStream) -> TokenStream {
-    sql::expand(&create_once::STEPS, args.into(), item.into()).into()
+    sql::expand(&create_once::STEPS, origin(), args.into(), item.into()).into()
+}
+
+/// Where the attribute being expanded is: the crate (for its migrations) and the file (for a
+/// path written in the attribute, which is relative to it as for `include_str!`).
+fn origin() -> sql::Origin {
+    sql::Origin {
+        manifest_dir: std::env::var_os("CARGO_MANIFEST_DIR").map(Into::into),
+        file: proc_macro::Span::call_site().local_file(),
+    }
 }
 
 /// Declares a state machine: an enum of states with their column texts, and its edges.

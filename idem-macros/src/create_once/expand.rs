@@ -63,6 +63,7 @@ pub(super) fn expand(m: Model, decl: Decl) -> TokenStream {
     };
     let mut body = Body::new(&m.target, attempt);
     body.checks = checks(&m);
+    body.checks.extend(m.findings.tokens.clone());
     shell::function(decl, body)
 }
 

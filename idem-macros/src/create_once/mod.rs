@@ -17,6 +17,7 @@ pub(crate) const STEPS: Steps<valid::Model> = Steps {
             ("unique", "\"order_no\""),
             ("returning", "Order"),
             ("crate", "\"::idem\""),
+            ("migrations", "\"../migrations\""),
         ],
     },
     required: Required {

@@ -6,8 +6,9 @@ use syn::{LitStr, Type};
 
 use crate::ctxt::Ctxt;
 use crate::sql::ident::{self, SqlIdent};
+use crate::sql::migrations::{Checker, Findings, Schema};
 use crate::sql::target::Target;
-use crate::sql::{Checked, Decl};
+use crate::sql::{Args, Checked, Decl};
 
 pub(crate) struct Model {
     pub(super) target: Target,
@@ -17,6 +18,8 @@ pub(crate) struct Model {
     pub(super) returning: Type,
     /// `R` of `Created<R>`, where the return type writes it.
     pub(super) row: Option<Type>,
+    /// What the migrations say, where there are any.
+    pub(super) findings: Findings,
 }
 
 pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Model> {
@@ -48,6 +51,12 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
             );
         }
     }
+    let findings = match (&input.schema, &input.target) {
+        (Some(schema), Some(target)) => {
+            against(schema, target, &columns, unique.as_deref(), args, decl, cx)
+        }
+        _ => Findings::default(),
+    };
     let target = input.target?;
     let row = match target.ret.args.as_deref() {
         Some([row]) => Some(row.clone()),
@@ -71,5 +80,38 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
         unique: unique?,
         returning: args.returning.clone()?,
         row,
+        findings,
     })
+}
+
+/// The table, each inserted column and its argument's type, the columns that need a value, and
+/// the unique key, against the migrations.
+fn against(
+    schema: &Schema,
+    target: &Target,
+    columns: &[SqlIdent],
+    unique: Option<&[SqlIdent]>,
+    args: &Args,
+    decl: &Decl,
+    cx: &mut Ctxt,
+) -> Findings {
+    let Some(table_lit) = &args.table else {
+        return Findings::default();
+    };
+    let mut check = Checker::new(schema, &target.table, table_lit, &target.krate, cx);
+    for (column, arg) in columns.iter().zip(&target.values) {
+        if let Some(found) = check.column(&column.name, arg.ident.span(), cx) {
+            check.value(found, arg);
+        }
+    }
+    let inserted: Vec<&str> = columns.iter().map(|c| c.name.as_str()).collect();
+    check.insert(&inserted, &decl.sig.ident, decl.sig.ident.span(), cx);
+    if let (Some(unique), Some(lit)) = (unique, &args.unique) {
+        let names: Vec<&str> = unique.iter().map(|c| c.name.as_str()).collect();
+        // Each is an inserted column too, reported there if missing.
+        if names.iter().all(|n| check.exists(n)) {
+            check.unique(&names, lit.span(), cx);
+        }
+    }
+    check.findings
 }

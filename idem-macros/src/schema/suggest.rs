@@ -2,14 +2,16 @@
 
 /// The candidate nearest to `name`, ignoring case, if it is near enough to be a likely typo:
 /// at most one edit per three characters (at least one), as rustc's own suggestions allow.
-/// Among equally near candidates the first wins, so the answer is stable.
+/// Among equally near candidates the one sharing the longest beginning with `name` wins (a typo
+/// is more often at the end: `REFUNDING` means `REFUNDED`, not `PENDING`), then the first, so
+/// the answer is stable.
 pub(crate) fn nearest<'a, I>(name: &str, candidates: I) -> Option<&'a str>
 where
     I: IntoIterator<Item = &'a str>,
 {
     let wanted: Vec<char> = name.to_lowercase().chars().collect();
     let limit = (wanted.len().max(3) / 3).max(1);
-    let mut best: Option<(usize, &'a str)> = None;
+    let mut best: Option<((usize, std::cmp::Reverse<usize>), &'a str)> = None;
     for candidate in candidates {
         let have: Vec<char> = candidate.to_lowercase().chars().collect();
         // Lengths alone bound the distance from below; skip what cannot be near.
@@ -17,8 +19,10 @@ where
             continue;
         }
         let d = distance(&wanted, &have);
-        if d <= limit && best.is_none_or(|(b, _)| d < b) {
-            best = Some((d, candidate));
+        let shared = wanted.iter().zip(&have).take_while(|(a, b)| a == b).count();
+        let rank = (d, std::cmp::Reverse(shared));
+        if d <= limit && best.is_none_or(|(b, _)| rank < b) {
+            best = Some((rank, candidate));
         }
     }
     best.map(|(_, c)| c)
@@ -74,6 +78,15 @@ mod tests {
             nearest("order_number", COLUMNS.iter().copied()),
             None,
             "four edits from `order_no` is not a typo"
+        );
+    }
+
+    #[test]
+    fn a_tie_goes_to_the_shared_beginning() {
+        let states = ["PENDING", "PAID", "REFUNDED"];
+        assert_eq!(
+            nearest("REFUNDING", states.iter().copied()),
+            Some("REFUNDED")
         );
     }
 

@@ -5,6 +5,7 @@
 use proc_macro2::{Span, TokenStream};
 use syn::{Expr, LitStr, Type};
 
+use super::migrations::MigrationsArg;
 use crate::attr::{self, Given, Grammar};
 use crate::ctxt::Ctxt;
 
@@ -25,6 +26,8 @@ pub(crate) struct Args {
     pub(crate) version: Option<LitStr>,
     /// `#[create_once]`
     pub(crate) unique: Option<LitStr>,
+    /// Where the migrations are, or `false`.
+    pub(crate) migrations: Option<MigrationsArg>,
     /// Names that were written, valid or not.
     pub(crate) given: Given,
 }
@@ -55,6 +58,10 @@ impl Args {
                     args.machine = Some(arg.value()?);
                     return Ok(());
                 }
+                "migrations" => {
+                    args.migrations = cx.ok(migrations(arg.value()?));
+                    return Ok(());
+                }
                 _ => return Ok(()),
             };
             *text = arg.lit_str(cx)?;
@@ -77,6 +84,24 @@ impl Args {
             "unique" => self.unique.is_some(),
             _ => true,
         }
+    }
+}
+
+/// `"path"` or `false`.
+fn migrations(expr: Expr) -> syn::Result<MigrationsArg> {
+    match expr {
+        Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Str(s),
+            ..
+        }) => Ok(MigrationsArg::Path(s)),
+        Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Bool(b),
+            ..
+        }) if !b.value => Ok(MigrationsArg::Off),
+        other => Err(syn::Error::new_spanned(
+            other,
+            "`migrations` takes the path of the migrations (a directory, or one `.sql` schema file) relative to this file, e.g. `migrations = \"../migrations\"`, or `false` to check nothing against them",
+        )),
     }
 }
 

@@ -1,6 +1,7 @@
 //! What the SQL-generating macros (`#[state_transition]`, `#[versioned_update]`,
 //! `#[create_once]`) share: the declaration they are on ([`decl`]), identifier checks
-//! ([`ident`]), their arguments ([`args`]), the checks they start with ([`target`]),
+//! ([`ident`]), their arguments ([`args`]), the checks they start with ([`target`]), the
+//! checks against the migrations ([`migrations`]),
 //! argument-to-column matching ([`bind`]), and the shell of the generated function
 //! ([`shell`]).
 //!
@@ -11,6 +12,7 @@ pub(crate) mod args;
 pub(crate) mod bind;
 pub(crate) mod decl;
 pub(crate) mod ident;
+pub(crate) mod migrations;
 pub(crate) mod ret;
 pub(crate) mod shell;
 pub(crate) mod target;
@@ -20,6 +22,7 @@ use proc_macro2::TokenStream;
 pub(crate) use args::{Args, Required};
 pub(crate) use decl::Decl;
 pub(crate) use ident::SqlIdent;
+pub(crate) use migrations::Origin;
 pub(crate) use target::Checked;
 
 use crate::attr::Grammar;
@@ -38,17 +41,24 @@ pub(crate) struct Steps<M> {
 
 /// Parses the declaration and the arguments, checks them, and expands, or emits the
 /// declaration unchanged with every error.
-pub(crate) fn expand<M>(steps: &Steps<M>, args: TokenStream, item: TokenStream) -> TokenStream {
+pub(crate) fn expand<M>(
+    steps: &Steps<M>,
+    origin: Origin,
+    args: TokenStream,
+    item: TokenStream,
+) -> TokenStream {
     let decl = match Decl::parse(item, steps.attr) {
         Ok(d) => d,
         Err(e) => return e,
     };
     let mut cx = Ctxt::default();
     let args = Args::parse(args, &steps.grammar, &mut cx);
-    let checked = target::check(steps, args, &decl, &mut cx);
+    let checked = target::check(steps, &origin, args, &decl, &mut cx);
     let model = (steps.validate)(checked, &decl, &mut cx);
-    match cx.finish(model, steps.attr) {
+    let warnings = cx.take_warnings();
+    let out = match cx.finish(model, steps.attr) {
         Ok(model) => (steps.expand)(model, decl),
         Err(e) => decl.with_errors(e),
-    }
+    };
+    quote::quote!(#out #warnings)
 }

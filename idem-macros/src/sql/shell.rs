@@ -2,6 +2,8 @@
 //! (each spanned on the tokens it is about), and the shell every statement runs in (one
 //! connection, a bounded retry when the row changes between two statements).
 
+use std::collections::BTreeMap;
+
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::Ident;
@@ -25,9 +27,28 @@ impl Params {
         &mut self,
         columns: impl IntoIterator<Item = &'a super::SqlIdent>,
     ) -> Vec<String> {
+        self.equal_cast(columns, &BTreeMap::new())
+    }
+
+    /// The next parameter, cast to the type named for `column` in `casts` (a PostgreSQL enum
+    /// type, which text is not compared with or assigned to without one).
+    pub(crate) fn next_cast(&mut self, column: &str, casts: &BTreeMap<String, String>) -> String {
+        let n = self.next();
+        match casts.get(column) {
+            Some(t) => format!("CAST({n} AS {t})"),
+            None => n,
+        }
+    }
+
+    /// `"col" = $n` for each column, in order, with `next_cast`.
+    pub(crate) fn equal_cast<'a>(
+        &mut self,
+        columns: impl IntoIterator<Item = &'a super::SqlIdent>,
+        casts: &BTreeMap<String, String>,
+    ) -> Vec<String> {
         columns
             .into_iter()
-            .map(|c| format!("{} = {}", c.quoted, self.next()))
+            .map(|c| format!("{} = {}", c.quoted, self.next_cast(&c.name, casts)))
             .collect()
     }
 }

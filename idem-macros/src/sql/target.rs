@@ -5,6 +5,7 @@ use super::Steps;
 use super::args::Args;
 use super::decl::{self, Decl, FnArg, FnArgs};
 use super::ident::{self, SqlIdent};
+use super::migrations::{self, Origin, Schema};
 use super::ret::{self, Ret};
 use crate::ctxt::Ctxt;
 use crate::krate::{Krate, Site};
@@ -27,10 +28,18 @@ pub(crate) struct Checked {
     pub(crate) target: Option<Target>,
     /// The function's arguments, for the macro's own checks.
     pub(crate) fn_args: Option<FnArgs>,
+    /// The migrations to check against, when there are any and the check is on.
+    pub(crate) schema: Option<Schema>,
 }
 
 /// The function's arguments, its return type and the table, checked, and the crate path.
-pub(crate) fn check<M>(steps: &Steps<M>, args: Args, decl: &Decl, cx: &mut Ctxt) -> Checked {
+pub(crate) fn check<M>(
+    steps: &Steps<M>,
+    origin: &Origin,
+    args: Args,
+    decl: &Decl,
+    cx: &mut Ctxt,
+) -> Checked {
     let (attr, sig) = (steps.attr, &decl.sig);
     cx.ok(decl::require_async(sig, attr));
     steps.required.check(&args, cx);
@@ -39,6 +48,8 @@ pub(crate) fn check<M>(steps: &Steps<M>, args: Args, decl: &Decl, cx: &mut Ctxt)
     let table = args.table.as_ref();
     let table = table.and_then(|l| cx.ok(ident::lit_ident(l, "table", true)));
     let krate = Krate::new(args.krate.as_ref(), Site::Attribute, cx);
+    let executor = fn_args.as_ref().map(|a| &a.executor);
+    let schema = migrations::load(args.migrations.as_ref(), origin, executor, cx);
     let target = match (table, &fn_args, ret) {
         (Some(table), Some(a), Some(ret)) => Some(Target {
             krate,
@@ -53,5 +64,6 @@ pub(crate) fn check<M>(steps: &Steps<M>, args: Args, decl: &Decl, cx: &mut Ctxt)
         args,
         target,
         fn_args,
+        schema,
     }
 }

@@ -1,6 +1,8 @@
 //! The generated transition: one guarded `UPDATE`, and when it changes nothing, one `SELECT`
 //! by key that tells a duplicate from a guard mismatch, an illegal state or a missing row.
 
+use std::collections::BTreeMap;
+
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::Ident;
@@ -16,41 +18,55 @@ struct Sql {
     select: String,
 }
 
-/// The statements, with `now` for the database's clock. Parameters are bound in this order:
-/// keys, guards, set arguments, `to`, each `from`.
-fn statements(m: &Model, now: &str) -> Sql {
+/// The statements, with `now` for the database's clock, and the text bound to a column of an
+/// enum type cast to it (PostgreSQL; `casts` is empty for SQLite). Parameters are bound in this
+/// order: keys, guards, set arguments, `to`, each `from`.
+fn statements(m: &Model, now: &str, casts: &BTreeMap<String, String>) -> Sql {
     let mut params = Params::default();
-    let key_where = params.equal(m.keys.iter().map(|(c, _)| c));
-    let guard_where = params.equal(m.guards.iter().map(|(c, _)| c));
+    let key_where = params.equal_cast(m.keys.iter().map(|(c, _)| c), casts);
+    let guard_where = params.equal_cast(m.guards.iter().map(|(c, _)| c), casts);
     let mut set: Vec<String> = m
         .sets
         .iter()
         .map(|s| match s {
-            SetValue::Arg(c, _) => format!("{} = {}", c.quoted, params.next()),
+            SetValue::Arg(c, _) => format!("{} = {}", c.quoted, params.next_cast(&c.name, casts)),
             SetValue::Now(c) => format!("{} = {now}", c.quoted),
         })
         .collect();
-    set.insert(0, format!("{} = {}", m.state.quoted, params.next()));
-    let from: Vec<String> = m.from.iter().map(|_| params.next()).collect();
+    let state = &m.state;
+    set.insert(
+        0,
+        format!(
+            "{} = {}",
+            state.quoted,
+            params.next_cast(&state.name, casts)
+        ),
+    );
+    let from: Vec<String> = m
+        .from
+        .iter()
+        .map(|_| params.next_cast(&state.name, casts))
+        .collect();
     let mut conditions = key_where.clone();
-    conditions.push(format!("{} IN ({})", m.state.quoted, from.join(", ")));
-    conditions.extend(guard_where);
+    conditions.push(format!("{} IN ({})", state.quoted, from.join(", ")));
+    conditions.extend(guard_where.iter().cloned());
     let returning = if m.returning.is_some() {
         " RETURNING *"
     } else {
         ""
     };
-    // The guards again, compared in the database, for a row already in `to`.
-    let guards: Vec<String> = m
-        .guards
-        .iter()
-        .enumerate()
-        .map(|(i, (c, _))| format!("{} = ${}", c.quoted, m.keys.len() + i + 1))
-        .collect();
-    let guards_match = if guards.is_empty() {
+    // The guards again, compared in the database, for a row already in `to`: the `SELECT`
+    // binds keys then guards, numbered as in the `UPDATE`.
+    let guards_match = if guard_where.is_empty() {
         "true".to_owned()
     } else {
-        format!("COALESCE(({}), false)", guards.join(" AND "))
+        format!("COALESCE(({}), false)", guard_where.join(" AND "))
+    };
+    // An enum is read back as its text.
+    let state_text = if casts.contains_key(&state.name) {
+        format!("CAST({} AS TEXT)", state.quoted)
+    } else {
+        state.quoted.clone()
     };
     Sql {
         update: format!(
@@ -60,8 +76,7 @@ fn statements(m: &Model, now: &str) -> Sql {
             conditions.join(" AND ")
         ),
         select: format!(
-            "SELECT {} AS \"__idem_state\", {guards_match} AS \"__idem_guards_match\"{} FROM {} WHERE {}",
-            m.state.quoted,
+            "SELECT {state_text} AS \"__idem_state\", {guards_match} AS \"__idem_guards_match\"{} FROM {} WHERE {}",
             if m.returning.is_some() { ", *" } else { "" },
             m.target.table.quoted,
             key_where.join(" AND ")
@@ -71,8 +86,8 @@ fn statements(m: &Model, now: &str) -> Sql {
 
 pub(super) fn expand(m: Model, decl: Decl) -> TokenStream {
     let p = m.target.krate.private();
-    let pg = statements(&m, "now()");
-    let lite = statements(&m, "CURRENT_TIMESTAMP");
+    let pg = statements(&m, "now()", &m.findings.casts);
+    let lite = statements(&m, "CURRENT_TIMESTAMP", &BTreeMap::new());
     let (pg_update, pg_select, lite_update, lite_select) =
         (&pg.update, &pg.select, &lite.update, &lite.select);
     let setup = quote_spanned! {Span::mixed_site()=>
@@ -85,6 +100,7 @@ pub(super) fn expand(m: Model, decl: Decl) -> TokenStream {
     };
     let mut body = Body::new(&m.target, attempt(&m, &p));
     body.checks = checks(&m);
+    body.checks.extend(m.findings.tokens.clone());
     body.prelude = machine_check(&m).unwrap_or_default();
     body.setup = setup;
     shell::function(decl, body)
@@ -253,11 +269,34 @@ fn machine_check(m: &Model) -> Option<TokenStream> {
             }
         }
     });
+    let allowed = allowed_check(m, machine, &name);
     Some(quote! {
         const _: () = {
             const MACHINE: #p::MachineText = #read;
             #(#state_checks)*
             #(#edge_checks)*
+            #allowed
         };
+    })
+}
+
+/// With migrations that list the state column's values: every state of the machine is one of
+/// them, or the transitions to it could never be written. The message names the state, so it
+/// is built at compile time from the machine's texts.
+fn allowed_check(m: &Model, machine: &syn::Path, name: &str) -> Option<TokenStream> {
+    let (values, said) = m.findings.allowed.as_ref()?;
+    let p = m.target.krate.private();
+    let (table, state) = (&m.target.table.name, &m.state.name);
+    let after = format!(
+        "` of the state machine `{name}` is not a value of `{table}.{state}`: {said}. Add it in a migration, or remove it from the machine"
+    );
+    Some(quote_spanned! {machine.span()=>
+        const MISSING: &str = #p::first_not_in(MACHINE.states, &[#(#values),*]);
+        if !MISSING.is_empty() {
+            const PARTS: &[&str] = &["state `", MISSING, #after];
+            const LEN: usize = #p::concat_len(PARTS);
+            const MESSAGE: [u8; LEN] = #p::concat::<LEN>(PARTS);
+            ::core::panic!("{}", #p::utf8(&MESSAGE));
+        }
     })
 }

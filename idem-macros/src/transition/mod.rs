@@ -23,6 +23,7 @@ pub(crate) const STEPS: Steps<valid::Model> = Steps {
             ("returning", "Order"),
             ("machine", "OrderStatus"),
             ("crate", "\"::idem\""),
+            ("migrations", "\"../migrations\""),
         ],
     },
     required: Required {

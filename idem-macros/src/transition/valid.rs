@@ -10,6 +10,7 @@ use syn::{Ident, LitStr, Type};
 use crate::ctxt::Ctxt;
 use crate::sql::bind::Binder;
 use crate::sql::ident::{self, SqlIdent};
+use crate::sql::migrations::{Checker, Findings, Schema};
 use crate::sql::ret::Ret;
 use crate::sql::target::Target;
 use crate::sql::{Args, Checked, Decl};
@@ -41,6 +42,8 @@ pub(crate) struct Model {
     /// `R` and `S` of `Transition<R, S>`, where the return type writes them.
     pub(super) row: Option<Type>,
     pub(super) state_type: Option<Type>,
+    /// What the migrations say, where there are any.
+    pub(super) findings: Findings,
 }
 
 /// The columns, each matched to its argument.
@@ -61,6 +64,10 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
     );
     parts(args, &columns, cx);
     states(args, cx);
+    let findings = match (&input.schema, &input.target) {
+        (Some(schema), Some(target)) => against(schema, target, args, &columns, cx),
+        _ => Findings::default(),
+    };
     let target = input.target?;
     let (row, state_type) = outcome(args, &target.ret, cx)?;
     Some(Model {
@@ -75,7 +82,53 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
         machine: args.machine.clone(),
         row,
         state_type,
+        findings,
     })
+}
+
+/// The table, every column, each argument's type and the states, against the migrations.
+fn against(schema: &Schema, target: &Target, args: &Args, c: &Columns, cx: &mut Ctxt) -> Findings {
+    let Some(table_lit) = &args.table else {
+        return Findings::default();
+    };
+    let mut check = Checker::new(schema, &target.table, table_lit, &target.krate, cx);
+    let arg = |name: &Ident| target.values.iter().find(|a| a.ident == *name);
+    let keys = c.keys.iter().flatten().map(|k| (args.key.as_ref(), k));
+    let guards = c.guards.iter().flatten().map(|g| (args.guard.as_ref(), g));
+    for (lit, (column, ident)) in keys.chain(guards) {
+        let span = lit.map_or_else(Span::call_site, LitStr::span);
+        if let Some(found) = check.column(&column.name, span, cx)
+            && !check.cast(found)
+            && let Some(a) = arg(ident)
+        {
+            check.value(found, a);
+        }
+    }
+    let set_span = args.set.as_ref().map_or_else(Span::call_site, LitStr::span);
+    for set in &c.sets {
+        let Some(found) = check.column(&set.column().name, set_span, cx) else {
+            continue;
+        };
+        if let SetValue::Arg(_, ident) = set
+            && !check.cast(found)
+            && let Some(a) = arg(ident)
+        {
+            check.value(found, a);
+        }
+    }
+    if let Some(state) = &c.state {
+        // The default `status` was not written: its problems are the attribute's.
+        let span = args
+            .state
+            .as_ref()
+            .map_or_else(Span::call_site, LitStr::span);
+        if let Some(found) = check.column(&state.name, span, cx) {
+            check.cast(found);
+            let states: Vec<&LitStr> = args.from.iter().flatten().chain(&args.to).collect();
+            check.states(found, &states, cx);
+        }
+    }
+    check.findings
 }
 
 fn columns(args: &Args, binder: &mut Binder<'_>, cx: &mut Ctxt) -> Columns {

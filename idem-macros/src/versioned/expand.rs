@@ -61,6 +61,7 @@ pub(super) fn expand(m: Model, decl: Decl) -> TokenStream {
     let version = quote_spanned!(span=> #p_at::version(&#ident));
     let mut body = Body::new(&m.target, attempt);
     body.checks = quote_spanned!(Span::mixed_site()=> let __idem_expected: i64 = #version;);
+    body.checks.extend(m.findings.tokens.clone());
     body.unbound = vec![ident.clone()];
     shell::function(decl, body)
 }

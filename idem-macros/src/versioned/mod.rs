@@ -19,6 +19,7 @@ pub(crate) const STEPS: Steps<valid::Model> = Steps {
             ("version", "\"version\""),
             ("set", "\"nickname\""),
             ("crate", "\"::idem\""),
+            ("migrations", "\"../migrations\""),
         ],
     },
     required: Required {

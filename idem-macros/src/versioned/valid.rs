@@ -8,6 +8,7 @@ use crate::ctxt::Ctxt;
 use crate::sql::bind::Binder;
 use crate::sql::decl::FnArg;
 use crate::sql::ident::{self, SqlIdent};
+use crate::sql::migrations::{Checker, Findings, Schema};
 use crate::sql::target::Target;
 use crate::sql::{Args, Checked, Decl};
 
@@ -18,6 +19,8 @@ pub(crate) struct Model {
     pub(super) sets: Vec<(SqlIdent, Ident)>,
     /// The argument holding the version that was read.
     pub(super) expected: FnArg,
+    /// What the migrations say, where there are any.
+    pub(super) findings: Findings,
 }
 
 pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Model> {
@@ -45,13 +48,66 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
         .fn_args
         .as_ref()
         .and_then(|a| a.value(&expected?.1.to_string()).cloned());
+    let findings = match (&input.schema, &input.target) {
+        (Some(schema), Some(target)) => {
+            let lists = [(&args.key, keys.as_deref()), (&args.set, sets.as_deref())];
+            against(
+                schema,
+                target,
+                args,
+                &lists,
+                version.as_ref(),
+                &version_lit,
+                cx,
+            )
+        }
+        _ => Findings::default(),
+    };
     Some(Model {
         target: input.target?,
         version: version?,
         keys: keys?,
         sets: sets?,
         expected: expected?,
+        findings,
     })
+}
+
+/// Columns as a literal lists them, each with its argument.
+type ColumnList<'a> = (&'a Option<LitStr>, Option<&'a [(SqlIdent, Ident)]>);
+
+/// The table, the key, set and version columns, and each argument's type, against the
+/// migrations.
+fn against(
+    schema: &Schema,
+    target: &Target,
+    args: &Args,
+    lists: &[ColumnList<'_>],
+    version: Option<&SqlIdent>,
+    version_lit: &LitStr,
+    cx: &mut Ctxt,
+) -> Findings {
+    let Some(table_lit) = &args.table else {
+        return Findings::default();
+    };
+    let mut check = Checker::new(schema, &target.table, table_lit, &target.krate, cx);
+    let arg = |name: &str| target.values.iter().find(|a| a.ident == name);
+    for (lit, columns) in lists {
+        let span = lit.as_ref().map_or_else(Span::call_site, LitStr::span);
+        for (column, ident) in columns.unwrap_or_default() {
+            if let Some(found) = check.column(&column.name, span, cx)
+                && let Some(a) = arg(&ident.to_string())
+            {
+                check.value(found, a);
+            }
+        }
+    }
+    if let Some(v) = version
+        && let Some(found) = check.column(&v.name, version_lit.span(), cx)
+    {
+        check.integer(found, version_lit.span(), cx);
+    }
+    check.findings
 }
 
 /// The columns a literal lists, with the literal.
