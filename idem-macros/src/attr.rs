@@ -111,7 +111,7 @@ impl Arg<'_, '_> {
     /// `= "…"`. Anything else is reported (naming the argument) and skipped, so the remaining
     /// arguments are still read and checked.
     pub(crate) fn lit_str(&self, cx: &mut Ctxt) -> syn::Result<Option<LitStr>> {
-        match self.value::<syn::Expr>()? {
+        match ungroup(self.value::<syn::Expr>()?) {
             syn::Expr::Lit(syn::ExprLit {
                 lit: syn::Lit::Str(s),
                 ..
@@ -139,6 +139,15 @@ impl Arg<'_, '_> {
         syn::parenthesized!(content in self.meta.input);
         let list = content.parse_terminated(FieldPath::parse, syn::Token![,])?;
         Ok(list.into_iter().collect())
+    }
+}
+
+/// The expression inside the invisible group a `macro_rules!` fragment (`$path:literal`)
+/// arrives in.
+pub(crate) fn ungroup(expr: syn::Expr) -> syn::Expr {
+    match expr {
+        syn::Expr::Group(g) => ungroup(*g.expr),
+        other => other,
     }
 }
 

@@ -47,7 +47,7 @@ impl Args {
                 "version" => &mut args.version,
                 "unique" => &mut args.unique,
                 "from" => {
-                    args.from = cx.ok(from_states(arg.value()?));
+                    args.from = cx.ok(from_states(attr::ungroup(arg.value()?)));
                     return Ok(());
                 }
                 "returning" => {
@@ -59,7 +59,7 @@ impl Args {
                     return Ok(());
                 }
                 "migrations" => {
-                    args.migrations = cx.ok(migrations(arg.value()?));
+                    args.migrations = cx.ok(migrations(attr::ungroup(arg.value()?)));
                     return Ok(());
                 }
                 _ => return Ok(()),
@@ -107,11 +107,11 @@ fn migrations(expr: Expr) -> syn::Result<MigrationsArg> {
 
 /// `"PENDING"` or `["PENDING", "PAID"]`.
 fn from_states(expr: Expr) -> syn::Result<Vec<LitStr>> {
-    let lit = |e: &Expr| match e {
+    let lit = |e: &Expr| match attr::ungroup(e.clone()) {
         Expr::Lit(syn::ExprLit {
             lit: syn::Lit::Str(s),
             ..
-        }) => Ok(s.clone()),
+        }) => Ok(s),
         other => Err(syn::Error::new_spanned(
             other,
             "`from` takes a state name or a list of them: `from = \"PENDING\"` or `from = [\"PENDING\", \"PAID\"]`",
