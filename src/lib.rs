@@ -209,11 +209,11 @@ pub use idem_runtime::transition::{Created, StateMachine, Transition, Versioned}
 /// | argument | meaning |
 /// |---|---|
 /// | `table = "orders"` | **required.** The table (`schema.table` allowed). |
-/// | `key = "order_no"` | **required.** The key column(s), comma-separated. |
+/// | `key = "order_no"` | **required.** The key column(s), comma-separated. Their arguments are not `Option`s: `=` is never true for NULL, so a `None` would never find the row. |
 /// | `from = "PENDING"` or `from = ["PENDING", "PAID"]` | **required.** The states the transition starts from: at least one, each one name (`"PENDING, PAID"` is refused: write a list). |
 /// | `to = "PAID"` | **required.** The target state; one name, not one of `from`. |
 /// | `state = "status"` | The state column (default `status`); not a key or guard column. |
-/// | `guard = "amount_cents"` | Extra columns that must equal their arguments; not key columns. |
+/// | `guard = "amount_cents"` | Extra columns that must equal their arguments (not `Option`s, as for keys); not key columns. |
 /// | `set = "paid_at = now(), paid_by"` | Extra columns to set: from the argument of the same name, or `now()` (the database's clock). Not the state column (the transition sets it to `to`), a key column (the row would move) or a guard column. |
 /// | `returning = Order` | A `sqlx::FromRow` type: the row after the update (`RETURNING *`), or as found. The return type says `Transition<Order, …>`. |
 /// | `machine = OrderStatus` | A [`state_machine!`]: `from` and `to` must be its states and every `from → to` one of its edges, checked at compile time; `Illegal { current }` is then typed. |
@@ -449,7 +449,8 @@ pub use idem_macros::versioned_update;
 ///
 /// Arguments: `table`, `unique` (the column(s) of a unique index, which must be among the
 /// arguments), `returning` (a `sqlx::FromRow` type, the `R` of `Created<R>`), `migrations`,
-/// `crate`. Every argument after the executor is an inserted column. Checked against the
+/// `crate`. Every argument after the executor is an inserted column; the `unique` ones are not
+/// `Option`s (NULLs never conflict, so a `None` would insert a row on every call). Checked against the
 /// migrations as [`#[state_transition]`](macro@state_transition#checked-against-the-migrations)
 /// is; besides, every `NOT NULL` column without a default must be inserted, and `unique` must
 /// be a primary key or a unique constraint (`ON CONFLICT` needs one).

@@ -92,3 +92,16 @@ pub(crate) fn impl_trait(ty: &Type) -> Option<Span> {
     finder.visit_type(ty);
     finder.0
 }
+
+/// A type as a user writes it: `&str`, `Vec<u8>`, not the token stream's `& str`, `Vec < u8 >`.
+pub(crate) fn display(ty: &Type) -> String {
+    quote::ToTokens::to_token_stream(ty)
+        .to_string()
+        .replace("& ", "&")
+        .replace(" <", "<")
+        .replace("< ", "<")
+        .replace(" >", ">")
+        .replace(" ,", ",")
+        .replace(":: ", "::")
+        .replace(" ::", "::")
+}

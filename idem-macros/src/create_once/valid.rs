@@ -1,10 +1,10 @@
 //! The checks of `#[create_once]`: names are SQL identifiers, the unique columns are among the
 //! inserted ones, and the return type's row is `returning`.
 
-use quote::ToTokens;
 use syn::{LitStr, Type};
 
 use crate::ctxt::Ctxt;
+use crate::sql::bind::{Compared, not_optional};
 use crate::sql::ident::{self, SqlIdent};
 use crate::sql::migrations::{Checker, Findings, Schema};
 use crate::sql::target::Target;
@@ -51,6 +51,12 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
             );
         }
     }
+    if let (Some(fn_args), Some(unique)) = (&input.fn_args, &unique) {
+        for column in unique {
+            let ident = syn::Ident::new(&column.name, proc_macro2::Span::call_site());
+            not_optional(fn_args, &ident, Compared::Unique, cx);
+        }
+    }
     let findings = match (&input.schema, &input.target) {
         (Some(schema), Some(target)) => {
             against(schema, target, &columns, unique.as_deref(), args, decl, cx)
@@ -61,10 +67,7 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
     let row = match target.ret.args.as_deref() {
         Some([row]) => Some(row.clone()),
         Some(_) => {
-            let r = args
-                .returning
-                .as_ref()
-                .map(|r| r.to_token_stream().to_string());
+            let r = args.returning.as_ref().map(crate::types::display);
             let r = r.unwrap_or_else(|| "Order".to_owned());
             cx.at(
                 target.ret.outcome_span,

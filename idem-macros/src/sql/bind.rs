@@ -82,3 +82,44 @@ impl<'a> Binder<'a> {
         }
     }
 }
+
+/// What `=` against NULL does to a column of each part, for the message.
+#[derive(Clone, Copy)]
+pub(crate) enum Compared {
+    Key,
+    Guard,
+    Unique,
+}
+
+/// An argument compared with `=` is not an `Option`: `=` is never true for NULL, so a `None`
+/// would silently never match. Reported on the argument's type.
+pub(crate) fn not_optional(args: &FnArgs, column: &Ident, part: Compared, cx: &mut Ctxt) {
+    let Some(arg) = args.value(&column.to_string()) else {
+        return;
+    };
+    let mut ty = &arg.ty;
+    while let syn::Type::Reference(r) = ty {
+        ty = &r.elem;
+    }
+    let Some(inner) = crate::types::args_of(ty, "Option").and_then(|a| a.first().copied()) else {
+        return;
+    };
+    let (what, effect) = match part {
+        Compared::Key => ("a key column", "the row would never be found"),
+        Compared::Guard => (
+            "a guard column",
+            "the transition would never apply, and say the guard differs",
+        ),
+        Compared::Unique => (
+            "a unique column",
+            "no row would conflict with it, and every call would insert one",
+        ),
+    };
+    cx.spanned(
+        &arg.ty,
+        format_args!(
+            "`{column}` is an `Option`, and {what} is compared with `=`, which is never true for NULL: with `None`, {effect}. Take the value itself: `{column}: {}`",
+            crate::types::display(inner)
+        ),
+    );
+}

@@ -2,7 +2,6 @@
 //! tokens where it is written that way, so that each part is checked where the user wrote it.
 
 use proc_macro2::Span;
-use quote::ToTokens;
 use syn::spanned::Spanned;
 use syn::{ReturnType, Signature, Type};
 
@@ -42,7 +41,7 @@ pub(crate) fn check(sig: &Signature, attr: &str, outcome: &Outcome, cx: &mut Ctx
                 ty.span(),
                 format_args!(
                     "#[{attr}] returns `{example}`, not `{}`",
-                    ty.to_token_stream()
+                    types::display(ty)
                 ),
             );
             return None;
@@ -66,7 +65,7 @@ pub(crate) fn check(sig: &Signature, attr: &str, outcome: &Outcome, cx: &mut Ctx
             ok.span(),
             format_args!(
                 "#[{attr}] returns `{example}`, not `Result<{}, …>`: `{}` says what the statement did",
-                ok.to_token_stream(),
+                types::display(&ok),
                 outcome.name
             ),
         );

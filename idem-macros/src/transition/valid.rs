@@ -3,12 +3,11 @@
 //! transition, and the return type matches `returning` and `machine`.
 
 use proc_macro2::Span;
-use quote::ToTokens;
 use syn::spanned::Spanned;
 use syn::{Ident, LitStr, Type};
 
 use crate::ctxt::Ctxt;
-use crate::sql::bind::Binder;
+use crate::sql::bind::{Binder, Compared, not_optional};
 use crate::sql::ident::{self, SqlIdent};
 use crate::sql::migrations::{Checker, Findings, Schema};
 use crate::sql::ret::Ret;
@@ -64,6 +63,17 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
     );
     parts(args, &columns, cx);
     states(args, cx);
+    if let Some(fn_args) = &input.fn_args {
+        let keys = columns.keys.iter().flatten().map(|k| (&k.1, Compared::Key));
+        let guards = columns
+            .guards
+            .iter()
+            .flatten()
+            .map(|g| (&g.1, Compared::Guard));
+        for (arg, part) in keys.chain(guards) {
+            not_optional(fn_args, arg, part, cx);
+        }
+    }
     let findings = match (&input.schema, &input.target) {
         (Some(schema), Some(target)) => against(schema, target, args, &columns, cx),
         _ => Findings::default(),
@@ -299,7 +309,7 @@ fn outcome(args: &Args, ret: &Ret, cx: &mut Ctxt) -> Option<(Option<Type>, Optio
     let (row, state) = (types.first().cloned(), types.get(1).cloned());
     match (&args.returning, &row) {
         (Some(returning), None) => {
-            let r = returning.to_token_stream();
+            let r = crate::types::display(returning);
             cx.at(
                 ret.outcome_span,
                 format_args!(
@@ -309,7 +319,7 @@ fn outcome(args: &Args, ret: &Ret, cx: &mut Ctxt) -> Option<(Option<Type>, Optio
             None
         }
         (None, Some(row)) if !is_unit(row) => {
-            let r = row.to_token_stream();
+            let r = crate::types::display(row);
             cx.at(
                 row.span(),
                 format_args!(

@@ -5,7 +5,7 @@ use proc_macro2::Span;
 use syn::{Ident, LitStr};
 
 use crate::ctxt::Ctxt;
-use crate::sql::bind::Binder;
+use crate::sql::bind::{Binder, Compared, not_optional};
 use crate::sql::decl::FnArg;
 use crate::sql::ident::{self, SqlIdent};
 use crate::sql::migrations::{Checker, Findings, Schema};
@@ -44,6 +44,11 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
         cx,
     );
     parts(args, version.as_ref(), keys.as_deref(), sets.as_deref(), cx);
+    if let Some(fn_args) = &input.fn_args {
+        for (_, arg) in keys.iter().flatten() {
+            not_optional(fn_args, arg, Compared::Key, cx);
+        }
+    }
     let expected = input
         .fn_args
         .as_ref()
