@@ -340,7 +340,9 @@ pub use idem_runtime::transition::{Created, StateMachine, Transition, Versioned}
 pub use idem_macros::state_transition;
 
 /// Renders a scope template from the variables in scope, exactly as `#[idempotent]` renders it
-/// from a function's arguments: for looking a record up by key in another handler.
+/// from a function's arguments: for looking a record up by key in another handler. The template
+/// follows the same rules: literal text (the operation's name), placeholders naming variables or
+/// their fields, rendered with `Display`.
 ///
 /// Evaluates to `Result<String, idem::Error>` (too long a scope is [`Error::InvalidScope`]).
 ///

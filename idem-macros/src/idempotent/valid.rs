@@ -250,9 +250,9 @@ fn fingerprinted(
             "use either `fingerprint(…)` (exactly these arguments) or `skip(…)` (all but these), not both",
         );
     }
-    let out = if let Some((span, list)) = &args.fingerprint {
+    let out = if let Some((_, list)) = &args.fingerprint {
         check(list, cx);
-        listed(*span, list, params, skipped, cx);
+        listed(args, list, params, skipped, cx);
         list.iter()
             .filter_map(|path| {
                 let p = find(&path.root)?;
@@ -283,16 +283,28 @@ fn fingerprinted(
 
 /// `fingerprint(…)` names something, and nothing twice or also skipped.
 fn listed(
-    span: Span,
+    args: &Args,
     list: &[FieldPath],
     params: &[Param],
     skipped: &[Option<Span>],
     cx: &mut Ctxt,
 ) {
+    let Some((span, _)) = args.fingerprint else {
+        return;
+    };
     if list.is_empty() {
         cx.at(
             span,
             "`fingerprint()` lists nothing, so a retry with other arguments would get the first answer instead of an error: list what makes up the request, e.g. `fingerprint(order_no, cents)`, or leave `fingerprint` out to hash every argument",
+        );
+    } else if let Some(key) = plain_ident(&args.key)
+        && list.iter().all(|p| p.fields.is_empty() && p.root == key)
+    {
+        cx.at(
+            span,
+            format_args!(
+                "`fingerprint({key})` lists only the key, which is the same on every retry: a retry with other arguments would get the first answer instead of an error. List what makes up the request, e.g. `fingerprint(order_no, cents)`"
+            ),
         );
     }
     let text = |p: &FieldPath| quote::ToTokens::to_token_stream(p).to_string();
