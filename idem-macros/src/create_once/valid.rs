@@ -98,10 +98,7 @@ fn against(
     decl: &Decl,
     cx: &mut Ctxt,
 ) -> Findings {
-    let Some(table_lit) = &args.table else {
-        return Findings::default();
-    };
-    let mut check = Checker::new(schema, &target.table, table_lit, &target.krate, cx);
+    let mut check = Checker::new(schema, target, args.table.as_ref(), cx);
     for (column, arg) in columns.iter().zip(&target.values) {
         if let Some(found) = check.column(&column.name, arg.ident.span(), cx) {
             check.value(found, arg);

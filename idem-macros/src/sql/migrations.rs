@@ -19,7 +19,7 @@ use quote::{ToTokens, quote_spanned};
 use syn::LitStr;
 
 use super::decl::FnArg;
-use super::ident::SqlIdent;
+use super::target::Target;
 use crate::ctxt::Ctxt;
 use crate::krate::Krate;
 use crate::schema::{
@@ -169,14 +169,15 @@ pub(crate) struct Checker<'s> {
 }
 
 impl<'s> Checker<'s> {
-    /// Finds the table; reports it (on `lit`) when it is not there.
+    /// Finds the target's table; reports it (on `lit`, the `table` argument) when it is not
+    /// there.
     pub(crate) fn new(
         schema: &'s Schema,
-        table: &SqlIdent,
-        lit: &LitStr,
-        krate: &Krate,
+        target: &Target,
+        lit: Option<&LitStr>,
         cx: &mut Ctxt,
     ) -> Checker<'s> {
+        let span = lit.map_or_else(Span::call_site, LitStr::span);
         let mut findings = Findings::default();
         for input in schema.catalog.inputs() {
             let path = LitStr::new(&input.display().to_string(), Span::call_site());
@@ -185,11 +186,11 @@ impl<'s> Checker<'s> {
                 .tokens
                 .extend(quote_spanned!(Span::mixed_site()=> const _: &[u8] = ::core::include_bytes!(#path);));
         }
-        let table = find_table(schema, &table.name, lit.span(), cx);
+        let table = find_table(schema, &target.table.name, span, cx);
         Checker {
             schema,
             table,
-            krate: krate.clone(),
+            krate: target.krate.clone(),
             findings,
         }
     }

@@ -98,10 +98,7 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
 
 /// The table, every column, each argument's type and the states, against the migrations.
 fn against(schema: &Schema, target: &Target, args: &Args, c: &Columns, cx: &mut Ctxt) -> Findings {
-    let Some(table_lit) = &args.table else {
-        return Findings::default();
-    };
-    let mut check = Checker::new(schema, &target.table, table_lit, &target.krate, cx);
+    let mut check = Checker::new(schema, target, args.table.as_ref(), cx);
     let arg = |name: &Ident| target.values.iter().find(|a| a.ident == *name);
     let keys = c.keys.iter().flatten().map(|k| (args.key.as_ref(), k));
     let guards = c.guards.iter().flatten().map(|g| (args.guard.as_ref(), g));

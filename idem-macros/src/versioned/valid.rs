@@ -92,10 +92,7 @@ fn against(
     version_lit: &LitStr,
     cx: &mut Ctxt,
 ) -> Findings {
-    let Some(table_lit) = &args.table else {
-        return Findings::default();
-    };
-    let mut check = Checker::new(schema, &target.table, table_lit, &target.krate, cx);
+    let mut check = Checker::new(schema, target, args.table.as_ref(), cx);
     let arg = |name: &str| target.values.iter().find(|a| a.ident == name);
     for (lit, columns) in lists {
         let span = lit.as_ref().map_or_else(Span::call_site, LitStr::span);
