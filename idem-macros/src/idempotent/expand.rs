@@ -217,9 +217,11 @@ fn call(g: &Gen<'_>, stmts: &[Stmt]) -> TokenStream {
             #p_ok::run(&#store_ok, #prepared, #errors_ok, #body).await
         };
     };
+    // Located on the `Ok` type outright, not with the macro's hygiene: an unmet bound of
+    // `tx_finish` is then reported once, there, and not also on the whole attribute.
     let (claim_ok, out_ok) = (
-        Gen::local_at("claim", ok_span),
-        Gen::local_at("out", ok_span),
+        Ident::new("__idem_claim", ok_span),
+        Ident::new("__idem_out", ok_span),
     );
     let start = quote_spanned!(ok_span=> #p_ok::tx_start(&#store_ok, #prepared).await);
     // Spanned on the `Ok` type too: an unmet bound on `out` is traced back to here.
@@ -238,9 +240,8 @@ fn call(g: &Gen<'_>, stmts: &[Stmt]) -> TokenStream {
     let finish = quote_spanned! {ok_span=>
         #p_ok::tx_finish(&#store_ok, #claim_ok, #errors_ok, #out_ok).await
     };
-    let v_claim = Gen::local("claim");
     quote! {
-        let mut #v_claim = #start;
+        let mut #claim_ok = #start;
         #run_body
         #finish
     }
