@@ -217,6 +217,7 @@ pub trait Executor<'c, M> {
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[diagnostic::do_not_recommend]
 impl<'c, A: sqlx::Acquire<'c>> Executor<'c, Holds> for A {
     type Database = A::Database;
     type Checked = A;
@@ -226,6 +227,7 @@ impl<'c, A: sqlx::Acquire<'c>> Executor<'c, Holds> for A {
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[diagnostic::do_not_recommend]
 impl<'c, A: Impossible> Executor<'c, Never> for A {
     type Database = sqlx::Sqlite;
     type Checked = A;
@@ -254,6 +256,7 @@ pub trait Bind<'q, DB, M> {
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[diagnostic::do_not_recommend]
 impl<'q, DB: sqlx::Database, T> Bind<'q, DB, Holds> for T
 where
     T: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
@@ -265,6 +268,7 @@ where
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[diagnostic::do_not_recommend]
 impl<DB, T: Impossible> Bind<'_, DB, Never> for T {
     type Value = T;
     fn checked(self) -> T {
@@ -289,6 +293,7 @@ pub trait RowOf<DB: sqlx::Database, M>: Sized {
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[diagnostic::do_not_recommend]
 impl<DB: sqlx::Database, R> RowOf<DB, Holds> for R
 where
     R: for<'r> sqlx::FromRow<'r, DB::Row>,
@@ -299,6 +304,7 @@ where
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[diagnostic::do_not_recommend]
 impl<DB: sqlx::Database, R: Impossible> RowOf<DB, Never> for R {
     #[allow(unreachable_code)]
     fn decode(_row: &DB::Row) -> Result<Self, sqlx::Error> {
