@@ -178,18 +178,21 @@
 ///
 /// | argument | meaning |
 /// |---|---|
-/// | `scope = "refund:<order_no>"` | **required.** What the operation acts on. `<placeholders>` name arguments (bound by their patterns: `Path(order_no)` binds `order_no`) or field paths of them (`<user.id>`); values are percent-encoded so different values never give the same scope. Two placeholders need a delimiter such as `:` between them. |
-/// | `key = <expr>` | **required.** The idempotency key: anything [`ToKey`]: a `&str` or `String` (validated with [`KeyPolicy::DEFAULT`]), an integer message id, a [`Key`], the HTTP extractor. A bad key is rejected before the store is touched. |
+/// | `scope = "refund:<order_no>"` | **required.** What the operation acts on: the operation's name as literal text (two functions with the same template would share their records, so a scope of placeholders alone is refused), then `<placeholders>` naming arguments (bound by their patterns: `Path(order_no)` binds `order_no`) or field paths of them (`<user.id>`), each rendered with `Display`. Values are percent-encoded so different values never give the same scope. Two placeholders need a delimiter such as `:` between them. |
+/// | `key = <expr>` | **required.** The idempotency key, read from the request: anything [`ToKey`]: a `&str` or `String` (validated with [`KeyPolicy::DEFAULT`]), an integer message id, a [`Key`], the HTTP extractor. A bad key is rejected before the store is touched; a literal is refused at compile time (every call would share it). |
 /// | `store = <expr>` | The store, by place (`app.idem`, `self.store`, a `&MemoryStore` argument): it is cloned, which is cheap. Without it, the store installed with [`set_default_store`]. |
-/// | `fingerprint(a, b)` | Fingerprint exactly these arguments. |
-/// | `skip(a, b)` | Fingerprint every argument but these. `#[idem(skip)]` on a parameter does the same. By default every argument is fingerprinted except `self`, the key and the store when they are plain arguments; an argument that is not `Serialize` is a compile error pointing at it. |
-/// | `lease = "30s"` | How long a claim lives before it is presumed abandoned (default `"5m"`). Units `ms`, `s`, `m`, `h`, `d`; checked at compile time. |
+/// | `fingerprint(a, b.c)` | Fingerprint exactly these arguments, or fields of them (`req.cents`). Not empty: a retry with other arguments must be refused, not answered. |
+/// | `skip(a, b)` | Fingerprint every argument but these (names, not fields). `#[idem(skip)]` on a parameter does the same, and cannot be combined with `fingerprint(…)` listing it. By default every argument is fingerprinted except `self`, the key when it is an argument itself (`key = key`), and the store or the argument it is read from (`app` in `store = app.idem`: application state is not part of the request). An argument that `key = …` only reads (`headers` in `key = headers.key`) is fingerprinted. An argument that is not `Serialize` is a compile error pointing at it. |
+/// | `lease = "30s"` | How long a claim lives before it is presumed abandoned (default `"5m"`), at least `"1s"`: a claim that runs out while the body runs lets a retry run it again. Units `ms`, `s`, `m`, `h`, `d`; checked at compile time. |
 /// | `retain = "24h"` | How long the answer is replayed (default `"24h"`); at least the lease. |
 /// | `on_error = "release"` | `"release"` (default): an `Err` frees the key so a retry runs the body again. `"store_final"`: errors for which [`FinalError::is_final`] holds are stored and replayed like successes. |
 /// | `on_expired_lease = "reclaim"` | `"reclaim"` (default): an abandoned claim is taken over (fence + 1, with its recovery point). `"fail_closed"`: keep answering "in progress". |
 /// | `transaction = tx` | Transactional mode ([`TxStore`]: SQLite or PostgreSQL): the body gets `tx: &mut sqlx::Transaction<'static, DB>`; the claim, the body's SQL and the completion commit together, and an `Err` or a panic rolls all of them back. |
 /// | `claim = c` | The body gets `c: `[`ClaimInfo`]: its fence, whether it took over an abandoned claim, the recovery point, and [`ClaimInfo::downstream_key`] for calls to the outside world. |
-/// | `crate = "path::to::idem"` | Where idem is, when it is re-exported under another path. |
+/// | `crate = "path::to::idem"` | Where idem is, when it is re-exported under another path. Without it, a crate whose `Cargo.toml` renames the dependency, or does not depend on idem at all, gets one error that says so. |
+///
+/// `#[idempotent]` is given once per function, on a function with a body: on a trait method,
+/// put it on the method in each `impl` block.
 ///
 /// # Examples
 ///
@@ -312,8 +315,11 @@ pub use idem_runtime::transition::{Created, StateMachine, Transition, Versioned}
 /// Declare an `async fn` without a body. Its first argument is the executor: anything
 /// [`sqlx::Acquire`](https://docs.rs/sqlx/latest/sqlx/trait.Acquire.html) for PostgreSQL or SQLite
 /// (a `&PgPool`, a `&mut PgConnection`, a `&mut Transaction<…>`). Every other argument fills the
-/// column of the same name. It returns `Result<Transition<R, S>, E>` with `R` the `returning` row
-/// (or `()`), `S` the machine's enum (or `String`), and `E: From<idem::Error>`.
+/// column of the same name, and must be a type the executor's database can bind (`u64` on
+/// PostgreSQL is an error on the argument). It returns `Result<Transition<R, S>, E>` with `R`
+/// the `returning` row (written when `returning` is given, and only then), `S` the machine's
+/// enum (only with `machine = …`) or `String`, and `E: From<idem::Error>`: each part is checked
+/// where it is written.
 ///
 /// One round trip when the transition applies; one more, a `SELECT` by key, only when it does
 /// not. A guard mismatch (the row is in a `from` state but a guard column differs) is logged at
@@ -324,19 +330,66 @@ pub use idem_runtime::transition::{Created, StateMachine, Transition, Versioned}
 /// | argument | meaning |
 /// |---|---|
 /// | `table = "orders"` | **required.** The table (`schema.table` allowed). |
-/// | `key = "order_no"` | **required.** The key column(s), comma-separated. |
-/// | `from = "PENDING"` or `from = ["PENDING", "PAID"]` | **required.** The states the transition starts from. |
-/// | `to = "PAID"` | **required.** The target state; not one of `from`. |
-/// | `state = "status"` | The state column (default `status`). |
-/// | `guard = "amount_cents"` | Extra columns that must equal their arguments. |
-/// | `set = "paid_at = now(), paid_by"` | Extra columns to set: from the argument of the same name, or `now()` (the database's clock). |
-/// | `returning = Order` | A `sqlx::FromRow` type: the row after the update (`RETURNING *`), or as found. |
+/// | `key = "order_no"` | **required.** The key column(s), comma-separated. Their arguments are not `Option`s: `=` is never true for NULL, so a `None` would never find the row. |
+/// | `from = "PENDING"` or `from = ["PENDING", "PAID"]` | **required.** The states the transition starts from: at least one, each one name (`"PENDING, PAID"` is refused: write a list). |
+/// | `to = "PAID"` | **required.** The target state; one name, not one of `from`. |
+/// | `state = "status"` | The state column (default `status`); not a key or guard column. |
+/// | `guard = "amount_cents"` | Extra columns that must equal their arguments (not `Option`s, as for keys); not key columns. |
+/// | `set = "paid_at = now(), paid_by"` | Extra columns to set: from the argument of the same name, or `now()` (the database's clock). Not the state column (the transition sets it to `to`), a key column (the row would move) or a guard column. |
+/// | `returning = Order` | A `sqlx::FromRow` type: the row after the update (`RETURNING *`), or as found. The return type says `Transition<Order, …>`. |
 /// | `machine = OrderStatus` | A [`state_machine!`]: `from` and `to` must be its states and every `from → to` one of its edges, checked at compile time; `Illegal { current }` is then typed. |
+/// | `migrations = "../migrations"` | Where the migrations to check against are (see below), or `false` to check nothing against them. |
 /// | `crate = "path::to::idem"` | Where idem is, when it is re-exported. |
 ///
 /// Table and column names must be SQL identifiers (letters, digits, `_`): anything else,
 /// such as an injection attempt in a name, is a compile error. Names are quoted, so they are
 /// case-sensitive as written. Values are always bound as parameters.
+///
+/// # Checked against the migrations
+///
+/// At compile time, with no database, the attribute reads the crate's sqlx migrations and
+/// replays their DDL (in sqlx's order; `.down.sql` files are not applied) into the tables,
+/// columns, types, `NOT NULL`, `CHECK` constraints and enum types they leave. It then checks,
+/// each error on the attribute's string or on the argument:
+///
+/// - the table exists (with the nearest name as a suggestion);
+/// - every column the attribute names (`key`, `guard`, `state`, the targets of `set`) exists,
+///   naming the migration that created the table and the last that changed it;
+/// - `from` and `to` are values the state column allows, by its enum type or its
+///   `CHECK (… IN (…))`, and with `machine = …` so is every state of the machine (a `const`
+///   check that names the state);
+/// - each argument's type fits its column: `&str` for a `BIGINT` column is an error on the
+///   argument. Only types idem knows are judged (integers, floats, `bool`, text, bytes, and
+///   references and `Option`s of them); any other type (a newtype, `chrono`, `uuid`) is taken
+///   at its word;
+/// - on PostgreSQL, a table or column written in another case than the migration's (the
+///   generated SQL quotes names, so `"Orders"` is not `orders`).
+///
+/// The `returning` type's fields are not compared with the columns: an attribute cannot see
+/// the fields of a struct declared elsewhere. What is checked is that the type can be read from
+/// a row (`sqlx::FromRow`), on `returning`.
+///
+/// When the state column (or a key, guard or set column) is of a PostgreSQL enum type, the
+/// generated statements cast the text bound to it (`CAST($1 AS "order_status")`) and read the
+/// state back as text: without the migrations, such a column fails at run time.
+///
+/// Where the migrations are: the crate's `migrations/`, or the `[migrate] migrations-dir` of its
+/// `sqlx.toml`, as for `sqlx::migrate!()`; or `migrations = "…"`, a directory of migrations or a
+/// single `.sql` schema file, relative to the file the attribute is in (as for
+/// `include_str!`). No migrations found: nothing is checked, and nothing is said.
+///
+/// A statement the SQL parser cannot read makes what it names uncertain: a problem with an
+/// uncertain table or column is a warning (a deprecation warning whose note is the message),
+/// never an error, since the statement may have made the difference.
+///
+/// Cargo rebuilds the crate when a migration the check read changes. To have it rebuild when a
+/// migration is added, put this in the crate's `build.rs`:
+///
+/// ```text
+/// fn main() {
+///     println!("cargo:rerun-if-changed=migrations");
+/// }
+/// ```
 ///
 /// # Examples
 ///
@@ -408,7 +461,9 @@ pub use idem_runtime::transition::{Created, StateMachine, Transition, Versioned}
 pub use idem_macros::state_transition;
 
 /// Renders a scope template from the variables in scope, exactly as `#[idempotent]` renders it
-/// from a function's arguments: for looking a record up by key in another handler.
+/// from a function's arguments: for looking a record up by key in another handler. The template
+/// follows the same rules: literal text (the operation's name), placeholders naming variables or
+/// their fields, rendered with `Display`.
 ///
 /// Evaluates to `Result<String, idem::Error>` (too long a scope is [`Error::InvalidScope`]).
 ///
@@ -417,6 +472,21 @@ pub use idem_macros::state_transition;
 /// let user = User { id: 7 };
 /// let scope = idem::scope!("order:<user.id>").unwrap();
 /// assert_eq!(scope, "order:7");
+/// ```
+///
+/// Where idem is re-exported under another path, say where after the template, as `crate =
+/// "…"` says it to the attributes:
+///
+/// ```
+/// mod deps {
+///     pub(crate) use idem;
+/// }
+/// # struct User { id: u64 }
+/// # fn main() {
+/// # let user = User { id: 7 };
+/// let scope = idem::scope!("order:<user.id>", crate = "crate::deps::idem").unwrap();
+/// # assert_eq!(scope, "order:7");
+/// # }
 /// ```
 #[doc(inline)]
 pub use idem_macros::scope;
@@ -447,6 +517,22 @@ pub use idem_macros::scope;
 /// assert!(!OrderStatus::Shipped.can_become(OrderStatus::Cancelled));
 /// assert_eq!(OrderStatus::parse("DONE"), Some(OrderStatus::Done));
 /// ```
+///
+/// Where idem is re-exported under another path, say where with `#[idem(crate = "…")]` on the
+/// enum (the attribute is the macro's, not the enum's):
+///
+/// ```
+/// mod deps {
+///     pub(crate) use idem;
+/// }
+///
+/// idem::state_machine! {
+///     #[idem(crate = "crate::deps::idem")]
+///     pub enum Light { Red = "RED", Green = "GREEN" }
+///     Red -> Green -> Red;
+/// }
+/// # fn main() { assert!(Light::Red.can_become(Light::Green)); }
+/// ```
 #[doc(inline)]
 pub use idem_macros::state_machine;
 
@@ -454,9 +540,12 @@ pub use idem_macros::state_machine;
 /// version that was read, and says [`Versioned`]`::{Updated { version }, Stale { current_version
 /// }, NotFound}`. Retry stale updates with [`transition::retry_versioned`].
 ///
-/// Arguments: `table`, `key` (columns), `set` (columns, from the arguments of the same name),
-/// `version` (the column, default `version`; the argument of that name is the version read),
-/// `crate`.
+/// Arguments: `table`, `key` (columns), `set` (columns, from the arguments of the same name; not
+/// the version column, which the update bumps itself, nor a key column), `version` (the column,
+/// default `version`; the argument of that name, an `i64` or narrower, is the version read),
+/// `migrations`, `crate`. Checked against the migrations as
+/// [`#[state_transition]`](macro@state_transition#checked-against-the-migrations) is, and the
+/// version column must be an integer column.
 ///
 /// ```
 /// use idem::{Error, Versioned};
@@ -482,8 +571,12 @@ pub use idem_macros::versioned_update;
 /// unique-violation error. Safe inside a transaction (no statement fails).
 ///
 /// Arguments: `table`, `unique` (the column(s) of a unique index, which must be among the
-/// arguments), `returning` (a `sqlx::FromRow` type), `crate`. Every argument after the executor
-/// is an inserted column.
+/// arguments), `returning` (a `sqlx::FromRow` type, the `R` of `Created<R>`), `migrations`,
+/// `crate`. Every argument after the executor is an inserted column; the `unique` ones are not
+/// `Option`s (NULLs never conflict, so a `None` would insert a row on every call). Checked against the
+/// migrations as [`#[state_transition]`](macro@state_transition#checked-against-the-migrations)
+/// is; besides, every `NOT NULL` column without a default must be inserted, and `unique` must
+/// be a primary key or a unique constraint (`ON CONFLICT` needs one).
 ///
 /// ```
 /// use idem::{Created, Error};

@@ -412,3 +412,98 @@ fn the_machine_knows_its_edges() {
     assert_eq!(next, [OrderStatus::Paid, OrderStatus::Cancelled]);
     assert_eq!(<OrderStatus as StateMachine>::EDGES.len(), 5);
 }
+
+idem::state_machine! {
+    /// The states of `enum_orders`: a PostgreSQL enum type in the migration.
+    pub enum OrderState {
+        Pending = "PENDING",
+        Paid = "PAID",
+        Cancelled = "CANCELLED",
+    }
+    Pending -> Paid;
+    Pending -> Cancelled;
+}
+
+/// On a state column of an enum type (read from the migration), text is cast to the type and
+/// the state read back as text: without the casts PostgreSQL refuses `state IN ($4)` (no
+/// operator compares an enum with text) and sqlx refuses to read the enum as a `String`.
+mod enum_state {
+    use super::*;
+
+    #[idem::state_transition(
+        table = "enum_orders",
+        key = "order_no",
+        state = "state",
+        from = "PENDING",
+        to = "PAID",
+        guard = "amount_cents",
+        machine = OrderState,
+        migrations = "sql/enum_orders"
+    )]
+    pub async fn pay(
+        db: &sqlx::PgPool,
+        order_no: &str,
+        amount_cents: i64,
+    ) -> Result<Transition<(), OrderState>, Error>;
+
+    #[idem::state_transition(
+        table = "enum_orders",
+        key = "order_no",
+        state = "state",
+        from = "PENDING",
+        to = "CANCELLED",
+        migrations = "sql/enum_orders"
+    )]
+    pub async fn cancel(db: &sqlx::PgPool, order_no: &str) -> Result<Transition, Error>;
+
+    #[tokio::test]
+    #[cfg_attr(
+        not(idem_postgres),
+        ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+    )]
+    async fn outcomes_on_an_enum_state_column() {
+        let url = common::pg_url();
+        let schema = common::PgSchema::create(&url, 4).await;
+        let pool = &schema.pool;
+        sqlx::raw_sql(include_str!("sql/enum_orders/1_enum_orders.sql"))
+            .execute(pool)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO enum_orders (order_no, amount_cents) VALUES ('A1', 250), ('B1', 10)",
+        )
+        .execute(pool)
+        .await
+        .unwrap();
+
+        assert_eq!(pay(pool, "A1", 250).await.unwrap(), Transition::Applied(()));
+        assert_eq!(
+            pay(pool, "A1", 250).await.unwrap(),
+            Transition::AlreadyApplied(())
+        );
+        assert_eq!(
+            pay(pool, "B1", 11).await.unwrap(),
+            Transition::GuardMismatch(())
+        );
+        assert_eq!(
+            cancel(pool, "A1").await.unwrap(),
+            Transition::Illegal {
+                current: "PAID".to_string()
+            }
+        );
+        assert_eq!(cancel(pool, "B1").await.unwrap(), Transition::Applied(()));
+        assert_eq!(
+            pay(pool, "B1", 10).await.unwrap(),
+            Transition::Illegal {
+                current: OrderState::Cancelled
+            }
+        );
+        assert_eq!(pay(pool, "nope", 1).await.unwrap(), Transition::NotFound);
+        let state: String =
+            sqlx::query_scalar("SELECT state::text FROM enum_orders WHERE order_no = 'A1'")
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        assert_eq!(state, "PAID");
+    }
+}

@@ -1,97 +1,65 @@
-//! Shared parsing of `name = value` attribute arguments: one place that catches unknown and
-//! duplicate names, keeps their spans, and names the whole grammar in its errors.
+//! `name = value` arguments, parsed the same way by every macro: one place that catches unknown
+//! and duplicate names, keeps their spans, names the whole grammar in its errors, and knows
+//! which names were written, so that a malformed argument is not also reported missing.
 
-use std::collections::HashMap;
-
-use proc_macro2::Span;
+use proc_macro2::{Span, TokenStream};
 use syn::meta::ParseNestedMeta;
+use syn::parse::Parse;
+use syn::{Ident, LitStr};
 
-/// Collects every error, so the user sees all of them at once.
-#[derive(Default)]
-pub(crate) struct Errors(Option<syn::Error>);
+use crate::ctxt::Ctxt;
 
-impl Errors {
-    pub(crate) fn push(&mut self, e: syn::Error) {
-        match &mut self.0 {
-            Some(all) => all.combine(e),
-            None => self.0 = Some(e),
-        }
-    }
-
-    pub(crate) fn at(&mut self, span: Span, msg: impl std::fmt::Display) {
-        self.push(syn::Error::new(span, msg));
-    }
-
-    pub(crate) fn finish(self) -> syn::Result<()> {
-        match self.0 {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Names accepted by one attribute, with the grammar quoted in "unknown argument" errors.
+/// The arguments one macro accepts, each with an example value for its errors.
 pub(crate) struct Grammar {
-    pub(crate) attr: &'static str,
-    pub(crate) names: &'static [&'static str],
-    seen: HashMap<String, Span>,
+    /// How the user wrote the macro: `#[idempotent]`, `scope!`.
+    pub(crate) site: &'static str,
+    pub(crate) args: &'static [(&'static str, &'static str)],
 }
 
 impl Grammar {
-    pub(crate) fn new(attr: &'static str, names: &'static [&'static str]) -> Grammar {
-        Grammar {
-            attr,
-            names,
-            seen: HashMap::new(),
-        }
-    }
-
-    /// The argument's name if it is known and new; otherwise records why not and skips its
-    /// value so that parsing goes on.
-    pub(crate) fn check(
-        &mut self,
-        meta: &ParseNestedMeta<'_>,
-        errors: &mut Errors,
-    ) -> syn::Result<Option<String>> {
-        let span = path_span(&meta.path);
-        let Some(name) = meta.path.get_ident().map(ToString::to_string) else {
-            errors.at(
-                span,
-                self.unknown(&quote::ToTokens::to_token_stream(&meta.path).to_string()),
-            );
-            skip_value(meta)?;
-            return Ok(None);
-        };
-        if !self.names.contains(&name.as_str()) {
-            errors.at(span, self.unknown(&name));
-            skip_value(meta)?;
-            return Ok(None);
-        }
-        if self.seen.insert(name.clone(), span).is_some() {
-            errors.at(
-                span,
-                format_args!(
-                    "duplicate argument `{name}` in #[{}]: give it once",
-                    self.attr
-                ),
-            );
-            skip_value(meta)?;
-            return Ok(None);
-        }
-        Ok(Some(name))
-    }
-
     fn unknown(&self, name: &str) -> String {
         let list = self
-            .names
+            .args
             .iter()
-            .map(|n| format!("`{n}`"))
+            .map(|(n, _)| format!("`{n}`"))
             .collect::<Vec<_>>()
             .join(", ");
         format!(
-            "unknown argument `{name}` in #[{}]: expected one of {list}",
-            self.attr
+            "unknown argument `{name}` in {}: expected one of {list}",
+            self.site
         )
+    }
+
+    /// The argument's grammar entry if it is known and new; otherwise records why not and
+    /// skips its value so that parsing goes on.
+    fn check(
+        &self,
+        meta: &ParseNestedMeta<'_>,
+        seen: &mut Vec<&'static str>,
+        cx: &mut Ctxt,
+    ) -> syn::Result<Option<(&'static str, &'static str)>> {
+        let span = path_span(&meta.path);
+        let written = meta.path.get_ident().map(ToString::to_string);
+        let known = written
+            .as_deref()
+            .and_then(|w| self.args.iter().find(|(n, _)| *n == w));
+        let Some(&(name, example)) = known else {
+            let shown =
+                written.unwrap_or_else(|| quote::ToTokens::to_token_stream(&meta.path).to_string());
+            cx.at(span, self.unknown(&shown));
+            skip_value(meta)?;
+            return Ok(None);
+        };
+        if seen.contains(&name) {
+            cx.at(
+                span,
+                format_args!("duplicate argument `{name}` in {}: give it once", self.site),
+            );
+            skip_value(meta)?;
+            return Ok(None);
+        }
+        seen.push(name);
+        Ok(Some((name, example)))
     }
 }
 
@@ -103,7 +71,7 @@ fn path_span(path: &syn::Path) -> Span {
 }
 
 /// Skips `= value` or `(…)` after a rejected name.
-pub(crate) fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
+fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
     if meta.input.peek(syn::Token![=]) {
         meta.value()?.parse::<syn::Expr>()?;
     } else if meta.input.peek(syn::token::Paren) {
@@ -113,60 +81,128 @@ pub(crate) fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
     Ok(())
 }
 
-/// Parses `"…"` after `=`. Anything else is reported (naming the argument) and skipped, so the
-/// remaining arguments are still read and checked.
-pub(crate) fn lit_str(
-    meta: &ParseNestedMeta<'_>,
-    name: &str,
-    example: &str,
-    errors: &mut Errors,
-) -> syn::Result<Option<syn::LitStr>> {
-    let value = meta.value()?;
-    let expr: syn::Expr = value.parse()?;
-    match expr {
-        syn::Expr::Lit(syn::ExprLit {
-            lit: syn::Lit::Str(s),
-            ..
-        }) => Ok(Some(s)),
-        other => {
-            errors.push(syn::Error::new_spanned(
-                other,
-                format_args!("`{name}` takes a string literal, e.g. `{name} = {example}`"),
-            ));
-            Ok(None)
+/// The names that were written, valid or not.
+#[derive(Default)]
+pub(crate) struct Given {
+    names: Vec<&'static str>,
+    /// A syntax error stopped the reading: the arguments after it were not seen.
+    unread: bool,
+}
+
+impl Given {
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.unread || self.names.contains(&name)
+    }
+}
+
+/// One known argument, as the parser reaches it.
+pub(crate) struct Arg<'a, 'b> {
+    pub(crate) name: &'static str,
+    example: &'static str,
+    pub(crate) meta: &'a ParseNestedMeta<'b>,
+}
+
+impl Arg<'_, '_> {
+    /// `= <T>`.
+    pub(crate) fn value<T: Parse>(&self) -> syn::Result<T> {
+        self.meta.value()?.parse()
+    }
+
+    /// `= "…"`. Anything else is reported (naming the argument) and skipped, so the remaining
+    /// arguments are still read and checked.
+    pub(crate) fn lit_str(&self, cx: &mut Ctxt) -> syn::Result<Option<LitStr>> {
+        match ungroup(self.value::<syn::Expr>()?) {
+            syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(s),
+                ..
+            }) => Ok(Some(s)),
+            other => {
+                let (name, example) = (self.name, self.example);
+                cx.spanned(
+                    other,
+                    format_args!("`{name}` takes a string literal, e.g. `{name} = {example}`"),
+                );
+                Ok(None)
+            }
         }
     }
+
+    /// `(a, b.c, d.0)`: a list of argument names, or field paths of them.
+    pub(crate) fn paths(&self) -> syn::Result<Vec<FieldPath>> {
+        let name = self.name;
+        if !self.meta.input.peek(syn::token::Paren) {
+            return Err(self.meta.error(format_args!(
+                "`{name}` takes a list of argument names, e.g. `{name}(app, user)`"
+            )));
+        }
+        let content;
+        syn::parenthesized!(content in self.meta.input);
+        let list = content.parse_terminated(FieldPath::parse, syn::Token![,])?;
+        Ok(list.into_iter().collect())
+    }
 }
 
-/// Parses `(a, b, c)`: a list of identifiers.
-pub(crate) fn ident_list(meta: &ParseNestedMeta<'_>, name: &str) -> syn::Result<Vec<syn::Ident>> {
-    if !meta.input.peek(syn::token::Paren) {
-        return Err(meta.error(format_args!(
-            "`{name}` takes a list of argument names, e.g. `{name}(app, user)`"
-        )));
+/// The expression inside the invisible group a `macro_rules!` fragment (`$path:literal`)
+/// arrives in.
+pub(crate) fn ungroup(expr: syn::Expr) -> syn::Expr {
+    match expr {
+        syn::Expr::Group(g) => ungroup(*g.expr),
+        other => other,
     }
-    let content;
-    syn::parenthesized!(content in meta.input);
-    let list = content.parse_terminated(syn::ext::IdentExt::parse_any, syn::Token![,])?;
-    Ok(list.into_iter().collect())
 }
 
-/// The path to the idem crate: `::idem`, or the `crate = "…"` argument, checked.
-pub(crate) fn krate(lit: Option<&syn::LitStr>, errors: &mut Errors) -> proc_macro2::TokenStream {
-    match lit {
-        None => quote::quote!(::idem),
-        Some(l) => match l.parse::<syn::Path>() {
-            Ok(p) => quote::ToTokens::into_token_stream(p),
-            Err(_) => {
-                errors.at(
-                    l.span(),
-                    format_args!(
-                        "`crate` must be a path to the idem crate, such as \"::idem\" or \"my_app::deps::idem\", not \"{}\"",
-                        l.value()
-                    ),
-                );
-                quote::quote!(::idem)
-            }
-        },
+/// An argument, or a field of one: `req`, `req.cents`, `pair.0`.
+pub(crate) struct FieldPath {
+    pub(crate) root: Ident,
+    pub(crate) fields: Vec<syn::Member>,
+}
+
+impl FieldPath {
+    fn parse(input: syn::parse::ParseStream<'_>) -> syn::Result<Self> {
+        let root = syn::ext::IdentExt::parse_any(input)?;
+        let mut fields = Vec::new();
+        while input.peek(syn::Token![.]) {
+            input.parse::<syn::Token![.]>()?;
+            fields.push(input.parse()?);
+        }
+        Ok(FieldPath { root, fields })
     }
+}
+
+impl quote::ToTokens for FieldPath {
+    fn to_tokens(&self, tokens: &mut TokenStream) {
+        let (root, fields) = (&self.root, &self.fields);
+        tokens.extend(quote::quote!(#root #(.#fields)*));
+    }
+}
+
+/// Reads `tokens` as `name = value, name(…), …`: `arm` parses each known argument's value.
+pub(crate) fn parse(
+    tokens: TokenStream,
+    grammar: &Grammar,
+    cx: &mut Ctxt,
+    mut arm: impl FnMut(Arg<'_, '_>, &mut Ctxt) -> syn::Result<()>,
+) -> Given {
+    let mut given = Given::default();
+    let mut seen = Vec::new();
+    let parser = syn::meta::parser(|meta| {
+        let Some((name, example)) = grammar.check(&meta, &mut seen, cx)? else {
+            return Ok(());
+        };
+        given.names.push(name);
+        arm(
+            Arg {
+                name,
+                example,
+                meta: &meta,
+            },
+            cx,
+        )
+    });
+    if let Err(e) = syn::parse::Parser::parse2(parser, tokens) {
+        // The arguments after a syntax error were not read: do not call them missing.
+        cx.push(e);
+        given.unread = true;
+    }
+    given
 }

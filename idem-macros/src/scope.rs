@@ -1,31 +1,85 @@
 //! `scope!`: renders a scope template from the variables in scope, exactly as `#[idempotent]`
 //! renders it from a function's arguments.
+//!
+//! `idem::scope!("order:<user.id>")`, or with a re-exported idem,
+//! `idem::scope!("order:<user.id>", crate = "deps::idem")`.
 
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
-use syn::LitStr;
+use syn::parse::{Parse, ParseStream};
+use syn::{LitStr, Token};
 
-use crate::template::{self, Part};
+use crate::attr::{self, Grammar};
+use crate::ctxt::Ctxt;
+use crate::krate::{Krate, Site};
+use crate::template::{self, Part, Template};
 
-pub(crate) fn expand(input: TokenStream) -> TokenStream {
-    let lit: LitStr = match syn::parse2(input) {
-        Ok(l) => l,
-        Err(e) => {
-            return syn::Error::new(
+const GRAMMAR: Grammar = Grammar {
+    site: "scope!",
+    args: &[("crate", "\"::idem\"")],
+};
+
+/// The template, then the arguments after a comma.
+struct Input {
+    lit: LitStr,
+    args: TokenStream,
+}
+
+impl Parse for Input {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let lit: LitStr = input.parse().map_err(|e| {
+            syn::Error::new(
                 e.span(),
                 "scope! takes one scope template, e.g. `idem::scope!(\"order:<user.id>\")`",
             )
-            .to_compile_error();
-        }
+        })?;
+        let args = if input.is_empty() {
+            TokenStream::new()
+        } else {
+            input.parse::<Token![,]>()?;
+            input.parse()?
+        };
+        Ok(Input { lit, args })
+    }
+}
+
+struct Model {
+    template: Template,
+    lit: LitStr,
+    krate: Krate,
+}
+
+fn validate(input: Input, cx: &mut Ctxt) -> Option<Model> {
+    let mut krate = None;
+    attr::parse(input.args, &GRAMMAR, cx, |arg, cx| {
+        krate = arg.lit_str(cx)?;
+        Ok(())
+    });
+    let krate = Krate::new(krate.as_ref(), Site::Scope, cx);
+    let template = cx.ok(template::parse(&input.lit.value(), input.lit.span()))?;
+    Some(Model {
+        template,
+        lit: input.lit,
+        krate,
+    })
+}
+
+pub(crate) fn expand(input: TokenStream) -> TokenStream {
+    let input: Input = match syn::parse2(input) {
+        Ok(i) => i,
+        Err(e) => return e.to_compile_error(),
     };
-    match template::parse(&lit.value(), lit.span()) {
-        Ok(t) => render(&t, &lit, &quote!(::idem::__private)),
+    let mut cx = Ctxt::default();
+    let model = validate(input, &mut cx);
+    match cx.finish(model, "scope!") {
+        Ok(m) => render(&m.template, &m.lit, &m.krate),
         Err(e) => e.to_compile_error(),
     }
 }
 
 /// Code that evaluates to `Result<String, idem::Error>`: the rendered scope.
-pub(crate) fn render(t: &template::Template, lit: &LitStr, private: &TokenStream) -> TokenStream {
+pub(crate) fn render(t: &Template, lit: &LitStr, krate: &Krate) -> TokenStream {
+    let private = krate.private();
     let span = lit.span();
     let builder = syn::Ident::new("__idem_scope", proc_macro2::Span::mixed_site());
     let cap = t.literal_len + 16;
@@ -33,11 +87,18 @@ pub(crate) fn render(t: &template::Template, lit: &LitStr, private: &TokenStream
         Part::Text(text) => quote!(#builder.literal(#text);),
         Part::Hole(h) => {
             let root = syn::Ident::new(&h.root, span);
+            // A field is named by generated tokens located on the string: rustc's "a field with
+            // a similar name exists" cannot then offer to rewrite the whole string as the field.
+            let located = proc_macro2::Span::mixed_site().located_at(span);
             let fields = h.fields.iter().map(|f| match f.parse::<u32>() {
-                Ok(index) => syn::Member::Unnamed(syn::Index { index, span }),
-                Err(_) => syn::Member::Named(syn::Ident::new(f, span)),
+                Ok(index) => syn::Member::Unnamed(syn::Index {
+                    index,
+                    span: located,
+                }),
+                Err(_) => syn::Member::Named(syn::Ident::new(f, located)),
             });
-            quote_spanned!(span=> #builder.value(&#root #(.#fields)*);)
+            let p = krate.private_at(span);
+            quote_spanned!(span=> #p::ScopeValue::add_to(&#root #(.#fields)*, &mut #builder);)
         }
     });
     quote! {

@@ -69,58 +69,79 @@ pub(crate) fn parse(text: &str, span: Span) -> syn::Result<Template> {
                     literal_len += i;
                     parts.push(Part::Text(rest[..i].to_owned()));
                 }
-                let after = &rest[i + 1..];
-                let Some(close) = after
-                    .find(['>', '<'])
-                    .filter(|&j| after.as_bytes()[j] == b'>')
-                else {
-                    return Err(err(format!(
-                        "unclosed `<` in scope template `{text}`: close the placeholder, e.g. `<order_no>`"
-                    )));
-                };
-                let inner = after[..close].trim();
-                if inner.is_empty() {
-                    return Err(err(format!(
-                        "empty placeholder `<>` in scope template `{text}`: name an argument inside, e.g. `<order_no>`"
-                    )));
-                }
-                let mut steps = inner.split('.');
-                let root = steps.next().unwrap_or_default();
-                let fields: Vec<String> = steps.map(str::to_owned).collect();
-                let field_ok = |f: &String| {
-                    is_ident(f) || (!f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()))
-                };
-                if !is_ident(root) || !fields.iter().all(field_ok) {
-                    return Err(err(format!(
-                        "`<{inner}>` in scope template `{text}` is not an argument or a field path: use `<name>` or `<name.field>`"
-                    )));
-                }
-                if let Some(Part::Hole(prev)) = parts.last() {
-                    return Err(err(format!(
-                        "placeholders `<{}>` and `<{inner}>` in scope template `{text}` must be separated by a delimiter such as `:`, so that different values can never render the same scope",
-                        prev.written
-                    )));
-                }
-                if let (Some(Part::Text(between)), Some(Part::Hole(prev))) = (
-                    parts.last(),
-                    parts.len().checked_sub(2).and_then(|k| parts.get(k)),
-                ) && between.bytes().all(is_value_byte)
-                {
-                    return Err(err(format!(
-                        "placeholders `<{}>` and `<{inner}>` in scope template `{text}` are separated only by `{between}`, which values can contain: add a delimiter such as `:` or `/`",
-                        prev.written
-                    )));
-                }
-                parts.push(Part::Hole(Hole {
-                    root: root.to_owned(),
-                    fields,
-                    written: inner.to_owned(),
-                }));
-                rest = &after[close + 1..];
+                let (hole, after) = placeholder(&rest[i + 1..], text).map_err(err)?;
+                separated(&parts, &hole, text).map_err(err)?;
+                parts.push(Part::Hole(hole));
+                rest = after;
             }
         }
     }
+    let named = parts
+        .iter()
+        .any(|p| matches!(p, Part::Text(t) if t.bytes().any(|b| b.is_ascii_alphanumeric())));
+    if !named {
+        return Err(err(format!(
+            "scope template `{text}` has no literal text: start it with the operation's name, e.g. `refund:{text}`. Two functions with the same template share their records, so one would get the other's answers"
+        )));
+    }
     Ok(Template { parts, literal_len })
+}
+
+/// The placeholder that `after` (the text after a `<`) starts with, and the text after its `>`.
+fn placeholder<'a>(after: &'a str, text: &str) -> Result<(Hole, &'a str), String> {
+    let Some(close) = after
+        .find(['>', '<'])
+        .filter(|&j| after.as_bytes()[j] == b'>')
+    else {
+        return Err(format!(
+            "unclosed `<` in scope template `{text}`: close the placeholder, e.g. `<order_no>`"
+        ));
+    };
+    let inner = after[..close].trim();
+    if inner.is_empty() {
+        return Err(format!(
+            "empty placeholder `<>` in scope template `{text}`: name an argument inside, e.g. `<order_no>`"
+        ));
+    }
+    let mut steps = inner.split('.');
+    let root = steps.next().unwrap_or_default();
+    let fields: Vec<String> = steps.map(str::to_owned).collect();
+    let field_ok =
+        |f: &String| is_ident(f) || (!f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()));
+    if !is_ident(root) || !fields.iter().all(field_ok) {
+        return Err(format!(
+            "`<{inner}>` in scope template `{text}` is not an argument or a field path: use `<name>` or `<name.field>`"
+        ));
+    }
+    let hole = Hole {
+        root: root.to_owned(),
+        fields,
+        written: inner.to_owned(),
+    };
+    Ok((hole, &after[close + 1..]))
+}
+
+/// A placeholder after another needs a delimiter between them that no value can contain, so
+/// that every scope splits back into its values one way only.
+fn separated(parts: &[Part], hole: &Hole, text: &str) -> Result<(), String> {
+    let inner = &hole.written;
+    if let Some(Part::Hole(prev)) = parts.last() {
+        return Err(format!(
+            "placeholders `<{}>` and `<{inner}>` in scope template `{text}` must be separated by a delimiter such as `:`, so that different values can never render the same scope",
+            prev.written
+        ));
+    }
+    if let (Some(Part::Text(between)), Some(Part::Hole(prev))) = (
+        parts.last(),
+        parts.len().checked_sub(2).and_then(|k| parts.get(k)),
+    ) && between.bytes().all(is_value_byte)
+    {
+        return Err(format!(
+            "placeholders `<{}>` and `<{inner}>` in scope template `{text}` are separated only by `{between}`, which values can contain: add a delimiter such as `:` or `/`",
+            prev.written
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -148,7 +169,7 @@ mod tests {
         assert_eq!(holes("refund:<order_no>"), ["order_no"]);
         assert_eq!(holes("order:<user.id>:<cart.0>"), ["user.id", "cart.0"]);
         assert_eq!(holes("consumer:payments"), Vec::<String>::new());
-        assert_eq!(holes("<a>/<b>"), ["a", "b"]);
+        assert_eq!(holes("pair:<a>/<b>"), ["a", "b"]);
     }
 
     #[test]
@@ -160,7 +181,9 @@ mod tests {
         assert!(error("refund:<>").contains("empty placeholder"));
         assert!(error("refund:<order no>").contains("not an argument"));
         assert!(error("refund:<1x>").contains("not an argument"));
-        assert!(error("<a><b>").contains("separated"));
-        assert!(error("<a>-<b>").contains("separated only by"));
+        assert!(error("x:<a><b>").contains("separated"));
+        assert!(error("x:<a>-<b>").contains("separated only by"));
+        assert!(error("<order_no>").contains("no literal text"));
+        assert!(error(":<a>/<b>").contains("no literal text"));
     }
 }

@@ -1,0 +1,8 @@
+-- The simulated payment gateway's ledger: one money move per idempotency key, the first one
+-- answered again. It lives here so that a restart keeps it, as a real gateway's would.
+CREATE TABLE IF NOT EXISTS gateway_moves (
+    seq             bigserial PRIMARY KEY,
+    idempotency_key text NOT NULL UNIQUE,
+    order_no        text NOT NULL,
+    amount_cents    bigint NOT NULL
+);

@@ -1,0 +1,449 @@
+//! The checks of `#[idempotent]`: each argument against the function it is on. Every check
+//! records its errors and goes on; the model is built only when all of them passed.
+
+use proc_macro2::Span;
+use quote::ToTokens;
+use syn::spanned::Spanned;
+use syn::{Expr, Ident, ItemFn, LitStr, ReturnType, Signature, Type};
+
+use super::ast::Args;
+use crate::attr::FieldPath;
+use crate::bindings::{self, Param};
+use crate::ctxt::Ctxt;
+use crate::krate::{Krate, Site};
+use crate::template::{self, Part, Template};
+use crate::types;
+
+/// Everything the expansion needs, checked.
+pub(super) struct Model {
+    pub(super) krate: Krate,
+    pub(super) template: Template,
+    pub(super) scope_span: Span,
+    pub(super) key: Expr,
+    pub(super) store: Option<Expr>,
+    pub(super) fingerprinted: Vec<Fingerprinted>,
+    pub(super) policy: Policy,
+    pub(super) transaction: Option<Ident>,
+    pub(super) claim: Option<Ident>,
+    pub(super) ret: Type,
+}
+
+/// One value that goes into the fingerprint: an argument or a field of one, with the
+/// `#[cfg]`s of its parameter.
+pub(super) struct Fingerprinted {
+    pub(super) path: FieldPath,
+    pub(super) cfgs: Vec<syn::Attribute>,
+    /// The argument is there because `key = …` reads it (`key = req.key`): when it cannot be
+    /// fingerprinted, the error says so.
+    pub(super) read_by_key: bool,
+}
+
+/// The per-handler policy, as far as the attribute sets it.
+pub(super) struct Policy {
+    pub(super) lease_ms: Option<u64>,
+    pub(super) retain_ms: Option<u64>,
+    pub(super) store_final: bool,
+    pub(super) fail_closed: bool,
+}
+
+pub(super) fn validate(
+    args: Args,
+    func: &ItemFn,
+    skipped: &[Option<Span>],
+    cx: &mut Ctxt,
+) -> Option<Model> {
+    let sig = &func.sig;
+    if let Some(again) = func.attrs.iter().find(|a| is_idempotent(a.path())) {
+        cx.spanned(
+            again,
+            "#[idempotent] is given twice: the inner one would find the outer one's claim and refuse every call as in progress. Keep one",
+        );
+    }
+    if sig.asyncness.is_none() {
+        cx.at(
+            sig.fn_token.span,
+            "#[idempotent] needs an `async fn`: the claim is taken before the body and completed after it, across `.await`s",
+        );
+    }
+    let ret = return_type(sig, cx);
+    let mut params = bindings::params(sig);
+    for (p, skip) in params.iter_mut().zip(skipped) {
+        p.skipped |= skip.is_some();
+    }
+    let template = scope(&args, &params, sig, cx);
+    key(&args, cx);
+    let fingerprinted = fingerprinted(&args, &params, skipped, sig, cx);
+    let policy = policy(&args, cx);
+    let krate = Krate::new(args.krate.as_ref(), Site::Attribute, cx);
+    for name in [&args.transaction, &args.claim].into_iter().flatten() {
+        if bound(&params).any(|i| i == name) {
+            cx.at(
+                name.span(),
+                format_args!("`{name}` would hide the argument `{name}`: name it something else"),
+            );
+        }
+    }
+    if let (Some(tx), Some(claim)) = (&args.transaction, &args.claim)
+        && tx == claim
+    {
+        cx.at(
+            claim.span(),
+            format_args!(
+                "`transaction` and `claim` both name `{claim}`: the body gets two values, so give them two names, e.g. `transaction = tx, claim = claim`"
+            ),
+        );
+    }
+    Some(Model {
+        krate,
+        template: template?,
+        scope_span: args.scope.as_ref()?.span(),
+        key: args.key?,
+        store: args.store,
+        fingerprinted: fingerprinted?,
+        policy,
+        transaction: args.transaction,
+        claim: args.claim,
+        ret: ret?,
+    })
+}
+
+/// `#[idempotent]` or `#[idem::idempotent]`.
+fn is_idempotent(path: &syn::Path) -> bool {
+    path.segments
+        .last()
+        .is_some_and(|s| s.ident == "idempotent")
+}
+
+/// `key` is given, and is not the same for every call.
+fn key(args: &Args, cx: &mut Ctxt) {
+    match &args.key {
+        None if !args.given.contains("key") => cx.at(
+            Span::call_site(),
+            "missing `key`: the idempotency key, e.g. `key = key` for an `IdempotencyKey` argument or `key = msg.id` for a message",
+        ),
+        Some(key) if literal(key) => cx.spanned(
+            key,
+            "`key` is a literal, so every call has the same key and gets the first call's answer: take the key from the request, e.g. `key = key` for an `IdempotencyKey` argument or `key = msg.id` for a message",
+        ),
+        _ => {}
+    }
+}
+
+fn literal(e: &Expr) -> bool {
+    match e {
+        Expr::Lit(_) => true,
+        Expr::Reference(r) => literal(&r.expr),
+        Expr::Paren(p) => literal(&p.expr),
+        Expr::Group(g) => literal(&g.expr),
+        _ => false,
+    }
+}
+
+/// The argument an expression reads from: `app` in `app.idem`, `self` in `self.store()`.
+fn root(e: &Expr) -> Option<&Ident> {
+    match e {
+        Expr::Path(p) if p.qself.is_none() => p.path.get_ident(),
+        Expr::Field(f) => root(&f.base),
+        Expr::MethodCall(m) => root(&m.receiver),
+        Expr::Index(i) => root(&i.expr),
+        Expr::Reference(r) => root(&r.expr),
+        Expr::Paren(p) => root(&p.expr),
+        Expr::Group(g) => root(&g.expr),
+        Expr::Unary(u) => root(&u.expr),
+        Expr::Try(t) => root(&t.expr),
+        _ => None,
+    }
+}
+
+/// Every name the parameters bind.
+fn bound(params: &[Param]) -> impl Iterator<Item = &Ident> {
+    params.iter().flat_map(|p| &p.idents)
+}
+
+/// The return type, when it can be a `Result` of a replayable value.
+fn return_type(sig: &Signature, cx: &mut Ctxt) -> Option<Type> {
+    match &sig.output {
+        ReturnType::Type(_, ty) if types::obviously_not_result(ty) => {
+            cx.at(
+                ty.span(),
+                format_args!(
+                    "an #[idempotent] function must return `Result<T, E>`, not `{}`: the `Ok` value is stored and replayed, an `Err` releases the claim so a retry can run",
+                    ty.to_token_stream()
+                ),
+            );
+            None
+        }
+        ReturnType::Type(_, ty) => {
+            if let Some(span) = types::impl_trait(ty) {
+                cx.at(
+                    span,
+                    "an #[idempotent] function cannot return `impl Trait`: a replay rebuilds the value from stored bytes, which needs a concrete type",
+                );
+            }
+            Some((**ty).clone())
+        }
+        ReturnType::Default => {
+            cx.at(
+                sig.paren_token.span.close(),
+                "an #[idempotent] function must return `Result<T, E>`: add `-> Result<T, E>` (the `Ok` value is stored and replayed)",
+            );
+            None
+        }
+    }
+}
+
+/// The scope template, with every placeholder naming an argument.
+fn scope(args: &Args, params: &[Param], sig: &Signature, cx: &mut Ctxt) -> Option<Template> {
+    let Some(lit) = &args.scope else {
+        if !args.given.contains("scope") {
+            cx.at(
+                Span::call_site(),
+                "missing `scope`: name what the operation acts on, e.g. `scope = \"refund:<order_no>\"` (a function's name is not an identity: renaming it must not reset idempotency)",
+            );
+        }
+        return None;
+    };
+    let template = cx.ok(template::parse(&lit.value(), lit.span()))?;
+    for part in &template.parts {
+        if let Part::Hole(h) = part
+            && !bound(params).any(|i| *i == h.root)
+        {
+            let names = bound(params)
+                .map(|i| format!("`{i}`"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            cx.at(
+                lit.span(),
+                format_args!(
+                    "`<{}>` in the scope names no argument of `{}`: its arguments are {names}",
+                    h.written, sig.ident
+                ),
+            );
+        }
+    }
+    Some(template)
+}
+
+/// What goes into the fingerprint: the listed arguments or fields, or every argument but the
+/// skipped ones, the key and the store.
+fn fingerprinted(
+    args: &Args,
+    params: &[Param],
+    skipped: &[Option<Span>],
+    sig: &Signature,
+    cx: &mut Ctxt,
+) -> Option<Vec<Fingerprinted>> {
+    let find = |name: &Ident| params.iter().find(|p| p.idents.iter().any(|i| i == name));
+    let mut ok = true;
+    let mut check = |list: &[FieldPath], cx: &mut Ctxt| {
+        for path in list.iter().filter(|p| find(&p.root).is_none()) {
+            ok = false;
+            cx.at(
+                path.root.span(),
+                format_args!("`{}` is not an argument of `{}`", path.root, sig.ident),
+            );
+        }
+    };
+    if let (Some(_), Some((span, _))) = (&args.fingerprint, &args.skip) {
+        cx.at(
+            *span,
+            "use either `fingerprint(…)` (exactly these arguments) or `skip(…)` (all but these), not both",
+        );
+    }
+    let out = if let Some((_, list)) = &args.fingerprint {
+        check(list, cx);
+        listed(args, list, params, skipped, cx);
+        list.iter()
+            .filter_map(|path| {
+                let p = find(&path.root)?;
+                Some(Fingerprinted {
+                    path: FieldPath {
+                        root: path.root.clone(),
+                        fields: path.fields.clone(),
+                    },
+                    cfgs: p.cfgs.clone(),
+                    read_by_key: false,
+                })
+            })
+            .collect()
+    } else {
+        let skip = args.skip.as_ref().map(|(_, l)| l.as_slice());
+        let skip = skip.unwrap_or_default();
+        check(skip, cx);
+        for path in skip.iter().filter(|p| !p.fields.is_empty()) {
+            cx.spanned(
+                path,
+                "`skip` takes argument names, not fields: to hash part of an argument, list what makes up the request with `fingerprint(…)`, e.g. `fingerprint(order_no, req.cents)`",
+            );
+        }
+        all_but(args, params, skip)
+    };
+    ok.then_some(out)
+}
+
+/// `fingerprint(…)` names something, and nothing twice or also skipped.
+fn listed(
+    args: &Args,
+    list: &[FieldPath],
+    params: &[Param],
+    skipped: &[Option<Span>],
+    cx: &mut Ctxt,
+) {
+    let Some((span, _)) = args.fingerprint else {
+        return;
+    };
+    if list.is_empty() {
+        cx.at(
+            span,
+            "`fingerprint()` lists nothing, so a retry with other arguments would get the first answer instead of an error: list what makes up the request, e.g. `fingerprint(order_no, cents)`, or leave `fingerprint` out to hash every argument",
+        );
+    } else if let Some(key) = plain_ident(&args.key)
+        && list.iter().all(|p| p.fields.is_empty() && p.root == key)
+    {
+        cx.at(
+            span,
+            format_args!(
+                "`fingerprint({key})` lists only the key, which is the same on every retry: a retry with other arguments would get the first answer instead of an error. List what makes up the request, e.g. `fingerprint(order_no, cents)`"
+            ),
+        );
+    }
+    let text = |p: &FieldPath| quote::ToTokens::to_token_stream(p).to_string();
+    for (i, path) in list.iter().enumerate() {
+        if list[..i].iter().any(|e| text(e) == text(path)) {
+            cx.spanned(
+                path,
+                format_args!("`{}` is listed twice in `fingerprint(…)`", text(path)),
+            );
+        }
+    }
+    for (param, skip) in params.iter().zip(skipped) {
+        let Some(skip) = skip else { continue };
+        if let Some(ident) = param
+            .idents
+            .iter()
+            .find(|i| list.iter().any(|p| p.root == **i))
+        {
+            cx.at(
+                *skip,
+                format_args!(
+                    "`{ident}` is marked `#[idem(skip)]`, but `fingerprint(…)` lists it: remove one of the two"
+                ),
+            );
+        }
+    }
+}
+
+/// Every argument but `self`, the skipped ones, the key and the store: the key identifies the
+/// request, and the store (or the application state it is read from, `app` in
+/// `store = app.idem`) keeps it; neither is part of what the request says.
+fn all_but(args: &Args, params: &[Param], skip: &[FieldPath]) -> Vec<Fingerprinted> {
+    let implicit = [
+        plain_ident(&args.key),
+        plain_ident(&args.store),
+        args.store.as_ref().and_then(root).cloned(),
+    ];
+    let key_root = args.key.as_ref().and_then(root);
+    params
+        .iter()
+        .filter(|p| !p.skipped && !p.is_receiver)
+        .flat_map(|p| p.idents.iter().map(move |i| (i, p)))
+        .filter(|(i, _)| {
+            !skip.iter().any(|s| s.root == **i) && !implicit.iter().flatten().any(|k| k == *i)
+        })
+        .map(|(i, p)| Fingerprinted {
+            path: FieldPath {
+                root: i.clone(),
+                fields: Vec::new(),
+            },
+            cfgs: p.cfgs.clone(),
+            read_by_key: key_root == Some(i),
+        })
+        .collect()
+}
+
+/// `key = key`: the expression is an argument itself.
+fn plain_ident(e: &Option<Expr>) -> Option<Ident> {
+    match e {
+        Some(Expr::Path(p)) if p.qself.is_none() => p.path.get_ident().cloned(),
+        _ => None,
+    }
+}
+
+/// The shortest lease: below a second, a body's ordinary latency (a database round trip under
+/// load, a pause) outlives its claim, and a retry that arrives then runs the body again.
+const MIN_LEASE_MS: u64 = 1_000;
+
+/// Lease, retention, and what happens to errors and abandoned claims.
+fn policy(args: &Args, cx: &mut Ctxt) -> Policy {
+    let mut duration = |lit: &Option<LitStr>| {
+        let l = lit.as_ref()?;
+        cx.ok(crate::duration::parse(&l.value()).map_err(|msg| syn::Error::new(l.span(), msg)))
+    };
+    let lease_ms = duration(&args.lease);
+    let retain_ms = duration(&args.retain);
+    if let (Some(ms), Some(lit)) = (lease_ms, &args.lease)
+        && ms < MIN_LEASE_MS
+    {
+        cx.at(
+            lit.span(),
+            format_args!(
+                "a lease of {} is too short: a claim that runs out while the body still runs lets a retry run the body a second time. Give the longest time the body can take, at least \"1s\" (the default is \"5m\")",
+                lit.value()
+            ),
+        );
+    }
+    let (lease, retain) = (lease_ms.unwrap_or(300_000), retain_ms.unwrap_or(86_400_000));
+    if retain < lease {
+        let span = args.retain.as_ref().or(args.lease.as_ref());
+        cx.at(
+            span.map_or_else(Span::call_site, LitStr::span),
+            format_args!(
+                "the retention ({retain} ms) is shorter than the lease ({lease} ms): a record must outlive the claim that writes it"
+            ),
+        );
+    }
+    let store_final = choice(
+        &args.on_error,
+        &[("release", false), ("store_final", true)],
+        |other| {
+            format!(
+                "unknown error policy \"{other}\": use \"release\" (the default: an error frees the key for a retry) or \"store_final\" (errors that say they are final are stored and replayed)"
+            )
+        },
+        cx,
+    );
+    let fail_closed = choice(
+        &args.on_expired_lease,
+        &[("reclaim", false), ("fail_closed", true)],
+        |other| {
+            format!(
+                "unknown expired-lease policy \"{other}\": use \"reclaim\" (the default) or \"fail_closed\""
+            )
+        },
+        cx,
+    );
+    Policy {
+        lease_ms,
+        retain_ms,
+        store_final,
+        fail_closed,
+    }
+}
+
+/// One of a few words, each meaning a flag; the first is the default.
+fn choice(
+    lit: &Option<LitStr>,
+    words: &[(&str, bool)],
+    unknown: impl Fn(&str) -> String,
+    cx: &mut Ctxt,
+) -> bool {
+    let Some(lit) = lit else { return false };
+    let value = lit.value();
+    match words.iter().find(|(w, _)| *w == value) {
+        Some((_, flag)) => *flag,
+        None => {
+            cx.at(lit.span(), unknown(&value));
+            false
+        }
+    }
+}

@@ -1,0 +1,520 @@
+//! The catalog: the tables and types that replaying the migrations leaves behind, and how
+//! sure we are of each.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::types::{Backend, TypeFamily};
+
+/// The schema that unqualified names are created in (PostgreSQL's default `search_path`).
+pub(crate) const DEFAULT_SCHEMA: &str = "public";
+
+/// A schema-qualified name, each part as the database stores it: unquoted identifiers folded
+/// to lower case, quoted ones as written.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct QualifiedName {
+    pub(crate) schema: String,
+    pub(crate) name: String,
+}
+
+impl QualifiedName {
+    pub(crate) fn new(schema: impl Into<String>, name: impl Into<String>) -> Self {
+        QualifiedName {
+            schema: schema.into(),
+            name: name.into(),
+        }
+    }
+}
+
+/// `orders` for the default schema, `app.orders` otherwise: as a user would write it.
+impl fmt::Display for QualifiedName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.schema == DEFAULT_SCHEMA {
+            f.write_str(&self.name)
+        } else {
+            write!(f, "{}.{}", self.schema, self.name)
+        }
+    }
+}
+
+/// How a migration file takes part, following sqlx's file naming.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MigrationKind {
+    /// `<VERSION>_<DESCRIPTION>.sql`
+    Simple,
+    /// `<VERSION>_<DESCRIPTION>.up.sql` (its `.down.sql` twin is never applied here).
+    ReversibleUp,
+    /// A single schema file given explicitly, outside sqlx's naming.
+    Schema,
+}
+
+/// One file that was read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MigrationFile {
+    pub(crate) path: PathBuf,
+    /// The numeric version, for migrations (`None` for a single schema file).
+    pub(crate) version: Option<i64>,
+    /// sqlx's description: the name after the version, `_` read as a space.
+    pub(crate) description: String,
+    pub(crate) kind: MigrationKind,
+}
+
+impl MigrationFile {
+    pub(crate) fn file_name(&self) -> String {
+        self.path.file_name().map_or_else(
+            || self.path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        )
+    }
+}
+
+/// The file's name, e.g. `20240102_create_orders.up.sql`: what a diagnostic should point at.
+impl fmt::Display for MigrationFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.file_name())
+    }
+}
+
+/// The values a column may hold, as far as its type and CHECK constraints tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AllowedValues {
+    /// Nothing restricts the column to a list of values.
+    Any,
+    /// Only these values (besides NULL where the column allows it), in the order the first
+    /// source lists them; `sources` names the enum type and the constraints that say so.
+    Only {
+        values: Vec<String>,
+        sources: Vec<ValueSource>,
+    },
+    /// Something restricts the column in a way that could not be read (a CHECK beyond lists
+    /// and equalities, an enum type or a table changed by a statement that could not be
+    /// parsed): check nothing.
+    Unknown,
+}
+
+impl AllowedValues {
+    /// Whether `value` is allowed: `None` when that cannot be known.
+    pub(crate) fn permits(&self, value: &str) -> Option<bool> {
+        match self {
+            AllowedValues::Any => Some(true),
+            AllowedValues::Only { values, .. } => Some(values.iter().any(|v| v == value)),
+            AllowedValues::Unknown => None,
+        }
+    }
+}
+
+/// What restricts a column to a list of values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ValueSource {
+    EnumType(QualifiedName),
+    /// A CHECK constraint, by its name (the one PostgreSQL would generate when it has none).
+    Check(String),
+}
+
+impl fmt::Display for ValueSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ValueSource::EnumType(t) => write!(f, "enum type `{t}`"),
+            ValueSource::Check(c) => write!(f, "CHECK constraint `{c}`"),
+        }
+    }
+}
+
+/// One column.
+#[derive(Debug, Clone)]
+pub(crate) struct Column {
+    pub(super) name: String,
+    pub(super) declared_type: String,
+    /// A user-defined type the column was declared with, resolved when it was declared (so a
+    /// later `ALTER TYPE … RENAME` follows it, as PostgreSQL's type OIDs do).
+    pub(super) type_ref: Option<QualifiedName>,
+    pub(super) not_null: bool,
+    pub(super) has_default: bool,
+    pub(super) generated: bool,
+    // Settled once every migration has been replayed:
+    pub(super) enum_type: Option<QualifiedName>,
+    pub(super) allowed: AllowedValues,
+    pub(super) certain: bool,
+}
+
+impl Column {
+    pub(super) fn new(name: String, declared_type: String) -> Self {
+        Column {
+            name,
+            declared_type,
+            type_ref: None,
+            not_null: false,
+            has_default: false,
+            generated: false,
+            enum_type: None,
+            allowed: AllowedValues::Unknown,
+            certain: false,
+        }
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The type as declared, e.g. `VARCHAR(20)` or `order_status`.
+    pub(crate) fn declared_type(&self) -> &str {
+        &self.declared_type
+    }
+
+    /// The declared type's family under `backend`; a PostgreSQL enum column is `Enum`.
+    pub(crate) fn family(&self, backend: Backend) -> TypeFamily {
+        match (&self.enum_type, backend) {
+            (Some(t), Backend::Postgres) => TypeFamily::Enum(t.clone()),
+            _ => TypeFamily::classify(&self.declared_type, backend),
+        }
+    }
+
+    /// `NOT NULL`, declared or implied by `PRIMARY KEY`.
+    pub(crate) fn not_null(&self) -> bool {
+        self.not_null
+    }
+
+    /// Whether an `INSERT` may leave it out and still satisfy `NOT NULL`: a default, a serial
+    /// or identity column, a generated column, or an `INTEGER PRIMARY KEY` (SQLite's rowid;
+    /// counted on either database, so that no backend gets a false error).
+    pub(crate) fn has_default(&self) -> bool {
+        self.has_default || self.generated
+    }
+
+    /// A generated column cannot be written.
+    pub(crate) fn is_generated(&self) -> bool {
+        self.generated
+    }
+
+    pub(crate) fn allowed_values(&self) -> &AllowedValues {
+        &self.allowed
+    }
+
+    /// False when a statement that could not be parsed may have changed this column, or its
+    /// enum type: a problem found with it should then be a warning, not an error.
+    pub(crate) fn is_certain(&self) -> bool {
+        self.certain
+    }
+}
+
+/// A CHECK constraint, kept in the form needed to answer which values a column allows.
+#[derive(Debug, Clone)]
+pub(super) struct Check {
+    /// The name given with `CONSTRAINT name`.
+    pub(super) name: Option<String>,
+    /// The name PostgreSQL generates when none is given: `<table>_<first column>_check`.
+    pub(super) generated_name: String,
+    /// Every column the expression mentions: dropping one drops the constraint.
+    pub(super) columns: Vec<String>,
+    /// What the expression tells about the columns it restricts.
+    pub(super) restrictions: BTreeMap<String, Restriction>,
+}
+
+impl Check {
+    pub(super) fn display_name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.generated_name)
+    }
+}
+
+/// What a CHECK expression says about one column it mentions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Restriction {
+    /// The column holds one of these values (or NULL) whenever the expression holds.
+    Only(Vec<String>),
+    /// The column is restricted in a way this reader does not follow.
+    Opaque,
+}
+
+/// A set of columns that a primary key, unique constraint or unique index makes unique.
+#[derive(Debug, Clone)]
+pub(super) struct UniqueKey {
+    /// The constraint's or index's name, when given (so `DROP INDEX` can find it).
+    pub(super) name: Option<QualifiedName>,
+    pub(super) columns: Vec<String>,
+}
+
+/// One table.
+#[derive(Debug, Clone)]
+pub(crate) struct Table {
+    pub(super) name: QualifiedName,
+    pub(super) columns: Vec<Column>,
+    pub(super) checks: Vec<Check>,
+    pub(super) primary_key: Vec<String>,
+    pub(super) unique: Vec<UniqueKey>,
+    pub(super) certain: bool,
+    pub(super) created_in: Arc<MigrationFile>,
+    pub(super) altered_in: Option<Arc<MigrationFile>>,
+}
+
+impl Table {
+    pub(super) fn new(name: QualifiedName, file: Arc<MigrationFile>) -> Self {
+        Table {
+            name,
+            columns: Vec::new(),
+            checks: Vec::new(),
+            primary_key: Vec::new(),
+            unique: Vec::new(),
+            certain: true,
+            created_in: file,
+            altered_in: None,
+        }
+    }
+
+    pub(crate) fn name(&self) -> &QualifiedName {
+        &self.name
+    }
+
+    /// The columns, in table order.
+    pub(crate) fn columns(&self) -> &[Column] {
+        &self.columns
+    }
+
+    /// Looks a column up by the name the macro writes (quoted, so case-sensitive on PostgreSQL).
+    pub(crate) fn column(&self, name: &str) -> Lookup<'_, Column> {
+        let found = lookup(&self.columns, name, |c| &c.name);
+        match found {
+            Lookup::Missing { .. } => Lookup::Missing {
+                certain: self.certain,
+            },
+            other => other,
+        }
+    }
+
+    /// The column names, e.g. for [`super::nearest`].
+    pub(crate) fn column_names(&self) -> impl Iterator<Item = &str> {
+        self.columns.iter().map(|c| c.name.as_str())
+    }
+
+    /// The primary key's columns (empty when there is none).
+    pub(crate) fn primary_key(&self) -> &[String] {
+        &self.primary_key
+    }
+
+    /// Whether a primary key, unique constraint or unique index covers exactly these columns
+    /// (in any order).
+    pub(crate) fn is_unique(&self, columns: &[&str]) -> bool {
+        let same = |key: &[String]| {
+            key.len() == columns.len() && columns.iter().all(|c| key.iter().any(|k| k == c))
+        };
+        (!self.primary_key.is_empty() && same(&self.primary_key))
+            || self.unique.iter().any(|u| same(&u.columns))
+    }
+
+    /// False when a statement that could not be parsed may have created, changed or dropped
+    /// this table: its columns may differ from what the catalog lists.
+    pub(crate) fn is_certain(&self) -> bool {
+        self.certain
+    }
+
+    /// The migration that created the table (for an uncertain table not created by a readable
+    /// statement: the first that touched it).
+    pub(crate) fn created_in(&self) -> &MigrationFile {
+        &self.created_in
+    }
+
+    /// The last migration after its creation that changed it, if any.
+    pub(crate) fn altered_in(&self) -> Option<&MigrationFile> {
+        self.altered_in.as_deref()
+    }
+
+    /// The column a migration names. Exactly, or else the one column that matches ignoring
+    /// case: PostgreSQL would have rejected the statement, SQLite ignores case.
+    pub(super) fn column_mut(&mut self, name: &str) -> Option<&mut Column> {
+        let at = self
+            .columns
+            .iter()
+            .position(|c| c.name == name)
+            .or_else(|| {
+                let mut matches = self
+                    .columns
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| c.name.eq_ignore_ascii_case(name));
+                match (matches.next(), matches.next()) {
+                    (Some((i, _)), None) => Some(i),
+                    _ => None,
+                }
+            })?;
+        self.columns.get_mut(at)
+    }
+}
+
+/// A user-defined type.
+#[derive(Debug, Clone)]
+pub(crate) struct TypeDef {
+    pub(super) name: QualifiedName,
+    pub(super) kind: TypeKind,
+    pub(super) certain: bool,
+    pub(super) defined_in: Arc<MigrationFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TypeKind {
+    /// `CREATE TYPE … AS ENUM`, with its labels in order.
+    Enum(Vec<String>),
+    /// Any other type (composite, range, …), or one only known from an unreadable statement.
+    Other,
+}
+
+impl TypeDef {
+    pub(crate) fn name(&self) -> &QualifiedName {
+        &self.name
+    }
+
+    pub(crate) fn kind(&self) -> &TypeKind {
+        &self.kind
+    }
+
+    /// False when a statement that could not be parsed may have changed it.
+    pub(crate) fn is_certain(&self) -> bool {
+        self.certain
+    }
+
+    pub(crate) fn defined_in(&self) -> &MigrationFile {
+        &self.defined_in
+    }
+}
+
+/// The answer to a lookup by name.
+#[derive(Debug)]
+pub(crate) enum Lookup<'a, T> {
+    Found(&'a T),
+    /// Only a match that ignores ASCII case. SQLite treats the macro's quoted name as this one;
+    /// PostgreSQL treats it as a different name.
+    OtherCase(&'a T),
+    /// An unqualified name that matches in more than one schema (or, ignoring case, more than
+    /// one name): the catalog does not guess.
+    Ambiguous(Vec<&'a T>),
+    /// No such name. `certain` is false when an unreadable statement could have created it.
+    Missing {
+        certain: bool,
+    },
+}
+
+impl<'a, T> Lookup<'a, T> {
+    /// The item when found exactly.
+    pub(crate) fn found(&self) -> Option<&'a T> {
+        match self {
+            Lookup::Found(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+fn lookup<'a, T>(items: &'a [T], name: &str, key: impl Fn(&T) -> &str) -> Lookup<'a, T> {
+    if let Some(t) = items.iter().find(|t| key(t) == name) {
+        return Lookup::Found(t);
+    }
+    let folded: Vec<&T> = items
+        .iter()
+        .filter(|t| key(t).eq_ignore_ascii_case(name))
+        .collect();
+    match folded.as_slice() {
+        [] => Lookup::Missing { certain: true },
+        [one] => Lookup::OtherCase(one),
+        _ => Lookup::Ambiguous(folded),
+    }
+}
+
+/// A statement that no dialect could parse.
+#[derive(Debug, Clone)]
+pub(crate) struct Unreadable {
+    pub(crate) file: Arc<MigrationFile>,
+    /// The line the statement starts on, counting from 1.
+    pub(crate) line: usize,
+    pub(crate) error: String,
+}
+
+/// Everything the migrations define, in the state the last one leaves it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Catalog {
+    pub(super) files: Vec<Arc<MigrationFile>>,
+    pub(super) config: Option<PathBuf>,
+    pub(super) tables: BTreeMap<QualifiedName, Table>,
+    pub(super) types: BTreeMap<QualifiedName, TypeDef>,
+    pub(super) unreadable: Vec<Unreadable>,
+    /// An unreadable statement changed a table whose name could not be found in its text.
+    pub(super) unnamed_change: bool,
+    pub(super) backend: Option<Backend>,
+}
+
+impl Catalog {
+    /// The migration files read, in the order they were applied.
+    pub(crate) fn files(&self) -> impl Iterator<Item = &MigrationFile> {
+        self.files.iter().map(|f| &**f)
+    }
+
+    /// Every file the catalog depends on: the `sqlx.toml` that chose the directory, if one did,
+    /// then each migration. The macro emits `include_bytes!` for each so that cargo rebuilds
+    /// when one changes.
+    pub(crate) fn inputs(&self) -> impl Iterator<Item = &Path> {
+        self.config
+            .iter()
+            .map(PathBuf::as_path)
+            .chain(self.files.iter().map(|f| f.path.as_path()))
+    }
+
+    /// The statements that could not be parsed; each made what it touches uncertain.
+    pub(crate) fn unreadable(&self) -> &[Unreadable] {
+        &self.unreadable
+    }
+
+    /// The database the migrations are written for, when their text says so unambiguously
+    /// (enum types and `$$` bodies, or `AUTOINCREMENT` and `BLOB`, …).
+    pub(crate) fn backend(&self) -> Option<Backend> {
+        self.backend
+    }
+
+    /// Looks a table up by the name the macro writes: `orders` or `app.orders`. An
+    /// unqualified name matches a table in any schema, but only when just one schema has it.
+    pub(crate) fn table(&self, name: &str) -> Lookup<'_, Table> {
+        self.by_name(&self.tables, name)
+    }
+
+    /// Looks a user-defined type up, with the same rules as [`Catalog::table`].
+    pub(crate) fn type_def(&self, name: &str) -> Lookup<'_, TypeDef> {
+        self.by_name(&self.types, name)
+    }
+
+    /// Every table, ordered by schema and name.
+    pub(crate) fn tables(&self) -> impl Iterator<Item = &Table> {
+        self.tables.values()
+    }
+
+    /// The names a user could mean, for suggestions: unqualified in the default schema,
+    /// qualified elsewhere.
+    pub(crate) fn table_names(&self) -> Vec<String> {
+        self.tables.keys().map(ToString::to_string).collect()
+    }
+
+    fn by_name<'a, T>(&self, map: &'a BTreeMap<QualifiedName, T>, name: &str) -> Lookup<'a, T> {
+        let (schema, bare) = match name.split_once('.') {
+            Some((s, n)) => (Some(s), n),
+            None => (None, name),
+        };
+        let candidates: Vec<(&QualifiedName, &T)> = map
+            .iter()
+            .filter(|(k, _)| schema.is_none_or(|s| k.schema.eq_ignore_ascii_case(s)))
+            .filter(|(k, _)| k.name.eq_ignore_ascii_case(bare))
+            .collect();
+        let exact: Vec<&T> = candidates
+            .iter()
+            .filter(|(k, _)| k.name == bare && schema.is_none_or(|s| k.schema == s))
+            .map(|(_, t)| *t)
+            .collect();
+        match exact.as_slice() {
+            [one] => return Lookup::Found(one),
+            [_, _, ..] => return Lookup::Ambiguous(exact),
+            [] => {}
+        }
+        match candidates.as_slice() {
+            [] => Lookup::Missing {
+                certain: !self.unnamed_change,
+            },
+            [(_, one)] => Lookup::OtherCase(one),
+            _ => Lookup::Ambiguous(candidates.into_iter().map(|(_, t)| t).collect()),
+        }
+    }
+}

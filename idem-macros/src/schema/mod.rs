@@ -1,0 +1,151 @@
+//! The user's database schema, read from their sqlx migrations at expansion time, with no
+//! database: the SQL macros check their attribute against it.
+//!
+//! [`load`] finds the migrations as `sqlx::migrate!()` does (the crate's `migrations/`, or
+//! the `[migrate] migrations-dir` of its `sqlx.toml`, or an explicit directory or schema
+//! file), replays their DDL in version order and returns a [`Catalog`] of the tables and
+//! types they leave, or [`Migrations::None`] when there are none, in which case nothing is
+//! checked.
+//!
+//! A check must never fail a correct program, so the catalog says how sure it is. A statement
+//! that no SQL dialect can parse makes every table and type its text names uncertain
+//! ([`Table::is_certain`], [`Column::is_certain`], [`TypeDef::is_certain`]); a CHECK that
+//! cannot be read makes a column's [`AllowedValues`] `Unknown`, never empty. The macros turn
+//! a problem with something uncertain into a warning.
+
+mod catalog;
+mod check;
+mod discover;
+mod lex;
+mod replay;
+mod suggest;
+mod types;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::SystemTime;
+
+pub(crate) use catalog::{
+    AllowedValues, Catalog, Column, DEFAULT_SCHEMA, Lookup, MigrationFile, MigrationKind,
+    QualifiedName, Table, TypeDef, TypeKind, Unreadable, ValueSource,
+};
+pub(crate) use discover::{Located, Source, locate};
+pub(crate) use suggest::nearest;
+pub(crate) use types::{Backend, TypeFamily};
+
+/// What [`load`] found.
+#[derive(Debug, Clone)]
+pub(crate) enum Migrations {
+    /// No migrations: no directory, or no migration files in it. Nothing can be checked.
+    None,
+    /// The catalog the migrations build, shared with later expansions through the cache.
+    Found(Arc<Catalog>),
+}
+
+/// Why the migrations could not be read. sqlx fails on the same inputs, so each is a real
+/// problem in the user's project, worth an error on the attribute.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SchemaError {
+    /// An explicitly named migrations path does not exist.
+    NotFound { path: PathBuf },
+    /// `sqlx.toml` is not valid TOML, or its `migrate` settings have the wrong shape.
+    Config { path: PathBuf, message: String },
+    /// A file or directory could not be read (or a migration is not UTF-8).
+    Io { path: PathBuf, message: String },
+    /// A `*_*.sql` file whose version (before the first `_`) is not an integer.
+    BadFileName { path: PathBuf },
+}
+
+impl fmt::Display for SchemaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SchemaError::NotFound { path } => {
+                write!(
+                    f,
+                    "no migrations directory or schema file at {}",
+                    path.display()
+                )
+            }
+            SchemaError::Config { path, message } => {
+                write!(f, "cannot read {}: {message}", path.display())
+            }
+            SchemaError::Io { path, message } => {
+                write!(f, "cannot read {}: {message}", path.display())
+            }
+            SchemaError::BadFileName { path } => write!(
+                f,
+                "migration file {} must start with an integer version, as in `20240101120000_create_orders.sql`",
+                path.display()
+            ),
+        }
+    }
+}
+
+/// Loads the migrations of the crate in `manifest_dir` (the macro passes
+/// `CARGO_MANIFEST_DIR`), or of `explicit` (a directory or schema file, relative to the crate).
+///
+/// Parsed catalogs are cached for the life of the process (a compiler or rust-analyzer
+/// expands many attributes): a cached catalog is reused only while the same files have the
+/// same modification times, lengths and contents, so the cache never changes an answer.
+pub(crate) fn load(
+    manifest_dir: &Path,
+    explicit: Option<&Path>,
+) -> Result<Migrations, SchemaError> {
+    let Some(located) = locate(manifest_dir, explicit)? else {
+        return Ok(Migrations::None);
+    };
+    let files = discover::read(&located.source)?;
+    if files.is_empty() {
+        return Ok(Migrations::None);
+    }
+    let stamp = stamp(&located, &files);
+    let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((cached_stamp, catalog)) = cache.get(&located)
+        && *cached_stamp == stamp
+    {
+        return Ok(Migrations::Found(Arc::clone(catalog)));
+    }
+    let catalog = Arc::new(replay::build(files, located.config.clone()));
+    cache.insert(located, (stamp, Arc::clone(&catalog)));
+    Ok(Migrations::Found(catalog))
+}
+
+/// Per input file: path, modification time, length and a hash of the text. The hash catches
+/// a rewrite of the same length within the file system's clock resolution.
+type Stamp = Vec<(PathBuf, Option<SystemTime>, u64, u64)>;
+
+/// The last catalog built from each source, with the stamp of the inputs it was built from.
+type Cache = HashMap<Located, (Stamp, Arc<Catalog>)>;
+
+static CACHE: LazyLock<Mutex<Cache>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+fn stamp(located: &Located, files: &[(MigrationFile, String)]) -> Stamp {
+    let config = located.config.as_ref().map(|path| {
+        let text = std::fs::read(path).unwrap_or_default();
+        (path.as_path(), text)
+    });
+    let inputs = config.iter().map(|(p, t)| (*p, t.as_slice())).chain(
+        files
+            .iter()
+            .map(|(file, text)| (file.path.as_path(), text.as_bytes())),
+    );
+    inputs
+        .map(|(path, bytes)| {
+            let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+            let mut hasher = DefaultHasher::new();
+            bytes.hash(&mut hasher);
+            (
+                path.to_owned(),
+                modified,
+                bytes.len() as u64,
+                hasher.finish(),
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,538 @@
+//! The SQL macros against the user's migrations, with no database: the table exists, every
+//! column the attribute names exists, the states are values the state column allows, and each
+//! argument's type fits its column.
+//!
+//! The migrations are the crate's `migrations/` (or the directory its `sqlx.toml` names), or
+//! what `migrations = "…"` names (a directory, or one `.sql` schema file, relative to the file
+//! the attribute is in, as for `include_str!`); `migrations = false` checks nothing. With no
+//! migrations, nothing is checked and nothing is said.
+//!
+//! A problem with something a statement that could not be read may have changed is a warning,
+//! never an error: the check must not refuse a program the database would accept.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use proc_macro2::{Span, TokenStream};
+use quote::{ToTokens, quote_spanned};
+use syn::LitStr;
+
+use super::decl::FnArg;
+use super::target::Target;
+use crate::ctxt::Ctxt;
+use crate::krate::Krate;
+use crate::schema::{
+    self, AllowedValues, Backend, Catalog, Column, Lookup, Migrations, SchemaError, Table,
+    TypeFamily, ValueSource,
+};
+
+/// Where the attribute being expanded is.
+pub(crate) struct Origin {
+    /// The crate's root: where its `migrations/` and `sqlx.toml` are.
+    pub(crate) manifest_dir: Option<PathBuf>,
+    /// The file the attribute is written in: `migrations = "…"` is relative to it.
+    pub(crate) file: Option<PathBuf>,
+}
+
+/// `migrations = "…"` or `migrations = false`.
+pub(crate) enum MigrationsArg {
+    Path(LitStr),
+    Off,
+}
+
+/// The migrations an attribute is checked against, and the database they are for.
+pub(crate) struct Schema {
+    pub(crate) catalog: Arc<Catalog>,
+    /// From the executor's type (`PgPool`, `sqlx::Sqlite`), else from the migrations' text.
+    pub(crate) backend: Option<Backend>,
+    /// Where they are, as the user would name them: for messages.
+    pub(crate) place: String,
+}
+
+/// The migrations for one attribute, or `None` when there are none or the check is off.
+pub(crate) fn load(
+    arg: Option<&MigrationsArg>,
+    origin: &Origin,
+    executor: Option<&FnArg>,
+    cx: &mut Ctxt,
+) -> Option<Schema> {
+    let manifest_dir = origin.manifest_dir.as_deref()?;
+    let (explicit, place) = match arg {
+        Some(MigrationsArg::Off) => return None,
+        // Without the file (an IDE that does not say), a relative path means nothing.
+        Some(MigrationsArg::Path(lit)) => {
+            let dir = origin.file.as_deref()?.parent()?;
+            (Some((dir.join(lit.value()), lit)), lit.value())
+        }
+        None => (None, "migrations".to_owned()),
+    };
+    let found = schema::load(manifest_dir, explicit.as_ref().map(|(p, _)| p.as_path()));
+    let catalog = match found {
+        Ok(Migrations::None) => return None,
+        Ok(Migrations::Found(catalog)) => catalog,
+        Err(e) => {
+            let span = explicit.map_or_else(Span::call_site, |(_, lit)| lit.span());
+            cx.at(span, unreadable(&e, manifest_dir, origin));
+            return None;
+        }
+    };
+    let backend = executor
+        .and_then(|e| backend_of(&e.ty))
+        .or(catalog.backend());
+    Some(Schema {
+        catalog,
+        backend,
+        place,
+    })
+}
+
+/// The database an executor's type names, if it names one.
+fn backend_of(ty: &syn::Type) -> Option<Backend> {
+    let text = ty.to_token_stream().to_string();
+    if text.contains("Pg") || text.contains("Postgres") {
+        Some(Backend::Postgres)
+    } else if text.contains("Sqlite") {
+        Some(Backend::Sqlite)
+    } else {
+        None
+    }
+}
+
+/// Why the migrations could not be read, and what to do about it.
+fn unreadable(e: &SchemaError, manifest_dir: &Path, origin: &Origin) -> String {
+    let relative = |p: &Path| {
+        p.strip_prefix(manifest_dir)
+            .map_or_else(|_| p.display().to_string(), |r| r.display().to_string())
+    };
+    match e {
+        SchemaError::NotFound { path } => {
+            let from_root = origin
+                .file
+                .as_deref()
+                .and_then(Path::parent)
+                .and_then(|dir| path.strip_prefix(dir).ok())
+                .map(|written| manifest_dir.join(written))
+                .filter(|p| p.exists());
+            let hint = match (from_root, origin.file.as_deref().and_then(Path::parent)) {
+                (Some(p), Some(dir)) => format!(
+                    ": `migrations` is relative to this file, as for `include_str!`, and `{}` is relative to the crate's root; from here it is `{}`",
+                    relative(&p),
+                    relative_from(dir, &p)
+                ),
+                _ => ": `migrations` names a directory of sqlx migrations or one `.sql` schema file, relative to this file, as for `include_str!`".to_owned(),
+            };
+            let written = origin
+                .file
+                .as_deref()
+                .and_then(Path::parent)
+                .and_then(|dir| path.strip_prefix(dir).ok())
+                .map_or_else(|| relative(path), |p| p.display().to_string());
+            format!("no migrations at `{written}`{hint}")
+        }
+        other => format!(
+            "{other}: the migrations are checked as sqlx reads them. Fix it, or turn the check off with `migrations = false`"
+        ),
+    }
+}
+
+/// `to`, written relative to `from`.
+fn relative_from(from: &Path, to: &Path) -> String {
+    let (from, to): (Vec<_>, Vec<_>) = (from.components().collect(), to.components().collect());
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut out = PathBuf::new();
+    for _ in common..from.len() {
+        out.push("..");
+    }
+    to[common..].iter().for_each(|c| out.push(c));
+    out.display().to_string()
+}
+
+/// What the checks leave for the expansion.
+#[derive(Default)]
+pub(crate) struct Findings {
+    /// `include_bytes!` of every migration, and a type check for each column argument.
+    pub(crate) tokens: TokenStream,
+    /// Columns of a PostgreSQL enum type, with the quoted type: a text value is cast to it.
+    pub(crate) casts: BTreeMap<String, String>,
+    /// The values the state column allows, and what says so: every state of a machine must be
+    /// one of them.
+    pub(crate) allowed: Option<(Vec<String>, String)>,
+}
+
+/// One attribute's checks against the migrations.
+pub(crate) struct Checker<'s> {
+    schema: &'s Schema,
+    table: Option<&'s Table>,
+    krate: Krate,
+    pub(crate) findings: Findings,
+}
+
+impl<'s> Checker<'s> {
+    /// Finds the target's table; reports it (on `lit`, the `table` argument) when it is not
+    /// there.
+    pub(crate) fn new(
+        schema: &'s Schema,
+        target: &Target,
+        lit: Option<&LitStr>,
+        cx: &mut Ctxt,
+    ) -> Checker<'s> {
+        let span = lit.map_or_else(Span::call_site, LitStr::span);
+        let mut findings = Findings::default();
+        for input in schema.catalog.inputs() {
+            let path = LitStr::new(&input.display().to_string(), Span::call_site());
+            // Cargo rebuilds the crate when a migration changes.
+            findings
+                .tokens
+                .extend(quote_spanned!(Span::mixed_site()=> const _: &[u8] = ::core::include_bytes!(#path);));
+        }
+        let table = find_table(schema, &target.table.name, span, cx);
+        Checker {
+            schema,
+            table,
+            krate: target.krate.clone(),
+            findings,
+        }
+    }
+
+    /// The column `name`, reported at `span` when it is not a column of the table.
+    pub(crate) fn column(&self, name: &str, span: Span, cx: &mut Ctxt) -> Option<&'s Column> {
+        let table = self.table?;
+        match table.column(name) {
+            Lookup::Found(c) => Some(c),
+            Lookup::OtherCase(c) => {
+                let msg = format!(
+                    "column `{name}` is `{}` in the migrations ({}): the generated SQL quotes names, so PostgreSQL tells them apart. Write `{}`",
+                    c.name(),
+                    origin(table),
+                    c.name()
+                );
+                report_case(self.schema, span, msg, cx);
+                Some(c)
+            }
+            Lookup::Ambiguous(_) => {
+                cx.at(
+                    span,
+                    format_args!(
+                        "`{}` has more than one column named `{name}` but for case: write it as the migration does",
+                        table.name()
+                    ),
+                );
+                None
+            }
+            Lookup::Missing { certain } => {
+                let near = schema::nearest(name, table.column_names())
+                    .map(|n| format!(": did you mean `{n}`?"))
+                    .unwrap_or_else(|| {
+                        format!("; its columns are {}", listed(table.column_names()))
+                    });
+                let msg = format!(
+                    "table `{}` has no column `{name}` ({}){near}",
+                    table.name(),
+                    origin(table)
+                );
+                report(certain, &self.schema.catalog, span, msg, cx);
+                None
+            }
+        }
+    }
+
+    /// Whether `column` is of a PostgreSQL enum type, recorded for the statement to cast the
+    /// text bound to it.
+    pub(crate) fn cast(&mut self, column: &Column) -> bool {
+        let family = self.schema.backend.map(|b| column.family(b));
+        let Some(TypeFamily::Enum(t)) = family else {
+            return false;
+        };
+        // Unqualified when the migration did not qualify it: it resolves through `search_path`
+        // as the table's own name does.
+        let quoted = if t.schema == schema::DEFAULT_SCHEMA {
+            format!("\"{}\"", t.name)
+        } else {
+            format!("\"{}\".\"{}\"", t.schema, t.name)
+        };
+        self.findings.casts.insert(column.name().to_owned(), quoted);
+        true
+    }
+
+    /// Whether the table has the column (in any case), without a report: for a second look at
+    /// a column whose absence was reported already.
+    pub(crate) fn exists(&self, name: &str) -> bool {
+        self.table
+            .is_some_and(|t| matches!(t.column(name), Lookup::Found(_) | Lookup::OtherCase(_)))
+    }
+
+    /// A type check of `arg` against `column`, on the argument.
+    pub(crate) fn value(&mut self, column: &Column, arg: &FnArg) {
+        let Some(backend) = self.schema.backend.filter(|_| column.is_certain()) else {
+            return;
+        };
+        let family = column.family(backend);
+        let Some(marker) = marker(&family, backend) else {
+            return;
+        };
+        let (ident, span) = (&arg.ident, arg.ident.span());
+        let p = self.krate.private_at(span);
+        let f = syn::Ident::new(marker, span);
+        self.findings.tokens.extend(quote_spanned! {span=> {
+            #[allow(unused_imports)]
+            use #p::columns::{KnownType as _, OtherType as _};
+            (&#p::columns::column::<#p::columns::#f::Column, _>(&#ident))
+                .rule()
+                .fits(&#ident);
+        }});
+    }
+
+    /// Each state (`from`, `to`) is a value the state column allows; the values are kept for
+    /// the check of a machine's states.
+    pub(crate) fn states(&mut self, column: &Column, states: &[&LitStr], cx: &mut Ctxt) {
+        let AllowedValues::Only { values, sources } = column.allowed_values() else {
+            return;
+        };
+        let Some(table) = self.table else { return };
+        let said = format!(
+            "{} allows {}",
+            sources_text(&self.schema.catalog, table, sources),
+            listed(values.iter().map(String::as_str))
+        );
+        for lit in states {
+            let state = lit.value();
+            if values.contains(&state) {
+                continue;
+            }
+            let near = schema::nearest(&state, values.iter().map(String::as_str))
+                .map(|n| format!(": did you mean `{n}`?"))
+                .unwrap_or_default();
+            let msg = format!(
+                "`{state}` is not a value of `{}.{}`: {said}{near}",
+                table.name(),
+                column.name()
+            );
+            report(
+                column.is_certain(),
+                &self.schema.catalog,
+                lit.span(),
+                msg,
+                cx,
+            );
+        }
+        if column.is_certain() {
+            self.findings.allowed = Some((values.clone(), said));
+        }
+    }
+
+    /// An `INSERT` of `inserted` leaves out no column that needs a value.
+    pub(crate) fn insert(
+        &self,
+        inserted: &[&str],
+        fn_name: &syn::Ident,
+        span: Span,
+        cx: &mut Ctxt,
+    ) {
+        let Some(table) = self.table.filter(|t| t.is_certain()) else {
+            return;
+        };
+        let needed = table
+            .columns()
+            .iter()
+            .filter(|c| c.not_null() && !c.has_default() && c.is_certain())
+            .filter(|c| !inserted.iter().any(|i| i.eq_ignore_ascii_case(c.name())));
+        for c in needed {
+            cx.at(
+                span,
+                format_args!(
+                    "`{fn_name}` does not insert `{}.{}`, which is NOT NULL and has no default ({}): add an argument `{}`",
+                    table.name(),
+                    c.name(),
+                    origin(table),
+                    c.name()
+                ),
+            );
+        }
+    }
+
+    /// `columns` are a primary key or a unique constraint: `ON CONFLICT (…)` needs one.
+    pub(crate) fn unique(&self, columns: &[&str], span: Span, cx: &mut Ctxt) {
+        let Some(table) = self.table.filter(|t| t.is_certain()) else {
+            return;
+        };
+        if !table.is_unique(columns) {
+            cx.at(
+                span,
+                format_args!(
+                    "`{}` is not a primary key or a unique constraint of `{}` ({}): `ON CONFLICT ({})` needs one. Add it in a migration, or name the columns of one",
+                    columns.join(", "),
+                    table.name(),
+                    origin(table),
+                    columns.join(", ")
+                ),
+            );
+        }
+    }
+
+    /// The column is an integer column, as a version must be.
+    pub(crate) fn integer(&self, column: &Column, span: Span, cx: &mut Ctxt) {
+        let (Some(table), Some(backend)) = (self.table, self.schema.backend) else {
+            return;
+        };
+        let family = column.family(backend);
+        if column.is_certain()
+            && !matches!(
+                family,
+                TypeFamily::Int16 | TypeFamily::Int32 | TypeFamily::Int64
+            )
+        {
+            cx.at(
+                span,
+                format_args!(
+                    "the version column `{}.{}` is `{}` ({}): a version is counted in an integer column",
+                    table.name(),
+                    column.name(),
+                    column.declared_type(),
+                    origin(table)
+                ),
+            );
+        }
+    }
+}
+
+/// The table `name`, reported at `span` when it is not in the migrations.
+fn find_table<'s>(schema: &'s Schema, name: &str, span: Span, cx: &mut Ctxt) -> Option<&'s Table> {
+    let catalog = &schema.catalog;
+    match catalog.table(name) {
+        Lookup::Found(t) => Some(t),
+        Lookup::OtherCase(t) => {
+            let msg = format!(
+                "table `{name}` is `{}` in the migrations ({}): the generated SQL quotes names, so PostgreSQL tells them apart. Write `{}`",
+                t.name(),
+                origin(t),
+                t.name()
+            );
+            report_case(schema, span, msg, cx);
+            Some(t)
+        }
+        Lookup::Ambiguous(tables) => {
+            let names: Vec<String> = tables
+                .iter()
+                .map(|t| format!("{}.{}", t.name().schema, t.name().name))
+                .collect();
+            cx.at(
+                span,
+                format_args!(
+                    "`{name}` is a table in more than one schema ({}): write which",
+                    listed(names.iter().map(String::as_str))
+                ),
+            );
+            None
+        }
+        Lookup::Missing { certain } => {
+            let names = catalog.table_names();
+            let near = schema::nearest(name, names.iter().map(String::as_str))
+                .map(|n| format!(": did you mean `{n}`?"))
+                .unwrap_or_else(|| {
+                    format!(
+                        "; its tables are {}",
+                        listed(names.iter().map(String::as_str))
+                    )
+                });
+            let msg = format!(
+                "no table `{name}` in the migrations ({}){near}",
+                schema.place
+            );
+            report(certain, catalog, span, msg, cx);
+            None
+        }
+    }
+}
+
+/// An error when the migrations are certain, else a warning saying why it is not an error.
+fn report(certain: bool, catalog: &Catalog, span: Span, msg: String, cx: &mut Ctxt) {
+    if certain {
+        cx.at(span, msg);
+        return;
+    }
+    let unread: Vec<String> = catalog
+        .unreadable()
+        .iter()
+        .map(|u| format!("{} line {}", u.file, u.line))
+        .collect();
+    cx.warn(
+        span,
+        format!(
+            "{msg}. Not an error: a statement of the migrations could not be read ({}), and it may have made the difference",
+            unread.join(", ")
+        ),
+    );
+}
+
+/// A name in another case: an error for PostgreSQL, nothing for SQLite (which ignores case), a
+/// warning when the database is not known.
+fn report_case(schema: &Schema, span: Span, msg: String, cx: &mut Ctxt) {
+    match schema.backend {
+        Some(Backend::Postgres) => cx.at(span, msg),
+        Some(Backend::Sqlite) => {}
+        None => cx.warn(span, msg),
+    }
+}
+
+/// "created in 1_init.sql, last changed in 3_paid.sql".
+fn origin(table: &Table) -> String {
+    let created = table.created_in();
+    match table.altered_in().filter(|a| a.path != created.path) {
+        Some(altered) => format!("created in {created}, last changed in {altered}"),
+        None => format!("created in {created}"),
+    }
+}
+
+/// What restricts a column's values: its enum type, its CHECK constraints.
+fn sources_text(catalog: &Catalog, table: &Table, sources: &[ValueSource]) -> String {
+    let each: Vec<String> = sources
+        .iter()
+        .map(|s| match s {
+            ValueSource::EnumType(name) => match catalog.type_def(&name.to_string()) {
+                Lookup::Found(t) => format!("{s} ({})", t.defined_in()),
+                _ => s.to_string(),
+            },
+            ValueSource::Check(_) => format!("{s} of `{}` ({})", table.name(), origin(table)),
+        })
+        .collect();
+    each.join(" and ")
+}
+
+/// "`a`, `b`, `c`", or the first few and how many more.
+fn listed<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let names: Vec<&str> = names.collect();
+    let shown: Vec<String> = names.iter().take(12).map(|n| format!("`{n}`")).collect();
+    match names.len().checked_sub(shown.len()) {
+        Some(0) | None => shown.join(", "),
+        Some(more) => format!("{} and {more} more", shown.join(", ")),
+    }
+}
+
+/// The column-type marker of `idem::__private::columns` for a family, where idem judges it.
+fn marker(family: &TypeFamily, backend: Backend) -> Option<&'static str> {
+    Some(match (family, backend) {
+        (TypeFamily::Text, _) => "TEXT",
+        (TypeFamily::Int16, _) => "SMALLINT",
+        (TypeFamily::Int32, _) => "INTEGER",
+        (TypeFamily::Int64, Backend::Postgres) => "BIGINT",
+        (TypeFamily::Int64, Backend::Sqlite) => "INTEGER",
+        (TypeFamily::Float32, _) => "REAL",
+        (TypeFamily::Float64, Backend::Postgres) => "DOUBLE_PRECISION",
+        (TypeFamily::Float64, Backend::Sqlite) => "REAL",
+        (TypeFamily::Bool, _) => "BOOLEAN",
+        (TypeFamily::Bytes, Backend::Postgres) => "BYTEA",
+        (TypeFamily::Bytes, Backend::Sqlite) => "BLOB",
+        // SQLite stores these as text or numbers, whatever was bound: only PostgreSQL refuses.
+        (_, Backend::Sqlite) => return None,
+        (TypeFamily::Numeric, _) => "NUMERIC",
+        (TypeFamily::Timestamp, _) => "TIMESTAMP",
+        (TypeFamily::TimestampTz, _) => "TIMESTAMPTZ",
+        (TypeFamily::Date, _) => "DATE",
+        (TypeFamily::Time, _) => "TIME",
+        (TypeFamily::Uuid, _) => "UUID",
+        (TypeFamily::Json, _) => "JSON",
+        (TypeFamily::Enum(_), _) => "ENUM",
+        (TypeFamily::Array(_) | TypeFamily::Other(_), _) => return None,
+    })
+}

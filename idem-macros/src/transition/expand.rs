@@ -1,0 +1,302 @@
+//! The generated transition: one guarded `UPDATE`, and when it changes nothing, one `SELECT`
+//! by key that tells a duplicate from a guard mismatch, an illegal state or a missing row.
+
+use std::collections::BTreeMap;
+
+use proc_macro2::{Span, TokenStream};
+use quote::{ToTokens, quote, quote_spanned};
+use syn::Ident;
+use syn::spanned::Spanned;
+
+use super::valid::{Model, SetValue};
+use crate::sql::Decl;
+use crate::sql::shell::{self, Body, Params};
+
+/// The statements, for one dialect.
+struct Sql {
+    update: String,
+    select: String,
+}
+
+/// The statements, with `now` for the database's clock, and the text bound to a column of an
+/// enum type cast to it (PostgreSQL; `casts` is empty for SQLite). Parameters are bound in this
+/// order: keys, guards, set arguments, `to`, each `from`.
+fn statements(m: &Model, now: &str, casts: &BTreeMap<String, String>) -> Sql {
+    let mut params = Params::default();
+    let key_where = params.equal_cast(m.keys.iter().map(|(c, _)| c), casts);
+    let guard_where = params.equal_cast(m.guards.iter().map(|(c, _)| c), casts);
+    let mut set: Vec<String> = m
+        .sets
+        .iter()
+        .map(|s| match s {
+            SetValue::Arg(c, _) => format!("{} = {}", c.quoted, params.next_cast(&c.name, casts)),
+            SetValue::Now(c) => format!("{} = {now}", c.quoted),
+        })
+        .collect();
+    let state = &m.state;
+    set.insert(
+        0,
+        format!(
+            "{} = {}",
+            state.quoted,
+            params.next_cast(&state.name, casts)
+        ),
+    );
+    let from: Vec<String> = m
+        .from
+        .iter()
+        .map(|_| params.next_cast(&state.name, casts))
+        .collect();
+    let mut conditions = key_where.clone();
+    conditions.push(format!("{} IN ({})", state.quoted, from.join(", ")));
+    conditions.extend(guard_where.iter().cloned());
+    let returning = if m.returning.is_some() {
+        " RETURNING *"
+    } else {
+        ""
+    };
+    // The guards again, compared in the database, for a row already in `to`: the `SELECT`
+    // binds keys then guards, numbered as in the `UPDATE`.
+    let guards_match = if guard_where.is_empty() {
+        "true".to_owned()
+    } else {
+        format!("COALESCE(({}), false)", guard_where.join(" AND "))
+    };
+    // An enum is read back as its text.
+    let state_text = if casts.contains_key(&state.name) {
+        format!("CAST({} AS TEXT)", state.quoted)
+    } else {
+        state.quoted.clone()
+    };
+    Sql {
+        update: format!(
+            "UPDATE {} SET {} WHERE {}{returning}",
+            m.target.table.quoted,
+            set.join(", "),
+            conditions.join(" AND ")
+        ),
+        select: format!(
+            "SELECT {state_text} AS \"__idem_state\", {guards_match} AS \"__idem_guards_match\"{} FROM {} WHERE {}",
+            if m.returning.is_some() { ", *" } else { "" },
+            m.target.table.quoted,
+            key_where.join(" AND ")
+        ),
+    }
+}
+
+pub(super) fn expand(m: Model, decl: Decl) -> TokenStream {
+    let p = m.target.krate.private();
+    let pg = statements(&m, "now()", &m.findings.casts);
+    let lite = statements(&m, "CURRENT_TIMESTAMP", &BTreeMap::new());
+    let (pg_update, pg_select, lite_update, lite_select) =
+        (&pg.update, &pg.select, &lite.update, &lite.select);
+    let setup = quote_spanned! {Span::mixed_site()=>
+        let postgres = #p::is_postgres(&*conn);
+        let (sql_update, sql_select) = if postgres {
+            (#pg_update, #pg_select)
+        } else {
+            (#lite_update, #lite_select)
+        };
+    };
+    let mut body = Body::new(&m.target, attempt(&m, &p));
+    body.checks = checks(&m);
+    body.checks.extend(m.findings.tokens.clone());
+    body.prelude = machine_check(&m).unwrap_or_default();
+    body.setup = setup;
+    shell::function(decl, body)
+}
+
+/// The row type (readable from a row, on `returning`; the same as the return type's, on that)
+/// and the state type (the machine's, or the column's text), each checked where it is written.
+fn checks(m: &Model) -> TokenStream {
+    let t = &m.target;
+    let at = |span: Span| t.krate.private_at(span);
+    let mut out = TokenStream::new();
+    if let Some(returning) = &m.returning {
+        out.extend(shell::rows(
+            t,
+            shell::row(t, m.row.as_ref(), returning),
+            returning.span(),
+        ));
+    }
+    if let Some(state) = &m.state_type {
+        let p = at(state.span());
+        let check = match &m.machine {
+            Some(machine) => quote_spanned!(state.span()=> #p::state_of::<#state, #machine>()),
+            None => quote_spanned!(state.span()=> #p::text_state::<#state>()),
+        };
+        out.extend(quote_spanned!(Span::mixed_site()=> let __idem_state = #check;));
+    }
+    out
+}
+
+/// The arguments in binding order: keys, guards, set arguments.
+fn bound(m: &Model) -> (Vec<&Ident>, Vec<&Ident>, Vec<&Ident>) {
+    let keys = m.keys.iter().map(|(_, a)| a).collect();
+    let guards = m.guards.iter().map(|(_, a)| a).collect();
+    let sets = m
+        .sets
+        .iter()
+        .filter_map(|s| match s {
+            SetValue::Arg(_, a) => Some(a),
+            SetValue::Now(_) => None,
+        })
+        .collect();
+    (keys, guards, sets)
+}
+
+/// The `UPDATE`, returning when it applied; and the row type read from a `SELECT` row.
+fn apply(m: &Model, p: &TokenStream) -> (TokenStream, TokenStream) {
+    let (key_args, guard_args, set_args) = bound(m);
+    let to = m.to.value();
+    let from: Vec<String> = m.from.iter().map(|f| f.value()).collect();
+    match &m.returning {
+        Some(_) => (
+            quote_spanned! {Span::mixed_site()=>
+                let applied = #p::sqlx::query(sql_update)
+                    #(.bind(&#key_args))* #(.bind(&#guard_args))* #(.bind(&#set_args))*
+                    .bind(#to) #(.bind(#from))*
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(#p::sql_error)?;
+                if let ::core::option::Option::Some(row) = applied {
+                    let row = #p::decode(&__idem_rows, &row)?;
+                    return ::core::result::Result::Ok(#p::Transition::Applied(row));
+                }
+            },
+            quote_spanned!(Span::mixed_site()=> #p::decode(&__idem_rows, &row)?),
+        ),
+        None => (
+            quote_spanned! {Span::mixed_site()=>
+                let done = #p::sqlx::query(sql_update)
+                    #(.bind(&#key_args))* #(.bind(&#guard_args))* #(.bind(&#set_args))*
+                    .bind(#to) #(.bind(#from))*
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(#p::sql_error)?;
+                if done.rows_affected() > 0 {
+                    return ::core::result::Result::Ok(#p::Transition::Applied(()));
+                }
+            },
+            quote!(()),
+        ),
+    }
+}
+
+/// One attempt: the update, then the classification of a miss.
+fn attempt(m: &Model, p: &TokenStream) -> TokenStream {
+    let (key_args, guard_args, _) = bound(m);
+    let (apply, row_of) = apply(m, p);
+    let to = m.to.value();
+    let from: Vec<String> = m.from.iter().map(|f| f.value()).collect();
+    let table = &m.target.table.name;
+    let guard_names: Vec<&str> = m.guards.iter().map(|(c, _)| c.name.as_str()).collect();
+    let guarded = !m.guards.is_empty();
+    let key_debug = quote!(&(#(&#key_args,)*));
+    let current = match &m.state_type {
+        Some(_) => quote_spanned!(Span::mixed_site()=> #p::state_value(&__idem_state, current)),
+        None => quote_spanned!(Span::mixed_site()=> #p::StateValue::from_column(current)),
+    };
+    quote_spanned! {Span::mixed_site()=>
+        #apply
+        let found = #p::sqlx::query(sql_select)
+            #(.bind(&#key_args))* #(.bind(&#guard_args))*
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(#p::sql_error)?;
+        let ::core::option::Option::Some(row) = found else {
+            return ::core::result::Result::Ok(#p::Transition::NotFound);
+        };
+        let current: ::std::string::String =
+            #p::sqlx::Row::try_get(&row, "__idem_state").map_err(#p::sql_error)?;
+        match #p::classify_miss(&current, &[#(#from),*], #to, #guarded) {
+            #p::Miss::AlreadyApplied => {
+                let guards_match: bool =
+                    #p::sqlx::Row::try_get(&row, "__idem_guards_match").map_err(#p::sql_error)?;
+                if !guards_match {
+                    #p::warn_guard_differs_after(#table, #key_debug, #to, &[#(#guard_names),*]);
+                }
+                return ::core::result::Result::Ok(#p::Transition::AlreadyApplied(#row_of));
+            }
+            #p::Miss::GuardMismatch => {
+                #p::warn_guard_mismatch(#table, #key_debug, &[#(#from),*], #to, &[#(#guard_names),*]);
+                return ::core::result::Result::Ok(#p::Transition::GuardMismatch(#row_of));
+            }
+            #p::Miss::Illegal => {
+                return ::core::result::Result::Ok(#p::Transition::Illegal {
+                    current: #current?,
+                });
+            }
+            // Back in a `from` state between the two statements: apply again.
+            #p::Miss::Retry => {}
+        }
+    }
+}
+
+/// With a machine: a `const` block that fails to compile when `from` or `to` is not one of
+/// its states, or `from → to` not one of its edges, spanned on the offending string. The
+/// machine is read once, on its path: a type that is not a machine is one error there.
+fn machine_check(m: &Model) -> Option<TokenStream> {
+    let machine = m.machine.as_ref()?;
+    let name = machine.to_token_stream().to_string().replace(' ', "");
+    let p = m.target.krate.private();
+    let p_machine = m.target.krate.private_at(machine.span());
+    let read = quote_spanned!(machine.span()=> <#machine as #p_machine::MachineTexts>::MACHINE);
+    let to_lit = &m.to;
+    let state_checks = m.from.iter().chain(std::iter::once(to_lit)).map(|lit| {
+        let msg = format!(
+            "`{}` is not a state of the state machine `{name}`",
+            lit.value()
+        );
+        quote_spanned! {lit.span()=>
+            if !#p::const_str_in(#lit, MACHINE.states) {
+                ::core::panic!(#msg);
+            }
+        }
+    });
+    let edge_checks = m.from.iter().map(|f| {
+        let msg = format!(
+            "`{}` → `{}` is not an edge of the state machine `{name}`: declare it there, or start from another state",
+            f.value(),
+            to_lit.value()
+        );
+        quote_spanned! {to_lit.span()=>
+            if #p::const_str_in(#f, MACHINE.states)
+                && #p::const_str_in(#to_lit, MACHINE.states)
+                && !#p::const_edge_in(#f, #to_lit, MACHINE.edges)
+            {
+                ::core::panic!(#msg);
+            }
+        }
+    });
+    let allowed = allowed_check(m, machine, &name);
+    Some(quote! {
+        const _: () = {
+            const MACHINE: #p::MachineText = #read;
+            #(#state_checks)*
+            #(#edge_checks)*
+            #allowed
+        };
+    })
+}
+
+/// With migrations that list the state column's values: every state of the machine is one of
+/// them, or the transitions to it could never be written. The message names the state, so it
+/// is built at compile time from the machine's texts.
+fn allowed_check(m: &Model, machine: &syn::Path, name: &str) -> Option<TokenStream> {
+    let (values, said) = m.findings.allowed.as_ref()?;
+    let p = m.target.krate.private();
+    let (table, state) = (&m.target.table.name, &m.state.name);
+    let after = format!(
+        "` of the state machine `{name}` is not a value of `{table}.{state}`: {said}. Add it in a migration, or remove it from the machine"
+    );
+    Some(quote_spanned! {machine.span()=>
+        const MISSING: &str = #p::first_not_in(MACHINE.states, &[#(#values),*]);
+        if !MISSING.is_empty() {
+            const PARTS: &[&str] = &["state `", MISSING, #after];
+            const LEN: usize = #p::concat_len(PARTS);
+            const MESSAGE: [u8; LEN] = #p::concat::<LEN>(PARTS);
+            ::core::panic!("{}", #p::utf8(&MESSAGE));
+        }
+    })
+}

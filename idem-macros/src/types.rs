@@ -1,0 +1,107 @@
+//! What can be told about a type from its tokens alone, before the compiler sees it.
+
+use proc_macro2::Span;
+use syn::spanned::Spanned;
+use syn::visit::Visit;
+use syn::{GenericArgument, PathArguments, Type};
+
+/// The type arguments of a type written `…::Name<A, B>` (its last segment named `name`).
+pub(crate) fn args_of<'a>(ty: &'a Type, name: &str) -> Option<Vec<&'a Type>> {
+    let Type::Path(p) = ty else { return None };
+    let last = p.path.segments.last().filter(|s| s.ident == name)?;
+    Some(match &last.arguments {
+        PathArguments::AngleBracketed(args) => args
+            .args
+            .iter()
+            .filter_map(|a| match a {
+                GenericArgument::Type(t) => Some(t),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    })
+}
+
+/// `T` and `E` of a return type written `Result<T, E>` (any path ending in `Result`).
+pub(crate) fn result_args(ty: &Type) -> Option<(&Type, &Type)> {
+    match args_of(ty, "Result")?.as_slice() {
+        [ok, err] => Some((ok, err)),
+        _ => None,
+    }
+}
+
+/// Return types that cannot be a `Result` or an alias of one, rejected before type checking so
+/// the message is one, on the type. Anything else is checked by the compiler.
+pub(crate) fn obviously_not_result(ty: &Type) -> bool {
+    const NOT_RESULT: &[&str] = &[
+        "bool",
+        "char",
+        "str",
+        "u8",
+        "u16",
+        "u32",
+        "u64",
+        "u128",
+        "usize",
+        "i8",
+        "i16",
+        "i32",
+        "i64",
+        "i128",
+        "isize",
+        "f32",
+        "f64",
+        "String",
+        "Vec",
+        "Option",
+        "Box",
+        "HashMap",
+        "BTreeMap",
+        "Json",
+        "StatusCode",
+        "Response",
+    ];
+    match ty {
+        Type::Path(p) => {
+            p.qself.is_none()
+                && p.path
+                    .segments
+                    .last()
+                    .is_some_and(|s| NOT_RESULT.iter().any(|n| s.ident == n))
+        }
+        Type::Paren(p) => obviously_not_result(&p.elem),
+        Type::Tuple(_)
+        | Type::Reference(_)
+        | Type::Array(_)
+        | Type::Slice(_)
+        | Type::Never(_)
+        | Type::Ptr(_) => true,
+        _ => false,
+    }
+}
+
+/// The first `impl Trait` inside a type.
+pub(crate) fn impl_trait(ty: &Type) -> Option<Span> {
+    struct Finder(Option<Span>);
+    impl<'ast> Visit<'ast> for Finder {
+        fn visit_type_impl_trait(&mut self, t: &'ast syn::TypeImplTrait) {
+            self.0.get_or_insert(t.span());
+        }
+    }
+    let mut finder = Finder(None);
+    finder.visit_type(ty);
+    finder.0
+}
+
+/// A type as a user writes it: `&str`, `Vec<u8>`, not the token stream's `& str`, `Vec < u8 >`.
+pub(crate) fn display(ty: &Type) -> String {
+    quote::ToTokens::to_token_stream(ty)
+        .to_string()
+        .replace("& ", "&")
+        .replace(" <", "<")
+        .replace("< ", "<")
+        .replace(" >", ">")
+        .replace(" ,", ",")
+        .replace(":: ", "::")
+        .replace(" ::", "::")
+}

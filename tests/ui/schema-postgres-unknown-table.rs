@@ -1,0 +1,6 @@
+use idem::{Error, Transition};
+
+#[idem::state_transition(table = "order", key = "order_no", from = "PENDING", to = "PAID", migrations = "migrations/pg")]
+pub async fn mark_paid(db: &sqlx::PgPool, order_no: &str) -> Result<Transition, Error>;
+
+fn main() {}

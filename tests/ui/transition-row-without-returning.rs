@@ -1,0 +1,11 @@
+use idem::{Error, Transition};
+
+#[derive(sqlx::FromRow)]
+pub struct Order {
+    pub id: i64,
+}
+
+#[idem::state_transition(table = "orders", key = "order_no", from = "PENDING", to = "PAID")]
+async fn mark_paid(db: &sqlx::PgPool, order_no: &str) -> Result<Transition<Order>, Error>;
+
+fn main() {}
