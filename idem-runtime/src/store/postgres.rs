@@ -253,6 +253,14 @@ impl Store for PgStore {
         self.inner.checkpoint(claim, recovery_point, lease)
     }
 
+    fn renew(
+        &self,
+        claim: ClaimRef<'_>,
+        lease: Duration,
+    ) -> impl Future<Output = Result<()>> + Send {
+        self.inner.renew(claim, lease)
+    }
+
     fn lookup(
         &self,
         scope: &str,

@@ -197,6 +197,7 @@ pub(crate) struct Statements {
     complete: SqlStr,
     release: SqlStr,
     checkpoint: SqlStr,
+    renew: SqlStr,
     lookup: SqlStr,
     create: [SqlStr; 2],
 }
@@ -268,6 +269,11 @@ impl Statements {
                 "UPDATE {t} SET recovery_point = $4, lease_until = {}, updated_at = {now} \
                  WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence",
                 D::after("$5"),
+            )),
+            renew: sql(format!(
+                "UPDATE {t} SET lease_until = {}, updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence",
+                D::after("$4"),
             )),
             lookup: sql(format!(
                 "SELECT fingerprint, state, fence, response_status, response_error, response_body, \
@@ -552,6 +558,13 @@ impl<D: Dialect> Engine<D> {
             D::fetch(&mut conn, &self.sql.checkpoint, &args).await?,
             claim,
         )
+    }
+
+    pub(crate) async fn renew(&self, claim: ClaimRef<'_>, lease: Duration) -> Result<()> {
+        let [scope, key, fence] = fenced_args(claim);
+        let args = [scope, key, fence, Arg::Int(ms(lease))];
+        let mut conn = self.write_conn().await?;
+        owned(D::fetch(&mut conn, &self.sql.renew, &args).await?, claim)
     }
 
     pub(crate) async fn lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {

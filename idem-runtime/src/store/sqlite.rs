@@ -347,6 +347,14 @@ impl Store for SqliteStore {
         self.inner.checkpoint(claim, recovery_point, lease)
     }
 
+    fn renew(
+        &self,
+        claim: ClaimRef<'_>,
+        lease: Duration,
+    ) -> impl Future<Output = Result<()>> + Send {
+        self.inner.renew(claim, lease)
+    }
+
     fn lookup(
         &self,
         scope: &str,
