@@ -45,6 +45,8 @@
 //! - `axum`: the HTTP integration: `IdempotencyKey` extractor, problem+json errors, replay
 //!   header, lookup by key.
 //! - `metrics`: counters for every outcome through the `metrics` facade.
+//! - `nats`: NATS JetStream consumers and an outbox publisher (`consumer::nats`).
+//! - `amqp`: RabbitMQ consumers and an outbox publisher (`consumer::amqp`).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(
@@ -179,7 +181,7 @@ pub use idem_runtime::{
 
 #[doc(inline)]
 pub use idem_runtime::{
-    clock, error, fingerprint, guard, key, record, replay, scope, store, transition,
+    clock, consumer, error, fingerprint, guard, key, record, replay, scope, store, transition,
 };
 
 #[doc(inline)]

@@ -26,6 +26,8 @@
 //! - `axum`: the `http` module: the `IdempotencyKey` extractor, problem+json errors, replay
 //!   headers.
 //! - `metrics`: counters for every outcome through the `metrics` facade.
+//! - `nats`: NATS JetStream consumers ([`consumer::nats`]) and an outbox publisher.
+//! - `amqp`: RabbitMQ consumers ([`consumer::amqp`]) and an outbox publisher.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(
@@ -38,6 +40,7 @@
 
 pub mod cache;
 pub mod clock;
+pub mod consumer;
 mod default_store;
 pub mod error;
 pub mod fingerprint;
