@@ -17,14 +17,32 @@ struct Service {
     example: &'static str,
 }
 
-const SERVICES: &[Service] = &[Service {
-    cfg: "idem_postgres",
-    var: "DATABASE_URL",
-    schemes: &["postgres://", "postgresql://"],
-    require: "IDEM_REQUIRE_POSTGRES",
-    name: "PostgreSQL",
-    example: "DATABASE_URL=postgres://postgres@127.0.0.1:5432/test",
-}];
+const SERVICES: &[Service] = &[
+    Service {
+        cfg: "idem_postgres",
+        var: "DATABASE_URL",
+        schemes: &["postgres://", "postgresql://"],
+        require: "IDEM_REQUIRE_POSTGRES",
+        name: "PostgreSQL",
+        example: "DATABASE_URL=postgres://postgres@127.0.0.1:5432/test",
+    },
+    Service {
+        cfg: "idem_nats",
+        var: "NATS_URL",
+        schemes: &["nats://"],
+        require: "IDEM_REQUIRE_NATS",
+        name: "NATS with JetStream",
+        example: "NATS_URL=nats://127.0.0.1:4222",
+    },
+    Service {
+        cfg: "idem_amqp",
+        var: "AMQP_URL",
+        schemes: &["amqp://"],
+        require: "IDEM_REQUIRE_AMQP",
+        name: "RabbitMQ",
+        example: "AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f",
+    },
+];
 
 fn main() {
     let mut skipped = Vec::new();
