@@ -418,6 +418,11 @@ pub use idem_runtime::sqlx;
 #[doc(inline)]
 pub use idem_runtime::testkit;
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+#[doc(inline)]
+pub use idem_runtime::outbox;
+
 /// Support for macro-generated code. Not a public API: anything here may change in any release.
 #[doc(hidden)]
 pub mod __private {

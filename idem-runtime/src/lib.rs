@@ -52,6 +52,9 @@ pub mod http;
 pub mod key;
 mod lifecycle;
 mod observe;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+pub mod outbox;
 pub mod record;
 pub mod replay;
 pub mod scope;

@@ -193,3 +193,62 @@ impl Delivery for AmqpDelivery {
         Ok(())
     }
 }
+
+/// Publishes outbox events to an exchange with publisher confirms: the event's id as the
+/// `message_id` property (what [`AmqpDelivery`]'s key is), its topic as the routing key,
+/// persistent; returns once the broker confirmed it.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[derive(Clone)]
+pub struct AmqpPublisher {
+    channel: lapin::Channel,
+    exchange: String,
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl fmt::Debug for AmqpPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AmqpPublisher")
+            .field("exchange", &self.exchange)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl AmqpPublisher {
+    /// Puts `channel` in confirm mode and publishes to `exchange` (`""`: the default exchange,
+    /// routing to the queue named by the topic).
+    pub async fn new(channel: lapin::Channel, exchange: impl Into<String>) -> Result<Self, Error> {
+        channel
+            .confirm_select(lapin::options::ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| Error::Unavailable(Box::new(e)))?;
+        Ok(AmqpPublisher {
+            channel,
+            exchange: exchange.into(),
+        })
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl crate::outbox::Publisher for AmqpPublisher {
+    async fn publish(&self, event: &crate::outbox::Event) -> Result<(), BoxError> {
+        let properties = lapin::BasicProperties::default()
+            .with_message_id(event.id.as_str().into())
+            .with_delivery_mode(2);
+        let confirm = self
+            .channel
+            .basic_publish(
+                self.exchange.as_str().into(),
+                event.topic.as_str().into(),
+                lapin::options::BasicPublishOptions::default(),
+                &event.payload,
+                properties,
+            )
+            .await?
+            .await?;
+        if confirm.is_nack() {
+            return Err(format!("the broker refused event {}", event.id).into());
+        }
+        Ok(())
+    }
+}

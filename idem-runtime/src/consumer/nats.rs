@@ -274,3 +274,40 @@ impl Delivery for JetStreamDelivery {
         self.msg.ack_with(AckKind::Progress).await
     }
 }
+
+/// Publishes outbox events through JetStream: the event's id as `Nats-Msg-Id`, so the stream's
+/// duplicate window drops a second publish of the same event; returns once the server stored
+/// (or deduplicated) it.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[derive(Clone)]
+pub struct JetStreamPublisher {
+    context: jetstream::Context,
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl fmt::Debug for JetStreamPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JetStreamPublisher").finish_non_exhaustive()
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl JetStreamPublisher {
+    /// Publishes through `context`; a stream must capture the events' topics.
+    pub fn new(context: jetstream::Context) -> Self {
+        JetStreamPublisher { context }
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl crate::outbox::Publisher for JetStreamPublisher {
+    async fn publish(&self, event: &crate::outbox::Event) -> Result<(), BoxError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(MSG_ID, event.id.as_str());
+        self.context
+            .publish_with_headers(event.topic.clone(), headers, event.payload.clone())
+            .await?
+            .await?;
+        Ok(())
+    }
+}

@@ -14,6 +14,9 @@ use crate::error::Result;
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
 
 pub mod memory;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+pub mod outbox;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;

@@ -730,7 +730,7 @@ fn is_identifier(s: &str) -> bool {
 }
 
 /// The unquoted last part of a table name, for naming its indexes.
-fn base_name(name: &str) -> &str {
+pub(crate) fn base_name(name: &str) -> &str {
     name.rsplit('.').next().unwrap_or(name)
 }
 
