@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::db::{Db, Order, OrderStatus, PgDb, SqliteDb};
+use crate::events::{self, Events};
 use crate::gateway::MoneyMove;
 
 /// The application state.
@@ -24,20 +25,32 @@ pub struct App<D> {
 }
 
 /// Connects to `database_url` (PostgreSQL), or opens the SQLite file it names, and returns the
-/// router with a description of the database.
-pub async fn build(database_url: &str) -> Result<(Router, String), idem::Error> {
+/// router with a description of the database. With `nats_url`, a relay publishes the outbox's
+/// events to JetStream; without it they wait in the outbox (`GET /api/outbox`).
+pub async fn build(
+    database_url: &str,
+    nats_url: Option<&str>,
+) -> Result<(Router, String), Box<dyn std::error::Error>> {
     if database_url.starts_with("postgres") {
         let db = PgDb::connect(database_url).await?;
+        events::prepare(&db).await?;
+        if let Some(url) = nats_url {
+            events::start_relay(db.clone(), url).await?;
+        }
         Ok((router(App { db }), "PostgreSQL".into()))
     } else {
         let db = SqliteDb::open(database_url).await?;
+        events::prepare(&db).await?;
+        if let Some(url) = nats_url {
+            events::start_relay(db.clone(), url).await?;
+        }
         Ok((router(App { db }), format!("SQLite ({database_url})")))
     }
 }
 
 /// Every route, behind the idempotency layer. Replays answer 200 (the first answer may be
 /// 201), with the first body byte for byte and `Idempotent-Replayed: true`.
-pub fn router<D: Db>(app: App<D>) -> Router {
+pub fn router<D: Events>(app: App<D>) -> Router {
     Router::new()
         .route("/api/orders", post(create_order::<D>))
         .route("/api/orders/by-key/{key}", get(order_by_key::<D>))
@@ -50,6 +63,7 @@ pub fn router<D: Db>(app: App<D>) -> Router {
             get(profile::<D>).patch(update_profile::<D>),
         )
         .route("/api/gateway/ledger", get(ledger::<D>))
+        .route("/api/outbox", get(outbox::<D>))
         .layer(IdempotencyLayer::new().replay_status(StatusCode::OK))
         .with_state(app)
 }
@@ -307,11 +321,16 @@ fn transition_answer(
 
 /// `POST /api/payments/callback`: PENDING → PAID when the amount matches. A duplicate callback
 /// is 200 with `"duplicated": true`; a mismatched amount is 409 and a warning in the log.
-pub async fn payment_callback<D: Db>(
+///
+/// The transition and its `order.paid` event commit together (see `events.rs`).
+pub async fn payment_callback<D: Events>(
     State(app): State<App<D>>,
     Body(cb): Body<PaymentCallback>,
 ) -> Result<Json<TransitionAnswer>, AppError> {
-    let outcome = app.db.mark_paid(&cb.order_no, cb.amount_cents).await?;
+    let outcome = app
+        .db
+        .mark_paid_announced(&cb.order_no, cb.amount_cents)
+        .await?;
     if let Transition::GuardMismatch(order) = &outcome {
         tracing::warn!(
             order_no = %order.order_no,
@@ -359,9 +378,10 @@ impl<D: Db> FromRequestParts<App<D>> for OwnedOrder {
 
 /// `POST /api/orders/{order_no}/refunds`: refunds a paid order through the gateway, once per
 /// (order, key): the gateway call carries the guard's downstream key, so even a take-over of an
-/// abandoned attempt cannot move the money twice. Then PAID → CANCELLED.
+/// abandoned attempt cannot move the money twice. Then PAID → CANCELLED, with its
+/// `order.refunded` event in the same transaction.
 #[idempotent(scope = "refund:<order_no>", key = key, store = app.db.store(), skip(app), claim = claim)]
-pub async fn refund<D: Db>(
+pub async fn refund<D: Events>(
     State(app): State<App<D>>,
     OwnedOrder { order_no }: OwnedOrder,
     key: IdempotencyKey,
@@ -393,7 +413,10 @@ pub async fn refund<D: Db>(
             order.amount_cents,
         )
         .await?;
-    let cancelled = app.db.cancel_paid(&order_no).await?;
+    let cancelled = app
+        .db
+        .cancel_paid_announced(&order_no, &money.id, &claim)
+        .await?;
     if !cancelled.is_done() {
         // The money moved but the order changed state meanwhile: say so, do not hide it.
         tracing::error!(order_no, refund = %money.id, outcome = cancelled.kind(), "refunded, but could not cancel the order");
@@ -407,6 +430,44 @@ pub async fn refund<D: Db>(
             status: OrderStatus::Cancelled.as_str().into(),
         }),
     ))
+}
+
+/// An event waiting in the outbox.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboxEntry {
+    pub seq: i64,
+    pub id: String,
+    pub topic: String,
+    pub partition_key: String,
+    pub payload: Value,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+}
+
+/// `GET /api/outbox`: the events not yet published, oldest first, and whether a relay runs.
+pub async fn outbox<D: Events>(State(app): State<App<D>>) -> Result<Json<Value>, AppError> {
+    let pending: Vec<OutboxEntry> = app
+        .db
+        .pending_events(100)
+        .await?
+        .into_iter()
+        .map(|p| OutboxEntry {
+            seq: p.seq,
+            payload: serde_json::from_slice(&p.event.payload).unwrap_or_else(|_| {
+                Value::String(String::from_utf8_lossy(&p.event.payload).into())
+            }),
+            id: p.event.id,
+            topic: p.event.topic,
+            partition_key: p.event.partition_key,
+            attempts: p.attempts,
+            last_error: p.last_error,
+        })
+        .collect();
+    Ok(Json(json!({
+        "relay": events::relay_state(),
+        "pending": pending,
+    })))
 }
 
 /// The gateway's ledger.
