@@ -4,6 +4,7 @@
 //! ```text
 //! NATS_URL=nats://127.0.0.1:4222 cargo run --example fulfilment_worker          # SQLite fulfilment_worker.db
 //! NATS_URL=… DATABASE_URL=postgres://postgres@127.0.0.1/test cargo run --example fulfilment_worker
+//! cargo run --example fulfilment_worker -- --replay    # consume the stream again from its start
 //! ```
 //!
 //! Its handler is a transactional `#[idempotent]` function (`worker.rs`): the claim on the
@@ -59,7 +60,8 @@ async fn main() -> Result<(), BoxError> {
 
     let client = async_nats::connect(&nats_url).await?;
     let js = async_nats::jetstream::new(client);
-    let pull = worker::jetstream_setup(&js, &prefix, ack_wait).await?;
+    let replay = std::env::args().any(|a| a == "--replay");
+    let pull = worker::jetstream_setup(&js, &prefix, ack_wait, replay).await?;
     let source = JetStreamSource::new(js, pull, format!("{prefix}{}", worker::DEAD_LETTERS));
     let deliveries = source.deliveries().await?;
     let shutdown = async {

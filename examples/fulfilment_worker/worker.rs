@@ -40,10 +40,15 @@ pub struct Shipment {
 /// Creates the streams (if missing) and the durable pull consumer of `order.paid` in
 /// `stream` / `dead_letter_stream` under the subject prefix `prefix` (empty in production; tests
 /// isolate themselves with one).
+///
+/// With `replay`, the durable consumer is deleted first, so the new one delivers the stream from
+/// its start again (as after restoring a backup): the guard answers every message already
+/// handled with its stored shipment.
 pub async fn jetstream_setup(
     js: &jetstream::Context,
     prefix: &str,
     ack_wait: Duration,
+    replay: bool,
 ) -> Result<PullConsumer, Box<dyn std::error::Error + Send + Sync>> {
     let stream = js
         .get_or_create_stream(jetstream::stream::Config {
@@ -58,6 +63,9 @@ pub async fn jetstream_setup(
         ..Default::default()
     })
     .await?;
+    if replay {
+        let _ = stream.delete_consumer(CONSUMER).await;
+    }
     let consumer = stream
         .get_or_create_consumer(
             CONSUMER,
@@ -111,11 +119,13 @@ fn shipment_for(msg: &Message) -> Result<Shipment, HandlerError> {
     })
 }
 
-const INSERT: &str = "INSERT INTO shipments (shipment_no, order_no, amount_cents) \
-                      VALUES ($1, $2, $3) ON CONFLICT (order_no) DO NOTHING";
+// No `ON CONFLICT`: the guard is what keeps a message from shipping twice, and the unique
+// order number turns a second shipment into an error that would be seen (retried, then
+// dead-lettered), never into a silent no-op.
+const INSERT: &str =
+    "INSERT INTO shipments (shipment_no, order_no, amount_cents) VALUES ($1, $2, $3)";
 
-/// The handler on SQLite: one shipment per message id, in the message's own transaction. The
-/// unique order number is the hard stop behind the guard.
+/// The handler on SQLite: one shipment per message id, in the message's own transaction.
 #[idempotent(scope = "fulfil:<msg.consumer>", key = msg.key, store = store, transaction = tx, retain = "7d")]
 pub async fn fulfil_sqlite(
     store: &SqliteStore,

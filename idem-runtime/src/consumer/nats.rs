@@ -64,6 +64,7 @@ pub struct JetStreamSource {
     context: jetstream::Context,
     consumer: PullConsumer,
     dead_letters: String,
+    batch: usize,
 }
 
 impl fmt::Debug for JetStreamSource {
@@ -71,6 +72,7 @@ impl fmt::Debug for JetStreamSource {
         f.debug_struct("JetStreamSource")
             .field("consumer", &self.consumer_name())
             .field("dead_letters", &self.dead_letters)
+            .field("batch", &self.batch)
             .finish_non_exhaustive()
     }
 }
@@ -87,7 +89,16 @@ impl JetStreamSource {
             context,
             consumer,
             dead_letters: dead_letter_subject.into(),
+            batch: 32,
         }
+    }
+
+    /// How many messages one pull asks for (default 32): about the runner's concurrency. A
+    /// message pulled but not yet handled gets no "still working", so its ack wait runs while it
+    /// waits; a batch much larger than the concurrency turns that wait into redeliveries.
+    pub fn batch(mut self, n: usize) -> Self {
+        self.batch = n.max(1);
+        self
     }
 
     /// The consumer's name (its durable name): put it in the handler's scope.
@@ -108,6 +119,9 @@ impl JetStreamSource {
         let consumer = self.consumer_name().to_owned();
         let messages = self
             .consumer
+            .stream()
+            .max_messages_per_batch(self.batch)
+            .heartbeat(Duration::from_secs(15))
             .messages()
             .await
             .map_err(|e| Error::Unavailable(Box::new(e)))?;
