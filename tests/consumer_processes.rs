@@ -14,7 +14,6 @@
 
 mod common;
 
-#[allow(dead_code)]
 #[path = "../examples/fulfilment_worker/worker.rs"]
 mod worker;
 

@@ -294,7 +294,7 @@ async fn book(store: &SqliteStore, msg: Message) -> Result<i64, HandlerError> {
         .bind(cents)
         .execute(&mut **tx)
         .await
-        .map_err(|e| HandlerError::transient(e))?;
+        .map_err(HandlerError::transient)?;
     Ok(cents)
 }
 

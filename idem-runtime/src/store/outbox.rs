@@ -37,6 +37,7 @@ pub(crate) trait OutboxDialect: Dialect {
 pub(crate) struct OutboxStatements {
     pub(crate) table: String,
     /// The `NOTIFY` channel of this table (PostgreSQL).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) channel: String,
     pub(crate) create: Vec<SqlStr>,
     pub(crate) enqueue: SqlStr,
