@@ -347,3 +347,58 @@ async fn a_relay_killed_after_the_broker_confirmed_publishes_again_and_jetstream
     // Two publishes of one id; the stream holds one message.
     assert_eq!(stream.info().await.unwrap().state.messages, 1);
 }
+
+#[idem::idempotent(scope = "refund:<order_no>", key = key, store = store, skip(outbox), transaction = tx, claim = claim)]
+async fn refund(
+    store: &SqliteStore,
+    outbox: &SqliteOutbox,
+    order_no: &str,
+    key: &str,
+    fail: bool,
+) -> Result<String, idem::Error> {
+    sqlx::query("UPDATE orders SET status = 'REFUNDED' WHERE order_no = $1")
+        .bind(order_no)
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| idem::Error::Store(e.into()))?;
+    let event = Event::for_claim(&claim, "refunded", "order.refunded", order_no, "{}");
+    outbox.enqueue(&mut **tx, &event).await?;
+    if fail {
+        return Err(idem::Error::Config("the gateway said no".into()));
+    }
+    Ok(event.id)
+}
+
+#[tokio::test]
+async fn a_transactional_idempotent_body_enqueues_once_and_rolls_back_with_its_error() {
+    let (store, outbox, _file) = sqlite_outbox().await;
+    sqlx::query("INSERT INTO orders VALUES ('ORD-2', 'PAID')")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    // An error rolls the transition and its event back together.
+    assert!(refund(&store, &outbox, "ORD-2", "k-1", true).await.is_err());
+    assert_eq!(outbox.counts().await.unwrap().pending, 0);
+    let status: String = sqlx::query_scalar("SELECT status FROM orders")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(status, "PAID");
+    // Success enqueues once; the retry replays and enqueues nothing.
+    let id = refund(&store, &outbox, "ORD-2", "k-1", false)
+        .await
+        .unwrap();
+    assert_eq!(
+        refund(&store, &outbox, "ORD-2", "k-1", false)
+            .await
+            .unwrap(),
+        id
+    );
+    let pending = outbox.pending(10).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].event.id, id);
+    assert_eq!(
+        id,
+        idem::outbox::event_id("refund:ORD-2", "k-1", "refunded")
+    );
+}
