@@ -362,7 +362,7 @@ async fn refund(
         .await
         .map_err(|e| idem::Error::Store(e.into()))?;
     let event = Event::for_claim(&claim, "refunded", "order.refunded", order_no, "{}");
-    outbox.enqueue(&mut **tx, &event).await?;
+    outbox.enqueue(tx, &event).await?;
     if fail {
         return Err(idem::Error::Config("the gateway said no".into()));
     }
