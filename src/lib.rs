@@ -37,6 +37,10 @@
 //! - Stores: [`MemoryStore`], [`SqliteStore`] (feature `sqlite`, default), [`PgStore`] (feature
 //!   `postgres`), all passing one conformance suite.
 //! - [`begin`] and [`Guard`]: the same lifecycle by hand.
+//! - [`consumer`]: the same guard on message deliveries, a runner that acks, retries and
+//!   dead-letters each outcome, and adapters for NATS JetStream (`nats`) and RabbitMQ (`amqp`).
+//! - [`outbox`]: events enqueued in the transaction of the state change they announce, and a
+//!   relay that publishes them.
 //!
 //! # Features
 //!
