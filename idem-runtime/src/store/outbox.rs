@@ -1,8 +1,8 @@
-//! The outbox table of the SQL stores: its statements written once from the stores' [`Dialect`],
+//! The outbox table of the SQL stores: its statements written once from the stores' `Dialect`,
 //! and the two backends, [`PgOutbox`] and [`SqliteOutbox`], that run them.
 //!
 //! The statements differ between the databases only where the databases do: the clock and
-//! column types (from [`Dialect`]), the sequence column, `FOR UPDATE SKIP LOCKED` (PostgreSQL;
+//! column types (from `Dialect`), the sequence column, `FOR UPDATE SKIP LOCKED` (PostgreSQL;
 //! SQLite has one writer, so its claim is atomic as it stands), and the `NOTIFY` trigger that
 //! wakes PostgreSQL relays.
 
