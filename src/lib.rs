@@ -39,6 +39,10 @@
 //!   passing one conformance suite, which `testkit` (feature `testkit`) runs on a store of your
 //!   own.
 //! - [`begin`] and [`Guard`]: the same lifecycle by hand.
+//! - [`consumer`]: the same guard on message deliveries, a runner that acks, retries and
+//!   dead-letters each outcome, and adapters for NATS JetStream (`nats`) and RabbitMQ (`amqp`).
+//! - [`outbox`]: events enqueued in the transaction of the state change they announce, and a
+//!   relay that publishes them.
 //!
 //! # An axum handler, end to end
 //!
@@ -155,6 +159,8 @@
     doc = "- `redis`: `RedisStore`, Redis or Valkey, standalone or cluster."
 )]
 //! - `metrics`: counters for every outcome through the `metrics` facade.
+//! - `nats`: NATS JetStream consumers and an outbox publisher (`consumer::nats`).
+//! - `amqp`: RabbitMQ consumers and an outbox publisher (`consumer::amqp`).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(
@@ -292,7 +298,8 @@ pub use idem_runtime::{
 
 #[doc(inline)]
 pub use idem_runtime::{
-    clock, error, fingerprint, guard, key, lifecycle, record, replay, scope, store, transition,
+    clock, consumer, error, fingerprint, guard, key, lifecycle, record, replay, scope, store,
+    transition,
 };
 
 /// The record lifecycle as a guarded call lives it; what integrations build on: learning of
@@ -644,6 +651,11 @@ pub use idem_runtime::sqlx;
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 #[doc(inline)]
 pub use idem_runtime::testkit;
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+#[doc(inline)]
+pub use idem_runtime::outbox;
 
 /// Support for macro-generated code. Not a public API: anything here may change in any release.
 #[doc(hidden)]

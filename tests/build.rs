@@ -42,6 +42,22 @@ const SERVICES: &[Service] = &[
         name: "a Redis Cluster",
         example: "IDEM_REDIS_CLUSTER=redis://127.0.0.1:7101,redis://127.0.0.1:7102,…",
     },
+    Service {
+        cfg: "idem_nats",
+        var: "NATS_URL",
+        schemes: &["nats://"],
+        require: "IDEM_REQUIRE_NATS",
+        name: "NATS with JetStream",
+        example: "NATS_URL=nats://127.0.0.1:4222",
+    },
+    Service {
+        cfg: "idem_amqp",
+        var: "AMQP_URL",
+        schemes: &["amqp://"],
+        require: "IDEM_REQUIRE_AMQP",
+        name: "RabbitMQ",
+        example: "AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f",
+    },
 ];
 
 /// Private Redis servers (restarts, settings the shared server must not get) need the binary.

@@ -1,5 +1,6 @@
 //! The store conformance suite (`idem::testkit`), run on every store idem ships: memory, SQLite,
-//! PostgreSQL and Redis (standalone and on a cluster), and the transactional cases on both SQL stores. The same kit is what a store
+//! PostgreSQL and Redis (standalone and on a cluster), the memory store behind `CachedStore` and
+//! `SharedStore`, and the transactional cases on both SQL stores. The same kit is what a store
 //! written elsewhere runs to prove it keeps the contract.
 //!
 //! PostgreSQL runs when `DATABASE_URL` points at it at build time (each case in a schema of its
@@ -8,7 +9,7 @@
 mod common;
 
 use idem::testkit::Env;
-use idem::{ManualClock, MemoryStore, PgStore, RedisStore, SqliteStore};
+use idem::{CachedStore, ManualClock, MemoryStore, PgStore, RedisStore, SharedStore, SqliteStore};
 
 use common::{PgSchema, RedisKeys, SqliteFile};
 
@@ -57,8 +58,34 @@ async fn redis_cluster() -> Env<RedisStore> {
     Env::new(store).expires_by_itself().keep(keys)
 }
 
+/// The cache in front of a store keeps the store's contract.
+async fn cached() -> Env<CachedStore<MemoryStore>> {
+    let clock = ManualClock::new();
+    Env::with_clock(
+        CachedStore::new(MemoryStore::with_clock(clock.clone()), 1024),
+        clock,
+    )
+}
+
+/// So does a store behind `SharedStore` (what `set_default_store` installs).
+async fn shared() -> Env<SharedStore> {
+    let clock = ManualClock::new();
+    Env::with_clock(
+        SharedStore::new(MemoryStore::with_clock(clock.clone())),
+        clock,
+    )
+}
+
 mod memory_store {
     idem::testkit::conformance_tests!(super::memory);
+}
+
+mod cached_store {
+    idem::testkit::conformance_tests!(super::cached);
+}
+
+mod shared_store {
+    idem::testkit::conformance_tests!(super::shared);
 }
 
 mod sqlite_store {

@@ -11,6 +11,9 @@ mod app;
 #[path = "../examples/refund_service/db.rs"]
 mod db;
 #[allow(dead_code)]
+#[path = "../examples/refund_service/events.rs"]
+mod events;
+#[allow(dead_code)]
 #[path = "../examples/refund_service/gateway.rs"]
 mod gateway;
 
@@ -57,7 +60,9 @@ impl Server {
 }
 
 async fn serve(url: &str) -> String {
-    let (router, _) = app::build(url, None).await.expect("build the service");
+    let (router, _) = app::build(url, None, None)
+        .await
+        .expect("build the service");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
@@ -86,7 +91,7 @@ async fn redis() -> Server {
         .await
         .expect("connect to Redis");
     let file = common::SqliteFile::new();
-    let (router, _) = app::build(&file.url, Some(store))
+    let (router, _) = app::build(&file.url, Some(store), None)
         .await
         .expect("build the service");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

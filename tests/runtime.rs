@@ -33,6 +33,9 @@ impl<S: Store> Store for Counting<S> {
     async fn checkpoint(&self, c: ClaimRef<'_>, p: &[u8], d: Duration) -> idem::Result<()> {
         self.inner.checkpoint(c, p, d).await
     }
+    async fn renew(&self, c: ClaimRef<'_>, d: Duration) -> idem::Result<()> {
+        self.inner.renew(c, d).await
+    }
     async fn lookup(&self, s: &str, k: &str) -> idem::Result<Option<Record>> {
         self.inner.lookup(s, k).await
     }

@@ -15,10 +15,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::db::{Db, Order, OrderStatus, PgDb, SqliteDb};
+use crate::events::{self, Events};
 use crate::gateway::MoneyMove;
 
-/// The application state: the database (with the simulated payment gateway's ledger) and the
-/// idempotency store (in the same database, or in Redis).
+/// The application state: the database (with the simulated payment gateway's ledger and the
+/// outbox) and the idempotency store (in the same database, or in Redis).
 #[derive(Clone)]
 pub struct App<D, S> {
     pub db: D,
@@ -27,22 +28,33 @@ pub struct App<D, S> {
 
 /// Connects to `database_url` (PostgreSQL), or opens the SQLite file it names, and returns the
 /// router with a description of where things are kept. Idempotency records go to `redis` when
-/// given, else into the same database as the orders.
+/// given, else into the same database as the orders. With `nats_url`, a relay publishes the
+/// outbox's events to JetStream; without it they wait in the outbox (`GET /api/outbox`).
 pub async fn build(
     database_url: &str,
     redis: Option<idem::RedisStore>,
-) -> Result<(Router, String), idem::Error> {
+    nats_url: Option<&str>,
+) -> Result<(Router, String), Box<dyn std::error::Error>> {
     if database_url.starts_with("postgres") {
         let db = PgDb::connect(database_url).await?;
-        Ok(with_store(db, redis, "PostgreSQL".into()))
+        with_events(db, redis, nats_url, "PostgreSQL".into()).await
     } else {
         let db = SqliteDb::open(database_url).await?;
-        Ok(with_store(db, redis, format!("SQLite ({database_url})")))
+        with_events(db, redis, nats_url, format!("SQLite ({database_url})")).await
     }
 }
 
-fn with_store<D: Db>(db: D, redis: Option<idem::RedisStore>, database: String) -> (Router, String) {
-    match redis {
+async fn with_events<D: Events>(
+    db: D,
+    redis: Option<idem::RedisStore>,
+    nats_url: Option<&str>,
+    database: String,
+) -> Result<(Router, String), Box<dyn std::error::Error>> {
+    events::prepare(&db).await?;
+    if let Some(url) = nats_url {
+        events::start_relay(db.clone(), url).await?;
+    }
+    Ok(match redis {
         Some(idem) => (
             router(App { db, idem }),
             format!("{database}; idempotency records in Redis"),
@@ -51,7 +63,7 @@ fn with_store<D: Db>(db: D, redis: Option<idem::RedisStore>, database: String) -
             let idem = db.store().clone();
             (router(App { db, idem }), database)
         }
-    }
+    })
 }
 
 /// Connects to the Redis store named by `url`: one `redis://…` URL for a standalone server or
@@ -78,7 +90,7 @@ pub async fn connect_redis(
 
 /// Every route, behind the idempotency layer. Replays answer 200 (the first answer may be
 /// 201), with the first body byte for byte and `Idempotent-Replayed: true`.
-pub fn router<D: Db, S: Store + Clone>(app: App<D, S>) -> Router {
+pub fn router<D: Events, S: Store + Clone>(app: App<D, S>) -> Router {
     Router::new()
         .route("/api/orders", post(create_order::<D, S>))
         .route("/api/orders/by-key/{key}", get(order_by_key::<D, S>))
@@ -91,6 +103,7 @@ pub fn router<D: Db, S: Store + Clone>(app: App<D, S>) -> Router {
             get(profile::<D, S>).patch(update_profile::<D, S>),
         )
         .route("/api/gateway/ledger", get(ledger::<D, S>))
+        .route("/api/outbox", get(outbox::<D, S>))
         .layer(IdempotencyLayer::new().replay_status(StatusCode::OK))
         .with_state(app)
 }
@@ -348,11 +361,16 @@ fn transition_answer(
 
 /// `POST /api/payments/callback`: PENDING → PAID when the amount matches. A duplicate callback
 /// is 200 with `"duplicated": true`; a mismatched amount is 409 and a warning in the log.
-pub async fn payment_callback<D: Db, S: Store + Clone>(
+///
+/// The transition and its `order.paid` event commit together (see `events.rs`).
+pub async fn payment_callback<D: Events, S: Store + Clone>(
     State(app): State<App<D, S>>,
     Body(cb): Body<PaymentCallback>,
 ) -> Result<Json<TransitionAnswer>, AppError> {
-    let outcome = app.db.mark_paid(&cb.order_no, cb.amount_cents).await?;
+    let outcome = app
+        .db
+        .mark_paid_announced(&cb.order_no, cb.amount_cents)
+        .await?;
     if let Transition::GuardMismatch(order) = &outcome {
         tracing::warn!(
             order_no = %order.order_no,
@@ -400,9 +418,10 @@ impl<D: Db, S: Store + Clone> FromRequestParts<App<D, S>> for OwnedOrder {
 
 /// `POST /api/orders/{order_no}/refunds`: refunds a paid order through the gateway, once per
 /// (order, key): the gateway call carries the guard's downstream key, so even a take-over of an
-/// abandoned attempt cannot move the money twice. Then PAID → CANCELLED.
+/// abandoned attempt cannot move the money twice. Then PAID → CANCELLED, with its
+/// `order.refunded` event in the same transaction.
 #[idempotent(scope = "refund:<order_no>", key = key, store = app.idem, skip(app), claim = claim)]
-pub async fn refund<D: Db, S: Store + Clone>(
+pub async fn refund<D: Events, S: Store + Clone>(
     State(app): State<App<D, S>>,
     OwnedOrder { order_no }: OwnedOrder,
     key: IdempotencyKey,
@@ -434,7 +453,10 @@ pub async fn refund<D: Db, S: Store + Clone>(
             order.amount_cents,
         )
         .await?;
-    let cancelled = app.db.cancel_paid(&order_no).await?;
+    let cancelled = app
+        .db
+        .cancel_paid_announced(&order_no, &money.id, &claim)
+        .await?;
     if !cancelled.is_done() {
         // The money moved but the order changed state meanwhile: say so, do not hide it.
         tracing::error!(order_no, refund = %money.id, outcome = cancelled.kind(), "refunded, but could not cancel the order");
@@ -448,6 +470,46 @@ pub async fn refund<D: Db, S: Store + Clone>(
             status: OrderStatus::Cancelled.as_str().into(),
         }),
     ))
+}
+
+/// An event waiting in the outbox.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboxEntry {
+    pub seq: i64,
+    pub id: String,
+    pub topic: String,
+    pub partition_key: String,
+    pub payload: Value,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+}
+
+/// `GET /api/outbox`: the events not yet published, oldest first, and whether a relay runs.
+pub async fn outbox<D: Events, S: Store + Clone>(
+    State(app): State<App<D, S>>,
+) -> Result<Json<Value>, AppError> {
+    let pending: Vec<OutboxEntry> = app
+        .db
+        .pending_events(100)
+        .await?
+        .into_iter()
+        .map(|p| OutboxEntry {
+            seq: p.seq,
+            payload: serde_json::from_slice(&p.event.payload).unwrap_or_else(|_| {
+                Value::String(String::from_utf8_lossy(&p.event.payload).into())
+            }),
+            id: p.event.id,
+            topic: p.event.topic,
+            partition_key: p.event.partition_key,
+            attempts: p.attempts,
+            last_error: p.last_error,
+        })
+        .collect();
+    Ok(Json(json!({
+        "relay": events::relay_state(),
+        "pending": pending,
+    })))
 }
 
 /// The gateway's ledger.

@@ -7,12 +7,14 @@
 //! IDEM_STORE_URL=redis://127.0.0.1:7101,redis://127.0.0.1:7102 cargo run --example refund_service
 //! IDEM_STORE_PREFIX=staging:idem: …                        # another key prefix (default idem:)
 //! IDEM_ADDR=127.0.0.1:8080 cargo run --example refund_service
+//! NATS_URL=nats://127.0.0.1:4222 cargo run --example refund_service    # publishes its events
 //! ```
 //!
 //! See the README for a walkthrough with curl.
 
 mod app;
 mod db;
+mod events;
 mod gateway;
 
 use std::io::IsTerminal;
@@ -25,7 +27,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Colour only a terminal: logs written to a file or a pipe stay plain text.
         .with_ansi(std::io::stdout().is_terminal())
         .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("info,async_nats=warn")),
         )
         .init();
     let addr = std::env::var("IDEM_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
@@ -45,11 +48,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         _ => None,
     };
-    let (router, database) = app::build(&url, redis).await?;
+    let nats = std::env::var("NATS_URL").ok();
+    let (router, database) = app::build(&url, redis, nats.as_deref()).await?;
     let listener = tokio::net::TcpListener::bind(&addr).await?;
-    // Tests read this line to find the port when IDEM_ADDR asks for port 0.
+    let events = match &nats {
+        Some(nats) => format!("order events published to NATS JetStream at {nats}"),
+        None => "order events kept in the outbox, GET /api/outbox; set NATS_URL to publish them"
+            .to_owned(),
+    };
+    // Tests read this one line to find the port when IDEM_ADDR asks for port 0: print nothing
+    // else to stdout.
     println!(
-        "refund_service listening on http://{} ({database})",
+        "refund_service listening on http://{} ({database}); {events}",
         listener.local_addr()?
     );
     axum::serve(listener, router)

@@ -249,6 +249,14 @@ impl<S: Store> Store for CachedStore<S> {
         self.inner().checkpoint(claim, recovery_point, lease)
     }
 
+    fn renew(
+        &self,
+        claim: ClaimRef<'_>,
+        lease: Duration,
+    ) -> impl Future<Output = Result<()>> + Send {
+        self.inner().renew(claim, lease)
+    }
+
     fn lookup(
         &self,
         scope: &str,

@@ -50,6 +50,9 @@ impl Store for DefaultStore {
     ) -> Result<()> {
         get()?.checkpoint(claim, recovery_point, lease).await
     }
+    async fn renew(&self, claim: ClaimRef<'_>, lease: Duration) -> Result<()> {
+        get()?.renew(claim, lease).await
+    }
     async fn lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
         get()?.lookup(scope, key).await
     }

@@ -3,7 +3,8 @@
 //!
 //! This is the core every integration drives: `#[idempotent]` expands to `run` (separate
 //! commits) or to the transactional flow; [`begin`] is the same start by hand; an HTTP layer or a
-//! message consumer learns of replays through [`watch_replays`]. Each rule lives once:
+//! message consumer learns of replays through [`watch_replays`], and of the claims a call holds
+//! (to renew their leases while it runs long) through [`watch_claims`]. Each rule lives once:
 //!
 //! - what a store's [`BeginOutcome`] means to the caller, and what is observed: `started`;
 //! - what a claim is: [`ClaimInfo`], built in one place from the store's [`Claimed`];
@@ -25,8 +26,8 @@
 use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -223,7 +224,9 @@ pub async fn begin<S: Store>(
         .await;
     Ok(match started(&scope, &key, outcome, None)? {
         Started::Claimed(c) => {
-            Begun::Claimed(Guard::new(store, ClaimInfo::new(scope, key, c), policy))
+            let claim = ClaimInfo::new(scope, key, c);
+            note_claim(&claim, policy.lease);
+            Begun::Claimed(Guard::new(store, claim, policy))
         }
         Started::Replay(stored) => Begun::Replay(stored),
     })
@@ -432,7 +435,11 @@ where
         .begin(request(&scope, &key, &fingerprint, &policy))
         .await;
     let mut guard = match started(&scope, &key, outcome, timing) {
-        Ok(Started::Claimed(c)) => Guard::new(store, ClaimInfo::new(scope, key, c), policy),
+        Ok(Started::Claimed(c)) => {
+            let claim = ClaimInfo::new(scope, key, c);
+            note_claim(&claim, policy.lease);
+            Guard::new(store, claim, policy)
+        }
         Ok(Started::Replay(stored)) => return replay::<R, M>(stored, &errors),
         Err(e) => return errors.fail(e),
     };
@@ -610,6 +617,70 @@ pub fn replays_watched() -> bool {
 /// Tells the innermost [`watch_replays`] on this task, if any, that a call replayed `stored`.
 pub(crate) fn note_replay(stored: &StoredResponse) {
     let _ = REPLAYS.try_with(|r| r.borrow_mut().push(stored.clone()));
+}
+
+tokio::task_local! {
+    /// Set by [`watch_claims`]; every claim a guarded call takes (separate commits) is pushed here.
+    static CLAIMS: ClaimWatch;
+}
+
+/// The claims that guarded calls took while a future ran, readable while it runs: see
+/// [`watch_claims`]. Clones share the same list.
+#[derive(Debug, Clone, Default)]
+pub struct ClaimWatch(Arc<Mutex<Vec<WatchedClaim>>>);
+
+/// A claim seen by a [`ClaimWatch`], with the lease its call runs under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchedClaim {
+    /// The claim.
+    pub claim: ClaimInfo,
+    /// The lease of the call's policy: what a renewal extends it to.
+    pub lease: Duration,
+}
+
+impl ClaimWatch {
+    /// An empty watch.
+    pub fn new() -> Self {
+        ClaimWatch::default()
+    }
+
+    /// The claims taken so far, oldest first. A claim stays listed after it ended; a renewal of
+    /// an ended claim is refused by the store's fence check and changes nothing.
+    pub fn claims(&self) -> Vec<WatchedClaim> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Forgets `claim`: it ended, or was taken over.
+    pub fn forget(&self, claim: &ClaimInfo) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|w| w.claim != *claim);
+    }
+}
+
+/// Runs `fut` and lists in `watch`, while it runs, the claims that guarded calls awaited inside
+/// it take: the seam through which a message consumer renews the lease of a handler that runs
+/// long ([`Store::renew`]) without the core naming it.
+///
+/// Claims of the separate-commits flow ([`begin`], and `#[idempotent]` without `transaction`)
+/// are listed. A transactional claim is not: its record is not visible outside its transaction
+/// until it commits, and a duplicate waits for that commit rather than for a lease. As with
+/// [`watch_replays`], only calls awaited on the same task are seen.
+pub async fn watch_claims<F: Future>(watch: &ClaimWatch, fut: F) -> F::Output {
+    CLAIMS.scope(watch.clone(), fut).await
+}
+
+/// Tells the [`watch_claims`] on this task, if any, that a call holds `claim`.
+fn note_claim(claim: &ClaimInfo, lease: Duration) {
+    let _ = CLAIMS.try_with(|w| {
+        w.0.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(WatchedClaim {
+                claim: claim.clone(),
+                lease,
+            })
+    });
 }
 
 /// The transactional flow of `#[idempotent(…, transaction = tx)]`: claim, body and completion in

@@ -214,6 +214,20 @@ impl<'s, S: Store> Guard<'s, S> {
         result
     }
 
+    /// Renews the lease to the policy's lease from now, leaving the recovery point as it is: for
+    /// a body that runs longer than its lease (a message handler that keeps its delivery alive).
+    pub async fn renew(&mut self) -> Result<()> {
+        let result = self
+            .store
+            .renew(self.claim.claim_ref(), self.policy.lease)
+            .await;
+        if let Err(Error::FenceLost { .. }) = result {
+            self.armed = false;
+            self.claim.observe(Outcome::FenceLost);
+        }
+        result
+    }
+
     /// Stores `response` for replay and ends the claim.
     ///
     /// [`Error::FenceLost`] means a newer attempt took the record over: nothing was written.

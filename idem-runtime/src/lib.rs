@@ -46,6 +46,8 @@
 //!   without annotating its handlers.
 //! - `testkit`: the store conformance suite, `testkit`.
 //! - `metrics`: counters for every outcome through the `metrics` facade.
+//! - `nats`: NATS JetStream consumers ([`consumer::nats`]) and an outbox publisher.
+//! - `amqp`: RabbitMQ consumers ([`consumer::amqp`]) and an outbox publisher.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(
@@ -58,6 +60,7 @@
 
 pub mod cache;
 pub mod clock;
+pub mod consumer;
 mod default_store;
 pub mod error;
 pub mod fingerprint;
@@ -69,6 +72,9 @@ pub mod http;
 pub mod key;
 pub mod lifecycle;
 mod observe;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+pub mod outbox;
 #[cfg(any(feature = "axum", feature = "tower"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "axum", feature = "tower"))))]
 pub mod problem;

@@ -42,6 +42,7 @@
 //!     fn complete(&self, c: idem::ClaimRef<'_>, r: &idem::StoredResponse) -> impl Future<Output = idem::Result<()>> + Send { self.0.complete(c, r) }
 //!     fn release(&self, c: idem::ClaimRef<'_>) -> impl Future<Output = idem::Result<()>> + Send { self.0.release(c) }
 //!     fn checkpoint(&self, c: idem::ClaimRef<'_>, p: &[u8], l: std::time::Duration) -> impl Future<Output = idem::Result<()>> + Send { self.0.checkpoint(c, p, l) }
+//!     fn renew(&self, c: idem::ClaimRef<'_>, l: std::time::Duration) -> impl Future<Output = idem::Result<()>> + Send { self.0.renew(c, l) }
 //!     fn lookup(&self, s: &str, k: &str) -> impl Future<Output = idem::Result<Option<idem::Record>>> + Send { self.0.lookup(s, k) }
 //!     fn purge_expired(&self) -> impl Future<Output = idem::Result<u64>> + Send { self.0.purge_expired() }
 //!     fn release_in_background(&self, s: String, k: String, f: u64) { self.0.release_in_background(s, k, f) }
@@ -178,6 +179,7 @@ macro_rules! conformance_tests {
             live_claim_is_in_progress,
             expired_lease_reclaims_with_fence_and_recovery_point,
             fail_closed_keeps_in_progress,
+            renew_extends_the_lease_and_keeps_the_recovery_point,
             release_lets_a_retry_claim,
             dropped_guard_releases_promptly,
             racing_tasks_claim_once,
@@ -435,6 +437,64 @@ pub mod cases {
             env.store().begin(req("s", &k, &f, &policy)).await.unwrap(),
             BeginOutcome::InProgress { .. }
         ));
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn renew_extends_the_lease_and_keeps_the_recovery_point<S: Store + Clone>(
+        env: &Env<S>,
+    ) {
+        let k = key("k-renew");
+        let f = fp("a");
+        let policy = POLICY.lease(Duration::from_millis(400));
+        let c = claimed(env.store().begin(req("s", &k, &f, &policy)).await.unwrap());
+        env.store()
+            .checkpoint(claim("s", &k, c.fence), b"step-1", policy.lease)
+            .await
+            .unwrap();
+        // Renewed past the original lease's end twice: the claim stays live throughout.
+        for _ in 0..2 {
+            env.wait(Duration::from_millis(250)).await;
+            env.store()
+                .renew(claim("s", &k, c.fence), Duration::from_millis(400))
+                .await
+                .unwrap();
+        }
+        match env.store().begin(req("s", &k, &f, &policy)).await.unwrap() {
+            BeginOutcome::InProgress { retry_after } => {
+                assert!(retry_after <= Duration::from_millis(400), "{retry_after:?}");
+                assert!(retry_after > Duration::from_millis(100), "{retry_after:?}");
+            }
+            other => panic!("a renewed claim must stay in progress, got {other:?}"),
+        }
+        // Once renewals stop, the lease runs out and the take-over gets the recovery point the
+        // renewals left untouched.
+        env.wait(Duration::from_millis(600)).await;
+        let new = claimed(env.store().begin(req("s", &k, &f, &policy)).await.unwrap());
+        assert_eq!(new.fence, c.fence + 1);
+        assert!(new.reclaimed);
+        assert_eq!(new.recovery_point.as_deref(), Some(&b"step-1"[..]));
+        // The superseded owner can renew nothing.
+        let late = env
+            .store()
+            .renew(claim("s", &k, c.fence), Duration::from_secs(60))
+            .await;
+        assert!(
+            matches!(late, Err(Error::FenceLost { fence }) if fence == c.fence),
+            "{late:?}"
+        );
+        // A completed record is not renewed either.
+        env.store()
+            .complete(
+                claim("s", &k, new.fence),
+                &StoredResponse::ok(b"done".to_vec()),
+            )
+            .await
+            .unwrap();
+        let done = env
+            .store()
+            .renew(claim("s", &k, new.fence), Duration::from_secs(60))
+            .await;
+        assert!(matches!(done, Err(Error::FenceLost { .. })), "{done:?}");
     }
 
     /// See [`conformance_tests!`](crate::conformance_tests).

@@ -1,10 +1,11 @@
-//! Test support: isolated PostgreSQL schemas, SQLite files, Redis key prefixes, and where the
-//! services are.
+//! Test support: isolated PostgreSQL schemas, SQLite files, Redis key prefixes, JetStream
+//! streams, and where the services are.
 
 #![allow(dead_code)]
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
@@ -233,4 +234,91 @@ impl Drop for RedisKeys {
 /// `#[cfg_attr(not(idem_redis_server), ignore = "…")]`: `build.rs` sets it when the binary runs.
 pub fn redis_server() -> &'static str {
     "redis-server"
+}
+
+/// The NATS URL for tests: `NATS_URL` (`#[cfg_attr(not(idem_nats), ignore = "…")]` otherwise).
+pub fn nats_url() -> String {
+    match std::env::var("NATS_URL") {
+        Ok(url) if url.starts_with("nats://") => url,
+        _ => panic!(
+            "this test needs NATS with JetStream: set NATS_URL=nats://… (it is ignored when NATS_URL is unset at build time)"
+        ),
+    }
+}
+
+/// The RabbitMQ URL for tests: `AMQP_URL` (`#[cfg_attr(not(idem_amqp), ignore = "…")]`
+/// otherwise).
+pub fn amqp_url() -> String {
+    match std::env::var("AMQP_URL") {
+        Ok(url) if url.starts_with("amqp://") => url,
+        _ => panic!(
+            "this test needs RabbitMQ: set AMQP_URL=amqp://… (it is ignored when AMQP_URL is unset at build time)"
+        ),
+    }
+}
+
+/// JetStream streams of one test, named with a unique prefix, deleted (with their consumers)
+/// when dropped, even when the test panics.
+pub struct JsStreams {
+    pub url: String,
+    pub prefix: String,
+    pub js: async_nats::jetstream::Context,
+    names: std::sync::Mutex<Vec<String>>,
+}
+
+impl JsStreams {
+    pub async fn new(url: &str) -> JsStreams {
+        let client = async_nats::connect(url).await.expect("connect to NATS");
+        JsStreams {
+            url: url.to_owned(),
+            prefix: unique("T").replace('_', "-"),
+            js: async_nats::jetstream::new(client),
+            names: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A stream of this test capturing `<prefix>.<suffix>.>`; returns its name and subject
+    /// root.
+    pub async fn stream(
+        &self,
+        suffix: &str,
+        duplicate_window: Duration,
+    ) -> (async_nats::jetstream::stream::Stream, String) {
+        let name = format!("{}_{suffix}", self.prefix).replace(['.', '-'], "_");
+        let root = format!("{}.{suffix}", self.prefix);
+        let stream = self
+            .js
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: name.clone(),
+                subjects: vec![format!("{root}.>")],
+                duplicate_window,
+                ..Default::default()
+            })
+            .await
+            .expect("create a stream");
+        self.names.lock().unwrap().push(name);
+        (stream, root)
+    }
+}
+
+impl Drop for JsStreams {
+    fn drop(&mut self) {
+        let url = self.url.clone();
+        let names = std::mem::take(&mut *self.names.lock().unwrap());
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(client) = async_nats::connect(&url).await {
+                    let js = async_nats::jetstream::new(client);
+                    for name in names {
+                        let _ = js.delete_stream(&name).await;
+                    }
+                }
+            });
+        })
+        .join();
+    }
 }

@@ -258,6 +258,16 @@ impl Store for MemoryStore {
         }))
     }
 
+    fn renew(
+        &self,
+        claim: ClaimRef<'_>,
+        lease: Duration,
+    ) -> impl Future<Output = Result<()>> + Send {
+        ready(self.with_owned(claim, |e, now| {
+            e.lease_until = now.saturating_add(duration_ms(lease));
+        }))
+    }
+
     fn lookup(
         &self,
         scope: &str,

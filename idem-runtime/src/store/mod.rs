@@ -14,6 +14,9 @@ use crate::error::Result;
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
 
 pub mod memory;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+pub mod outbox;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
@@ -69,6 +72,15 @@ pub trait Store: Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<()>> + Send;
 
+    /// Renews the lease to `lease` from now, if `claim.fence` still owns the record, and
+    /// changes nothing else (the recovery point stays as it is): for a body that runs longer
+    /// than its lease, such as a message handler kept alive while it works.
+    fn renew(
+        &self,
+        claim: ClaimRef<'_>,
+        lease: Duration,
+    ) -> impl Future<Output = Result<()>> + Send;
+
     /// The live record for `(scope, key)`, if any: for clients asking "did my request happen?".
     fn lookup(&self, scope: &str, key: &str)
     -> impl Future<Output = Result<Option<Record>>> + Send;
@@ -104,6 +116,8 @@ pub trait DynStore: Send + Sync + 'static {
         recovery_point: &'a [u8],
         lease: Duration,
     ) -> BoxFuture<'a, Result<()>>;
+    /// See [`Store::renew`].
+    fn renew_dyn<'a>(&'a self, claim: ClaimRef<'a>, lease: Duration) -> BoxFuture<'a, Result<()>>;
     /// See [`Store::lookup`].
     fn lookup_dyn<'a>(
         &'a self,
@@ -137,6 +151,9 @@ impl<S: Store> DynStore for S {
         lease: Duration,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(self.checkpoint(claim, recovery_point, lease))
+    }
+    fn renew_dyn<'a>(&'a self, claim: ClaimRef<'a>, lease: Duration) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.renew(claim, lease))
     }
     fn lookup_dyn<'a>(
         &'a self,
@@ -190,6 +207,9 @@ impl Store for SharedStore {
         lease: Duration,
     ) -> Result<()> {
         self.0.checkpoint_dyn(claim, recovery_point, lease).await
+    }
+    async fn renew(&self, claim: ClaimRef<'_>, lease: Duration) -> Result<()> {
+        self.0.renew_dyn(claim, lease).await
     }
     async fn lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
         self.0.lookup_dyn(scope, key).await

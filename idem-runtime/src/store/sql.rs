@@ -215,6 +215,7 @@ pub(crate) struct Statements {
     complete: SqlStr,
     release: SqlStr,
     checkpoint: SqlStr,
+    renew: SqlStr,
     lookup: SqlStr,
     create: [SqlStr; 2],
     upgrade: Vec<AddColumn>,
@@ -288,6 +289,11 @@ impl Statements {
                 "UPDATE {t} SET recovery_point = $4, lease_until = {}, updated_at = {now} \
                  WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence",
                 D::after("$5"),
+            )),
+            renew: sql(format!(
+                "UPDATE {t} SET lease_until = {}, updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence",
+                D::after("$4"),
             )),
             lookup: sql(format!(
                 "SELECT fingerprint, state, fence, response_status, response_error, response_body, \
@@ -597,6 +603,13 @@ impl<D: Dialect> Engine<D> {
         )
     }
 
+    pub(crate) async fn renew(&self, claim: ClaimRef<'_>, lease: Duration) -> Result<()> {
+        let [scope, key, fence] = fenced_args(claim);
+        let args = [scope, key, fence, Arg::Int(ms(lease))];
+        let mut conn = self.write_conn().await?;
+        owned(D::fetch(&mut conn, &self.sql.renew, &args).await?, claim)
+    }
+
     pub(crate) async fn lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
         let mut conn = self.read_conn().await?;
         let row = D::fetch(
@@ -760,7 +773,7 @@ fn is_identifier(s: &str) -> bool {
 }
 
 /// The unquoted last part of a table name, for naming its indexes.
-fn base_name(name: &str) -> &str {
+pub(crate) fn base_name(name: &str) -> &str {
     name.rsplit('.').next().unwrap_or(name)
 }
 
@@ -838,6 +851,14 @@ macro_rules! engine_store_methods {
             lease: Duration,
         ) -> impl Future<Output = Result<()>> + Send {
             self.inner.checkpoint(claim, recovery_point, lease)
+        }
+
+        fn renew(
+            &self,
+            claim: ClaimRef<'_>,
+            lease: Duration,
+        ) -> impl Future<Output = Result<()>> + Send {
+            self.inner.renew(claim, lease)
         }
 
         fn lookup(

@@ -11,10 +11,10 @@
 //! digest collision or a foreign writer is an [`Error::Store`], never someone else's answer.
 //!
 //! Every operation is one Lua script on that one key, atomic on the server (`record.lua` shared,
-//! then `begin.lua`, `complete.lua`, `release.lua`, `checkpoint.lua`, `lookup.lua`). `begin`
-//! decides exactly as every other store does (the rule in `lifecycle::decide`, re-stated in Lua
-//! because it must run inside the script), and `complete`, `release` and `checkpoint` apply only
-//! while the fence is the caller's. Scripts are sent as `EVALSHA`; a server that does not know
+//! then `begin.lua`, `complete.lua`, `release.lua`, `checkpoint.lua`, `renew.lua`,
+//! `lookup.lua`). `begin` decides exactly as every other store does (the rule in
+//! `lifecycle::decide`, re-stated in Lua because it must run inside the script), and `complete`,
+//! `release`, `checkpoint` and `renew` apply only while the fence is the caller's. Scripts are sent as `EVALSHA`; a server that does not know
 //! one (after a restart or a failover) gets it again, transparently.
 //!
 //! Time is the server's: scripts that need the time read `TIME`, so leases, retention and first
@@ -96,6 +96,7 @@ struct Scripts {
     complete: Script,
     release: Script,
     checkpoint: Script,
+    renew: Script,
     lookup: Script,
 }
 
@@ -112,6 +113,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         complete: script!("complete.lua"),
         release: script!("release.lua"),
         checkpoint: script!("checkpoint.lua"),
+        renew: script!("renew.lua"),
         lookup: script!("lookup.lua"),
     }
 });
@@ -539,6 +541,17 @@ impl Store for RedisStore {
             .arg(claim.key)
             .arg(claim.fence)
             .arg(recovery_point)
+            .arg(ms(lease));
+        self.write(claim, &inv).await
+    }
+
+    async fn renew(&self, claim: ClaimRef<'_>, lease: Duration) -> Result<()> {
+        let name = self.record_key(claim.scope, claim.key);
+        let mut inv = SCRIPTS.renew.prepare_invoke();
+        inv.key(&name)
+            .arg(claim.scope)
+            .arg(claim.key)
+            .arg(claim.fence)
             .arg(ms(lease));
         self.write(claim, &inv).await
     }

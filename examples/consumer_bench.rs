@@ -1,0 +1,282 @@
+//! Throughput of a guarded JetStream consumer against the same consumer unguarded, on
+//! PostgreSQL, measured side by side, interleaved, in one run.
+//!
+//! ```text
+//! NATS_URL=nats://127.0.0.1:4222 DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
+//!   cargo run --release --example consumer_bench -- [--messages N] [--concurrency C] [--rounds R]
+//! ```
+//!
+//! Each round publishes N messages (not timed), then times one consumer draining them through
+//! the runner (`Consumer::run`, double acks, keep-alives) with C handlers at once. Every
+//! handler inserts one row into `bench_shipments`:
+//!
+//! - `unguarded`: the insert alone (autocommit), acked after it;
+//! - `separate`: `Consumer::guarded`, separate commits: claim, insert, complete;
+//! - `transactional`: an `#[idempotent(transaction = tx)]` handler: claim, insert and completion
+//!   in one transaction, one commit;
+//! - `replay`: the transactional consumer's messages delivered again to a new durable consumer:
+//!   every one answered from its record, nothing inserted.
+//!
+//! The run works in a PostgreSQL schema and JetStream streams of its own, and removes them.
+
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer::pull, message::PublishMessage};
+use bytes::Bytes;
+use idem::consumer::nats::JetStreamSource;
+use idem::consumer::{Consumer, HandlerError, Message};
+use idem::{PgStore, idempotent};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+const INSERT: &str = "INSERT INTO bench_shipments (msg, payload) VALUES ($1, $2)";
+
+#[idempotent(scope = "bench:<msg.consumer>", key = msg.key, store = store, transaction = tx)]
+async fn transactional(store: &PgStore, msg: Message) -> Result<i64, HandlerError> {
+    sqlx::query(INSERT)
+        .bind(msg.key.as_str())
+        .bind(&msg.payload[..])
+        .execute(&mut **tx)
+        .await
+        .map_err(HandlerError::transient)?;
+    Ok(1)
+}
+
+struct Args {
+    messages: usize,
+    concurrency: usize,
+    rounds: usize,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        messages: 3000,
+        concurrency: 32,
+        rounds: 3,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().and_then(|v| v.parse().ok());
+        match (flag.as_str(), value) {
+            ("--messages", Some(v)) => a.messages = v,
+            ("--concurrency", Some(v)) => a.concurrency = v,
+            ("--rounds", Some(v)) => a.rounds = v,
+            _ => {
+                eprintln!("usage: consumer_bench [--messages N] [--concurrency C] [--rounds R]");
+                std::process::exit(2);
+            }
+        }
+    }
+    a
+}
+
+struct Bench {
+    js: jetstream::Context,
+    store: PgStore,
+    prefix: String,
+    args: Args,
+}
+
+impl Bench {
+    /// A stream holding `n` messages of its own; returns its name.
+    async fn stream(&self, name: &str) -> Result<jetstream::stream::Stream, BoxError> {
+        let stream_name = format!("{}_{name}", self.prefix);
+        let subject = format!("{}.{name}.paid", self.prefix);
+        let stream = self
+            .js
+            .create_stream(jetstream::stream::Config {
+                name: stream_name,
+                subjects: vec![subject.clone()],
+                ..Default::default()
+            })
+            .await?;
+        let acks = futures_util::future::join_all((0..self.args.messages).map(|n| {
+            let (js, subject) = (self.js.clone(), subject.clone());
+            async move {
+                js.send_publish(
+                    subject,
+                    PublishMessage::build()
+                        .payload(Bytes::from(format!("{{\"orderNo\":\"ORD-{n}\"}}")))
+                        .message_id(format!("{name}-{n}")),
+                )
+                .await?
+                .await
+            }
+        }))
+        .await;
+        for ack in acks {
+            ack?;
+        }
+        Ok(stream)
+    }
+
+    /// Drains `stream` through the durable consumer `durable`, running `variant`; the time
+    /// taken. The runner is always named `bench`, so a second durable consumer of the same
+    /// stream meets the records of the first.
+    async fn drain(
+        &self,
+        stream: &jetstream::stream::Stream,
+        durable: &str,
+        variant: &str,
+    ) -> Result<Duration, BoxError> {
+        let pull = stream
+            .create_consumer(pull::Config {
+                durable_name: Some(durable.into()),
+                ack_wait: Duration::from_secs(30),
+                ..Default::default()
+            })
+            .await?;
+        let source = JetStreamSource::new(self.js.clone(), pull, format!("{}.dlq", self.prefix))
+            .batch(self.args.concurrency * 2);
+        let runner = Consumer::new("bench", self.store.clone())?;
+        let total = self.args.messages as u64;
+        let r = runner.clone();
+        let done = async move {
+            while r.stats().acked() + r.stats().dead_lettered < total {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        };
+        let deliveries = source.deliveries().await?;
+        let started = Instant::now();
+        let c = self.args.concurrency;
+        let pool = self.store.pool().clone();
+        match variant {
+            "unguarded" => {
+                let handler = move |msg: Message| {
+                    let pool = pool.clone();
+                    async move {
+                        sqlx::query(INSERT)
+                            .bind(msg.key.as_str())
+                            .bind(&msg.payload[..])
+                            .execute(&pool)
+                            .await
+                            .map_err(HandlerError::transient)
+                    }
+                };
+                runner.run_until(deliveries, handler, c, done).await
+            }
+            "separate" => {
+                let handler = runner.guarded(move |msg: Message, _claim| {
+                    let pool = pool.clone();
+                    async move {
+                        sqlx::query(INSERT)
+                            .bind(msg.key.as_str())
+                            .bind(&msg.payload[..])
+                            .execute(&pool)
+                            .await
+                            .map_err(HandlerError::transient)?;
+                        Ok::<_, HandlerError>(1)
+                    }
+                });
+                runner.run_until(deliveries, handler, c, done).await
+            }
+            _ => {
+                let store = self.store.clone();
+                let handler = move |msg: Message| {
+                    let store = store.clone();
+                    async move { transactional(&store, msg).await }
+                };
+                runner.run_until(deliveries, handler, c, done).await
+            }
+        }
+        let took = started.elapsed();
+        let s = runner.stats();
+        let expected = if variant == "replay" {
+            (0, total)
+        } else {
+            (total, 0)
+        };
+        assert_eq!(
+            (s.completed, s.replayed),
+            expected,
+            "{variant}: every message handled once: {s:?}"
+        );
+        Ok(took)
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let args = args();
+    let nats = std::env::var("NATS_URL").map_err(|_| "set NATS_URL")?;
+    let db = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL (PostgreSQL)")?;
+    let prefix = format!("CBENCH_{}", std::process::id());
+    let schema = prefix.to_lowercase();
+    let admin = sqlx::PgPool::connect(&db).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&admin)
+        .await?;
+    let options = PgConnectOptions::from_str(&db)?.options([("search_path", schema.as_str())]);
+    let pool = PgPoolOptions::new()
+        .max_connections(u32::try_from(args.concurrency).unwrap_or(32).min(40))
+        .connect_with(options)
+        .await?;
+    sqlx::query("CREATE TABLE bench_shipments (msg text NOT NULL, payload bytea NOT NULL)")
+        .execute(&pool)
+        .await?;
+    let store = PgStore::builder().build(pool).await?;
+    let js = jetstream::new(async_nats::connect(&nats).await?);
+    let bench = Bench {
+        js: js.clone(),
+        store,
+        prefix: prefix.clone(),
+        args,
+    };
+    println!(
+        "messages={} concurrency={} rounds={}",
+        bench.args.messages, bench.args.concurrency, bench.args.rounds
+    );
+
+    let variants = ["unguarded", "separate", "transactional"];
+    let mut totals = [Duration::ZERO; 4];
+    let mut streams = Vec::new();
+    for round in 0..bench.args.rounds {
+        // Rotated, so that no variant always goes first.
+        for i in 0..variants.len() {
+            let v = (i + round) % variants.len();
+            let name = format!("r{round}{}", variants[v]);
+            let stream = bench.stream(&name).await?;
+            let took = bench.drain(&stream, "bench", variants[v]).await?;
+            totals[v] += took;
+            println!(
+                "ROUND {round} variant={} msgs_per_sec={:.0}",
+                variants[v],
+                bench.args.messages as f64 / took.as_secs_f64()
+            );
+            if variants[v] == "transactional" {
+                // The same messages through a second durable consumer: all replays.
+                let took = bench.drain(&stream, "bench_again", "replay").await?;
+                totals[3] += took;
+                println!(
+                    "ROUND {round} variant=replay msgs_per_sec={:.0}",
+                    bench.args.messages as f64 / took.as_secs_f64()
+                );
+            }
+            streams.push(stream);
+        }
+    }
+    let total_msgs = (bench.args.messages * bench.args.rounds) as f64;
+    let rate = |d: Duration| total_msgs / d.as_secs_f64();
+    let base = rate(totals[0]);
+    for (v, name) in ["unguarded", "separate", "transactional", "replay"]
+        .iter()
+        .enumerate()
+    {
+        println!(
+            "RESULT consumer=jetstream store=postgres variant={name} msgs_per_sec={:.0} ratio={:.2}",
+            rate(totals[v]),
+            rate(totals[v]) / base
+        );
+    }
+
+    for s in streams {
+        let name = s.cached_info().config.name.clone();
+        let _ = js.delete_stream(&name).await;
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&admin)
+        .await?;
+    Ok(())
+}

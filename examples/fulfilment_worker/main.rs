@@ -1,0 +1,116 @@
+//! The fulfilment worker: consumes `order.paid` from NATS JetStream and creates one shipment per
+//! paid order, however often the event is published or redelivered.
+//!
+//! ```text
+//! NATS_URL=nats://127.0.0.1:4222 cargo run --example fulfilment_worker          # SQLite fulfilment_worker.db
+//! NATS_URL=… DATABASE_URL=postgres://postgres@127.0.0.1/test cargo run --example fulfilment_worker
+//! cargo run --example fulfilment_worker -- --replay    # consume the stream again from its start
+//! ```
+//!
+//! Its handler is a transactional `#[idempotent]` function (`worker.rs`): the claim on the
+//! message id, the shipment row and the completion commit together, and the runner acks only
+//! after that commit. A payload it can never process goes to `dlq.fulfilment` with the reason.
+//! See the README for a walkthrough with the refund service.
+
+mod worker;
+
+use std::time::Duration;
+
+use idem::consumer::nats::JetStreamSource;
+use idem::consumer::{Consumer, HandlerError, Message};
+use idem::{Idempotent, PgStore, SqliteStore};
+use tracing_subscriber::EnvFilter;
+
+use worker::Shipment;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Prints what a handler did: a new shipment, or the one a redelivery replayed.
+fn report(result: &Result<Idempotent<Shipment>, HandlerError>, msg_id: &str) {
+    match result {
+        Ok(Idempotent::Fresh(s)) => println!(
+            "shipment {} for {} ({} cents), message {msg_id}",
+            s.shipment_no, s.order_no, s.amount_cents
+        ),
+        Ok(Idempotent::Replayed(s)) => println!(
+            "message {msg_id} again: shipment {} already created, acked without a second one",
+            s.shipment_no
+        ),
+        Err(_) => {}
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
+        )
+        .init();
+    let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let db_url =
+        std::env::var("DATABASE_URL").unwrap_or_else(|_| "sqlite://fulfilment_worker.db".into());
+    // Tests isolate themselves under a subject prefix; in production it is empty.
+    let prefix = std::env::var("FULFILMENT_PREFIX").unwrap_or_default();
+    let ack_wait = std::env::var("FULFILMENT_ACK_WAIT_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(Duration::from_secs(30));
+
+    let client = async_nats::connect(&nats_url).await?;
+    let js = async_nats::jetstream::new(client);
+    let replay = std::env::args().any(|a| a == "--replay");
+    let pull = worker::jetstream_setup(&js, &prefix, ack_wait, replay).await?;
+    let source = JetStreamSource::new(js, pull, format!("{prefix}{}", worker::DEAD_LETTERS));
+    let deliveries = source.deliveries().await?;
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+
+    if db_url.starts_with("postgres") {
+        let store = PgStore::connect(&db_url).await?;
+        sqlx::query(worker::CREATE_SHIPMENTS_PG)
+            .execute(store.pool())
+            .await?;
+        println!("fulfilment_worker consuming order.paid from {nats_url} (PostgreSQL)");
+        let consumer = Consumer::new(source.consumer_name(), store.clone())?;
+        let handler = move |msg: Message| {
+            let store = store.clone();
+            async move {
+                let id = msg.key.to_string();
+                let r = worker::fulfil_pg(&store, msg).await;
+                report(&r, &id);
+                r
+            }
+        };
+        consumer.run_until(deliveries, handler, 32, shutdown).await;
+        print_stats(consumer.stats());
+    } else {
+        let store = SqliteStore::connect(&db_url).await?;
+        sqlx::query(worker::CREATE_SHIPMENTS_SQLITE)
+            .execute(store.pool())
+            .await?;
+        println!("fulfilment_worker consuming order.paid from {nats_url} (SQLite {db_url})");
+        let consumer = Consumer::new(source.consumer_name(), store.clone())?;
+        let handler = move |msg: Message| {
+            let store = store.clone();
+            async move {
+                let id = msg.key.to_string();
+                let r = worker::fulfil_sqlite(&store, msg).await;
+                report(&r, &id);
+                r
+            }
+        };
+        consumer.run_until(deliveries, handler, 32, shutdown).await;
+        print_stats(consumer.stats());
+    }
+    Ok(())
+}
+
+fn print_stats(s: idem::consumer::Stats) {
+    println!(
+        "stopped: {} completed, {} replayed, {} retried, {} in progress elsewhere, {} dead-lettered",
+        s.completed, s.replayed, s.retried, s.in_progress, s.dead_lettered
+    );
+}

@@ -1,0 +1,160 @@
+//! The fulfilment worker's parts: its JetStream setup, its shipments table, and its handler, a
+//! guarded transactional function that creates one shipment per paid order. The example's
+//! `main` and the kill -9 tests (`tests/consumer_processes.rs`) both use them.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::PullConsumer};
+use idem::consumer::{HandlerError, Message};
+use idem::{Idempotent, PgStore, SqliteStore, idempotent};
+use serde::{Deserialize, Serialize};
+
+/// The stream of order events, and what it captures.
+pub const STREAM: &str = "ORDERS";
+pub const SUBJECTS: &str = "order.>";
+/// Where the worker's dead letters go, and their stream.
+pub const DEAD_LETTER_STREAM: &str = "ORDERS_DLQ";
+pub const DEAD_LETTERS: &str = "dlq.fulfilment";
+/// The durable consumer: its name is the handler's scope.
+pub const CONSUMER: &str = "fulfilment";
+
+/// `order.paid`, as the refund service publishes it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OrderPaid {
+    pub order_no: String,
+    pub amount_cents: i64,
+}
+
+/// A shipment: one per paid order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct Shipment {
+    pub shipment_no: String,
+    pub order_no: String,
+    pub amount_cents: i64,
+}
+
+/// Creates the streams (if missing) and the durable pull consumer of `order.paid` in
+/// `stream` / `dead_letter_stream` under the subject prefix `prefix` (empty in production; tests
+/// isolate themselves with one).
+///
+/// With `replay`, the durable consumer is deleted first, so the new one delivers the stream from
+/// its start again (as after restoring a backup): the guard answers every message already
+/// handled with its stored shipment.
+pub async fn jetstream_setup(
+    js: &jetstream::Context,
+    prefix: &str,
+    ack_wait: Duration,
+    replay: bool,
+) -> Result<PullConsumer, Box<dyn std::error::Error + Send + Sync>> {
+    let stream = js
+        .get_or_create_stream(jetstream::stream::Config {
+            name: format!("{}{STREAM}", name_prefix(prefix)),
+            subjects: vec![format!("{prefix}{SUBJECTS}")],
+            ..Default::default()
+        })
+        .await?;
+    js.get_or_create_stream(jetstream::stream::Config {
+        name: format!("{}{DEAD_LETTER_STREAM}", name_prefix(prefix)),
+        subjects: vec![format!("{prefix}{DEAD_LETTERS}")],
+        ..Default::default()
+    })
+    .await?;
+    if replay {
+        let _ = stream.delete_consumer(CONSUMER).await;
+    }
+    let consumer = stream
+        .get_or_create_consumer(
+            CONSUMER,
+            jetstream::consumer::pull::Config {
+                durable_name: Some(CONSUMER.into()),
+                filter_subject: format!("{prefix}order.paid"),
+                ack_wait,
+                max_deliver: 5,
+                ..Default::default()
+            },
+        )
+        .await?;
+    Ok(consumer)
+}
+
+/// A stream-name prefix from a subject prefix (`t1.` → `T1_`).
+pub fn name_prefix(prefix: &str) -> String {
+    prefix
+        .trim_end_matches('.')
+        .replace(['.', '-'], "_")
+        .to_uppercase()
+        + if prefix.is_empty() { "" } else { "_" }
+}
+
+pub const CREATE_SHIPMENTS_SQLITE: &str = "CREATE TABLE IF NOT EXISTS shipments (
+    shipment_no TEXT PRIMARY KEY,
+    order_no TEXT NOT NULL UNIQUE,
+    amount_cents INTEGER NOT NULL,
+    created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)";
+
+pub const CREATE_SHIPMENTS_PG: &str = "CREATE TABLE IF NOT EXISTS shipments (
+    shipment_no text PRIMARY KEY,
+    order_no text NOT NULL UNIQUE,
+    amount_cents bigint NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now())";
+
+/// The shipment of a paid order, read from its message. A payload that is not an `order.paid`
+/// or an amount that is not positive can never be shipped: final, dead-lettered.
+fn shipment_for(msg: &Message) -> Result<Shipment, HandlerError> {
+    let paid: OrderPaid = msg.json()?;
+    if paid.amount_cents <= 0 {
+        return Err(HandlerError::permanent(format!(
+            "order {} has a non-positive amount {}",
+            paid.order_no, paid.amount_cents
+        )));
+    }
+    Ok(Shipment {
+        shipment_no: format!("SHP-{}", paid.order_no.trim_start_matches("ORD-")),
+        order_no: paid.order_no,
+        amount_cents: paid.amount_cents,
+    })
+}
+
+// No `ON CONFLICT`: the guard is what keeps a message from shipping twice, and the unique
+// order number turns a second shipment into an error that would be seen (retried, then
+// dead-lettered), never into a silent no-op.
+const INSERT: &str =
+    "INSERT INTO shipments (shipment_no, order_no, amount_cents) VALUES ($1, $2, $3)";
+
+/// The handler on SQLite: one shipment per message id, in the message's own transaction.
+#[idempotent(scope = "fulfil:<msg.consumer>", key = msg.key, store = store, transaction = tx, retain = "7d")]
+pub async fn fulfil_sqlite(
+    store: &SqliteStore,
+    msg: Message,
+) -> Result<Idempotent<Shipment>, HandlerError> {
+    let shipment = shipment_for(&msg)?;
+    sqlx::query(INSERT)
+        .bind(&shipment.shipment_no)
+        .bind(&shipment.order_no)
+        .bind(shipment.amount_cents)
+        .execute(&mut **tx)
+        .await
+        .map_err(HandlerError::transient)?;
+    Ok(Idempotent::Fresh(shipment))
+}
+
+/// The same handler on PostgreSQL.
+#[idempotent(scope = "fulfil:<msg.consumer>", key = msg.key, store = store, transaction = tx, retain = "7d")]
+pub async fn fulfil_pg(
+    store: &PgStore,
+    msg: Message,
+) -> Result<Idempotent<Shipment>, HandlerError> {
+    let shipment = shipment_for(&msg)?;
+    sqlx::query(INSERT)
+        .bind(&shipment.shipment_no)
+        .bind(&shipment.order_no)
+        .bind(shipment.amount_cents)
+        .execute(&mut **tx)
+        .await
+        .map_err(HandlerError::transient)?;
+    Ok(Idempotent::Fresh(shipment))
+}

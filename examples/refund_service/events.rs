@@ -1,0 +1,227 @@
+//! The service's events: `order.paid` and `order.refunded`, enqueued in the outbox in the same
+//! transaction as the transition they announce, and the relay that publishes them to NATS
+//! JetStream when `NATS_URL` is set. Without it they wait in the outbox (`GET /api/outbox`).
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use idem::outbox::{Event, OutboxBackend, PendingEvent, Poll, Relay, Wake, event_id};
+use idem::store::outbox::{PgOutbox, SqliteOutbox};
+use idem::{ClaimInfo, Error, Transition};
+use serde_json::json;
+
+use crate::db::{Db, Order, OrderStatus, PgDb, SqliteDb};
+
+/// The stream the events go to, and the subjects it captures.
+pub const STREAM: &str = "ORDERS";
+pub const SUBJECTS: &str = "order.>";
+
+static RELAY: OnceLock<String> = OnceLock::new();
+
+/// Where the relay publishes, or why it does not run.
+pub fn relay_state() -> &'static str {
+    RELAY
+        .get()
+        .map(String::as_str)
+        .unwrap_or("off: set NATS_URL to publish the events")
+}
+
+fn db_error(e: sqlx::Error) -> Error {
+    Error::Store(e.into())
+}
+
+/// The transitions that announce themselves, and the outbox they announce through.
+pub trait Events: Db {
+    /// The outbox, in the service's database.
+    type Outbox: OutboxOps + Clone + 'static;
+
+    fn outbox(&self) -> Self::Outbox;
+
+    /// PENDING → PAID, enqueueing `order.paid` in the same transaction when it applies.
+    fn mark_paid_announced(
+        &self,
+        order_no: &str,
+        amount_cents: i64,
+    ) -> impl Future<Output = Result<Transition<Order, OrderStatus>, Error>> + Send;
+
+    /// PAID → CANCELLED after a refund, enqueueing `order.refunded` (its id derived from the
+    /// refund's claim) in the same transaction when it applies.
+    fn cancel_paid_announced(
+        &self,
+        order_no: &str,
+        refund_id: &str,
+        claim: &ClaimInfo,
+    ) -> impl Future<Output = Result<Transition<Order, OrderStatus>, Error>> + Send;
+
+    /// The oldest events not yet published.
+    fn pending_events(
+        &self,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<PendingEvent>, Error>> + Send;
+
+    /// Runs the relay to JetStream on this task until the process ends.
+    fn relay(
+        &self,
+        js: async_nats::jetstream::Context,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+fn paid_event(order: &Order) -> Event {
+    Event::new(
+        event_id("order", &order.order_no, "paid"),
+        "order.paid",
+        order.order_no.as_str(),
+        json!({ "orderNo": order.order_no, "amountCents": order.amount_cents }).to_string(),
+    )
+}
+
+fn refunded_event(order: &Order, refund_id: &str, claim: &ClaimInfo) -> Event {
+    Event::for_claim(
+        claim,
+        "refunded",
+        "order.refunded",
+        order.order_no.as_str(),
+        json!({
+            "orderNo": order.order_no,
+            "amountCents": order.amount_cents,
+            "refundId": refund_id,
+        })
+        .to_string(),
+    )
+}
+
+/// The applied half of a transition, on the transaction that also enqueues its event: the same
+/// guarded `UPDATE` as the `#[state_transition]` functions in `db.rs`. When it does not apply,
+/// nothing was written, and those functions say why (already applied, a guard mismatch, …).
+const PAY: &str = "UPDATE orders SET status = 'PAID', paid_at = CURRENT_TIMESTAMP \
+     WHERE order_no = $1 AND status = 'PENDING' AND amount_cents = $2 \
+     RETURNING order_no, user_id, sku_id, qty, amount_cents, status";
+const CANCEL_PAID: &str = "UPDATE orders SET status = 'CANCELLED' \
+     WHERE order_no = $1 AND status = 'PAID' \
+     RETURNING order_no, user_id, sku_id, qty, amount_cents, status";
+
+macro_rules! events {
+    ($db:ty, $outbox:ty) => {
+        impl Events for $db {
+            type Outbox = $outbox;
+
+            fn outbox(&self) -> $outbox {
+                <$outbox>::new(self.pool.clone())
+            }
+
+            async fn mark_paid_announced(
+                &self,
+                order_no: &str,
+                amount_cents: i64,
+            ) -> Result<Transition<Order, OrderStatus>, Error> {
+                let mut tx = self.pool.begin().await.map_err(db_error)?;
+                let applied: Option<Order> = sqlx::query_as(PAY)
+                    .bind(order_no)
+                    .bind(amount_cents)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db_error)?;
+                let Some(order) = applied else {
+                    drop(tx);
+                    return self.mark_paid(order_no, amount_cents).await;
+                };
+                self.outbox().enqueue(&mut tx, &paid_event(&order)).await?;
+                tx.commit().await.map_err(db_error)?;
+                Ok(Transition::Applied(order))
+            }
+
+            async fn cancel_paid_announced(
+                &self,
+                order_no: &str,
+                refund_id: &str,
+                claim: &ClaimInfo,
+            ) -> Result<Transition<Order, OrderStatus>, Error> {
+                let mut tx = self.pool.begin().await.map_err(db_error)?;
+                let applied: Option<Order> = sqlx::query_as(CANCEL_PAID)
+                    .bind(order_no)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db_error)?;
+                let Some(order) = applied else {
+                    drop(tx);
+                    return self.cancel_paid(order_no).await;
+                };
+                let event = refunded_event(&order, refund_id, claim);
+                self.outbox().enqueue(&mut tx, &event).await?;
+                tx.commit().await.map_err(db_error)?;
+                Ok(Transition::Applied(order))
+            }
+
+            async fn pending_events(&self, limit: u32) -> Result<Vec<PendingEvent>, Error> {
+                self.outbox().pending(limit).await
+            }
+
+            async fn relay(&self, js: async_nats::jetstream::Context) -> Result<(), Error> {
+                let relay = Relay::new(
+                    self.outbox(),
+                    idem::consumer::nats::JetStreamPublisher::new(js),
+                )
+                .poll(Duration::from_millis(200));
+                let wake = self.outbox().wake().await?;
+                let _ = RELAY.set("publishing to NATS JetStream".into());
+                relay.run_until(wake, std::future::pending()).await;
+                Ok(())
+            }
+        }
+    };
+}
+
+events!(SqliteDb, SqliteOutbox);
+events!(PgDb, PgOutbox);
+
+/// What the two outboxes do their own way: create their table, and wake their relay
+/// (PostgreSQL's `NOTIFY`; SQLite polls).
+pub trait OutboxOps: OutboxBackend {
+    type Wake: Wake + 'static;
+    fn migrate(&self) -> impl Future<Output = Result<(), Error>> + Send;
+    fn wake(&self) -> impl Future<Output = Result<Self::Wake, Error>> + Send;
+}
+
+impl OutboxOps for SqliteOutbox {
+    type Wake = Poll;
+    fn migrate(&self) -> impl Future<Output = Result<(), Error>> + Send {
+        SqliteOutbox::migrate(self)
+    }
+    async fn wake(&self) -> Result<Poll, Error> {
+        Ok(Poll)
+    }
+}
+
+impl OutboxOps for PgOutbox {
+    type Wake = sqlx::postgres::PgListener;
+    fn migrate(&self) -> impl Future<Output = Result<(), Error>> + Send {
+        PgOutbox::migrate(self)
+    }
+    fn wake(&self) -> impl Future<Output = Result<Self::Wake, Error>> + Send {
+        self.listener()
+    }
+}
+
+/// Creates the outbox table if missing.
+pub async fn prepare<D: Events>(db: &D) -> Result<(), Error> {
+    db.outbox().migrate().await
+}
+
+/// Connects to NATS at `url`, makes sure the stream exists, and runs the relay in the
+/// background.
+pub async fn start_relay<D: Events>(db: D, url: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let client = async_nats::connect(url).await?;
+    let js = async_nats::jetstream::new(client);
+    js.get_or_create_stream(async_nats::jetstream::stream::Config {
+        name: STREAM.into(),
+        subjects: vec![SUBJECTS.into()],
+        ..Default::default()
+    })
+    .await?;
+    tokio::spawn(async move {
+        if let Err(e) = db.relay(js).await {
+            tracing::error!(error = %e, "the outbox relay stopped");
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,254 @@
+//! RabbitMQ (AMQP 0.9.1): a queue's deliveries as [`Delivery`] streams, with manual acks.
+//!
+//! - **Key**: the `message_id` property. A delivery without one is dead-lettered with that reason,
+//!   never processed unguarded.
+//! - **Ack**: `basic.ack` after the handler committed.
+//! - **Retry later**: the delivery is held (unacked, so no other consumer gets it) for the delay,
+//!   then `basic.nack` with requeue. RabbitMQ has no delayed redelivery of its own.
+//! - **Dead letter**: `basic.reject` without requeue, into the queue's dead-letter exchange
+//!   (declare the queue with `x-dead-letter-exchange`); the runner logs the reason.
+//! - **Delivery count**: the `x-delivery-count` header of quorum queues, else the `redelivered`
+//!   flag: hints only. The record decides what runs; give the runner a limit with
+//!   [`Consumer::max_deliveries`](crate::consumer::Consumer::max_deliveries) for messages that
+//!   keep failing.
+//! - **Still working**: nothing to say; RabbitMQ holds an unacked delivery for its consumer until
+//!   the channel closes (or its `consumer_timeout`).
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use idem::consumer::{amqp::AmqpSource, Consumer, HandlerError, Message};
+//!
+//! let conn = lapin::Connection::connect("amqp://guest:guest@127.0.0.1:5672/%2f", Default::default()).await?;
+//! let channel = conn.create_channel().await?;
+//! let source = AmqpSource::new(channel, "order.paid.fulfilment");
+//! let consumer = Consumer::new(source.queue(), idem::MemoryStore::new())?.max_deliveries(5);
+//! let handler = consumer.guarded(|msg: Message, _claim| async move {
+//!     Ok::<_, HandlerError>(msg.payload.len())
+//! });
+//! consumer.run(source.deliveries("fulfilment-1").await?, handler, 32).await;
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicRejectOptions};
+use lapin::types::{AMQPValue, FieldTable};
+
+use crate::consumer::Delivery;
+use crate::error::{BoxError, Error};
+use crate::key::Key;
+
+/// A queue to consume, on a channel.
+#[derive(Clone)]
+pub struct AmqpSource {
+    channel: lapin::Channel,
+    queue: String,
+}
+
+impl fmt::Debug for AmqpSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AmqpSource")
+            .field("queue", &self.queue)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AmqpSource {
+    /// Deliveries of `queue` on `channel` (set its prefetch with `basic_qos` to bound how many
+    /// are held at once).
+    pub fn new(channel: lapin::Channel, queue: impl Into<String>) -> Self {
+        AmqpSource {
+            channel,
+            queue: queue.into(),
+        }
+    }
+
+    /// The queue's name: a natural consumer name to put in the handler's scope.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// Starts consuming with manual acks under `consumer_tag`.
+    pub async fn deliveries(
+        &self,
+        consumer_tag: &str,
+    ) -> Result<impl Stream<Item = Result<AmqpDelivery, BoxError>> + use<>, Error> {
+        let consumer = self
+            .channel
+            .basic_consume(
+                self.queue.as_str().into(),
+                consumer_tag.into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| Error::Unavailable(Box::new(e)))?;
+        Ok(consumer.map(|d| match d {
+            Ok(d) => Ok(AmqpDelivery::new(d)),
+            Err(e) => Err(Box::new(e) as BoxError),
+        }))
+    }
+}
+
+/// One RabbitMQ delivery, as the runner handles it.
+pub struct AmqpDelivery {
+    delivery: lapin::message::Delivery,
+    delivered: u32,
+}
+
+impl fmt::Debug for AmqpDelivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AmqpDelivery")
+            .field("routing_key", &self.delivery.routing_key.as_str())
+            .field("message_id", self.delivery.properties.message_id())
+            .field("delivered", &self.delivered)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AmqpDelivery {
+    fn new(delivery: lapin::message::Delivery) -> Self {
+        let count = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get("x-delivery-count"))
+            .and_then(|v| match v {
+                AMQPValue::LongLongInt(n) => u32::try_from(*n).ok(),
+                AMQPValue::LongInt(n) => u32::try_from(*n).ok(),
+                AMQPValue::LongUInt(n) => Some(*n),
+                AMQPValue::ShortInt(n) => u32::try_from(*n).ok(),
+                AMQPValue::ShortUInt(n) => Some(u32::from(*n)),
+                _ => None,
+            });
+        let delivered = match count {
+            Some(previous) => previous.saturating_add(1),
+            None if delivery.redelivered => 2,
+            None => 1,
+        };
+        AmqpDelivery {
+            delivery,
+            delivered,
+        }
+    }
+
+    /// The delivery as the client received it.
+    pub fn delivery(&self) -> &lapin::message::Delivery {
+        &self.delivery
+    }
+}
+
+impl Delivery for AmqpDelivery {
+    fn key(&self) -> Result<Key, String> {
+        match self.delivery.properties.message_id() {
+            Some(id) => Key::parse(id.as_str())
+                .map_err(|e| format!("unusable message_id {:?}: {e}", id.as_str())),
+            None => Err("the delivery has no message_id property".into()),
+        }
+    }
+
+    fn payload(&self) -> Bytes {
+        Bytes::copy_from_slice(&self.delivery.data)
+    }
+
+    fn subject(&self) -> &str {
+        self.delivery.routing_key.as_str()
+    }
+
+    fn delivered(&self) -> u32 {
+        self.delivered
+    }
+
+    async fn ack(&self) -> Result<(), BoxError> {
+        self.delivery.acker.ack(BasicAckOptions::default()).await?;
+        Ok(())
+    }
+
+    async fn retry(&self, delay: Duration) -> Result<(), BoxError> {
+        tokio::time::sleep(delay).await;
+        self.delivery
+            .acker
+            .nack(BasicNackOptions {
+                requeue: true,
+                ..BasicNackOptions::default()
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn dead_letter(&self, _reason: &str) -> Result<(), BoxError> {
+        // The reason is logged by the runner; the dead-letter exchange records `rejected` in
+        // the message's `x-death` header.
+        self.delivery
+            .acker
+            .reject(BasicRejectOptions { requeue: false })
+            .await?;
+        Ok(())
+    }
+
+    async fn keep_alive(&self) -> Result<(), BoxError> {
+        Ok(())
+    }
+}
+
+/// Publishes outbox events to an exchange with publisher confirms: the event's id as the
+/// `message_id` property (what [`AmqpDelivery`]'s key is), its topic as the routing key,
+/// persistent; returns once the broker confirmed it.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[derive(Clone)]
+pub struct AmqpPublisher {
+    channel: lapin::Channel,
+    exchange: String,
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl fmt::Debug for AmqpPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AmqpPublisher")
+            .field("exchange", &self.exchange)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl AmqpPublisher {
+    /// Puts `channel` in confirm mode and publishes to `exchange` (`""`: the default exchange,
+    /// routing to the queue named by the topic).
+    pub async fn new(channel: lapin::Channel, exchange: impl Into<String>) -> Result<Self, Error> {
+        channel
+            .confirm_select(lapin::options::ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| Error::Unavailable(Box::new(e)))?;
+        Ok(AmqpPublisher {
+            channel,
+            exchange: exchange.into(),
+        })
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl crate::outbox::Publisher for AmqpPublisher {
+    async fn publish(&self, event: &crate::outbox::Event) -> Result<(), BoxError> {
+        let properties = lapin::BasicProperties::default()
+            .with_message_id(event.id.as_str().into())
+            .with_delivery_mode(2);
+        let confirm = self
+            .channel
+            .basic_publish(
+                self.exchange.as_str().into(),
+                event.topic.as_str().into(),
+                lapin::options::BasicPublishOptions::default(),
+                &event.payload,
+                properties,
+            )
+            .await?
+            .await?;
+        if confirm.is_nack() {
+            return Err(format!("the broker refused event {}", event.id).into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,886 @@
+//! Message consumption: the guard that makes an HTTP handler idempotent dedupes at-least-once
+//! deliveries too. The message id is the key, the consumer's name is in the scope, and a
+//! redelivery after a crash, or a message published twice, has its effect once.
+//!
+//! The seam is broker-neutral: a [`Delivery`] offers its key, payload and delivery count, and
+//! the four things a consumer can say to its broker (ack, retry later, give up, still working).
+//! One runner, [`Consumer`], drives a handler on each delivery and turns every outcome into the
+//! acknowledgement it calls for:
+//!
+//! | what happened | [`Settlement`] | the broker is told |
+//! |---|---|---|
+//! | the handler completed | `Completed` | ack, after the record (and in transactional mode the handler's SQL) committed |
+//! | a replay of a completed delivery | `Replayed` | ack; the handler's effect does not run again |
+//! | another consumer holds a live claim | `InProgress(d)` | retry after `d`, the claim's remaining lease |
+//! | a retryable error (the claim was released) | `Retry(d)` | retry after an exponential backoff |
+//! | a final error, the same id with another payload, no usable id, or the delivery limit reached | `DeadLetter(reason)` | dead-letter with the reason, logged |
+//!
+//! While a handler runs, the runner tells the broker it is still working and renews the lease of
+//! every claim the handler holds ([`Store::renew`]), so a long handler is neither redelivered
+//! elsewhere nor taken over. At the delivery limit, a message another consumer is still working
+//! on is waited for here (kept alive) rather than dead-lettered.
+//!
+//! Handlers are `#[idempotent]` functions (key = the message's key, scope naming the consumer)
+//! or closures guarded by the runner itself ([`Consumer::guarded`]):
+//!
+//! ```
+//! use idem::consumer::{Consumer, HandlerError, Message};
+//! use idem::{idempotent, MemoryStore};
+//!
+//! #[idempotent(scope = "ship:<msg.consumer>", key = msg.key, store = store, retain = "7d")]
+//! async fn on_paid(store: &MemoryStore, msg: Message) -> Result<u64, HandlerError> {
+//!     let order: serde_json::Value = msg.json()?;  // a payload that is not JSON is final
+//!     // Create the shipment here: this runs once per message id.
+//!     Ok(order["amountCents"].as_u64().unwrap_or(0))
+//! }
+//!
+//! # async fn run(deliveries: impl futures_util::Stream<Item = Result<idem::consumer::testing::TestDelivery, std::convert::Infallible>>) -> idem::Result<()> {
+//! let store = MemoryStore::new();
+//! let consumer = Consumer::new("fulfilment", store.clone())?;
+//! // `deliveries` comes from an adapter: `consumer::nats`, `consumer::amqp`.
+//! consumer
+//!     .run(deliveries, move |msg| {
+//!         let store = store.clone();
+//!         async move { on_paid(&store, msg).await }
+//!     }, 16)
+//!     .await;
+//! # Ok(()) }
+//! ```
+//!
+//! Adapters: NATS JetStream ([`nats`], feature `nats`) and RabbitMQ ([`amqp`], feature `amqp`).
+//! Records of consumers are kept [`DEFAULT_RETAIN`] (7 days) by default: a redelivery, or a
+//! replay of a stream, can come much later than an HTTP retry.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use serde::de::DeserializeOwned;
+use serde::{Serialize, Serializer};
+
+use crate::error::{BoxError, Error};
+use crate::fingerprint::Fingerprint;
+use crate::flow::{self, ClaimWatch, Prepared, WithClaim};
+use crate::guard::ClaimInfo;
+use crate::key::Key;
+use crate::record::Policy;
+use crate::replay::marker;
+use crate::scope::ScopeBuilder;
+use crate::store::Store;
+
+#[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+pub mod amqp;
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub mod nats;
+pub mod testing;
+
+/// How long a consumer's records are kept by default: 7 days.
+pub const DEFAULT_RETAIN: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
+/// How often a delivery is kept alive, and its claims renewed, when neither the lease nor the
+/// broker asks for more often.
+const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(10);
+
+/// How many times, at the delivery limit, a message another consumer is working on is looked at
+/// again before it is given up. Each wait is the claim's remaining lease or the keep-alive
+/// interval, whichever is shorter.
+const MAX_WAITS: u32 = 64;
+
+/// One delivery, as a handler sees it.
+///
+/// It fingerprints as its payload alone (its [`Serialize`] writes the payload's bytes), so an
+/// `#[idempotent]` handler taking a `Message` treats a redelivery as the same request and the
+/// same id with another payload as key reuse, whatever the delivery count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// The idempotency key: the broker's message id.
+    pub key: Key,
+    /// The body.
+    pub payload: Bytes,
+    /// The consumer's name (the durable consumer, the queue's consumer): put it in the scope, so
+    /// that two services each process the message once.
+    pub consumer: String,
+    /// Where it was published (a NATS subject, an AMQP routing key).
+    pub subject: String,
+    /// Which delivery this is, from 1, as far as the broker says (a hint: RabbitMQ often cannot
+    /// tell).
+    pub delivered: u32,
+}
+
+impl Serialize for Message {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(&self.payload)
+    }
+}
+
+impl Message {
+    /// The payload decoded from JSON. A payload that is not this JSON can never be processed:
+    /// the error is final, and the message is dead-lettered at once.
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T, HandlerError> {
+        serde_json::from_slice(&self.payload).map_err(|e| {
+            HandlerError::permanent(format!("the payload is not the expected JSON: {e}"))
+        })
+    }
+}
+
+/// A message as a broker delivered it: what the runner needs to read from it and to say to the
+/// broker about it. Adapters implement it; the runner calls exactly one of `ack`, `retry` and
+/// `dead_letter` per delivery, and `keep_alive` any number of times before.
+pub trait Delivery: Send + Sync {
+    /// The idempotency key, or why the delivery has none usable (it is then dead-lettered with
+    /// that reason, never processed unguarded).
+    fn key(&self) -> Result<Key, String>;
+    /// The body.
+    fn payload(&self) -> Bytes;
+    /// Where it was published.
+    fn subject(&self) -> &str;
+    /// Which delivery this is, from 1 (a hint where the broker cannot tell).
+    fn delivered(&self) -> u32;
+    /// How many deliveries the broker makes before it stops redelivering, if it has a limit.
+    fn max_deliveries(&self) -> Option<u32> {
+        None
+    }
+    /// How often the broker needs to hear "still working" to hold the delivery back from others
+    /// (a JetStream consumer's ack wait, divided), if it needs to.
+    fn keep_alive_every(&self) -> Option<Duration> {
+        None
+    }
+    /// Done: the broker may forget the message. Returns once the broker confirmed, where it can.
+    fn ack(&self) -> impl Future<Output = Result<(), BoxError>> + Send;
+    /// Not now: deliver it again after `delay` (to this or another consumer).
+    fn retry(&self, delay: Duration) -> impl Future<Output = Result<(), BoxError>> + Send;
+    /// Never: move it aside with `reason`, and do not deliver it again.
+    fn dead_letter(&self, reason: &str) -> impl Future<Output = Result<(), BoxError>> + Send;
+    /// Still working: do not deliver it to anyone else yet.
+    fn keep_alive(&self) -> impl Future<Output = Result<(), BoxError>> + Send;
+}
+
+/// What a handler's error tells the runner: whether it is idem's own (in progress, key reused,
+/// store unavailable) and whether retrying can help.
+pub trait ConsumerError: fmt::Display {
+    /// idem's error, when this is one.
+    fn as_idem(&self) -> Option<&Error>;
+    /// Whether retrying cannot help: the message is dead-lettered at once.
+    fn is_final(&self) -> bool;
+}
+
+impl ConsumerError for Error {
+    fn as_idem(&self) -> Option<&Error> {
+        Some(self)
+    }
+    fn is_final(&self) -> bool {
+        false
+    }
+}
+
+/// A handler's error: idem's, one worth retrying, or one that retrying cannot fix.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandlerError {
+    /// idem's own: in progress elsewhere, key reused, the store unavailable, …
+    #[error(transparent)]
+    Idem(#[from] Error),
+    /// Worth retrying (a dependency is down): the claim is released and the message retried
+    /// with backoff.
+    #[error("{0}")]
+    Transient(String),
+    /// Retrying cannot help (the payload is invalid, the order does not exist): the message is
+    /// dead-lettered with this reason.
+    #[error("{0}")]
+    Permanent(String),
+}
+
+impl HandlerError {
+    /// An error worth retrying.
+    pub fn transient(e: impl fmt::Display) -> Self {
+        HandlerError::Transient(e.to_string())
+    }
+
+    /// An error retrying cannot fix.
+    pub fn permanent(e: impl fmt::Display) -> Self {
+        HandlerError::Permanent(e.to_string())
+    }
+}
+
+impl ConsumerError for HandlerError {
+    fn as_idem(&self) -> Option<&Error> {
+        match self {
+            HandlerError::Idem(e) => Some(e),
+            _ => None,
+        }
+    }
+    fn is_final(&self) -> bool {
+        matches!(self, HandlerError::Permanent(_))
+    }
+}
+
+/// How a delivery was settled with its broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Settlement {
+    /// The handler ran and committed: acked.
+    Completed,
+    /// A delivery of a message already processed: the stored answer replayed, acked.
+    Replayed,
+    /// Another consumer holds a live claim on it: retried after its remaining lease.
+    InProgress(Duration),
+    /// A retryable error: the claim was released, retried after the backoff.
+    Retry(Duration),
+    /// Given up, with the reason: dead-lettered.
+    DeadLetter(String),
+}
+
+impl Settlement {
+    /// Whether the broker was told to forget the message because it was processed.
+    pub fn is_ack(&self) -> bool {
+        matches!(self, Settlement::Completed | Settlement::Replayed)
+    }
+}
+
+/// Exponential backoff for retryable errors: `initial × 2^(delivery − 1)`, at most `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The delay after the first delivery.
+    pub initial: Duration,
+    /// The longest delay.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay after delivery `delivered` (from 1) failed.
+    pub fn delay(&self, delivered: u32) -> Duration {
+        let doublings = delivered.saturating_sub(1).min(31);
+        self.initial
+            .checked_mul(1u32 << doublings)
+            .unwrap_or(self.max)
+            .min(self.max)
+    }
+}
+
+/// How a handler's call ended, as [`decide`] reads it.
+#[derive(Debug)]
+enum Ran<'a> {
+    /// `Ok`; `replayed` when a guarded call replayed instead of running.
+    Done { replayed: bool },
+    Failed {
+        idem: Option<&'a Error>,
+        is_final: bool,
+        reason: String,
+    },
+}
+
+/// What the runner does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Step {
+    Settle(Settlement),
+    /// At the delivery limit with the message in progress elsewhere: wait, then run again.
+    Wait(Duration),
+}
+
+/// The one mapping from a handler's outcome to an acknowledgement.
+fn decide(ran: Ran<'_>, delivered: u32, max: Option<u32>, backoff: &Backoff) -> Step {
+    let last = max.is_some_and(|max| delivered >= max);
+    let (idem, is_final, reason) = match ran {
+        Ran::Done { replayed: false } => return Step::Settle(Settlement::Completed),
+        Ran::Done { replayed: true } => return Step::Settle(Settlement::Replayed),
+        Ran::Failed {
+            idem,
+            is_final,
+            reason,
+        } => (idem, is_final, reason),
+    };
+    let dead = |reason: String| Step::Settle(Settlement::DeadLetter(reason));
+    match idem {
+        Some(Error::InProgress { retry_after }) if last => return Step::Wait(*retry_after),
+        Some(Error::InProgress { retry_after }) => {
+            return Step::Settle(Settlement::InProgress(*retry_after));
+        }
+        Some(Error::KeyReused) => {
+            return dead("the message id was already processed with a different payload".into());
+        }
+        Some(e @ (Error::InvalidKey(_) | Error::InvalidScope { .. } | Error::Decode(_))) => {
+            return dead(e.to_string());
+        }
+        // Unavailable, fence lost, an answer that could not be stored, a broken store: the
+        // claim is released or runs out, and a later delivery can succeed.
+        Some(_) => {}
+        None if is_final => return dead(reason),
+        None => {}
+    }
+    if last {
+        let max = max.unwrap_or(delivered);
+        return dead(format!(
+            "delivery limit reached ({delivered} of {max}); last error: {reason}"
+        ));
+    }
+    Step::Settle(Settlement::Retry(backoff.delay(delivered)))
+}
+
+/// Counts of how deliveries were settled, since the consumer was built.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Handlers that ran and committed (acked).
+    pub completed: u64,
+    /// Deliveries of processed messages, replayed (acked).
+    pub replayed: u64,
+    /// Retried because another consumer held a live claim.
+    pub in_progress: u64,
+    /// Retried after a retryable error.
+    pub retried: u64,
+    /// Dead-lettered.
+    pub dead_lettered: u64,
+    /// Acknowledgements the broker did not confirm (it redelivers, and the record replays).
+    pub ack_failures: u64,
+    /// Lease renewals of running handlers' claims.
+    pub renewals: u64,
+}
+
+impl Stats {
+    /// Deliveries acked: completed and replayed.
+    pub fn acked(&self) -> u64 {
+        self.completed + self.replayed
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    completed: AtomicU64,
+    replayed: AtomicU64,
+    in_progress: AtomicU64,
+    retried: AtomicU64,
+    dead_lettered: AtomicU64,
+    ack_failures: AtomicU64,
+    renewals: AtomicU64,
+}
+
+impl Counters {
+    fn settled(&self, s: &Settlement) {
+        let c = match s {
+            Settlement::Completed => &self.completed,
+            Settlement::Replayed => &self.replayed,
+            Settlement::InProgress(_) => &self.in_progress,
+            Settlement::Retry(_) => &self.retried,
+            Settlement::DeadLetter(_) => &self.dead_lettered,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> Stats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Stats {
+            completed: get(&self.completed),
+            replayed: get(&self.replayed),
+            in_progress: get(&self.in_progress),
+            retried: get(&self.retried),
+            dead_lettered: get(&self.dead_lettered),
+            ack_failures: get(&self.ack_failures),
+            renewals: get(&self.renewals),
+        }
+    }
+}
+
+/// A handler the runner can drive: a closure `Fn(Message) -> impl Future<Output = Result<T, E>>`
+/// (typically calling an `#[idempotent]` function), or [`Consumer::guarded`]. The parameter `M`
+/// only tells the two apart.
+pub trait Handler<M>: Send + Sync {
+    /// The handler's error.
+    type Error: ConsumerError;
+    /// Handles one message.
+    fn call(&self, msg: Message) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+impl<F, Fut, T, E> Handler<(T, E)> for F
+where
+    F: Fn(Message) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<T, E>> + Send,
+    E: ConsumerError,
+{
+    type Error = E;
+    fn call(&self, msg: Message) -> impl Future<Output = Result<(), E>> + Send {
+        let fut = self(msg);
+        async move { fut.await.map(|_| ()) }
+    }
+}
+
+/// A closure guarded by the runner itself: see [`Consumer::guarded`].
+pub struct Guarded<S, F> {
+    store: S,
+    scope: String,
+    policy: Policy,
+    f: F,
+}
+
+impl<S, F> fmt::Debug for Guarded<S, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Guarded")
+            .field("scope", &self.scope)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Tells [`Guarded`]'s [`Handler`] implementation apart from a closure's.
+#[derive(Debug)]
+pub enum GuardedHandler {}
+
+impl<S, F, Fut, T, E> Handler<(GuardedHandler, T, E)> for Guarded<S, F>
+where
+    S: Store,
+    F: Fn(Message, ClaimInfo) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<T, E>> + Send,
+    T: Serialize + DeserializeOwned + Send,
+    E: ConsumerError + From<Error> + Send,
+{
+    type Error = E;
+    fn call(&self, msg: Message) -> impl Future<Output = Result<(), E>> + Send {
+        let prepared = Prepared::new(
+            Ok(msg.key.clone()),
+            Ok(self.scope.clone()),
+            Fingerprint::of(&msg),
+            self.policy,
+        );
+        let f = &self.f;
+        async move {
+            flow::run::<S, Result<T, E>, marker::Serde, _>(
+                &self.store,
+                prepared,
+                crate::private::errors::<E>(),
+                WithClaim(move |claim| f(msg, claim)),
+            )
+            .await
+            .map(|_| ())
+        }
+    }
+}
+
+/// The runner: drives a handler on each delivery and settles it with its broker.
+///
+/// Cheap to clone (clones share their [`Stats`]). Built with [`Consumer::new`] and by-value
+/// setters.
+#[derive(Clone)]
+pub struct Consumer<S> {
+    name: String,
+    scope: String,
+    store: S,
+    policy: Policy,
+    max_deliveries: Option<u32>,
+    backoff: Backoff,
+    keep_alive: Option<Duration>,
+    counters: Arc<Counters>,
+}
+
+impl<S> fmt::Debug for Consumer<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Consumer")
+            .field("name", &self.name)
+            .field("policy", &self.policy)
+            .field("max_deliveries", &self.max_deliveries)
+            .field("backoff", &self.backoff)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> Consumer<S> {
+    /// A consumer named `name` (the durable consumer's name, say) whose claims live in `store`.
+    ///
+    /// Its policy: the default lease, retention [`DEFAULT_RETAIN`] (7 days). Claims that
+    /// `#[idempotent]` handlers take must be in the same store for their leases to be renewed.
+    pub fn new(name: impl Into<String>, store: S) -> Result<Self, Error> {
+        let name = name.into();
+        let mut scope = ScopeBuilder::new();
+        scope.literal("consumer:").value(&name);
+        Ok(Consumer {
+            scope: scope.finish()?,
+            name,
+            store,
+            policy: Policy::DEFAULT.retain(DEFAULT_RETAIN),
+            max_deliveries: None,
+            backoff: Backoff::default(),
+            keep_alive: None,
+            counters: Arc::default(),
+        })
+    }
+
+    /// The lease of claims taken by [`Consumer::guarded`] (default five minutes), renewed while
+    /// the handler runs.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.policy = self.policy.lease(lease);
+        self
+    }
+
+    /// How long records of [`Consumer::guarded`] are kept (default 7 days).
+    pub fn retain(mut self, retain: Duration) -> Self {
+        self.policy = self.policy.retain(retain);
+        self
+    }
+
+    /// The whole policy of [`Consumer::guarded`].
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// After how many deliveries a message that keeps failing is dead-lettered, when the broker
+    /// does not say (a JetStream consumer's `max_deliver` is read from each delivery).
+    pub fn max_deliveries(mut self, max: u32) -> Self {
+        self.max_deliveries = Some(max.max(1));
+        self
+    }
+
+    /// The backoff after retryable errors (default 1 s doubling to 60 s).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// How often a running handler's delivery is kept alive and its claims renewed (default: a
+    /// third of the lease, at most 10 s, and as often as the broker needs).
+    pub fn keep_alive(mut self, every: Duration) -> Self {
+        self.keep_alive = Some(every.max(Duration::from_millis(10)));
+        self
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The scope of [`Consumer::guarded`]'s records: `consumer:<name>`.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// How deliveries were settled so far.
+    pub fn stats(&self) -> Stats {
+        self.counters.snapshot()
+    }
+
+    /// A handler guarded by the runner: `f(message, claim)` runs once per message id (scope
+    /// `consumer:<name>`, the consumer's policy, the payload as fingerprint), in separate-commit
+    /// mode; its `Ok` is stored and replayed to later deliveries, its `Err` releases the claim.
+    /// For a transactional handler, write an `#[idempotent(…, transaction = tx)]` function.
+    pub fn guarded<F>(&self, f: F) -> Guarded<S, F>
+    where
+        S: Clone,
+    {
+        Guarded {
+            store: self.store.clone(),
+            scope: self.scope.clone(),
+            policy: self.policy,
+            f,
+        }
+    }
+
+    /// Handles one delivery: runs `handler` on it, keeping it alive and its claims renewed while
+    /// it runs, then settles it with the broker. Returns how.
+    pub async fn handle<D: Delivery, M, H: Handler<M>>(
+        &self,
+        delivery: &D,
+        handler: &H,
+    ) -> Settlement {
+        let key = match delivery.key() {
+            Ok(key) => key,
+            Err(why) => {
+                return self
+                    .settle(delivery, None, Settlement::DeadLetter(why))
+                    .await;
+            }
+        };
+        let msg = Message {
+            key,
+            payload: delivery.payload(),
+            consumer: self.name.clone(),
+            subject: delivery.subject().to_owned(),
+            delivered: delivery.delivered().max(1),
+        };
+        let max = delivery.max_deliveries().or(self.max_deliveries);
+        let every = self.keep_alive_every(delivery);
+        let mut waits = 0;
+        loop {
+            let watch = ClaimWatch::new();
+            let call = flow::watch_claims(&watch, flow::watch_replays(handler.call(msg.clone())));
+            let (result, replays) = self.while_alive(delivery, &watch, every, call).await;
+            let ran = match &result {
+                Ok(()) => Ran::Done {
+                    replayed: !replays.is_empty(),
+                },
+                Err(e) => Ran::Failed {
+                    idem: e.as_idem(),
+                    is_final: e.is_final(),
+                    reason: e.to_string(),
+                },
+            };
+            match decide(ran, msg.delivered, max, &self.backoff) {
+                Step::Settle(s) => return self.settle(delivery, Some(&msg.key), s).await,
+                Step::Wait(delay) if waits < MAX_WAITS => {
+                    waits += 1;
+                    tracing::info!(target: "idem", consumer = %self.name, key = %msg.key, ?delay, "last delivery of a message another consumer is processing: waiting for it");
+                    self.while_alive(
+                        delivery,
+                        &ClaimWatch::new(),
+                        every,
+                        tokio::time::sleep(delay.min(every)),
+                    )
+                    .await;
+                }
+                Step::Wait(_) => {
+                    let reason = "delivery limit reached while another consumer kept the message in progress".to_owned();
+                    return self
+                        .settle(delivery, Some(&msg.key), Settlement::DeadLetter(reason))
+                        .await;
+                }
+            }
+        }
+    }
+
+    /// Runs `handler` on every delivery of `deliveries`, `concurrency` at a time, until the
+    /// stream ends. Errors of the stream itself (a missed heartbeat) are logged and skipped.
+    pub async fn run<D, E, St, M, H>(&self, deliveries: St, handler: H, concurrency: usize)
+    where
+        D: Delivery,
+        E: fmt::Display,
+        St: Stream<Item = Result<D, E>>,
+        H: Handler<M>,
+    {
+        self.run_until(deliveries, handler, concurrency, std::future::pending())
+            .await
+    }
+
+    /// [`Consumer::run`] until `shutdown` completes: then no new delivery is taken, and the
+    /// ones being handled are finished and settled.
+    pub async fn run_until<D, E, St, M, H>(
+        &self,
+        deliveries: St,
+        handler: H,
+        concurrency: usize,
+        shutdown: impl Future<Output = ()>,
+    ) where
+        D: Delivery,
+        E: fmt::Display,
+        St: Stream<Item = Result<D, E>>,
+        H: Handler<M>,
+    {
+        let handler = &handler;
+        deliveries
+            .take_until(shutdown)
+            .for_each_concurrent(concurrency.max(1), |delivery| async move {
+                match delivery {
+                    Ok(d) => {
+                        self.handle(&d, handler).await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(target: "idem", consumer = %self.name, error = %e, "the broker's stream reported an error");
+                    }
+                }
+            })
+            .await
+    }
+
+    fn keep_alive_every<D: Delivery>(&self, delivery: &D) -> Duration {
+        let from_lease = (self.policy.lease / 3).min(DEFAULT_KEEP_ALIVE);
+        let mut every = self.keep_alive.unwrap_or(from_lease);
+        if let Some(broker) = delivery.keep_alive_every() {
+            every = every.min(broker);
+        }
+        every.max(Duration::from_millis(10))
+    }
+
+    /// Awaits `fut`, keeping `delivery` alive and renewing the claims in `watch` every `every`.
+    async fn while_alive<D: Delivery, F: Future>(
+        &self,
+        delivery: &D,
+        watch: &ClaimWatch,
+        every: Duration,
+        fut: F,
+    ) -> F::Output {
+        let mut fut = std::pin::pin!(fut);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                out = &mut fut => return out,
+                _ = tick.tick() => self.keep_alive_now(delivery, watch).await,
+            }
+        }
+    }
+
+    async fn keep_alive_now<D: Delivery>(&self, delivery: &D, watch: &ClaimWatch) {
+        if let Err(e) = delivery.keep_alive().await {
+            tracing::warn!(target: "idem", consumer = %self.name, error = %e, "could not keep a delivery alive");
+        }
+        for w in watch.claims() {
+            match self.store.renew(w.claim.claim_ref(), w.lease).await {
+                Ok(()) => {
+                    self.counters.renewals.fetch_add(1, Ordering::Relaxed);
+                }
+                // Ended (completed, released) or taken over: nothing left to renew.
+                Err(Error::FenceLost { .. }) => watch.forget(&w.claim),
+                Err(e) => {
+                    tracing::warn!(target: "idem", consumer = %self.name, key = %w.claim.key(), error = %e, "could not renew a running handler's lease");
+                }
+            }
+        }
+    }
+
+    async fn settle<D: Delivery>(
+        &self,
+        delivery: &D,
+        key: Option<&Key>,
+        s: Settlement,
+    ) -> Settlement {
+        let key = key.map(Key::as_str).unwrap_or("");
+        let result = match &s {
+            Settlement::Completed | Settlement::Replayed => delivery.ack().await,
+            Settlement::InProgress(delay) | Settlement::Retry(delay) => {
+                delivery.retry(*delay).await
+            }
+            Settlement::DeadLetter(reason) => {
+                tracing::error!(target: "idem", consumer = %self.name, key, subject = delivery.subject(), reason = %reason, "dead-lettering a message");
+                delivery.dead_letter(reason).await
+            }
+        };
+        tracing::debug!(target: "idem", consumer = %self.name, key, settlement = ?s, "settled a delivery");
+        self.counters.settled(&s);
+        if let Err(e) = result {
+            self.counters.ack_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(target: "idem", consumer = %self.name, key, error = %e, settlement = ?s, "the broker did not confirm; it redelivers, and the record answers the redelivery");
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const B: Backoff = Backoff {
+        initial: Duration::from_millis(100),
+        max: Duration::from_secs(1),
+    };
+
+    fn failed(idem: Option<&Error>, is_final: bool) -> Ran<'_> {
+        Ran::Failed {
+            idem,
+            is_final,
+            reason: "boom".into(),
+        }
+    }
+
+    fn dead(step: Step) -> String {
+        match step {
+            Step::Settle(Settlement::DeadLetter(r)) => r,
+            other => panic!("expected a dead letter, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_outcome_maps_to_its_acknowledgement() {
+        let settle = Step::Settle;
+        assert_eq!(
+            decide(Ran::Done { replayed: false }, 1, None, &B),
+            settle(Settlement::Completed)
+        );
+        assert_eq!(
+            decide(Ran::Done { replayed: true }, 9, Some(3), &B),
+            settle(Settlement::Replayed)
+        );
+        let busy = Error::InProgress {
+            retry_after: Duration::from_secs(7),
+        };
+        assert_eq!(
+            decide(failed(Some(&busy), false), 1, Some(5), &B),
+            settle(Settlement::InProgress(Duration::from_secs(7)))
+        );
+        assert_eq!(
+            decide(failed(Some(&busy), false), 5, Some(5), &B),
+            Step::Wait(Duration::from_secs(7))
+        );
+        assert!(
+            dead(decide(failed(Some(&Error::KeyReused), false), 1, None, &B))
+                .contains("different payload")
+        );
+        let bad_key = Error::InvalidKey(crate::error::KeyError::Empty);
+        assert!(
+            dead(decide(failed(Some(&bad_key), false), 1, None, &B))
+                .contains("invalid idempotency key")
+        );
+        assert_eq!(dead(decide(failed(None, true), 1, Some(5), &B)), "boom");
+        assert_eq!(
+            decide(failed(None, false), 1, Some(5), &B),
+            settle(Settlement::Retry(Duration::from_millis(100)))
+        );
+        assert_eq!(
+            decide(failed(None, false), 3, None, &B),
+            settle(Settlement::Retry(Duration::from_millis(400)))
+        );
+        let down = Error::Unavailable("db down".into());
+        assert_eq!(
+            decide(failed(Some(&down), false), 2, Some(5), &B),
+            settle(Settlement::Retry(Duration::from_millis(200)))
+        );
+        let limit = dead(decide(failed(None, false), 5, Some(5), &B));
+        assert!(
+            limit.contains("delivery limit reached (5 of 5)") && limit.ends_with("boom"),
+            "{limit}"
+        );
+        assert!(
+            dead(decide(failed(Some(&down), false), 6, Some(5), &B)).contains("delivery limit")
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_maximum() {
+        assert_eq!(B.delay(0), Duration::from_millis(100));
+        assert_eq!(B.delay(1), Duration::from_millis(100));
+        assert_eq!(B.delay(2), Duration::from_millis(200));
+        assert_eq!(B.delay(4), Duration::from_millis(800));
+        assert_eq!(B.delay(5), Duration::from_secs(1));
+        assert_eq!(B.delay(u32::MAX), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_message_fingerprints_as_its_payload() {
+        let msg = |delivered, subject: &str, payload: &'static [u8]| Message {
+            key: Key::parse("m-1").unwrap(),
+            payload: Bytes::from_static(payload),
+            consumer: "c".into(),
+            subject: subject.into(),
+            delivered,
+        };
+        let a = Fingerprint::of(&msg(1, "a", b"{\"n\":1}")).unwrap();
+        assert_eq!(a, Fingerprint::of(&msg(4, "b", b"{\"n\":1}")).unwrap());
+        assert_ne!(a, Fingerprint::of(&msg(1, "a", b"{\"n\":2}")).unwrap());
+    }
+
+    #[test]
+    fn the_default_retention_is_seven_days() {
+        let c = Consumer::new("c", crate::MemoryStore::new()).unwrap();
+        assert_eq!(c.policy.retain, Duration::from_secs(604_800));
+        assert_eq!(c.policy.lease, crate::record::DEFAULT_LEASE);
+        assert_eq!(c.scope(), "consumer:c");
+        let c = c.retain(Duration::from_secs(60));
+        assert_eq!(c.policy.retain, Duration::from_secs(60));
+    }
+}

@@ -1,0 +1,361 @@
+//! A transactional outbox: events enqueued in the same database transaction as the state change
+//! they announce, and a relay that publishes them, in order per partition, marking each sent only
+//! after the broker confirmed it.
+//!
+//! ```text
+//!  handler's transaction                         relay (any number of instances)
+//!  ───────────────────────────                   ─────────────────────────────────────────────
+//!  UPDATE orders SET status = 'PAID' …           claim partition heads (lease; SKIP LOCKED)
+//!  outbox.enqueue(tx, Event::for_claim(…))  ──►  publish (message id = event id), confirmed
+//!  COMMIT  (NOTIFY on PostgreSQL)                mark sent           (crash here: published again,
+//!                                                                     deduplicated by the id)
+//! ```
+//!
+//! - **Ids are deterministic**: [`Event::for_claim`] derives the id from the guarded call's scope,
+//!   key and a step name, so a retried request enqueues the same id (and the outbox keeps one), and
+//!   the broker's message id (`Nats-Msg-Id`, AMQP `message_id`) is the same on every publish.
+//! - **Order per partition**: the relay publishes a partition's events one at a time, lowest
+//!   sequence first, and the next only once the previous is sent. Sequences follow the order in
+//!   which enqueuing transactions reach the outbox; transactions that enqueue for one partition
+//!   and lock the same row (the order being changed) commit in that order.
+//! - **At least once, deduplicated**: a relay killed between the broker's confirmation and mark
+//!   sent publishes again after its lease; JetStream's duplicate window drops the copy, and a
+//!   guarded consumer replays it anyway.
+//! - **Several relays**: PostgreSQL claims with `FOR UPDATE SKIP LOCKED` and a lease; SQLite has
+//!   one writer, so its claim is atomic. PostgreSQL relays wake on `LISTEN/NOTIFY`; polling is the
+//!   safety net (and SQLite's only way).
+//! - **Retention**: sent events are purged after [`Relay::retain_sent`] (default 7 days).
+//!
+//! Backends: [`PgOutbox`](crate::store::outbox::PgOutbox) and
+//! [`SqliteOutbox`](crate::store::outbox::SqliteOutbox). Publishers: `JetStreamPublisher`
+//! (feature `nats`) and `AmqpPublisher` (feature `amqp`), or any [`Publisher`].
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+
+use crate::error::{BoxError, Result};
+use crate::guard::{ClaimInfo, downstream_key};
+
+/// An event to publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Its id, published as the broker's message id: deterministic, so every publish of it is
+    /// deduplicated as one.
+    pub id: String,
+    /// Where to publish it: a NATS subject, an AMQP routing key.
+    pub topic: String,
+    /// Events with the same partition key are published in order, one at a time.
+    pub partition_key: String,
+    /// The body.
+    pub payload: Bytes,
+}
+
+impl Event {
+    /// An event with an id of your own.
+    pub fn new(
+        id: impl Into<String>,
+        topic: impl Into<String>,
+        partition_key: impl Into<String>,
+        payload: impl Into<Bytes>,
+    ) -> Self {
+        Event {
+            id: id.into(),
+            topic: topic.into(),
+            partition_key: partition_key.into(),
+            payload: payload.into(),
+        }
+    }
+
+    /// An event of a guarded call: its id is derived from the call's scope, key and `step`, the
+    /// same for every attempt of the request and different for each step.
+    pub fn for_claim(
+        claim: &ClaimInfo,
+        step: &str,
+        topic: impl Into<String>,
+        partition_key: impl Into<String>,
+        payload: impl Into<Bytes>,
+    ) -> Self {
+        Event::new(
+            event_id(claim.scope(), claim.key().as_str(), step),
+            topic,
+            partition_key,
+            payload,
+        )
+    }
+}
+
+/// The id of the event of `step` in the guarded call on `(scope, key)`.
+pub fn event_id(scope: &str, key: &str, step: &str) -> String {
+    downstream_key(scope, key, &format!("event:{step}"))
+}
+
+/// An event claimed by a relay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimedEvent {
+    /// Its place in the outbox.
+    pub seq: i64,
+    /// How many times a relay claimed it, this time included.
+    pub attempts: u32,
+    /// The event.
+    pub event: Event,
+}
+
+/// An event waiting to be published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingEvent {
+    /// Its place in the outbox.
+    pub seq: i64,
+    /// How many times a relay claimed it.
+    pub attempts: u32,
+    /// The event.
+    pub event: Event,
+    /// Why its last publish failed, if it did.
+    pub last_error: Option<String>,
+}
+
+/// How many events an outbox holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutboxCounts {
+    /// Not yet sent.
+    pub pending: u64,
+    /// Sent, not yet purged.
+    pub sent: u64,
+}
+
+/// Where a relay takes events from: an outbox table.
+pub trait OutboxBackend: Send + Sync {
+    /// Claims up to `limit` events for `owner` for `lease`: only the first unsent event of each
+    /// partition, and only if no other relay holds it.
+    fn claim(
+        &self,
+        owner: &str,
+        lease: Duration,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<ClaimedEvent>>> + Send;
+    /// Marks the event sent: call only after the broker confirmed it.
+    fn mark_sent(&self, seq: i64) -> impl Future<Output = Result<()>> + Send;
+    /// Gives the event back, to be claimed again after `delay`.
+    fn retry_later(
+        &self,
+        seq: i64,
+        delay: Duration,
+        error: &str,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// How many events are pending and sent.
+    fn counts(&self) -> impl Future<Output = Result<OutboxCounts>> + Send;
+    /// Deletes events sent longer ago than `older_than`; returns how many.
+    fn purge_sent(&self, older_than: Duration) -> impl Future<Output = Result<u64>> + Send;
+}
+
+/// Publishes an event and returns once the broker confirmed it (stored it, or deduplicated it).
+pub trait Publisher: Send + Sync {
+    /// Publishes `event` with `event.id` as the broker's message id.
+    fn publish(&self, event: &Event) -> impl Future<Output = Result<(), BoxError>> + Send;
+}
+
+/// A relay: claims pending events, publishes them, marks them sent.
+pub struct Relay<O, P> {
+    outbox: O,
+    publisher: P,
+    owner: String,
+    batch: u32,
+    lease: Duration,
+    poll: Duration,
+    retain_sent: Duration,
+    backoff_max: Duration,
+}
+
+impl<O, P> fmt::Debug for Relay<O, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Relay")
+            .field("owner", &self.owner)
+            .field("batch", &self.batch)
+            .field("lease", &self.lease)
+            .field("poll", &self.poll)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<O: OutboxBackend, P: Publisher> Relay<O, P> {
+    /// A relay from `outbox` to `publisher`: batches of 64, a 30-second lease, polling every
+    /// second (PostgreSQL relays are woken sooner by `NOTIFY`), sent events kept 7 days.
+    pub fn new(outbox: O, publisher: P) -> Self {
+        Relay {
+            outbox,
+            publisher,
+            owner: format!(
+                "relay-{}-{:x}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0)
+            ),
+            batch: 64,
+            lease: Duration::from_secs(30),
+            poll: Duration::from_secs(1),
+            retain_sent: crate::consumer::DEFAULT_RETAIN,
+            backoff_max: Duration::from_secs(30),
+        }
+    }
+
+    /// How many events one round claims (default 64): at most one per partition.
+    pub fn batch(mut self, n: u32) -> Self {
+        self.batch = n.max(1);
+        self
+    }
+
+    /// How long a claim keeps other relays off an event (default 30 s): longer than a publish
+    /// takes. A relay that dies holding events leaves them to others after this.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How often to look for work without a wake-up (default 1 s).
+    pub fn poll(mut self, every: Duration) -> Self {
+        self.poll = every;
+        self
+    }
+
+    /// How long sent events are kept before [`Relay::run_until`] purges them (default 7 days).
+    pub fn retain_sent(mut self, retain: Duration) -> Self {
+        self.retain_sent = retain;
+        self
+    }
+
+    /// The relay's name in the outbox's `lease_owner` column.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The outbox.
+    pub fn outbox(&self) -> &O {
+        &self.outbox
+    }
+
+    /// One round: claims a batch, publishes its events concurrently (one per partition), marks
+    /// each sent once confirmed and gives the others back with a backoff. Returns how many
+    /// were sent.
+    pub async fn run_once(&self) -> Result<usize> {
+        let claimed = self
+            .outbox
+            .claim(&self.owner, self.lease, self.batch)
+            .await?;
+        let results = join_all(claimed.iter().map(|c| self.publish_one(c))).await;
+        Ok(results.into_iter().filter(|sent| *sent).count())
+    }
+
+    async fn publish_one(&self, claimed: &ClaimedEvent) -> bool {
+        match self.publisher.publish(&claimed.event).await {
+            Ok(()) => match self.outbox.mark_sent(claimed.seq).await {
+                Ok(()) => true,
+                Err(e) => {
+                    // Published but not marked: it is published again after the lease, and the
+                    // broker's dedupe (or the consumer's guard) absorbs the copy.
+                    tracing::warn!(target: "idem", id = %claimed.event.id, error = %e, "published an event but could not mark it sent");
+                    false
+                }
+            },
+            Err(e) => {
+                let delay = Duration::from_millis(100)
+                    .saturating_mul(1 << claimed.attempts.min(16))
+                    .min(self.backoff_max);
+                tracing::warn!(target: "idem", id = %claimed.event.id, topic = %claimed.event.topic, attempts = claimed.attempts, ?delay, error = %e, "publishing an event failed; retrying");
+                if let Err(e) = self
+                    .outbox
+                    .retry_later(claimed.seq, delay, &e.to_string())
+                    .await
+                {
+                    tracing::warn!(target: "idem", id = %claimed.event.id, error = %e, "could not give an event back; it is claimed again after its lease");
+                }
+                false
+            }
+        }
+    }
+
+    /// Runs rounds until `shutdown` completes: at once while there is work, otherwise on a
+    /// wake-up from `wake` (PostgreSQL's `NOTIFY`: see [`Wake`]) or after the poll interval.
+    /// Purges sent events past their retention about once a minute.
+    pub async fn run_until<W: Wake>(&self, mut wake: W, shutdown: impl Future<Output = ()>) {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut last_purge = tokio::time::Instant::now();
+        loop {
+            let busy = match self.run_once().await {
+                Ok(sent) => sent > 0,
+                Err(e) => {
+                    tracing::warn!(target: "idem", error = %e, "the outbox could not be read; retrying");
+                    false
+                }
+            };
+            if last_purge.elapsed() > Duration::from_secs(60) {
+                last_purge = tokio::time::Instant::now();
+                if let Err(e) = self.outbox.purge_sent(self.retain_sent).await {
+                    tracing::warn!(target: "idem", error = %e, "purging sent events failed");
+                }
+            }
+            if busy {
+                // More may be waiting behind what was just sent; look again, unless asked to
+                // stop.
+                if futures_util::FutureExt::now_or_never(shutdown.as_mut()).is_some() {
+                    return;
+                }
+                continue;
+            }
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = wake.wait(self.poll) => {}
+            }
+        }
+    }
+}
+
+/// What a relay waits on between rounds: a wake-up, or the poll interval, whichever comes first.
+pub trait Wake: Send {
+    /// Returns on a wake-up or after `timeout`.
+    fn wait(&mut self, timeout: Duration) -> impl Future<Output = ()> + Send;
+}
+
+/// No wake-ups: poll.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Poll;
+
+impl Wake for Poll {
+    async fn wait(&mut self, timeout: Duration) {
+        tokio::time::sleep(timeout).await
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Wake for sqlx::postgres::PgListener {
+    async fn wait(&mut self, timeout: Duration) {
+        match tokio::time::timeout(timeout, self.recv()).await {
+            // Woken, or the poll interval passed.
+            Ok(Ok(_)) | Err(_) => {}
+            Ok(Err(e)) => {
+                // The listener reconnects on its next call; poll meanwhile.
+                tracing::warn!(target: "idem", error = %e, "the outbox listener failed; polling");
+                tokio::time::sleep(timeout).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_ids_are_deterministic_per_scope_key_and_step() {
+        let a = event_id("order:1", "k", "paid");
+        assert_eq!(a, event_id("order:1", "k", "paid"));
+        assert_ne!(a, event_id("order:1", "k", "refunded"));
+        assert_ne!(a, event_id("order:2", "k", "paid"));
+        assert_ne!(a, downstream_key("order:1", "k", "paid"));
+        assert!(a.starts_with("idem-") && a.len() == 37, "{a}");
+    }
+}

@@ -1,0 +1,444 @@
+//! The outbox table of the SQL stores: its statements written once from the stores' `Dialect`,
+//! and the two backends, [`PgOutbox`] and [`SqliteOutbox`], that run them.
+//!
+//! The statements differ between the databases only where the databases do: the clock and
+//! column types (from `Dialect`), the sequence column, `FOR UPDATE SKIP LOCKED` (PostgreSQL;
+//! SQLite has one writer, so its claim is atomic as it stands), and the `NOTIFY` trigger that
+//! wakes PostgreSQL relays.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
+
+use crate::error::Result;
+use crate::outbox::{ClaimedEvent, Event, OutboxBackend, OutboxCounts, PendingEvent};
+use crate::store::sql::{Dialect, Types, base_name, map_err, ms, quote_table};
+
+/// The default table of the outbox.
+pub const DEFAULT_OUTBOX_TABLE: &str = "idem_outbox";
+
+/// How many sent events one purge statement deletes.
+const PURGE_BATCH: i64 = 10_000;
+
+/// What the outbox's statements need from a database beyond the stores' [`Dialect`].
+pub(crate) trait OutboxDialect: Dialect {
+    /// The column that orders events: an auto-assigned 64-bit integer key.
+    const SEQ: &'static str;
+    /// What the claim's inner `SELECT` ends with.
+    const LOCK: &'static str;
+    /// Statements run after the table is created (PostgreSQL's `NOTIFY` trigger).
+    fn after_create(table: &str, quoted: &str, channel: &str) -> Vec<String>;
+}
+
+/// Every statement of one outbox table.
+pub(crate) struct OutboxStatements {
+    pub(crate) table: String,
+    /// The `NOTIFY` channel of this table (PostgreSQL).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) channel: String,
+    pub(crate) create: Vec<SqlStr>,
+    pub(crate) enqueue: SqlStr,
+    pub(crate) claim: SqlStr,
+    pub(crate) mark_sent: SqlStr,
+    pub(crate) retry: SqlStr,
+    pub(crate) pending: SqlStr,
+    pub(crate) counts: SqlStr,
+    pub(crate) purge: SqlStr,
+}
+
+fn sql(s: String) -> SqlStr {
+    AssertSqlSafe(s).into_sql_str()
+}
+
+impl OutboxStatements {
+    pub(crate) fn new<D: OutboxDialect>(table: &str) -> Result<OutboxStatements> {
+        let t = quote_table(table, D::QUALIFIED_TABLES)?;
+        let base = base_name(table);
+        let now = D::NOW;
+        let Types {
+            text,
+            bytes,
+            int4,
+            timestamp,
+            ..
+        } = D::TYPES;
+        let channel = format!("{base}_wake");
+        let seq = D::SEQ;
+        let lock = D::LOCK;
+        let mut create = vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\
+                 seq {seq}, \
+                 id {text} NOT NULL UNIQUE, \
+                 topic {text} NOT NULL, \
+                 partition_key {text} NOT NULL, \
+                 payload {bytes} NOT NULL, \
+                 created_at {timestamp} NOT NULL, \
+                 sent_at {timestamp}, \
+                 lease_until {timestamp}, \
+                 lease_owner {text}, \
+                 attempts {int4} NOT NULL DEFAULT 0, \
+                 last_error {text})"
+            ),
+            // The relay's scan: unsent events by partition, in order.
+            format!(
+                "CREATE INDEX IF NOT EXISTS \"{base}_pending_idx\" ON {t} (partition_key, seq) \
+                 WHERE sent_at IS NULL"
+            ),
+            format!(
+                "CREATE INDEX IF NOT EXISTS \"{base}_sent_idx\" ON {t} (sent_at) \
+                 WHERE sent_at IS NOT NULL"
+            ),
+        ];
+        create.extend(D::after_create(table, &t, &channel));
+        let columns = "seq, id, topic, partition_key, payload, attempts";
+        Ok(OutboxStatements {
+            table: table.to_owned(),
+            channel,
+            create: create.into_iter().map(sql).collect(),
+            enqueue: sql(format!(
+                "INSERT INTO {t} (id, topic, partition_key, payload, created_at) \
+                 VALUES ($1, $2, $3, $4, {now}) ON CONFLICT (id) DO NOTHING RETURNING seq"
+            )),
+            // Only the head of each partition (no unsent event before it) whose lease is free:
+            // a partition's events are published one at a time, in order, by one relay.
+            claim: sql(format!(
+                "UPDATE {t} SET lease_until = {}, lease_owner = $1, attempts = attempts + 1 \
+                 WHERE seq IN (SELECT o.seq FROM {t} o \
+                   WHERE o.sent_at IS NULL \
+                     AND (o.lease_until IS NULL OR o.lease_until <= {now}) \
+                     AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.partition_key = o.partition_key \
+                                     AND p.sent_at IS NULL AND p.seq < o.seq) \
+                   ORDER BY o.seq LIMIT $3{lock}) \
+                 RETURNING {columns}",
+                D::after("$2"),
+            )),
+            mark_sent: sql(format!(
+                "UPDATE {t} SET sent_at = {now}, lease_until = NULL, lease_owner = NULL, \
+                 last_error = NULL WHERE seq = $1 AND sent_at IS NULL"
+            )),
+            retry: sql(format!(
+                "UPDATE {t} SET lease_until = {}, lease_owner = NULL, last_error = $3 \
+                 WHERE seq = $1 AND sent_at IS NULL",
+                D::after("$2"),
+            )),
+            pending: sql(format!(
+                "SELECT {columns}, last_error FROM {t} WHERE sent_at IS NULL ORDER BY seq LIMIT $1"
+            )),
+            counts: sql(format!(
+                "SELECT (SELECT count(*) FROM {t} WHERE sent_at IS NULL) AS pending, \
+                        (SELECT count(*) FROM {t} WHERE sent_at IS NOT NULL) AS sent"
+            )),
+            purge: sql(format!(
+                "DELETE FROM {t} WHERE seq IN (SELECT seq FROM {t} \
+                 WHERE sent_at IS NOT NULL AND sent_at <= {} LIMIT {PURGE_BATCH})",
+                D::after("$1"),
+            )),
+        })
+    }
+}
+
+fn read_claimed<R: sqlx::Row>(row: &R) -> std::result::Result<ClaimedEvent, sqlx::Error>
+where
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(ClaimedEvent {
+        seq: row.try_get("seq")?,
+        attempts: u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0),
+        event: Event {
+            id: row.try_get("id")?,
+            topic: row.try_get("topic")?,
+            partition_key: row.try_get("partition_key")?,
+            payload: Bytes::from(row.try_get::<Vec<u8>, _>("payload")?),
+        },
+    })
+}
+
+/// An outbox's statements, with how one backend runs them: written once for both databases.
+macro_rules! outbox_backend {
+    ($name:ident, $dialect:ty, $db:ty, $pool:ty, $conn:ty, $doc:literal) => {
+        #[doc = $doc]
+        #[derive(Clone)]
+        pub struct $name {
+            pool: $pool,
+            sql: Arc<OutboxStatements>,
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($name))
+                    .field("table", &self.sql.table)
+                    .finish_non_exhaustive()
+            }
+        }
+
+        impl $name {
+            /// The outbox in table `idem_outbox` of `pool`'s database. The table is not
+            /// created: call `migrate`.
+            pub fn new(pool: $pool) -> Self {
+                Self::with_table(pool, DEFAULT_OUTBOX_TABLE)
+                    .expect("the default table name is valid")
+            }
+
+            /// The outbox in `table` (an identifier, checked).
+            pub fn with_table(pool: $pool, table: &str) -> Result<Self> {
+                Ok($name {
+                    pool,
+                    sql: Arc::new(OutboxStatements::new::<$dialect>(table)?),
+                })
+            }
+
+            /// The pool.
+            pub fn pool(&self) -> &$pool {
+                &self.pool
+            }
+
+            /// The table.
+            pub fn table(&self) -> &str {
+                &self.sql.table
+            }
+
+            /// Creates the table, its indexes (and on PostgreSQL its `NOTIFY` trigger) if
+            /// missing; safe to run from many instances at once.
+            pub async fn migrate(&self) -> Result<()> {
+                let mut tx = self.begin_migration().await?;
+                for stmt in <$dialect as Dialect>::migration_lock()
+                    .iter()
+                    .chain(&self.sql.create)
+                {
+                    sqlx::query(stmt.clone())
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(map_err)?;
+                }
+                tx.commit().await.map_err(map_err)
+            }
+
+            async fn begin_migration(&self) -> Result<sqlx::Transaction<'static, $db>> {
+                match <$dialect as Dialect>::BEGIN {
+                    Some(stmt) => self.pool.begin_with(stmt).await,
+                    None => self.pool.begin().await,
+                }
+                .map_err(map_err)
+            }
+
+            /// Enqueues `event` on `conn`: inside the caller's transaction, so that it commits
+            /// or rolls back with the state change it announces. An event whose id is already
+            /// in the outbox is not enqueued again (`false`): a deterministic id makes a
+            /// repeated transaction enqueue nothing new.
+            pub async fn enqueue(&self, conn: &mut $conn, event: &Event) -> Result<bool> {
+                let row = sqlx::query(self.sql.enqueue.clone())
+                    .bind(event.id.as_str())
+                    .bind(event.topic.as_str())
+                    .bind(event.partition_key.as_str())
+                    .bind(&event.payload[..])
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(map_err)?;
+                Ok(row.is_some())
+            }
+
+            /// The oldest unsent events, at most `limit`.
+            pub async fn pending(&self, limit: u32) -> Result<Vec<PendingEvent>> {
+                use sqlx::Row as _;
+                let rows = sqlx::query(self.sql.pending.clone())
+                    .bind(i64::from(limit))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(map_err)?;
+                rows.iter()
+                    .map(|row| {
+                        let claimed = read_claimed(row)?;
+                        Ok(PendingEvent {
+                            seq: claimed.seq,
+                            attempts: claimed.attempts,
+                            event: claimed.event,
+                            last_error: row.try_get("last_error")?,
+                        })
+                    })
+                    .collect::<std::result::Result<_, sqlx::Error>>()
+                    .map_err(map_err)
+            }
+        }
+
+        impl OutboxBackend for $name {
+            async fn claim(
+                &self,
+                owner: &str,
+                lease: Duration,
+                limit: u32,
+            ) -> Result<Vec<ClaimedEvent>> {
+                let rows = sqlx::query(self.sql.claim.clone())
+                    .bind(owner)
+                    .bind(ms(lease))
+                    .bind(i64::from(limit))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(map_err)?;
+                let mut events = rows
+                    .iter()
+                    .map(read_claimed)
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(map_err)?;
+                events.sort_by_key(|e| e.seq);
+                Ok(events)
+            }
+
+            async fn mark_sent(&self, seq: i64) -> Result<()> {
+                sqlx::query(self.sql.mark_sent.clone())
+                    .bind(seq)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(map_err)?;
+                Ok(())
+            }
+
+            async fn retry_later(&self, seq: i64, delay: Duration, error: &str) -> Result<()> {
+                sqlx::query(self.sql.retry.clone())
+                    .bind(seq)
+                    .bind(ms(delay))
+                    .bind(error)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(map_err)?;
+                Ok(())
+            }
+
+            async fn counts(&self) -> Result<OutboxCounts> {
+                use sqlx::Row as _;
+                let row = sqlx::query(self.sql.counts.clone())
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(map_err)?;
+                let get = |c: &str| -> Result<u64> {
+                    let n: i64 = row.try_get(c).map_err(map_err)?;
+                    Ok(u64::try_from(n).unwrap_or(0))
+                };
+                Ok(OutboxCounts {
+                    pending: get("pending")?,
+                    sent: get("sent")?,
+                })
+            }
+
+            async fn purge_sent(&self, older_than: Duration) -> Result<u64> {
+                let mut total = 0;
+                loop {
+                    let done = sqlx::query(self.sql.purge.clone())
+                        .bind(-ms(older_than))
+                        .execute(&self.pool)
+                        .await
+                        .map_err(map_err)?
+                        .rows_affected();
+                    total += done;
+                    if done < PURGE_BATCH as u64 {
+                        return Ok(total);
+                    }
+                }
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+mod pg {
+    use super::*;
+    use crate::store::postgres::Pg;
+
+    impl OutboxDialect for Pg {
+        const SEQ: &'static str = "bigint GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY";
+        const LOCK: &'static str = " FOR UPDATE SKIP LOCKED";
+
+        fn after_create(table: &str, quoted: &str, channel: &str) -> Vec<String> {
+            let function = match table.rsplit_once('.') {
+                Some((schema, base)) => format!("\"{schema}\".\"{base}_notify\""),
+                None => format!("\"{table}_notify\""),
+            };
+            let trigger = format!("\"{}_notify\"", base_name(table));
+            vec![
+                format!(
+                    "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS \
+                     $$ BEGIN PERFORM pg_notify('{channel}', ''); RETURN NULL; END $$"
+                ),
+                // Delivered when the enqueuing transaction commits, never before.
+                format!(
+                    "CREATE OR REPLACE TRIGGER {trigger} AFTER INSERT ON {quoted} \
+                     FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
+                ),
+            ]
+        }
+    }
+
+    outbox_backend!(
+        PgOutbox,
+        Pg,
+        sqlx::Postgres,
+        sqlx::PgPool,
+        sqlx::PgConnection,
+        "The outbox on PostgreSQL.\n\nAny number of relays may share it: each claims the heads of \
+         partitions with `FOR UPDATE SKIP LOCKED` and a lease, and a trigger `NOTIFY`s them when an \
+         enqueuing transaction commits (see [`PgOutbox::listener`])."
+    );
+
+    impl PgOutbox {
+        /// A listener on this outbox's `NOTIFY` channel, for a relay to wake up on.
+        pub async fn listener(&self) -> Result<sqlx::postgres::PgListener> {
+            let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool)
+                .await
+                .map_err(map_err)?;
+            listener.listen(&self.sql.channel).await.map_err(map_err)?;
+            Ok(listener)
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+pub use pg::PgOutbox;
+
+#[cfg(feature = "sqlite")]
+mod lite {
+    use super::*;
+    use crate::store::sqlite::Lite;
+
+    impl OutboxDialect for Lite {
+        const SEQ: &'static str = "INTEGER PRIMARY KEY AUTOINCREMENT";
+        // One writer: the claim's UPDATE is atomic as it stands.
+        const LOCK: &'static str = "";
+
+        fn after_create(_: &str, _: &str, _: &str) -> Vec<String> {
+            Vec::new()
+        }
+    }
+
+    outbox_backend!(
+        SqliteOutbox,
+        Lite,
+        sqlx::Sqlite,
+        sqlx::SqlitePool,
+        sqlx::SqliteConnection,
+        "The outbox on SQLite.\n\nSQLite has one writer at a time, so a claim is atomic as it \
+         stands; relays poll. Use the store's writer pool ([`SqliteStore::pool`](crate::SqliteStore::pool))."
+    );
+}
+
+#[cfg(feature = "sqlite")]
+pub use lite::SqliteOutbox;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_checked() {
+        assert!(
+            OutboxStatements::new::<crate::store::sqlite::Lite>("outbox; DROP TABLE x").is_err()
+        );
+        assert!(OutboxStatements::new::<crate::store::sqlite::Lite>("idem_outbox").is_ok());
+    }
+}

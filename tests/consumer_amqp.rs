@@ -1,0 +1,317 @@
+//! The RabbitMQ adapter against a real broker: the same seam and runner as JetStream. One
+//! message id published three times and redelivered after a consumer's channel died mid-handler
+//! has one effect; a poison message and one without a `message_id` go to the dead-letter
+//! exchange while the rest flow. The outbox's AMQP publisher sends the messages.
+//!
+//! Each test declares queues and exchanges of its own, deleted at the end. Without `AMQP_URL` at
+//! build time the tests are listed as ignored.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use idem::consumer::amqp::{AmqpPublisher, AmqpSource};
+use idem::consumer::{Consumer, HandlerError, Message};
+use idem::outbox::{Event, Publisher};
+use idem::{MemoryStore, SqliteStore, idempotent};
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ExchangeDeclareOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
+
+/// A work queue with a dead-letter exchange and queue, deleted when dropped.
+struct Queues {
+    conn: Connection,
+    channel: Channel,
+    work: String,
+    dead: String,
+    exchange: String,
+}
+
+impl Queues {
+    async fn new() -> Queues {
+        let conn = Connection::connect(&common::amqp_url(), Default::default())
+            .await
+            .expect("connect to RabbitMQ");
+        let channel = conn.create_channel().await.unwrap();
+        let base = common::unique("idem");
+        let (work, dead, exchange) = (
+            format!("{base}.work"),
+            format!("{base}.dead"),
+            format!("{base}.dlx"),
+        );
+        channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                ExchangeKind::Fanout,
+                ExchangeDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        channel
+            .queue_declare(
+                dead.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        channel
+            .queue_bind(
+                dead.as_str().into(),
+                exchange.as_str().into(),
+                "".into(),
+                Default::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString(exchange.as_str().into()),
+        );
+        channel
+            .queue_declare(work.as_str().into(), QueueDeclareOptions::default(), args)
+            .await
+            .unwrap();
+        Queues {
+            conn,
+            channel,
+            work,
+            dead,
+            exchange,
+        }
+    }
+
+    /// The messages in the dead-letter queue, taken.
+    async fn dead_letters(&self) -> Vec<(Option<String>, Vec<u8>)> {
+        let mut out = Vec::new();
+        while let Some(m) = self
+            .channel
+            .basic_get(self.dead.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+        {
+            out.push((
+                m.delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map(|s| s.as_str().to_owned()),
+                m.delivery.data.clone(),
+            ));
+        }
+        out
+    }
+
+    async fn cleanup(self) {
+        for q in [&self.work, &self.dead] {
+            let _ = self
+                .channel
+                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                .await;
+        }
+        let _ = self
+            .channel
+            .exchange_delete(self.exchange.as_str().into(), Default::default())
+            .await;
+        let _ = self.conn.close(200, "done".into()).await;
+    }
+}
+
+async fn until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let end = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < end {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    done()
+}
+
+#[idempotent(scope = "ship:<msg.consumer>", key = msg.key, store = store, transaction = tx, skip(entered), retain = "7d")]
+async fn ship(
+    store: &SqliteStore,
+    entered: Option<&tokio::sync::mpsc::UnboundedSender<()>>,
+    msg: Message,
+) -> Result<(), HandlerError> {
+    sqlx::query("INSERT INTO shipments (msg) VALUES ($1)")
+        .bind(msg.key.as_str())
+        .execute(&mut **tx)
+        .await
+        .map_err(HandlerError::transient)?;
+    if let Some(entered) = entered {
+        let _ = entered.send(());
+        std::future::pending::<()>().await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn published_three_times_and_redelivered_after_a_crash_has_one_effect() {
+    let q = Queues::new().await;
+    let publisher = AmqpPublisher::new(q.conn.create_channel().await.unwrap(), "")
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let e = Event::new("order-paid-ORD-1", q.work.as_str(), "ORD-1", "{}");
+        publisher.publish(&e).await.unwrap();
+    }
+    let file = common::SqliteFile::new();
+    let store = SqliteStore::connect(&file.url).await.unwrap();
+    sqlx::query("CREATE TABLE shipments (msg TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+
+    // A consumer on a channel of its own takes the message and dies inside the handler: its
+    // channel closes with the delivery unacked, and RabbitMQ requeues it.
+    let crash_channel = q.conn.create_channel().await.unwrap();
+    let source = AmqpSource::new(crash_channel.clone(), q.work.as_str());
+    let crashing = Consumer::new("fulfilment", store.clone()).unwrap();
+    let (entered_tx, mut entered_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (s, deliveries) = (store.clone(), source.deliveries("crashing").await.unwrap());
+    let task = tokio::spawn(async move {
+        crashing
+            .run(
+                deliveries,
+                move |msg: Message| {
+                    let (s, e) = (s.clone(), entered_tx.clone());
+                    async move { ship(&s, Some(&e), msg).await }
+                },
+                1,
+            )
+            .await
+    });
+    tokio::time::timeout(Duration::from_secs(10), entered_rx.recv())
+        .await
+        .expect("the handler started")
+        .unwrap();
+    task.abort();
+    let _ = task.await;
+    crash_channel.close(200, "crashed".into()).await.unwrap();
+
+    let source = AmqpSource::new(q.conn.create_channel().await.unwrap(), q.work.as_str());
+    let consumer = Consumer::new("fulfilment", store.clone()).unwrap();
+    let c = consumer.clone();
+    let (s, deliveries) = (store.clone(), source.deliveries("survivor").await.unwrap());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let runner = tokio::spawn(async move {
+        c.run_until(
+            deliveries,
+            move |msg: Message| {
+                let s = s.clone();
+                async move { ship(&s, None, msg).await }
+            },
+            1,
+            async {
+                let _ = stop_rx.await;
+            },
+        )
+        .await
+    });
+    assert!(
+        until(Duration::from_secs(20), || consumer.stats().acked() == 3).await,
+        "{:?}",
+        consumer.stats()
+    );
+    let _ = stop_tx.send(());
+    runner.await.unwrap();
+    let stats = consumer.stats();
+    assert_eq!((stats.completed, stats.replayed), (1, 2), "{stats:?}");
+    let shipments: Vec<(String,)> = sqlx::query_as("SELECT msg FROM shipments")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(shipments, vec![("order-paid-ORD-1".to_owned(),)]);
+    q.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn poison_and_anonymous_messages_are_dead_lettered_while_the_rest_flow() {
+    let q = Queues::new().await;
+    let publisher = AmqpPublisher::new(q.conn.create_channel().await.unwrap(), "")
+        .await
+        .unwrap();
+    for n in 0..30 {
+        let payload = if n == 10 { "poison" } else { "{}" };
+        let e = Event::new(format!("m-{n}"), q.work.as_str(), "p", payload);
+        publisher.publish(&e).await.unwrap();
+    }
+    // No message_id at all.
+    q.channel
+        .basic_publish(
+            "".into(),
+            q.work.as_str().into(),
+            BasicPublishOptions::default(),
+            b"anonymous",
+            BasicProperties::default(),
+        )
+        .await
+        .unwrap();
+
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let consumer = Consumer::new("fulfilment", MemoryStore::new())
+        .unwrap()
+        .max_deliveries(5);
+    let a = attempts.clone();
+    let handler = consumer.guarded(move |msg: Message, _claim| {
+        a.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if &msg.payload[..] == b"poison" {
+                Err(HandlerError::permanent("no such order"))
+            } else {
+                Ok(())
+            }
+        }
+    });
+    let source = AmqpSource::new(q.conn.create_channel().await.unwrap(), q.work.as_str());
+    let deliveries = source.deliveries("worker").await.unwrap();
+    let c = consumer.clone();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let runner = tokio::spawn(async move {
+        c.run_until(deliveries.boxed(), handler, 8, async {
+            let _ = stop_rx.await;
+        })
+        .await
+    });
+    assert!(
+        until(Duration::from_secs(20), || {
+            let s = consumer.stats();
+            s.completed + s.dead_lettered == 31
+        })
+        .await,
+        "{:?}",
+        consumer.stats()
+    );
+    let _ = stop_tx.send(());
+    runner.await.unwrap();
+    let stats = consumer.stats();
+    assert_eq!((stats.completed, stats.dead_lettered), (29, 2), "{stats:?}");
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        30,
+        "the anonymous one never ran"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut dead = q.dead_letters().await;
+    dead.sort();
+    assert_eq!(
+        dead,
+        vec![
+            (None, b"anonymous".to_vec()),
+            (Some("m-10".to_owned()), b"poison".to_vec())
+        ]
+    );
+    q.cleanup().await;
+}

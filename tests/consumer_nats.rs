@@ -1,0 +1,347 @@
+//! The JetStream adapter against a real NATS server: a message published three times with one
+//! id and redelivered after a consumer crash has one effect; an ack after the ack wait, with the
+//! redelivery it could not stop, still runs the handler once; a poison message is dead-lettered
+//! after one attempt while the rest of the stream flows.
+//!
+//! Each test works in streams of its own (a unique prefix), deleted at the end. Without
+//! `NATS_URL` at build time the tests are listed as ignored.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{PullConsumer, pull};
+use async_nats::jetstream::message::PublishMessage;
+use bytes::Bytes;
+use idem::consumer::nats::{JetStreamSource, KEY, REASON};
+use idem::consumer::{Consumer, Delivery, HandlerError, Message};
+use idem::{BoxError, Key, MemoryStore, SqliteStore, idempotent};
+
+use common::JsStreams;
+
+async fn pull_consumer(
+    stream: &async_nats::jetstream::stream::Stream,
+    name: &str,
+    ack_wait: Duration,
+    max_deliver: i64,
+) -> PullConsumer {
+    stream
+        .create_consumer(pull::Config {
+            durable_name: Some(name.to_owned()),
+            ack_wait,
+            max_deliver,
+            ..Default::default()
+        })
+        .await
+        .expect("create the consumer")
+}
+
+async fn publish(js: &async_nats::jetstream::Context, subject: &str, id: &str, payload: &str) {
+    js.send_publish(
+        subject.to_owned(),
+        PublishMessage::build()
+            .payload(Bytes::copy_from_slice(payload.as_bytes()))
+            .message_id(id),
+    )
+    .await
+    .expect("publish")
+    .await
+    .expect("the server confirmed");
+}
+
+/// Waits until `done` holds, at most `limit`.
+async fn until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let end = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < end {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    done()
+}
+
+#[idempotent(scope = "ship:<msg.consumer>", key = msg.key, store = store, transaction = tx, skip(entered), retain = "7d")]
+async fn ship(
+    store: &SqliteStore,
+    entered: Option<&tokio::sync::mpsc::UnboundedSender<()>>,
+    msg: Message,
+) -> Result<(), HandlerError> {
+    sqlx::query("INSERT INTO shipments (msg, subject) VALUES ($1, $2)")
+        .bind(msg.key.as_str())
+        .bind(&msg.subject)
+        .execute(&mut **tx)
+        .await
+        .map_err(HandlerError::transient)?;
+    if let Some(entered) = entered {
+        // The crash: the shipment is written in the open transaction, and the process dies
+        // before it commits (the runner's task is aborted here).
+        let _ = entered.send(());
+        std::future::pending::<()>().await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn published_three_times_and_redelivered_after_a_crash_has_one_effect() {
+    let streams = JsStreams::new(&common::nats_url()).await;
+    // A tiny dedupe window, so the broker keeps all three copies: only the record dedupes.
+    let (stream, root) = streams.stream("orders", Duration::from_millis(100)).await;
+    let subject = format!("{root}.paid");
+    for _ in 0..3 {
+        publish(&streams.js, &subject, "order-paid-ORD-1", "{}").await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let mut info = stream.clone();
+    assert_eq!(
+        info.info().await.unwrap().state.messages,
+        3,
+        "three copies stored"
+    );
+
+    let file = common::SqliteFile::new();
+    let store = SqliteStore::connect(&file.url).await.unwrap();
+    sqlx::query("CREATE TABLE shipments (msg TEXT NOT NULL, subject TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(1), -1).await;
+    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{root}.dlq"));
+
+    // The first consumer takes the message and crashes inside the handler.
+    let (entered_tx, mut entered_rx) = tokio::sync::mpsc::unbounded_channel();
+    let crashing = Consumer::new(source.consumer_name(), store.clone()).unwrap();
+    let (s, deliveries) = (store.clone(), source.deliveries().await.unwrap());
+    let task = tokio::spawn(async move {
+        crashing
+            .run(
+                deliveries,
+                move |msg: Message| {
+                    let (s, e) = (s.clone(), entered_tx.clone());
+                    async move { ship(&s, Some(&e), msg).await }
+                },
+                1,
+            )
+            .await
+    });
+    tokio::time::timeout(Duration::from_secs(10), entered_rx.recv())
+        .await
+        .expect("the handler started")
+        .unwrap();
+    task.abort();
+    let _ = task.await;
+
+    // A second consumer gets the redeliveries after the ack wait.
+    let consumer = Consumer::new(source.consumer_name(), store.clone()).unwrap();
+    let (s, deliveries) = (store.clone(), source.deliveries().await.unwrap());
+    let c = consumer.clone();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let runner = tokio::spawn(async move {
+        c.run_until(
+            deliveries,
+            move |msg: Message| {
+                let s = s.clone();
+                async move { ship(&s, None, msg).await }
+            },
+            1,
+            async {
+                let _ = stop_rx.await;
+            },
+        )
+        .await
+    });
+    assert!(
+        until(Duration::from_secs(20), || consumer.stats().acked() == 3).await,
+        "{:?}",
+        consumer.stats()
+    );
+    let _ = stop_tx.send(());
+    runner.await.unwrap();
+    let stats = consumer.stats();
+    assert_eq!((stats.completed, stats.replayed), (1, 2), "{stats:?}");
+    assert_eq!(stats.dead_lettered, 0);
+    let shipments: Vec<(String,)> = sqlx::query_as("SELECT msg FROM shipments")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(shipments, vec![("order-paid-ORD-1".to_owned(),)]);
+}
+
+/// A delivery whose consumer stalls: it never says "still working", so the broker's ack wait
+/// runs out while the handler works.
+struct Stalled<D>(D);
+
+impl<D: Delivery> Delivery for Stalled<D> {
+    fn key(&self) -> Result<Key, String> {
+        self.0.key()
+    }
+    fn payload(&self) -> Bytes {
+        self.0.payload()
+    }
+    fn subject(&self) -> &str {
+        self.0.subject()
+    }
+    fn delivered(&self) -> u32 {
+        self.0.delivered()
+    }
+    fn max_deliveries(&self) -> Option<u32> {
+        self.0.max_deliveries()
+    }
+    async fn ack(&self) -> Result<(), BoxError> {
+        self.0.ack().await
+    }
+    async fn retry(&self, delay: Duration) -> Result<(), BoxError> {
+        self.0.retry(delay).await
+    }
+    async fn dead_letter(&self, reason: &str) -> Result<(), BoxError> {
+        self.0.dead_letter(reason).await
+    }
+    async fn keep_alive(&self) -> Result<(), BoxError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn an_ack_after_the_ack_wait_does_not_stop_the_redelivery_the_record_does() {
+    use futures_util::StreamExt;
+    let streams = JsStreams::new(&common::nats_url()).await;
+    let (stream, root) = streams.stream("events", Duration::from_secs(60)).await;
+    publish(&streams.js, &format!("{root}.paid"), "evt-1", "{}").await;
+    let pull = pull_consumer(&stream, "slow", Duration::from_secs(1), -1).await;
+    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{root}.dlq"));
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let delivered = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let consumer = Consumer::new(source.consumer_name(), MemoryStore::new())
+        .unwrap()
+        .lease(Duration::from_secs(30));
+    let r = runs.clone();
+    let handler = consumer.guarded(move |_msg: Message, _claim| {
+        let first = r.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            if first {
+                // Longer than two ack waits, without a word to the broker.
+                tokio::time::sleep(Duration::from_millis(2500)).await;
+            }
+            Ok::<_, HandlerError>("shipped".to_owned())
+        }
+    });
+    let d = delivered.clone();
+    let deliveries = source.deliveries().await.unwrap().map(move |m| {
+        m.map(|m| {
+            d.lock().unwrap().push(m.delivered());
+            Stalled(m)
+        })
+    });
+    let c = consumer.clone();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let runner = tokio::spawn(async move {
+        c.run_until(deliveries, handler, 1, async {
+            let _ = stop_rx.await;
+        })
+        .await
+    });
+    assert!(
+        until(Duration::from_secs(20), || consumer.stats().completed == 1
+            && consumer.stats().replayed >= 1)
+        .await,
+        "{:?} {:?}",
+        consumer.stats(),
+        delivered.lock().unwrap()
+    );
+    let _ = stop_tx.send(());
+    runner.await.unwrap();
+    // The broker redelivered while the first delivery ran, and took its late ack: the
+    // redelivery reached the handler's guard, which replayed instead of running it again.
+    assert!(
+        delivered.lock().unwrap().iter().any(|n| *n >= 2),
+        "{:?}",
+        delivered.lock().unwrap()
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let mut pull: PullConsumer = stream.get_consumer("slow").await.unwrap();
+    let info = pull.info().await.unwrap();
+    assert_eq!((info.num_pending, info.num_ack_pending), (0, 0), "{info:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_poison_message_is_dead_lettered_after_one_attempt_while_the_stream_flows() {
+    use futures_util::StreamExt;
+    let streams = JsStreams::new(&common::nats_url()).await;
+    let (stream, root) = streams.stream("orders", Duration::from_secs(60)).await;
+    let (dlq, dlq_root) = streams.stream("dlq", Duration::from_secs(60)).await;
+    for n in 0..50 {
+        let payload = if n == 20 { "poison" } else { "{}" };
+        publish(
+            &streams.js,
+            &format!("{root}.paid"),
+            &format!("m-{n}"),
+            payload,
+        )
+        .await;
+    }
+    let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(5), 5).await;
+    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{dlq_root}.fulfilment"));
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let consumer = Consumer::new(source.consumer_name(), MemoryStore::new()).unwrap();
+    let a = attempts.clone();
+    let handler = consumer.guarded(move |msg: Message, _claim| {
+        let poison = &msg.payload[..] == b"poison";
+        if poison {
+            a.fetch_add(1, Ordering::SeqCst);
+        }
+        async move {
+            if poison {
+                Err(HandlerError::permanent("no such order"))
+            } else {
+                Ok(msg.key.to_string())
+            }
+        }
+    });
+    let c = consumer.clone();
+    let deliveries = source.deliveries().await.unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let runner = tokio::spawn(async move {
+        c.run_until(deliveries, handler, 8, async {
+            let _ = stop_rx.await;
+        })
+        .await
+    });
+    assert!(
+        until(Duration::from_secs(20), || {
+            let s = consumer.stats();
+            s.completed + s.dead_lettered == 50
+        })
+        .await,
+        "{:?}",
+        consumer.stats()
+    );
+    let _ = stop_tx.send(());
+    runner.await.unwrap();
+    let stats = consumer.stats();
+    assert_eq!((stats.completed, stats.dead_lettered), (49, 1), "{stats:?}");
+    assert_eq!((stats.retried, stats.replayed), (0, 0), "{stats:?}");
+    assert_eq!(attempts.load(Ordering::SeqCst), 1, "one attempt");
+
+    // The dead letter: the payload, the reason and the key in headers.
+    let dead = dlq
+        .create_consumer(pull::Config {
+            durable_name: Some("inspect".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut batch = dead.fetch().max_messages(10).messages().await.unwrap();
+    let letter = batch.next().await.unwrap().unwrap();
+    assert_eq!(&letter.payload[..], b"poison");
+    let headers = letter.headers.clone().unwrap();
+    assert_eq!(headers.get(REASON).unwrap().as_str(), "no such order");
+    assert_eq!(headers.get(KEY).unwrap().as_str(), "m-20");
+    letter.ack().await.unwrap();
+    assert!(batch.next().await.is_none(), "exactly one dead letter");
+}

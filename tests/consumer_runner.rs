@@ -1,0 +1,364 @@
+//! The consumer runner without a broker: every outcome and the acknowledgement it gets, the
+//! lease renewed under a long handler, `#[idempotent]` handlers (separate and transactional), and
+//! many tasks delivering one message at once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem::consumer::testing::{Said, TestDelivery};
+use idem::consumer::{Backoff, Consumer, HandlerError, Message, Settlement};
+use idem::{ClaimInfo, MemoryStore, SqliteStore, idempotent};
+
+fn consumer(store: MemoryStore) -> Consumer<MemoryStore> {
+    Consumer::new("fulfilment", store)
+        .unwrap()
+        .backoff(Backoff {
+            initial: Duration::from_millis(50),
+            max: Duration::from_secs(2),
+        })
+}
+
+/// A handler that counts its runs and answers the payload's length.
+fn counting(
+    runs: &Arc<AtomicUsize>,
+) -> impl Fn(Message, ClaimInfo) -> std::future::Ready<Result<usize, HandlerError>> + Send + Sync + use<>
+{
+    let runs = runs.clone();
+    move |msg, _claim| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(msg.payload.len()))
+    }
+}
+
+#[tokio::test]
+async fn completed_then_redelivered_is_acked_once_run_once() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let c = consumer(MemoryStore::new());
+    let h = c.guarded(counting(&runs));
+    let first = TestDelivery::new("m-1", "hello");
+    assert_eq!(c.handle(&first, &h).await, Settlement::Completed);
+    assert_eq!(first.said(), vec![Said::Ack]);
+    for n in 2..5 {
+        let again = TestDelivery::new("m-1", "hello").delivered(n);
+        assert_eq!(c.handle(&again, &h).await, Settlement::Replayed);
+        assert_eq!(again.said(), vec![Said::Ack]);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let stats = c.stats();
+    assert_eq!((stats.completed, stats.replayed, stats.acked()), (1, 3, 4));
+}
+
+#[tokio::test]
+async fn another_consumers_live_claim_is_retried_after_the_remaining_lease() {
+    let store = MemoryStore::new();
+    let c = consumer(store.clone()).lease(Duration::from_secs(30));
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let gate = std::sync::Mutex::new(Some((entered_tx, release_rx)));
+    let slow = c.guarded(move |_msg: Message, _claim| {
+        let gate = gate.lock().unwrap().take();
+        async move {
+            if let Some((entered, release)) = gate {
+                let _ = entered.send(());
+                let _ = release.await;
+            }
+            Ok::<_, HandlerError>(1u8)
+        }
+    });
+    let first = TestDelivery::new("m-busy", "x");
+    let (settled, second) = tokio::join!(c.handle(&first, &slow), async {
+        entered_rx.await.unwrap();
+        let second = TestDelivery::new("m-busy", "x").delivered(2);
+        let s = c.handle(&second, &slow).await;
+        release_tx.send(()).unwrap();
+        (s, second)
+    });
+    assert_eq!(settled, Settlement::Completed);
+    let (s, second) = second;
+    match s {
+        Settlement::InProgress(d) => {
+            assert!(
+                d > Duration::from_secs(25) && d <= Duration::from_secs(30),
+                "{d:?}"
+            )
+        }
+        other => panic!("expected in progress, got {other:?}"),
+    }
+    assert!(matches!(second.said()[..], [Said::Retry(d)] if d > Duration::from_secs(25)));
+    assert_eq!(c.stats().in_progress, 1);
+}
+
+#[tokio::test]
+async fn a_retryable_error_releases_the_claim_and_retries_with_backoff() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let c = consumer(MemoryStore::new());
+    let r = runs.clone();
+    let flaky = c.guarded(move |_msg: Message, _claim| {
+        let n = r.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n < 2 {
+                Err(HandlerError::transient("the warehouse API timed out"))
+            } else {
+                Ok(n)
+            }
+        }
+    });
+    let d1 = TestDelivery::new("m-flaky", "x");
+    assert_eq!(
+        c.handle(&d1, &flaky).await,
+        Settlement::Retry(Duration::from_millis(50))
+    );
+    let d2 = TestDelivery::new("m-flaky", "x").delivered(2);
+    assert_eq!(
+        c.handle(&d2, &flaky).await,
+        Settlement::Retry(Duration::from_millis(100))
+    );
+    let d3 = TestDelivery::new("m-flaky", "x").delivered(3);
+    assert_eq!(c.handle(&d3, &flaky).await, Settlement::Completed);
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    assert_eq!(c.stats().retried, 2);
+}
+
+#[tokio::test]
+async fn final_errors_reused_ids_missing_ids_and_the_limit_are_dead_lettered() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let c = consumer(MemoryStore::new()).max_deliveries(3);
+    let r = runs.clone();
+    let h = c.guarded(move |msg: Message, _claim| {
+        r.fetch_add(1, Ordering::SeqCst);
+        async move {
+            match &msg.payload[..] {
+                b"poison" => Err(HandlerError::permanent("no such order")),
+                b"flaky" => Err(HandlerError::transient("down")),
+                _ => Ok(()),
+            }
+        }
+    });
+    // A final error: dead-lettered on the first attempt.
+    let poison = TestDelivery::new("m-poison", "poison");
+    assert_eq!(
+        c.handle(&poison, &h).await,
+        Settlement::DeadLetter("no such order".into())
+    );
+    // The same id with another payload: never run.
+    assert_eq!(
+        c.handle(&TestDelivery::new("m-ok", "a"), &h).await,
+        Settlement::Completed
+    );
+    let reused = TestDelivery::new("m-ok", "b").delivered(2);
+    match c.handle(&reused, &h).await {
+        Settlement::DeadLetter(r) => assert!(r.contains("different payload"), "{r}"),
+        other => panic!("{other:?}"),
+    }
+    // No id at all: never run.
+    let anonymous = TestDelivery::without_key("a");
+    assert!(matches!(
+        c.handle(&anonymous, &h).await,
+        Settlement::DeadLetter(r) if r.contains("no id")
+    ));
+    // Retryable until the limit, then dead-lettered with the last error.
+    let last = TestDelivery::new("m-flaky", "flaky").delivered(3);
+    match c.handle(&last, &h).await {
+        Settlement::DeadLetter(r) => {
+            assert!(
+                r.contains("delivery limit reached (3 of 3)") && r.ends_with("down"),
+                "{r}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3, "poison, m-ok, flaky");
+    let stats = c.stats();
+    assert_eq!((stats.dead_lettered, stats.completed), (4, 1));
+}
+
+#[tokio::test]
+async fn a_long_handler_is_kept_alive_and_its_lease_renewed() {
+    let store = MemoryStore::new();
+    // A 300 ms lease, a handler that runs 1.2 s: without renewals a redelivery would take over.
+    let c = consumer(store.clone()).lease(Duration::from_millis(300));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let slow = c.guarded(move |_msg: Message, _claim| {
+        r.fetch_add(1, Ordering::SeqCst);
+        async {
+            tokio::time::sleep(Duration::from_millis(1200)).await;
+            Ok::<_, HandlerError>(())
+        }
+    });
+    let first = TestDelivery::new("m-long", "x").keep_alive_every(Duration::from_millis(200));
+    let (settled, probes) = tokio::join!(c.handle(&first, &slow), async {
+        let mut probes = Vec::new();
+        for n in 2..6 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let d = TestDelivery::new("m-long", "x").delivered(n);
+            probes.push(c.handle(&d, &slow).await);
+        }
+        probes
+    });
+    assert_eq!(settled, Settlement::Completed);
+    assert!(
+        probes
+            .iter()
+            .all(|p| matches!(p, Settlement::InProgress(_))),
+        "{probes:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "never taken over");
+    let keep_alives = first
+        .said()
+        .iter()
+        .filter(|s| **s == Said::KeepAlive)
+        .count();
+    assert!(keep_alives >= 4, "{:?}", first.said());
+    assert_eq!(first.said().last(), Some(&Said::Ack));
+    assert!(c.stats().renewals >= 4, "{:?}", c.stats());
+}
+
+#[tokio::test]
+async fn at_the_limit_a_message_in_progress_elsewhere_is_waited_for_not_dead_lettered() {
+    let store = MemoryStore::new();
+    let c = consumer(store.clone()).lease(Duration::from_secs(30));
+    let h = c.guarded(|_msg: Message, _claim| async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        Ok::<_, HandlerError>(7u32)
+    });
+    let first = TestDelivery::new("m-limit", "x");
+    let last = TestDelivery::new("m-limit", "x")
+        .delivered(3)
+        .max_deliveries(3)
+        .keep_alive_every(Duration::from_millis(200));
+    let (a, b) = tokio::join!(c.handle(&first, &h), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        c.handle(&last, &h).await
+    });
+    assert_eq!(a, Settlement::Completed);
+    assert_eq!(b, Settlement::Replayed, "{:?}", last.said());
+    assert_eq!(c.stats().dead_lettered, 0);
+}
+
+#[idempotent(scope = "ship:<msg.consumer>", key = msg.key, store = store, skip(runs), retain = "7d")]
+async fn ship(
+    store: &MemoryStore,
+    runs: &AtomicUsize,
+    msg: Message,
+) -> Result<String, HandlerError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    let order: serde_json::Value = msg.json()?;
+    Ok(format!("shipment for {}", order["orderNo"]))
+}
+
+#[tokio::test]
+async fn idempotent_functions_are_handlers_and_their_replays_are_seen() {
+    let store = MemoryStore::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let c = consumer(store.clone());
+    let (s, r) = (store.clone(), runs.clone());
+    let h = move |msg: Message| {
+        let (s, r) = (s.clone(), r.clone());
+        async move { ship(&s, &r, msg).await }
+    };
+    let payload = r#"{"orderNo":"ORD-1"}"#;
+    assert_eq!(
+        c.handle(&TestDelivery::new("7", payload), &h).await,
+        Settlement::Completed
+    );
+    assert_eq!(
+        c.handle(&TestDelivery::new("7", payload).delivered(2), &h)
+            .await,
+        Settlement::Replayed
+    );
+    // Not JSON: final, dead-lettered at once.
+    assert!(matches!(
+        c.handle(&TestDelivery::new("8", "{oops"), &h).await,
+        Settlement::DeadLetter(r) if r.contains("not the expected JSON")
+    ));
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // Records of another consumer name are other records: that consumer runs it too.
+    let other = Consumer::new("audit", store.clone()).unwrap();
+    assert_eq!(
+        other.handle(&TestDelivery::new("7", payload), &h).await,
+        Settlement::Completed
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+#[idempotent(scope = "ledger:<msg.consumer>", key = msg.key, store = store, transaction = tx, retain = "7d")]
+async fn book(store: &SqliteStore, msg: Message) -> Result<i64, HandlerError> {
+    let cents: i64 = msg.json()?;
+    if cents < 0 {
+        return Err(HandlerError::permanent("negative amount"));
+    }
+    sqlx::query("INSERT INTO ledger (msg, cents) VALUES ($1, $2)")
+        .bind(msg.key.as_str())
+        .bind(cents)
+        .execute(&mut **tx)
+        .await
+        .map_err(HandlerError::transient)?;
+    Ok(cents)
+}
+
+#[tokio::test]
+async fn transactional_handlers_ack_after_commit_and_roll_back_failures() {
+    let store = SqliteStore::in_memory().await.unwrap();
+    sqlx::query("CREATE TABLE ledger (msg TEXT PRIMARY KEY, cents INTEGER NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let c = Consumer::new("ledger", store.clone()).unwrap();
+    let s = store.clone();
+    let h = move |msg: Message| {
+        let s = s.clone();
+        async move { book(&s, msg).await }
+    };
+    for n in 1..=3 {
+        let d = TestDelivery::new("pay-1", "250").delivered(n);
+        let expected = if n == 1 {
+            Settlement::Completed
+        } else {
+            Settlement::Replayed
+        };
+        assert_eq!(c.handle(&d, &h).await, expected);
+    }
+    assert!(matches!(
+        c.handle(&TestDelivery::new("pay-2", "-5"), &h).await,
+        Settlement::DeadLetter(_)
+    ));
+    let rows: Vec<(String, i64)> = sqlx::query_as("SELECT msg, cents FROM ledger")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, vec![("pay-1".to_owned(), 250)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_tasks_delivering_one_message_run_it_once() {
+    for round in 0..20 {
+        let store = MemoryStore::new();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let c = consumer(store);
+        let h = Arc::new(c.guarded(counting(&runs)));
+        let mut tasks = Vec::new();
+        for n in 1..=32 {
+            let (c, h) = (c.clone(), h.clone());
+            tasks.push(tokio::spawn(async move {
+                let d = TestDelivery::new(&format!("m-{round}"), "x").delivered(n);
+                c.handle(&d, &*h).await
+            }));
+        }
+        let mut acked = 0;
+        for t in tasks {
+            let s = t.await.unwrap();
+            assert!(
+                s.is_ack() || matches!(s, Settlement::InProgress(_)),
+                "{s:?}"
+            );
+            acked += usize::from(s.is_ack());
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "round {round}");
+        assert!(acked >= 1);
+        let stats = c.stats();
+        assert_eq!(stats.completed, 1);
+        assert_eq!(stats.replayed + stats.in_progress, 31);
+    }
+}

@@ -1,0 +1,404 @@
+//! The transactional outbox and its relay: events commit or roll back with the state change,
+//! ids are deterministic, several relays publish each partition in order, a failing publish
+//! blocks only its partition, `NOTIFY` wakes a PostgreSQL relay, and a relay killed between the
+//! broker's confirmation and mark-sent publishes again, which JetStream's dedupe absorbs.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem::outbox::{Event, OutboxBackend, Poll, Publisher, Relay};
+use idem::store::outbox::{PgOutbox, SqliteOutbox};
+use idem::{BoxError, SqliteStore};
+
+/// A broker that records what it confirmed.
+#[derive(Clone, Default)]
+struct Recorder {
+    published: Arc<Mutex<Vec<Event>>>,
+    /// While set, every publish fails.
+    down: Arc<AtomicBool>,
+}
+
+impl Recorder {
+    fn published(&self) -> Vec<Event> {
+        self.published.lock().unwrap().clone()
+    }
+}
+
+impl Publisher for Recorder {
+    async fn publish(&self, event: &Event) -> Result<(), BoxError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err("broker unavailable".into());
+        }
+        // A little latency, so concurrent relays overlap.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        self.published.lock().unwrap().push(event.clone());
+        Ok(())
+    }
+}
+
+async fn sqlite_outbox() -> (SqliteStore, SqliteOutbox, common::SqliteFile) {
+    let file = common::SqliteFile::new();
+    let store = SqliteStore::connect(&file.url).await.unwrap();
+    let outbox = SqliteOutbox::new(store.pool().clone());
+    outbox.migrate().await.unwrap();
+    sqlx::query("CREATE TABLE orders (order_no TEXT PRIMARY KEY, status TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    (store, outbox, file)
+}
+
+fn event(partition: &str, n: usize) -> Event {
+    Event::new(
+        format!("{partition}-{n}"),
+        "order.paid",
+        partition,
+        format!("{n}"),
+    )
+}
+
+#[tokio::test]
+async fn events_commit_and_roll_back_with_the_state_change() {
+    let (store, outbox, _file) = sqlite_outbox().await;
+    // Rolled back: neither the order nor its event.
+    let mut tx = store.pool().begin().await.unwrap();
+    sqlx::query("INSERT INTO orders VALUES ('ORD-1', 'PAID')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert!(outbox.enqueue(&mut tx, &event("ORD-1", 0)).await.unwrap());
+    tx.rollback().await.unwrap();
+    assert_eq!(outbox.counts().await.unwrap().pending, 0);
+    // Committed: both; the same id again enqueues nothing.
+    for expected in [true, false] {
+        let mut tx = store.pool().begin().await.unwrap();
+        sqlx::query("INSERT OR IGNORE INTO orders VALUES ('ORD-1', 'PAID')")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(
+            outbox.enqueue(&mut tx, &event("ORD-1", 0)).await.unwrap(),
+            expected
+        );
+        tx.commit().await.unwrap();
+    }
+    let pending = outbox.pending(10).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].event, event("ORD-1", 0));
+
+    let broker = Recorder::default();
+    let relay = Relay::new(outbox.clone(), broker.clone());
+    assert_eq!(relay.run_once().await.unwrap(), 1);
+    assert_eq!(relay.run_once().await.unwrap(), 0);
+    assert_eq!(broker.published(), vec![event("ORD-1", 0)]);
+    let counts = outbox.counts().await.unwrap();
+    assert_eq!((counts.pending, counts.sent), (0, 1));
+    // Retention: nothing is young enough to keep at zero.
+    assert_eq!(
+        outbox.purge_sent(Duration::from_secs(3600)).await.unwrap(),
+        0
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(outbox.purge_sent(Duration::ZERO).await.unwrap(), 1);
+    assert_eq!(outbox.counts().await.unwrap().sent, 0);
+}
+
+#[tokio::test]
+async fn a_failing_publish_blocks_only_its_partition_and_keeps_its_order() {
+    let (store, outbox, _file) = sqlite_outbox().await;
+    let mut tx = store.pool().begin().await.unwrap();
+    for n in 0..3 {
+        outbox.enqueue(&mut tx, &event("A", n)).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let broker = Recorder::default();
+    broker.down.store(true, Ordering::SeqCst);
+    let relay = Relay::new(outbox.clone(), broker.clone());
+    assert_eq!(relay.run_once().await.unwrap(), 0);
+    let pending = outbox.pending(10).await.unwrap();
+    assert_eq!(pending.len(), 3);
+    assert_eq!(pending[0].attempts, 1);
+    assert_eq!(pending[0].last_error.as_deref(), Some("broker unavailable"));
+    // Its backoff holds A's head back; an event of another partition goes meanwhile.
+    let mut tx = store.pool().begin().await.unwrap();
+    outbox.enqueue(&mut tx, &event("B", 0)).await.unwrap();
+    tx.commit().await.unwrap();
+    broker.down.store(false, Ordering::SeqCst);
+    assert_eq!(relay.run_once().await.unwrap(), 1);
+    assert_eq!(broker.published(), vec![event("B", 0)]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while relay.run_once().await.unwrap() > 0 {}
+    let order: Vec<String> = broker.published().into_iter().map(|e| e.id).collect();
+    assert_eq!(order, ["B-0", "A-0", "A-1", "A-2"]);
+}
+
+/// Enqueues `per` events in each of `partitions` partitions, each partition's in order, one
+/// transaction per event, all partitions at once; runs `relays` relays until all are sent.
+/// Every event is published once, and each partition in its order.
+async fn relays_publish_each_partition_in_order<O>(
+    outbox: O,
+    enqueue: impl Fn(Event) -> tokio::task::JoinHandle<()>,
+    relays: usize,
+) where
+    O: OutboxBackend + Clone + 'static,
+{
+    const PARTITIONS: usize = 12;
+    const PER: usize = 25;
+    let broker = Recorder::default();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut running = Vec::new();
+    for _ in 0..relays {
+        let relay = Relay::new(outbox.clone(), broker.clone())
+            .batch(8)
+            .poll(Duration::from_millis(20));
+        let mut stop = stop_rx.clone();
+        running.push(tokio::spawn(async move {
+            relay
+                .run_until(Poll, async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await
+        }));
+    }
+    let mut producers = Vec::new();
+    for p in 0..PARTITIONS {
+        let tasks: Vec<_> = (0..PER).map(|n| event(&format!("P{p}"), n)).collect();
+        let enqueue = &enqueue;
+        producers.push(async move {
+            for e in tasks {
+                enqueue(e).await.unwrap();
+            }
+        });
+    }
+    futures_util::future::join_all(producers).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while outbox.counts().await.unwrap().pending > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "relays stalled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop_tx.send(true).unwrap();
+    for r in running {
+        r.await.unwrap();
+    }
+    let published = broker.published();
+    assert_eq!(published.len(), PARTITIONS * PER, "each event once");
+    let mut seen: HashMap<String, Vec<usize>> = HashMap::new();
+    for e in published {
+        seen.entry(e.partition_key.clone())
+            .or_default()
+            .push(std::str::from_utf8(&e.payload).unwrap().parse().unwrap());
+    }
+    assert_eq!(seen.len(), PARTITIONS);
+    for (p, order) in seen {
+        assert_eq!(order, (0..PER).collect::<Vec<_>>(), "partition {p}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn several_sqlite_relays_publish_each_partition_once_in_order() {
+    let (store, outbox, _file) = sqlite_outbox().await;
+    let (o, pool) = (outbox.clone(), store.pool().clone());
+    relays_publish_each_partition_in_order(
+        outbox,
+        move |e| {
+            let (o, pool) = (o.clone(), pool.clone());
+            tokio::spawn(async move {
+                let mut tx = pool.begin().await.unwrap();
+                o.enqueue(&mut tx, &e).await.unwrap();
+                tx.commit().await.unwrap();
+            })
+        },
+        3,
+    )
+    .await;
+}
+
+async fn pg_outbox() -> (PgOutbox, common::PgSchema) {
+    let schema = common::PgSchema::create(&common::pg_url(), 16).await;
+    let outbox = PgOutbox::new(schema.pool.clone());
+    outbox.migrate().await.unwrap();
+    // Migrating again, from several instances at once, is harmless.
+    let again = futures_util::future::join_all((0..3).map(|_| outbox.migrate())).await;
+    assert!(again.iter().all(Result::is_ok), "{again:?}");
+    (outbox, schema)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+async fn several_postgres_relays_publish_each_partition_once_in_order() {
+    let (outbox, _schema) = pg_outbox().await;
+    let o = outbox.clone();
+    relays_publish_each_partition_in_order(
+        outbox,
+        move |e| {
+            let o = o.clone();
+            tokio::spawn(async move {
+                let mut tx = o.pool().begin().await.unwrap();
+                o.enqueue(&mut tx, &e).await.unwrap();
+                tx.commit().await.unwrap();
+            })
+        },
+        4,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+async fn notify_wakes_a_postgres_relay_long_before_its_poll() {
+    let (outbox, _schema) = pg_outbox().await;
+    let broker = Recorder::default();
+    let relay = Relay::new(outbox.clone(), broker.clone()).poll(Duration::from_secs(60));
+    let listener = outbox.listener().await.unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        relay
+            .run_until(listener, async {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+    // Let the relay's first round find nothing and go to sleep on its listener.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = tokio::time::Instant::now();
+    let mut tx = outbox.pool().begin().await.unwrap();
+    outbox.enqueue(&mut tx, &event("N", 0)).await.unwrap();
+    // Not before the commit.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(broker.published().is_empty());
+    tx.commit().await.unwrap();
+    while broker.published().is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "not woken by NOTIFY"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop_tx.send(()).unwrap();
+    running.await.unwrap();
+    assert_eq!(broker.published(), vec![event("N", 0)]);
+}
+
+/// A publisher that confirms the first event with the broker and then never returns: a relay
+/// killed between the broker's confirmation and mark-sent.
+struct DiesAfterPublishing<P> {
+    inner: P,
+    died: Arc<tokio::sync::Notify>,
+}
+
+impl<P: Publisher> Publisher for DiesAfterPublishing<P> {
+    async fn publish(&self, event: &Event) -> Result<(), BoxError> {
+        self.inner.publish(event).await?;
+        self.died.notify_one();
+        std::future::pending().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_relay_killed_after_the_broker_confirmed_publishes_again_and_jetstream_drops_the_copy() {
+    use idem::consumer::nats::JetStreamPublisher;
+    let (store, outbox, _file) = sqlite_outbox().await;
+    let streams = common::JsStreams::new(&common::nats_url()).await;
+    let (mut stream, root) = streams.stream("events", Duration::from_secs(120)).await;
+    let mut tx = store.pool().begin().await.unwrap();
+    let e = Event::new(
+        "evt-ORD-9-paid",
+        format!("{root}.order.paid"),
+        "ORD-9",
+        "{}",
+    );
+    outbox.enqueue(&mut tx, &e).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let publisher = JetStreamPublisher::new(streams.js.clone());
+    let died = Arc::new(tokio::sync::Notify::new());
+    let dying = Relay::new(
+        outbox.clone(),
+        DiesAfterPublishing {
+            inner: publisher.clone(),
+            died: died.clone(),
+        },
+    )
+    .lease(Duration::from_millis(500));
+    let task = tokio::spawn(async move { dying.run_once().await });
+    died.notified().await;
+    task.abort();
+    let _ = task.await;
+    assert_eq!(outbox.counts().await.unwrap().pending, 1, "not marked sent");
+
+    // After the lease, another relay publishes it again and marks it sent.
+    let relay = Relay::new(outbox.clone(), publisher).lease(Duration::from_millis(500));
+    assert_eq!(relay.run_once().await.unwrap(), 0, "still leased");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(relay.run_once().await.unwrap(), 1);
+    assert_eq!(outbox.counts().await.unwrap().pending, 0);
+    assert_eq!(outbox.counts().await.unwrap().sent, 1);
+    // Two publishes of one id; the stream holds one message.
+    assert_eq!(stream.info().await.unwrap().state.messages, 1);
+}
+
+#[idem::idempotent(scope = "refund:<order_no>", key = key, store = store, skip(outbox), transaction = tx, claim = claim)]
+async fn refund(
+    store: &SqliteStore,
+    outbox: &SqliteOutbox,
+    order_no: &str,
+    key: &str,
+    fail: bool,
+) -> Result<String, idem::Error> {
+    sqlx::query("UPDATE orders SET status = 'REFUNDED' WHERE order_no = $1")
+        .bind(order_no)
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| idem::Error::Store(e.into()))?;
+    let event = Event::for_claim(&claim, "refunded", "order.refunded", order_no, "{}");
+    outbox.enqueue(tx, &event).await?;
+    if fail {
+        return Err(idem::Error::Config("the gateway said no".into()));
+    }
+    Ok(event.id)
+}
+
+#[tokio::test]
+async fn a_transactional_idempotent_body_enqueues_once_and_rolls_back_with_its_error() {
+    let (store, outbox, _file) = sqlite_outbox().await;
+    sqlx::query("INSERT INTO orders VALUES ('ORD-2', 'PAID')")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    // An error rolls the transition and its event back together.
+    assert!(refund(&store, &outbox, "ORD-2", "k-1", true).await.is_err());
+    assert_eq!(outbox.counts().await.unwrap().pending, 0);
+    let status: String = sqlx::query_scalar("SELECT status FROM orders")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(status, "PAID");
+    // Success enqueues once; the retry replays and enqueues nothing.
+    let id = refund(&store, &outbox, "ORD-2", "k-1", false)
+        .await
+        .unwrap();
+    assert_eq!(
+        refund(&store, &outbox, "ORD-2", "k-1", false)
+            .await
+            .unwrap(),
+        id
+    );
+    let pending = outbox.pending(10).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].event.id, id);
+    assert_eq!(
+        id,
+        idem::outbox::event_id("refund:ORD-2", "k-1", "refunded")
+    );
+}
