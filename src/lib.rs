@@ -308,8 +308,8 @@ pub use idem_runtime::{
 pub mod flow {
     #[doc(inline)]
     pub use idem_runtime::flow::{
-        Begun, Replays, RetryHint, begin, replays_watched, retry_hint, set_retry_hint,
-        watch_replays,
+        Begun, HintBasis, Replays, RetryHint, begin, replays_watched, retry_hint, set_retry_hint,
+        watch_replays, with_retry_hint,
     };
 }
 

@@ -39,15 +39,20 @@ use crate::record::{BeginOutcome, BeginRequest, Claimed, Policy, StoredResponse}
 use crate::replay::Replay;
 use crate::store::Store;
 
-/// How the `Retry-After` of an "in progress" answer is chosen: how long the running attempt is
-/// likely to need, not how long its lease still runs (five minutes by default, for a body that
-/// may take 50 ms).
+/// How the `Retry-After` of an "in progress" answer is chosen: by default how long the running
+/// attempt is likely to need, not how long its lease still runs (five minutes by default, for a
+/// body that may take 50 ms).
 ///
-/// The hint is the typical duration of the operation's completed calls, observed in this
-/// process (`#[idempotent]` functions measure each of their calls), or `unobserved` before the
-/// first one completes; never below `min` and never beyond what is left of the running claim's
-/// lease (after that the claim is re-claimable, and a retry then gets the answer or takes over).
-/// Install another one with [`set_retry_hint`] at start-up.
+/// With [`HintBasis::Observed`] (the default) the hint is the typical duration of the
+/// operation's completed calls, observed in this process (`#[idempotent]` functions measure each
+/// of their calls), or `unobserved` before the first one completes; never below `min` and never
+/// beyond what is left of the running claim's lease (after that the claim is re-claimable, and a
+/// retry then gets the answer or takes over). With [`HintBasis::RemainingLease`] it is what is
+/// left of the lease, at least `min`: what a message consumer, whose redelivery costs more than
+/// a client's retry, waits for.
+///
+/// Install one for the process with [`set_retry_hint`] at start-up, or for the calls inside a
+/// future with [`with_retry_hint`] (the message consumer does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryHint {
     /// The shortest hint. Default one second, `Retry-After`'s resolution.
@@ -55,22 +60,44 @@ pub struct RetryHint {
     /// The hint for an operation none of whose calls has completed in this process yet (and for
     /// calls guarded by hand with [`begin`], which are not measured). Default one second.
     pub unobserved: Duration,
+    /// What the hint is based on.
+    pub basis: HintBasis,
+}
+
+/// What a [`RetryHint`] is based on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HintBasis {
+    /// The operation's observed duration, bounded by the running claim's remaining lease.
+    Observed,
+    /// The running claim's remaining lease.
+    RemainingLease,
 }
 
 impl RetryHint {
-    /// One second at least, one second when nothing is known yet.
+    /// One second at least, one second when nothing is known yet, from observed durations.
     pub const DEFAULT: RetryHint = RetryHint {
         min: Duration::from_secs(1),
         unobserved: Duration::from_secs(1),
+        basis: HintBasis::Observed,
+    };
+
+    /// What is left of the running claim's lease, one second at least.
+    pub const REMAINING_LEASE: RetryHint = RetryHint {
+        basis: HintBasis::RemainingLease,
+        ..RetryHint::DEFAULT
     };
 
     /// The hint for a claim with `lease_left`, for an operation whose calls typically take
     /// `typical`.
     pub fn hint(&self, lease_left: Duration, typical: Option<Duration>) -> Duration {
-        typical
-            .unwrap_or(self.unobserved)
-            .min(lease_left)
-            .max(self.min)
+        match self.basis {
+            HintBasis::Observed => typical
+                .unwrap_or(self.unobserved)
+                .min(lease_left)
+                .max(self.min),
+            HintBasis::RemainingLease => lease_left.max(self.min),
+        }
     }
 }
 
@@ -78,6 +105,17 @@ impl Default for RetryHint {
     fn default() -> Self {
         RetryHint::DEFAULT
     }
+}
+
+tokio::task_local! {
+    /// Set by [`with_retry_hint`] for the calls inside one future.
+    static TASK_RETRY_HINT: RetryHint;
+}
+
+/// Runs `fut` with `hint` choosing the `Retry-After` of the "in progress" answers of the guarded
+/// calls awaited inside it (on this task), instead of the process's.
+pub async fn with_retry_hint<F: Future>(hint: RetryHint, fut: F) -> F::Output {
+    TASK_RETRY_HINT.scope(hint, fut).await
 }
 
 static RETRY_HINT: OnceLock<RetryHint> = OnceLock::new();
@@ -90,9 +128,12 @@ pub fn set_retry_hint(hint: RetryHint) -> Result<()> {
         .map_err(|_| Error::Config("a retry hint is already installed".into()))
 }
 
-/// The installed [`RetryHint`], or the default.
+/// The [`RetryHint`] in force: the one of [`with_retry_hint`] around this call, else the one
+/// installed with [`set_retry_hint`], else the default.
 pub fn retry_hint() -> RetryHint {
-    RETRY_HINT.get().copied().unwrap_or_default()
+    TASK_RETRY_HINT
+        .try_with(|h| *h)
+        .unwrap_or_else(|_| RETRY_HINT.get().copied().unwrap_or_default())
 }
 
 /// How long one guarded operation's calls take, observed in this process: what its "in

@@ -64,7 +64,7 @@ use serde::{Serialize, Serializer};
 
 use crate::error::{BoxError, Error};
 use crate::fingerprint::Fingerprint;
-use crate::flow::{self, ClaimWatch, Prepared, WithClaim};
+use crate::flow::{self, ClaimWatch, Prepared, RetryHint, WithClaim};
 use crate::guard::ClaimInfo;
 use crate::key::Key;
 use crate::record::Policy;
@@ -619,7 +619,16 @@ impl<S: Store> Consumer<S> {
         let mut waits = 0;
         loop {
             let watch = ClaimWatch::new();
-            let call = flow::watch_claims(&watch, flow::watch_replays(handler.call(msg.clone())));
+            // A live claim elsewhere is retried when its lease runs out: a redelivery costs more
+            // than a client's retry. The handler's future is boxed: the seams around it would
+            // otherwise move it, whole, through several frames of the stack.
+            let call = flow::watch_claims(
+                &watch,
+                flow::watch_replays(flow::with_retry_hint(
+                    RetryHint::REMAINING_LEASE,
+                    Box::pin(handler.call(msg.clone())),
+                )),
+            );
             let (result, replays) = self.while_alive(delivery, &watch, every, call).await;
             let ran = match &result {
                 Ok(()) => Ran::Done {
