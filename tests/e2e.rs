@@ -482,6 +482,9 @@ fn spawn_server_with(database_url: &str, env: &[(&str, &str)]) -> (Process, Stri
         .env("IDEM_ADDR", "127.0.0.1:0")
         .env("DATABASE_URL", database_url)
         .env("RUST_LOG", "warn")
+        // Only what the test asks for: no relay to a broker, no Redis, from CI's environment.
+        .env_remove("NATS_URL")
+        .env_remove("IDEM_STORE_URL")
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -658,6 +661,8 @@ async fn logs_to_a_pipe_are_plain_text_with_messages() {
         .env("IDEM_ADDR", "127.0.0.1:0")
         .env("DATABASE_URL", &file.url)
         .env("RUST_LOG", "info")
+        .env_remove("NATS_URL")
+        .env_remove("IDEM_STORE_URL")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
