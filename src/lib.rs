@@ -193,9 +193,15 @@
 /// | `retain = "24h"` | How long the answer is replayed (default `"24h"`); at least the lease. |
 /// | `on_error = "release"` | `"release"` (default): an `Err` frees the key so a retry runs the body again. `"store_final"`: errors for which [`FinalError::is_final`] holds are stored and replayed like successes. |
 /// | `on_expired_lease = "reclaim"` | `"reclaim"` (default): an abandoned claim is taken over (fence + 1, with its recovery point). `"fail_closed"`: keep answering "in progress". |
+/// | `on_cancel = "release"` | What a dropped call (a client that hung up, a timeout) does to a body still running. `"release"` (default): the body stops at its next `.await` and the claim is freed at once, so a retry runs it again. `"finish"`: the claim, the body and the completion run to their end on a task of their own, and a retry gets "in progress", then the stored answer; choose it when the body calls the outside world and must not be cut halfway. The body must then be `Send` and own its arguments (no `&` parameters, `&self` included); not with `transaction`, where a dropped call rolls everything back. |
 /// | `transaction = tx` | Transactional mode ([`TxStore`]: SQLite or PostgreSQL): the body gets `tx: &mut sqlx::Transaction<'static, DB>`; the claim, the body's SQL and the completion commit together, and an `Err` or a panic rolls all of them back. |
 /// | `claim = c` | The body gets `c: `[`ClaimInfo`]: its fence, whether it took over an abandoned claim, the recovery point, and [`ClaimInfo::downstream_key`] for calls to the outside world. |
 /// | `crate = "path::to::idem"` | Where idem is, when it is re-exported under another path. Without it, a crate whose `Cargo.toml` renames the dependency, or does not depend on idem at all, gets one error that says so. |
+///
+/// Where the attribute gives no `lease`, `retain` or `on_expired_lease`, the call takes them
+/// from the policy of [`flow::with_default_policy`] around it, else from [`Policy::DEFAULT`]: a
+/// function called by a message consumer's handler keeps its records as long as the consumer
+/// keeps its own (7 days by default), as long as redeliveries can come.
 ///
 /// `#[idempotent]` is given once per function, on a function with a body: on a trait method,
 /// put it on the method in each `impl` block.
@@ -303,13 +309,14 @@ pub use idem_runtime::{
 };
 
 /// The record lifecycle as a guarded call lives it; what integrations build on: learning of
-/// replays ([`watch_replays`](flow::watch_replays)) and choosing how long an "in progress"
-/// answer says to wait ([`RetryHint`](flow::RetryHint)).
+/// replays ([`watch_replays`](flow::watch_replays)), choosing how long an "in progress"
+/// answer says to wait ([`RetryHint`](flow::RetryHint)) and the policy guarded calls start from
+/// ([`with_default_policy`](flow::with_default_policy)).
 pub mod flow {
     #[doc(inline)]
     pub use idem_runtime::flow::{
-        Begun, HintBasis, Replays, RetryHint, begin, replays_watched, retry_hint, set_retry_hint,
-        watch_replays, with_retry_hint,
+        Begun, HintBasis, Replays, RetryHint, begin, default_policy, replays_watched, retry_hint,
+        set_retry_hint, watch_replays, with_default_policy, with_retry_hint,
     };
 }
 

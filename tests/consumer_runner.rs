@@ -283,6 +283,73 @@ async fn idempotent_functions_are_handlers_and_their_replays_are_seen() {
     assert_eq!(runs.load(Ordering::SeqCst), 3);
 }
 
+/// No `retain` of its own: it keeps its records as long as the consumer calling it does.
+#[idempotent(scope = "ship-plain:<msg.consumer>", key = msg.key, store = store, skip(runs))]
+async fn ship_plain(
+    store: &MemoryStore,
+    runs: &AtomicUsize,
+    msg: Message,
+) -> Result<usize, HandlerError> {
+    Ok(runs.fetch_add(1, Ordering::SeqCst) + msg.payload.len())
+}
+
+/// Its own `retain` wins over the consumer's.
+#[idempotent(scope = "ship-short:<msg.consumer>", key = msg.key, store = store, skip(runs), retain = "1h")]
+async fn ship_short(
+    store: &MemoryStore,
+    runs: &AtomicUsize,
+    msg: Message,
+) -> Result<usize, HandlerError> {
+    Ok(runs.fetch_add(1, Ordering::SeqCst) + msg.payload.len())
+}
+
+#[tokio::test]
+async fn idempotent_functions_under_a_consumer_keep_records_as_long_as_it_does() {
+    let clock = idem::ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let c = Consumer::new("fulfilment", store.clone()).unwrap();
+    let (plain, short) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (s, p, q) = (store.clone(), plain.clone(), short.clone());
+    let h = move |msg: Message| {
+        let (s, p, q) = (s.clone(), p.clone(), q.clone());
+        async move {
+            ship_plain(&s, &p, msg.clone()).await?;
+            ship_short(&s, &q, msg).await
+        }
+    };
+    assert_eq!(
+        c.handle(&TestDelivery::new("m-old", "x"), &h).await,
+        Settlement::Completed
+    );
+    // Two days on: past the 24h default and the 1h of `ship_short`, within the consumer's 7 days.
+    clock.advance(Duration::from_secs(2 * 86_400));
+    c.handle(&TestDelivery::new("m-old", "x").delivered(2), &h)
+        .await;
+    assert_eq!(
+        plain.load(Ordering::SeqCst),
+        1,
+        "replayed from the consumer's 7 days"
+    );
+    assert_eq!(
+        short.load(Ordering::SeqCst),
+        2,
+        "its own retain of 1h ran out"
+    );
+    // Outside a consumer, the attribute's defaults: 24h.
+    let runs = AtomicUsize::new(0);
+    let msg = |id: &str| Message {
+        key: idem::Key::parse(id).unwrap(),
+        payload: b"x".to_vec().into(),
+        consumer: "direct".into(),
+        subject: "s".into(),
+        delivered: 1,
+    };
+    ship_plain(&store, &runs, msg("m-direct")).await.unwrap();
+    clock.advance(Duration::from_secs(2 * 86_400));
+    ship_plain(&store, &runs, msg("m-direct")).await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "expired after 24h");
+}
+
 #[idempotent(scope = "ledger:<msg.consumer>", key = msg.key, store = store, transaction = tx, retain = "7d")]
 async fn book(store: &SqliteStore, msg: Message) -> Result<i64, HandlerError> {
     let cents: i64 = msg.json()?;

@@ -200,6 +200,18 @@ async fn slow<S: Store + Clone>(
     Ok(run)
 }
 
+/// Runs to its end even when its caller is dropped; counts the runs that got there.
+#[idempotent(scope = "finish:<id>", key = key, store = app.store, skip(app, delay), on_cancel = "finish")]
+async fn finishing<S: Store + Clone + 'static>(
+    app: App<S>,
+    id: u32,
+    key: String,
+    delay: Duration,
+) -> Result<usize, Error> {
+    tokio::time::sleep(delay).await;
+    Ok(app.run())
+}
+
 /// Not a serde type: replayed through its own encoding.
 #[derive(Debug, PartialEq)]
 struct Receipt(u64);
@@ -447,6 +459,32 @@ mod $name {
                 other => panic!("the abandoned claim was not released within 1 s: {other:?}"),
             }
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_cancel_finish_runs_a_dropped_call_to_its_end() {
+        let app = $make().await;
+        let call = finishing(app.clone(), 1, "k".into(), Duration::from_millis(400));
+        assert!(tokio::time::timeout(Duration::from_millis(50), call).await.is_err());
+        // The caller is gone, the body is not: a retry is told to wait, not run a second body.
+        match finishing(app.clone(), 1, "k".into(), Duration::ZERO).await {
+            Err(Error::InProgress { .. }) => {}
+            other => panic!("a retry while the dropped call still runs: {other:?}"),
+        }
+        let started = std::time::Instant::now();
+        loop {
+            match finishing(app.clone(), 1, "k".into(), Duration::ZERO).await {
+                Ok(run) => {
+                    assert_eq!(run, 1, "the retry got another run than the dropped call's");
+                    break;
+                }
+                Err(Error::InProgress { .. }) if started.elapsed() < Duration::from_secs(5) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                other => panic!("the dropped call's answer was not stored: {other:?}"),
+            }
+        }
+        assert_eq!(app.runs(), 1, "the body ran more than once");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -126,7 +126,7 @@ const INSERT: &str =
     "INSERT INTO shipments (shipment_no, order_no, amount_cents) VALUES ($1, $2, $3)";
 
 /// The handler on SQLite: one shipment per message id, in the message's own transaction.
-#[idempotent(scope = "fulfil:<msg.consumer>", key = msg.key, store = store, transaction = tx, retain = "7d")]
+#[idempotent(scope = "fulfil:<msg.consumer>", key = msg.key, store = store, transaction = tx)]
 pub async fn fulfil_sqlite(
     store: &SqliteStore,
     msg: Message,
@@ -143,7 +143,7 @@ pub async fn fulfil_sqlite(
 }
 
 /// The same handler on PostgreSQL.
-#[idempotent(scope = "fulfil:<msg.consumer>", key = msg.key, store = store, transaction = tx, retain = "7d")]
+#[idempotent(scope = "fulfil:<msg.consumer>", key = msg.key, store = store, transaction = tx)]
 pub async fn fulfil_pg(
     store: &PgStore,
     msg: Message,

@@ -105,3 +105,25 @@ pub(crate) fn display(ty: &Type) -> String {
         .replace(":: ", "::")
         .replace(" ::", "::")
 }
+
+/// Whether `ty` borrows: a reference, or a type with a lifetime (`Foo<'a>`, `impl Trait + '_`),
+/// anywhere inside it.
+pub(crate) fn borrows(ty: &Type) -> bool {
+    struct Finder(bool);
+    impl<'ast> Visit<'ast> for Finder {
+        fn visit_type_reference(&mut self, r: &'ast syn::TypeReference) {
+            match &r.lifetime {
+                Some(l) if l.ident == "static" => self.visit_type(&r.elem),
+                _ => self.0 = true,
+            }
+        }
+        fn visit_lifetime(&mut self, l: &'ast syn::Lifetime) {
+            if l.ident != "static" {
+                self.0 = true;
+            }
+        }
+    }
+    let mut f = Finder(false);
+    f.visit_type(ty);
+    f.0
+}

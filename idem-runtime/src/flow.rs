@@ -110,6 +110,22 @@ impl Default for RetryHint {
 tokio::task_local! {
     /// Set by [`with_retry_hint`] for the calls inside one future.
     static TASK_RETRY_HINT: RetryHint;
+    /// Set by [`with_default_policy`] for the calls inside one future.
+    static TASK_POLICY: Policy;
+}
+
+/// Runs `fut` with `policy` as the lease, retention and expired-lease rule of the
+/// `#[idempotent]` calls awaited inside it (on this task) that do not set their own: what a
+/// message consumer does, so that its handlers' records live as long as redeliveries can come.
+pub async fn with_default_policy<F: Future>(policy: Policy, fut: F) -> F::Output {
+    TASK_POLICY.scope(policy, fut).await
+}
+
+/// The policy an `#[idempotent]` call starts from: the one of [`with_default_policy`] around
+/// it, else [`Policy::DEFAULT`]. The attribute's own `lease`, `retain` and `on_expired_lease`
+/// apply on top.
+pub fn default_policy() -> Policy {
+    TASK_POLICY.try_with(|p| *p).unwrap_or(Policy::DEFAULT)
 }
 
 /// Runs `fut` with `hint` choosing the `Retry-After` of the "in progress" answers of the guarded
@@ -546,8 +562,7 @@ where
     R::Ok: Replay<M> + Send,
     R::Err: Send + 'static,
     M: 'static,
-    B: Body<R> + Send + 'static,
-    B::Fut: Send,
+    B: DetachedBody<R>,
 {
     let task = tokio::spawn(async move { run(&store, prepared, errors, body).await });
     match task.await {
@@ -558,6 +573,23 @@ where
             Err(e) => panic!("the guarded body's task was cancelled: {e}"),
         },
     }
+}
+
+/// A body that can run on a task of its own: it owns what it uses (`'static`) and can move
+/// between threads (`Send`).
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "the body of an `#[idempotent(on_cancel = \"finish\")]` function must be `Send` and own what it uses",
+    label = "runs on a task of its own",
+    note = "`on_cancel = \"finish\"` moves the body onto a task of its own so that a dropped caller does not cut it halfway: values it holds across an `.await` must be `Send` (an `Arc` rather than an `Rc`, a `tokio::sync::Mutex` guard rather than a `std` one), and it cannot borrow from the caller"
+)]
+pub trait DetachedBody<R>: Body<R, Fut: Send> + Send + 'static {}
+
+impl<R, B> DetachedBody<R> for B
+where
+    B: Body<R> + Send + 'static,
+    B::Fut: Send,
+{
 }
 
 /// A stored response, as the function's return value: its `Ok`, or a stored final error.

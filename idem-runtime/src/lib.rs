@@ -99,7 +99,10 @@ pub use crate::clock::{Clock, ManualClock, SystemClock};
 pub use crate::default_store::{default_store, set_default_store};
 pub use crate::error::{BoxError, Error, KeyError, Result};
 pub use crate::fingerprint::{Fingerprint, Fingerprinter};
-pub use crate::flow::{Begun, HintBasis, RetryHint, begin, set_retry_hint, with_retry_hint};
+pub use crate::flow::{
+    Begun, HintBasis, RetryHint, begin, default_policy, set_retry_hint, with_default_policy,
+    with_retry_hint,
+};
 pub use crate::guard::{ClaimInfo, Guard, downstream_key};
 pub use crate::key::{Key, KeyPolicy, ToKey};
 pub use crate::record::{

@@ -13,7 +13,8 @@ pub use crate::default_store::DefaultStore;
 pub use crate::error::Error;
 pub use crate::fingerprint::{Fingerprint, Fingerprinter};
 pub use crate::flow::{
-    Body, ErrorOps, IdemResult, Plain, Prepared, Timing, WithClaim, run, run_detached,
+    Body, DetachedBody, ErrorOps, IdemResult, Plain, Prepared, Timing, WithClaim, default_policy,
+    run, run_detached,
 };
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use crate::flow::{TxClaim, TxStart, tx_finish, tx_start};

@@ -130,7 +130,7 @@ fn prelude(g: &Gen<'_>) -> TokenStream {
         static #v_timing: #private::Timing = #private::Timing::new();
         let #v_store = #store_init;
         let #v_errors = #errors_init;
-        let #v_policy = #private::Policy::DEFAULT #lease #retain #expired;
+        let #v_policy = #private::default_policy() #lease #retain #expired;
     }
 }
 
@@ -218,6 +218,12 @@ fn call(g: &Gen<'_>, stmts: &[Stmt]) -> TokenStream {
             None => quote!(#private::Plain(#body)),
             Some(c) => quote!(#private::WithClaim(move |#c: #private::ClaimInfo| #body)),
         };
+        if m.policy.finish_on_cancel {
+            // On a task of its own: the store handle and the body move there.
+            return quote_spanned! {ok_span=>
+                #p_ok::run_detached(#store_ok, #prepared, #errors_ok, #body).await
+            };
+        }
         return quote_spanned! {ok_span=>
             #p_ok::run(&#store_ok, #prepared, #errors_ok, #body).await
         };

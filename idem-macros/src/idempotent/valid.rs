@@ -4,7 +4,7 @@
 use proc_macro2::Span;
 use quote::ToTokens;
 use syn::spanned::Spanned;
-use syn::{Expr, Ident, ItemFn, LitStr, ReturnType, Signature, Type};
+use syn::{Expr, FnArg, Ident, ItemFn, LitStr, ReceiverKind, ReturnType, Signature, Type};
 
 use super::ast::Args;
 use crate::attr::FieldPath;
@@ -44,6 +44,9 @@ pub(super) struct Policy {
     pub(super) retain_ms: Option<u64>,
     pub(super) store_final: bool,
     pub(super) fail_closed: bool,
+    /// `on_cancel = "finish"`: the body runs on a task of its own, to its end, even when the
+    /// caller's future is dropped.
+    pub(super) finish_on_cancel: bool,
 }
 
 pub(super) fn validate(
@@ -74,6 +77,7 @@ pub(super) fn validate(
     key(&args, cx);
     let fingerprinted = fingerprinted(&args, &params, skipped, sig, cx);
     let policy = policy(&args, cx);
+    detachable(&args, sig, policy.finish_on_cancel, cx);
     let krate = Krate::new(args.krate.as_ref(), Site::Attribute, cx);
     for name in [&args.transaction, &args.claim].into_iter().flatten() {
         if bound(&params).any(|i| i == name) {
@@ -422,11 +426,59 @@ fn policy(args: &Args, cx: &mut Ctxt) -> Policy {
         },
         cx,
     );
+    let finish_on_cancel = choice(
+        &args.on_cancel,
+        &[("release", false), ("finish", true)],
+        |other| {
+            format!(
+                "unknown cancellation policy \"{other}\": use \"release\" (the default: a caller that is dropped, such as a client that hung up, releases the claim and a retry runs the body again) or \"finish\" (the body runs to its end on a task of its own, and a retry gets its answer)"
+            )
+        },
+        cx,
+    );
     Policy {
         lease_ms,
         retain_ms,
         store_final,
         fail_closed,
+        finish_on_cancel,
+    }
+}
+
+/// `on_cancel = "finish"` moves the body onto a task of its own: it cannot borrow from the
+/// caller, and a transaction already undoes a body cut halfway.
+fn detachable(args: &Args, sig: &Signature, finish: bool, cx: &mut Ctxt) {
+    let Some(lit) = args.on_cancel.as_ref().filter(|_| finish) else {
+        return;
+    };
+    if let Some(tx) = &args.transaction {
+        cx.at(
+            lit.span(),
+            format_args!(
+                "`on_cancel = \"finish\"` with `transaction = {tx}`: in transactional mode a dropped call rolls back everything it did, claim included, so a retry starts from nothing; keep the default, or drop `transaction` to run the body to its end on a task of its own"
+            ),
+        );
+    }
+    for arg in &sig.inputs {
+        let (borrowed, what) = match arg {
+            FnArg::Receiver(r) => match &r.kind {
+                ReceiverKind::Reference(..) => (true, "`self`".to_owned()),
+                ReceiverKind::Typed(_, ty) => (types::borrows(ty), "`self`".to_owned()),
+                _ => (false, String::new()),
+            },
+            FnArg::Typed(t) => (
+                types::borrows(&t.ty),
+                format!("`{}`", t.pat.to_token_stream()),
+            ),
+        };
+        if borrowed {
+            cx.spanned(
+                arg,
+                format_args!(
+                    "{what} is borrowed, but `on_cancel = \"finish\"` runs the body on a task of its own, which outlives the caller: take it by value (an owned value, or an `Arc` of it, cloned by the caller)"
+                ),
+            );
+        }
     }
 }
 

@@ -27,7 +27,7 @@
 //! use idem::consumer::{Consumer, HandlerError, Message};
 //! use idem::{idempotent, MemoryStore};
 //!
-//! #[idempotent(scope = "ship:<msg.consumer>", key = msg.key, store = store, retain = "7d")]
+//! #[idempotent(scope = "ship:<msg.consumer>", key = msg.key, store = store)]
 //! async fn on_paid(store: &MemoryStore, msg: Message) -> Result<u64, HandlerError> {
 //!     let order: serde_json::Value = msg.json()?;  // a payload that is not JSON is final
 //!     // Create the shipment here: this runs once per message id.
@@ -620,13 +620,15 @@ impl<S: Store> Consumer<S> {
         loop {
             let watch = ClaimWatch::new();
             // A live claim elsewhere is retried when its lease runs out: a redelivery costs more
-            // than a client's retry. The handler's future is boxed: the seams around it would
-            // otherwise move it, whole, through several frames of the stack.
+            // than a client's retry. `#[idempotent]` functions the handler calls start from the
+            // consumer's policy, so their records live as long as redeliveries can come. The
+            // handler's future is boxed: the seams around it would otherwise move it, whole,
+            // through several frames of the stack.
             let call = flow::watch_claims(
                 &watch,
                 flow::watch_replays(flow::with_retry_hint(
                     RetryHint::REMAINING_LEASE,
-                    Box::pin(handler.call(msg.clone())),
+                    flow::with_default_policy(self.policy, Box::pin(handler.call(msg.clone()))),
                 )),
             );
             let (result, replays) = self.while_alive(delivery, &watch, every, call).await;

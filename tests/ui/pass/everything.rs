@@ -1,4 +1,5 @@
-//! Every argument of #[idempotent] at once, and the re-exported crate path.
+//! Every argument of #[idempotent] at once (two functions: `transaction` and
+//! `on_cancel = "finish"` exclude each other), and the re-exported crate path.
 
 use idem::{idempotent, Error, FinalError, SqliteStore};
 use serde::{Deserialize, Serialize};
@@ -46,10 +47,30 @@ async fn pay(store: &SqliteStore, user: &User, order_no: String, key: String, ce
     Ok(cents + user.id)
 }
 
+#[idempotent(
+    scope = "refund:<order_no>",
+    key = key,
+    store = store,
+    skip(note),
+    lease = "30s",
+    retain = "7d",
+    on_error = "store_final",
+    on_expired_lease = "fail_closed",
+    on_cancel = "finish",
+    claim = c,
+    crate = "crate::deps::idem",
+)]
+async fn refund(store: SqliteStore, order_no: String, key: String, note: String) -> Result<u64, PayError> {
+    tokio::task::yield_now().await;
+    Ok(u64::from(c.attempt()) + order_no.len() as u64 + note.len() as u64)
+}
+
 #[tokio::main]
 async fn main() {
     let store = SqliteStore::in_memory().await.unwrap();
     let user = User { id: 1 };
     assert_eq!(pay(&store, &user, "A1".into(), "k".into(), 2).await.unwrap(), 3);
     assert_eq!(pay(&store, &user, "A1".into(), "k".into(), 2).await.unwrap(), 3);
+    assert_eq!(refund(store.clone(), "A1".into(), "r".into(), String::new()).await.unwrap(), 3);
+    assert_eq!(refund(store, "A1".into(), "r".into(), "x".into()).await.unwrap(), 3);
 }
