@@ -30,6 +30,29 @@ pub(crate) fn result_args(ty: &Type) -> Option<(&Type, &Type)> {
     }
 }
 
+/// `T` of an `Ok` type written like an answer of the HTTP integration, `Json<T>` or
+/// `(StatusCode, Json<T>)`, with no `impl Trait` in it (the expansion names the type).
+pub(crate) fn json_body(ok: &Type) -> Option<&Type> {
+    let json = match ok {
+        Type::Tuple(t) if t.elems.len() == 2 => &t.elems[1],
+        Type::Paren(p) => return json_body(&p.elem),
+        t => t,
+    };
+    let body = match args_of(json, "Json")?.as_slice() {
+        [body] => *body,
+        _ => return None,
+    };
+    struct ImplTrait(bool);
+    impl<'ast> Visit<'ast> for ImplTrait {
+        fn visit_type_impl_trait(&mut self, _: &'ast syn::TypeImplTrait) {
+            self.0 = true;
+        }
+    }
+    let mut found = ImplTrait(false);
+    found.visit_type(ok);
+    (!found.0).then_some(body)
+}
+
 /// Return types that cannot be a `Result` or an alias of one, rejected before type checking so
 /// the message is one, on the type. Anything else is checked by the compiler.
 pub(crate) fn obviously_not_result(ty: &Type) -> bool {

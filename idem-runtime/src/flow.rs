@@ -26,6 +26,7 @@
 use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -343,9 +344,13 @@ impl<T, E> IdemResult for std::result::Result<T, E> {
 
 #[doc(hidden)]
 /// How idem's errors become the function's error type, and which of its errors are final.
-pub struct ErrorOps<E> {
+///
+/// `M` is the replay marker of the function's `Ok` type ([`Replay`]`<M>`): inferred, or fixed
+/// by [`ErrorOps::replayed_as`] so that an unmet bound names the type inside the answer.
+pub struct ErrorOps<E, M> {
     pub(crate) from_idem: fn(Error) -> E,
     pub(crate) finals: Option<FinalOps<E>>,
+    pub(crate) replay: PhantomData<fn() -> M>,
 }
 
 /// How a function that stores final errors tells, stores and rebuilds them.
@@ -355,7 +360,7 @@ pub(crate) struct FinalOps<E> {
     pub(crate) decode: fn(StoredResponse) -> Result<E>,
 }
 
-impl<E> fmt::Debug for ErrorOps<E> {
+impl<E, M> fmt::Debug for ErrorOps<E, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ErrorOps")
             .field("stores_final_errors", &self.finals.is_some())
@@ -363,7 +368,13 @@ impl<E> fmt::Debug for ErrorOps<E> {
     }
 }
 
-impl<E> ErrorOps<E> {
+impl<E, M> ErrorOps<E, M> {
+    /// Fixes the replay marker to `shape`'s: with one candidate left, the compiler reports
+    /// what that implementation lacks (the `T` inside `Json<T>`), not the whole `Ok` type.
+    pub fn replayed_as(self, _shape: crate::private::Shape<M>) -> Self {
+        self
+    }
+
     fn fail<R: IdemResult<Err = E>>(&self, e: Error) -> R {
         R::from_err((self.from_idem)(e))
     }
@@ -469,7 +480,12 @@ where
 ///
 /// One flat async fn that awaits the store and the guard directly, so the future every caller
 /// moves around holds one guard and one response.
-pub async fn run<S, R, M, B>(store: &S, prepared: Prepared, errors: ErrorOps<R::Err>, body: B) -> R
+pub async fn run<S, R, M, B>(
+    store: &S,
+    prepared: Prepared,
+    errors: ErrorOps<R::Err, M>,
+    body: B,
+) -> R
 where
     S: Store,
     R: IdemResult,
@@ -553,7 +569,7 @@ where
 pub async fn run_detached<S, R, M, B>(
     store: S,
     prepared: Prepared,
-    errors: ErrorOps<R::Err>,
+    errors: ErrorOps<R::Err, M>,
     body: B,
 ) -> R
 where
@@ -593,7 +609,7 @@ where
 }
 
 /// A stored response, as the function's return value: its `Ok`, or a stored final error.
-fn replay<R, M>(stored: StoredResponse, errors: &ErrorOps<R::Err>) -> R
+fn replay<R, M>(stored: StoredResponse, errors: &ErrorOps<R::Err, M>) -> R
 where
     R: IdemResult,
     R::Ok: Replay<M>,
@@ -873,7 +889,7 @@ mod transactional {
     pub async fn tx_finish<S, R, M>(
         store: &S,
         start: TxStart<Tx<S>>,
-        errors: ErrorOps<R::Err>,
+        errors: ErrorOps<R::Err, M>,
         out: Option<R>,
     ) -> R
     where
@@ -923,7 +939,7 @@ mod transactional {
         store: &S,
         mut claim: TxClaim<Tx<S>>,
         v: R::Ok,
-        errors: &ErrorOps<R::Err>,
+        errors: &ErrorOps<R::Err, M>,
     ) -> R
     where
         S: TxStore,

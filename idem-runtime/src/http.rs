@@ -393,7 +393,7 @@ mod replay_impls {
 
     use crate::error::Error;
     use crate::record::StoredResponse;
-    use crate::replay::{Replay, marker};
+    use crate::replay::{JsonBody, Replay, marker};
 
     fn body<T: Serialize>(value: &T, status: StatusCode) -> Result<StoredResponse, Error> {
         Ok(StoredResponse {
@@ -414,7 +414,7 @@ mod replay_impls {
     }
 
     /// Stored as the JSON body with status 200.
-    impl<T: Serialize + DeserializeOwned> Replay<marker::Http> for Json<T> {
+    impl<T: JsonBody> Replay<marker::Http> for Json<T> {
         fn encode(&self) -> Result<StoredResponse, Error> {
             body(&self.0, StatusCode::OK)
         }
@@ -424,7 +424,7 @@ mod replay_impls {
     }
 
     /// Stored as the status and the JSON body.
-    impl<T: Serialize + DeserializeOwned> Replay<marker::Http> for (StatusCode, Json<T>) {
+    impl<T: JsonBody> Replay<marker::Http> for (StatusCode, Json<T>) {
         fn encode(&self) -> Result<StoredResponse, Error> {
             body(&self.1.0, self.0)
         }

@@ -166,15 +166,16 @@ pub fn tx_store<S: IsTxStore<M>, M>(s: S) -> S::Handle {
 }
 
 /// Errors release the claim.
-pub fn errors<E: From<Error>>() -> ErrorOps<E> {
+pub fn errors<E: From<Error>, M>() -> ErrorOps<E, M> {
     ErrorOps {
         from_idem: E::from,
         finals: None,
+        replay: PhantomData,
     }
 }
 
 /// Final errors are stored and replayed; the others release the claim.
-pub fn errors_final<E: From<Error> + FinalError>() -> ErrorOps<E> {
+pub fn errors_final<E: From<Error> + FinalError, M>() -> ErrorOps<E, M> {
     ErrorOps {
         from_idem: E::from,
         finals: Some(FinalOps {
@@ -182,6 +183,61 @@ pub fn errors_final<E: From<Error> + FinalError>() -> ErrorOps<E> {
             encode: encode_final::<E>,
             decode: decode_final::<E>,
         }),
+        replay: PhantomData,
+    }
+}
+
+/// The replay marker of an `Ok` type, as a value ([`ErrorOps::replayed_as`]).
+#[derive(Debug)]
+pub struct Shape<M>(PhantomData<fn() -> M>);
+
+/// Picks the marker of an `Ok` type written like an HTTP answer (`Json<T>`,
+/// `(StatusCode, Json<T>)`) by method resolution: `(&ShapeProbe::<T>::new()).shape()` is
+/// [`HttpShape::shape`] when `T` is axum's, else [`AnyShape::shape`], whose marker stays
+/// inferred as for any other type. So a `T` inside that lacks serde is named, and another
+/// crate's `Json` is left alone.
+#[derive(Debug)]
+pub struct ShapeProbe<T>(PhantomData<fn() -> T>);
+
+impl<T> ShapeProbe<T> {
+    pub fn new() -> Self {
+        ShapeProbe(PhantomData)
+    }
+}
+
+impl<T> Default for ShapeProbe<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The answers of the HTTP integration: their marker is [`marker::Http`](crate::replay::marker::Http).
+pub trait HttpShape {
+    fn shape(&self) -> Shape<crate::replay::marker::Http>;
+}
+
+/// Every other type: the marker is inferred.
+pub trait AnyShape {
+    fn shape<M>(&self) -> Shape<M>;
+}
+
+impl<T> AnyShape for &ShapeProbe<T> {
+    fn shape<M>(&self) -> Shape<M> {
+        Shape(PhantomData)
+    }
+}
+
+#[cfg(feature = "axum")]
+impl<T> HttpShape for ShapeProbe<axum::Json<T>> {
+    fn shape(&self) -> Shape<crate::replay::marker::Http> {
+        Shape(PhantomData)
+    }
+}
+
+#[cfg(feature = "axum")]
+impl<T> HttpShape for ShapeProbe<(http::StatusCode, axum::Json<T>)> {
+    fn shape(&self) -> Shape<crate::replay::marker::Http> {
+        Shape(PhantomData)
     }
 }
 

@@ -52,6 +52,19 @@ impl<T: Serialize + DeserializeOwned> Replay<marker::Serde> for T {
     }
 }
 
+/// What an HTTP answer of the `axum` feature (`Json<T>`, `(StatusCode, Json<T>)`) can carry:
+/// any `Serialize + DeserializeOwned` type, stored as its JSON body.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be replayed inside `Json<…>`: the body of a stored answer must be storable",
+    label = "cannot be stored and replayed as a JSON body",
+    note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
+)]
+pub trait JsonBody: Serialize + DeserializeOwned {}
+
+// Not looked through in diagnostics: a type lacking both derives is one error, this trait's.
+#[diagnostic::do_not_recommend]
+impl<T: Serialize + DeserializeOwned> JsonBody for T {}
+
 /// A replay encoding of your own, for `Ok` types that are not serde types (a protobuf message,
 /// a type from a crate without serde support).
 ///

@@ -19,6 +19,9 @@ struct Gen<'a> {
     ret_span: Span,
     ok_span: Span,
     err: Option<(Span, &'a Type)>,
+    /// The `Ok` type when it is written like an HTTP answer (`Json<T>`, `(StatusCode,
+    /// Json<T>)`): its replay marker is then picked up front, and `ok_span` is `T`'s.
+    json_ok: Option<&'a Type>,
 }
 
 impl Gen<'_> {
@@ -51,9 +54,13 @@ pub(super) fn rewrite(model: Model, func: ItemFn) -> TokenStream {
         ..
     } = func;
     let ret_span = model.ret.span();
-    let (ok_span, err) = match types::result_args(&model.ret) {
-        Some((ok, err)) => (ok.span(), Some((err.span(), err))),
-        None => (ret_span, None),
+    let (ok_span, err, json_ok) = match types::result_args(&model.ret) {
+        Some((ok, err)) => match types::json_body(ok) {
+            // An unmet bound of the answer is one of its body: reported there, by name.
+            Some(body) => (body.span(), Some((err.span(), err)), Some(ok)),
+            None => (ok.span(), Some((err.span(), err)), None),
+        },
+        None => (ret_span, None, None),
     };
     let g = Gen {
         model: &model,
@@ -61,6 +68,7 @@ pub(super) fn rewrite(model: Model, func: ItemFn) -> TokenStream {
         ret_span,
         ok_span,
         err,
+        json_ok,
     };
     let prelude = prelude(&g);
     let call = call(&g, &block.stmts);
@@ -105,7 +113,7 @@ fn prelude(g: &Gen<'_>) -> TokenStream {
     let errors_init = match g.err {
         Some((span, err)) => {
             let p = g.private_at(span);
-            quote_spanned!(span=> #p::#errors_fn::<#err>())
+            quote_spanned!(span=> #p::#errors_fn::<#err, _>())
         }
         None => {
             let p = g.private_at(g.ret_span);
@@ -125,11 +133,24 @@ fn prelude(g: &Gen<'_>) -> TokenStream {
         Gen::local("policy"),
     );
     let v_timing = Gen::local("timing");
+    // An answer of the HTTP integration fixes its replay marker, so the compiler names the body
+    // type that cannot be replayed instead of the whole answer; any other `Json` keeps the
+    // inferred marker (see `ShapeProbe`).
+    let shaped = g.json_ok.map(|ok| {
+        quote! {
+            let #v_errors = #v_errors.replayed_as({
+                #[allow(unused_imports)]
+                use #private::{AnyShape as _, HttpShape as _};
+                (&#private::ShapeProbe::<#ok>::new()).shape()
+            });
+        }
+    });
     quote! {
         // How long this function's calls take: what its "in progress" answers say to wait.
         static #v_timing: #private::Timing = #private::Timing::new();
         let #v_store = #store_init;
         let #v_errors = #errors_init;
+        #shaped
         let #v_policy = #private::default_policy() #lease #retain #expired;
     }
 }

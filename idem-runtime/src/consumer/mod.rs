@@ -460,7 +460,7 @@ where
             flow::run::<S, Result<T, E>, marker::Serde, _>(
                 &self.store,
                 prepared,
-                crate::private::errors::<E>(),
+                crate::private::errors::<E, _>(),
                 WithClaim(move |claim| f(msg, claim)),
             )
             .await
