@@ -5,6 +5,7 @@
 //! cargo run --release --example bench -- --store sqlite|postgres|memory|redis --concurrency N --seconds S
 //!     [--rounds R]     rounds of every variant, interleaved (default 3)
 //!     [--variants a,b] only these variants (unguarded always runs: ratios are against it)
+//!     [--read-first true] SQLite: claims read on the readers first (`SqliteStoreBuilder::read_first`)
 //! ```
 //!
 //! PostgreSQL needs `DATABASE_URL`; the run works in a schema of its own and drops it. Each
@@ -463,6 +464,7 @@ struct Args {
     seconds: f64,
     rounds: usize,
     only: Option<Vec<String>>,
+    read_first: bool,
 }
 
 fn args() -> Args {
@@ -472,6 +474,7 @@ fn args() -> Args {
         seconds: 2.0,
         rounds: 3,
         only: None,
+        read_first: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -482,6 +485,7 @@ fn args() -> Args {
             "--seconds" => a.seconds = value.parse().expect("--seconds S"),
             "--rounds" => a.rounds = value.parse().expect("--rounds R"),
             "--variants" => a.only = Some(value.split(',').map(str::to_owned).collect()),
+            "--read-first" => a.read_first = value.parse().expect("--read-first true|false"),
             other => panic!("unknown flag {other}; see the header of examples/bench.rs"),
         }
     }
@@ -584,7 +588,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             _file = dir;
             // One writer connection for idem's writes and the business inserts alike; readers
             // for replays.
-            let store = idem::SqliteStore::connect(&url).await?;
+            let store = idem::SqliteStore::builder()
+                .read_first(a.read_first)
+                .connect(&url)
+                .await?;
             let pool = store.pool().clone();
             for stmt in SCHEMA {
                 sqlx::query(stmt).execute(&pool).await?;

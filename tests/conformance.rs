@@ -24,6 +24,17 @@ async fn sqlite() -> Env<SqliteStore> {
     Env::new(store).keep(file)
 }
 
+/// Claims read on the readers first (`read_first`): replays never take the writer.
+async fn sqlite_read_first() -> Env<SqliteStore> {
+    let file = SqliteFile::new();
+    let store = SqliteStore::builder()
+        .read_first(true)
+        .connect(&file.url)
+        .await
+        .expect("open SQLite");
+    Env::new(store).keep(file)
+}
+
 async fn postgres() -> Env<PgStore> {
     let schema = PgSchema::create(&common::pg_url(), 16).await;
     let store = PgStore::builder()
@@ -90,6 +101,10 @@ mod shared_store {
 
 mod sqlite_store {
     idem::testkit::conformance_tests!(super::sqlite);
+}
+
+mod sqlite_read_first {
+    idem::testkit::conformance_tests!(super::sqlite_read_first);
 }
 
 mod postgres_store {

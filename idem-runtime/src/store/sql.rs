@@ -432,6 +432,9 @@ pub(crate) struct Engine<D: Dialect> {
     /// split).
     pub(crate) reader: sqlx::Pool<D::Db>,
     pub(crate) sql: Statements,
+    /// SQLite: answer replays from the readers before taking the writer
+    /// (`SqlStoreBuilder::read_first`).
+    pub(crate) read_first: bool,
 }
 
 impl<D: Dialect> Engine<D> {
@@ -444,6 +447,7 @@ impl<D: Dialect> Engine<D> {
             writer,
             reader,
             sql: Statements::new::<D>(table)?,
+            read_first: false,
         })
     }
 
@@ -957,6 +961,7 @@ pub(crate) use engine_store_api;
 pub struct SqlStoreBuilder<S> {
     pub(crate) table: String,
     pub(crate) create_table: bool,
+    pub(crate) read_first: bool,
     store: PhantomData<fn() -> S>,
 }
 
@@ -965,6 +970,7 @@ impl<S> Default for SqlStoreBuilder<S> {
         SqlStoreBuilder {
             table: DEFAULT_TABLE.to_owned(),
             create_table: true,
+            read_first: false,
             store: PhantomData,
         }
     }
@@ -990,7 +996,8 @@ impl<S> SqlStoreBuilder<S> {
         writer: sqlx::Pool<D::Db>,
         reader: sqlx::Pool<D::Db>,
     ) -> Result<Arc<Engine<D>>> {
-        let engine = Engine::new(writer, reader, &self.table)?;
+        let mut engine = Engine::new(writer, reader, &self.table)?;
+        engine.read_first = self.read_first;
         if self.create_table {
             engine.migrate().await?;
         }

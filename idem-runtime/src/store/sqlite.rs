@@ -23,8 +23,8 @@ use crate::store::{Store, TxStore};
 /// The store's clock: milliseconds since the Unix epoch, read by SQLite itself.
 const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
-/// SQLite's side of the SQL stores: its own clock in integer milliseconds, a first claim read
-/// on the readers and inserted on the writer, purges through `changes()`.
+/// SQLite's side of the SQL stores: its own clock in integer milliseconds, a claim inserted
+/// first and read only when the key exists, purges through `changes()`.
 pub(crate) struct Lite;
 
 impl Dialect for Lite {
@@ -152,7 +152,18 @@ pub struct SqliteStore {
 pub type SqliteStoreBuilder = SqlStoreBuilder<SqliteStore>;
 
 impl SqlStoreBuilder<SqliteStore> {
-    /// A store on an existing pool.
+    /// Whether a claim first reads on the readers, and answers a replay or "in progress" from
+    /// there without taking the writer (default: no). By default the insert goes first, on the
+    /// writer: a new key is one statement, and an existing one an insert that does nothing and
+    /// a read. Reading first makes replays several times faster (they never queue behind
+    /// writes) and new keys slower (a read, then the insert): choose it where most requests are
+    /// retries. `BENCHMARKS.md` has both.
+    pub fn read_first(mut self, read_first: bool) -> Self {
+        self.read_first = read_first;
+        self
+    }
+
+    /// A store on an existing pool, for reads and writes.
     pub async fn build(self, pool: SqlitePool) -> Result<SqliteStore> {
         self.build_split(pool.clone(), pool).await
     }
@@ -230,75 +241,63 @@ impl SqliteStore {
         &self.inner.reader
     }
 
-    /// Outside a transaction (`tx` is `None`) the read goes first, on the readers: a replay never
-    /// queues for SQLite's single writer, and the writer is taken only to insert or take over.
-    /// Inside one (which holds the write lock already, `BEGIN IMMEDIATE`), the insert goes
-    /// first: a first claim is then one statement.
+    /// The insert goes first, on the writer (outside a transaction, the writer pool's one
+    /// connection; inside one, the caller's, which holds the write lock already): a first claim
+    /// is one statement, as in a hand-written guard. When the key exists, it is read on the same
+    /// connection and decided on: in this process nothing else writes between the two, so the
+    /// take-over, when there is one, applies at once; another process may, and then the loop
+    /// reads again.
     async fn begin_on(
         &self,
-        mut tx: Option<&mut SqliteConnection>,
+        tx: Option<&mut SqliteConnection>,
         req: BeginRequest<'_>,
     ) -> Result<BeginOutcome> {
         let sql = &self.inner.sql;
-        let select = sql.first.select.as_ref().expect("SQLite reads first");
+        let select = sql
+            .first
+            .select
+            .as_ref()
+            .expect("SQLite reads its rows itself");
         let args = Statements::claim_args(&req);
         let key = [Arg::Text(req.scope), Arg::Text(req.key)];
-        for attempt in 0..ATTEMPTS {
-            let row = match tx.as_deref_mut() {
-                Some(_) if attempt == 0 => None,
-                Some(conn) => Lite::fetch(conn, select, &key).await?,
-                None => {
-                    let mut reader = self.inner.read_conn().await?;
-                    Lite::fetch(&mut reader, select, &key).await?
-                }
-            };
-            // What to write, decided before the writer is taken: a replay never waits for it.
-            let write = match row {
-                None => Write::Insert,
-                Some(row) => {
-                    let cur = CurRow::read(&row)?;
-                    match sql::next(&req, &cur)? {
-                        Next::Answer(outcome) => return Ok(outcome),
-                        Next::TakeOver { reclaim, keep } => Write::TakeOver { cur, reclaim, keep },
-                    }
-                }
-            };
-            let mut writer = None;
-            let conn: &mut SqliteConnection = match tx.as_deref_mut() {
-                Some(conn) => conn,
-                None => &mut *writer.insert(self.inner.write_conn().await?),
-            };
-            match write {
-                Write::Insert => {
-                    if let Some(row) = Lite::fetch(conn, &sql.first.insert, &args).await? {
-                        return Ok(BeginOutcome::Claimed(Engine::<Lite>::first_claim(&row)?));
-                    }
-                    // It exists (inserted by another connection since our read): read it.
-                }
-                Write::TakeOver { cur, reclaim, keep } => {
-                    if let Some(claimed) = self
-                        .inner
-                        .take_over(conn, &req, &cur, reclaim, keep)
-                        .await?
-                    {
-                        return Ok(BeginOutcome::Claimed(claimed));
-                    }
-                    // Changed since our read: read it again.
-                }
+        if self.inner.read_first && tx.is_none() {
+            let mut reader = self.inner.read_conn().await?;
+            if let Some(row) = Lite::fetch(&mut reader, select, &key).await?
+                && let Next::Answer(outcome) = sql::next(&req, &CurRow::read(&row)?)?
+            {
+                return Ok(outcome);
             }
+            // A new key, or one to take over: on the writer, as below.
+        }
+        let mut writer = None;
+        let conn: &mut SqliteConnection = match tx {
+            Some(conn) => conn,
+            None => &mut *writer.insert(self.inner.write_conn().await?),
+        };
+        for _ in 0..ATTEMPTS {
+            if let Some(row) = Lite::fetch(conn, &sql.first.insert, &args).await? {
+                return Ok(BeginOutcome::Claimed(Engine::<Lite>::first_claim(&row)?));
+            }
+            // It exists: read it. Gone again (purged in between): insert again.
+            let Some(row) = Lite::fetch(conn, select, &key).await? else {
+                continue;
+            };
+            let cur = CurRow::read(&row)?;
+            let (reclaim, keep) = match sql::next(&req, &cur)? {
+                Next::Answer(outcome) => return Ok(outcome),
+                Next::TakeOver { reclaim, keep } => (reclaim, keep),
+            };
+            if let Some(claimed) = self
+                .inner
+                .take_over(conn, &req, &cur, reclaim, keep)
+                .await?
+            {
+                return Ok(BeginOutcome::Claimed(claimed));
+            }
+            // Changed since our read, by another process: start over.
         }
         Err(contention(req.scope, req.key))
     }
-}
-
-/// The write a `begin` on SQLite decided on after its read.
-enum Write {
-    Insert,
-    TakeOver {
-        cur: CurRow,
-        reclaim: bool,
-        keep: bool,
-    },
 }
 
 impl Store for SqliteStore {
