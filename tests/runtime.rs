@@ -500,3 +500,43 @@ fn outcome_events_say_what_happened() {
         "{seen:?}"
     );
 }
+
+/// The purge deletes in batches and gives SQLite's one writer back between them: a claim that
+/// arrives while a large purge runs waits for one batch, not for the whole purge.
+#[tokio::test]
+async fn sqlite_purge_lets_live_claims_in_between_batches() {
+    let file = common::SqliteFile::new();
+    let store = SqliteStore::connect(&file.url).await.unwrap();
+    // 20,000 records whose retention ended a day ago: twenty batches.
+    sqlx::query(
+        "WITH RECURSIVE g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i + 1 < 20000) \
+         INSERT INTO idem_records (scope, key, fingerprint, state, fence, lease_until, expires_at, \
+           created_at, updated_at) \
+         SELECT 'old', 'k' || i, zeroblob(32), 'completed', 1, 0, \
+           CAST(unixepoch('subsec') * 1000 AS INTEGER) - 86400000, 0, 0 FROM g",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+
+    let purging = {
+        let store = store.clone();
+        tokio::spawn(async move { store.purge_expired().await })
+    };
+    // Let the purge take the writer, then claim.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let key = Key::parse("live").unwrap();
+    let fp = Fingerprint::of("a").unwrap();
+    let outcome = store.begin(req(&key, &fp)).await.unwrap();
+    assert!(matches!(outcome, BeginOutcome::Claimed(_)));
+    assert!(
+        !purging.is_finished(),
+        "the claim was answered before the purge ended, not after it"
+    );
+    assert_eq!(purging.await.unwrap().unwrap(), 20_000);
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, 1, "only the live record is left");
+}

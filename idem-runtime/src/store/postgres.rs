@@ -30,6 +30,8 @@ impl Dialect for Pg {
 
     const NOW: &'static str = "now()";
     const NOW_MS: &'static str = "(EXTRACT(EPOCH FROM now()) * 1000)::int8";
+    // A purge holds row locks only on what it deletes; live traffic is not queued behind it.
+    const PURGE_BATCH: i64 = 10_000;
     const TYPES: Types = Types {
         text: "text",
         bytes: "bytea",
@@ -91,7 +93,7 @@ impl Dialect for Pg {
                        SELECT ctid FROM {t} WHERE expires_at <= now() LIMIT {}) \
                      ) RETURNING 1) \
                      SELECT count(*) AS deleted FROM gone",
-                    sql::PURGE_BATCH
+                    Self::PURGE_BATCH
                 ))
                 .into_sql_str(),
             ],

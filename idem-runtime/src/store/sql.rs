@@ -29,10 +29,6 @@ pub(crate) const DEFAULT_TABLE: &str = "idem_records";
 /// How often `begin` looks again when concurrent attempts keep changing the record under it.
 pub(crate) const ATTEMPTS: usize = 8;
 
-/// How many expired records one purge statement deletes: short enough that live traffic is never
-/// held behind it for long.
-pub(crate) const PURGE_BATCH: i64 = 10_000;
-
 /// A value bound to a statement.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Arg<'a> {
@@ -58,6 +54,9 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     const TYPES: Types;
     /// The boolean `false` as a column default.
     const FALSE: &'static str;
+    /// How many expired records one purge statement deletes: short enough that live traffic is
+    /// never held behind it for long.
+    const PURGE_BATCH: i64;
     /// What follows `CREATE TABLE (…)`.
     const TABLE_OPTIONS: &'static str;
     /// Whether a table name may be `schema.table`.
@@ -628,8 +627,11 @@ impl<D: Dialect> Engine<D> {
 
     pub(crate) async fn purge_expired(&self) -> Result<u64> {
         let mut total = 0u64;
-        let mut conn = self.write_conn().await?;
         loop {
+            // A connection per batch: on SQLite the writer is one connection, and live claims
+            // and completions take their turn on it between two batches instead of waiting for
+            // the whole purge.
+            let mut conn = self.write_conn().await?;
             let mut deleted = 0;
             for stmt in &self.sql.first.purge {
                 if let Some(row) = D::fetch(&mut conn, stmt, &[]).await? {
@@ -637,7 +639,7 @@ impl<D: Dialect> Engine<D> {
                 }
             }
             total += u64::try_from(deleted).unwrap_or(0);
-            if deleted < PURGE_BATCH {
+            if deleted < D::PURGE_BATCH {
                 return Ok(total);
             }
         }

@@ -33,6 +33,8 @@ impl Dialect for Lite {
 
     const NOW: &'static str = NOW;
     const NOW_MS: &'static str = NOW;
+    // One batch holds the single writer: about 1,000 deletions keep a live claim's wait short.
+    const PURGE_BATCH: i64 = 1_000;
     const TYPES: Types = Types {
         text: "TEXT",
         bytes: "BLOB",
@@ -79,7 +81,7 @@ impl Dialect for Lite {
                 sql(format!(
                     "DELETE FROM {t} WHERE (scope, key) IN ( \
                        SELECT scope, key FROM {t} WHERE expires_at <= {NOW} LIMIT {})",
-                    sql::PURGE_BATCH
+                    Self::PURGE_BATCH
                 )),
                 "SELECT changes() AS deleted".into_sql_str(),
             ],

@@ -1,0 +1,416 @@
+//! How the guard's cost grows with the records table and how live traffic fares while the purge
+//! runs, on PostgreSQL and SQLite.
+//!
+//! ```text
+//! cargo run --release -p idem-tests --example scale -- --store postgres|sqlite growth [--sizes 100000,1000000,10000000] [--samples N]
+//! cargo run --release -p idem-tests --example scale -- --store postgres|sqlite purge [--expired 1000000] [--concurrency C]
+//! ```
+//!
+//! `growth` fills the store's table with completed records (random keys, as real keys are) up to
+//! each size in turn and, at each size, makes `--samples` guarded calls on new keys one after
+//! another (claim + complete: the body itself does no I/O) and as many replays of them in
+//! another order, and prints their p50 and p99 latency:
+//!
+//! ```text
+//! GROWTH store=postgres records=100000 op=claim_complete samples=3000 p50_us=… p99_us=… mean_us=…
+//! GROWTH store=postgres records=100000 op=replay samples=3000 p50_us=… p99_us=… mean_us=…
+//! ```
+//!
+//! `purge` fills the table with `--expired` records whose retention has ended, runs live traffic
+//! (`--concurrency` tasks of guarded calls on new keys) for a while alone, then again while
+//! `purge_expired` deletes them, and prints both windows:
+//!
+//! ```text
+//! PURGE store=postgres expired=1000000 deleted=1000000 purge_ms=… concurrency=8 before_p50_us=… before_p99_us=… during_p50_us=… during_p99_us=… during_ops=…
+//! ```
+//!
+//! PostgreSQL needs `DATABASE_URL`; the run works in a schema of its own and drops it. SQLite
+//! works in a file in a temporary directory.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use idem::{Error, idempotent};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Answer {
+    key: String,
+    amount: i64,
+}
+
+/// The guarded call: claim, a body that does no I/O, complete.
+#[idempotent(scope = "scale", key = key, store = store)]
+async fn guarded<S: idem::Store + Clone>(
+    store: &S,
+    key: &str,
+    amount: i64,
+) -> Result<Answer, Error> {
+    Ok(Answer {
+        key: key.to_owned(),
+        amount,
+    })
+}
+
+/// The columns a prefilled record sets; the rest keep their defaults.
+const FILL_COLUMNS: &str = "scope, key, fingerprint, state, fence, lease_until, expires_at, \
+                            attempt, response_status, response_error, response_body, created_at, \
+                            updated_at";
+
+/// How many records one prefill statement writes.
+const FILL_BATCH: u64 = 250_000;
+
+#[derive(Clone)]
+enum Target {
+    Postgres(idem::PgStore),
+    Sqlite(idem::SqliteStore),
+}
+
+impl Target {
+    async fn call(&self, key: &str, amount: i64) -> Result<Answer, Error> {
+        match self {
+            Target::Postgres(s) => guarded(s, key, amount).await,
+            Target::Sqlite(s) => guarded(s, key, amount).await,
+        }
+    }
+
+    async fn purge(&self) -> Result<u64, Error> {
+        use idem::Store;
+        match self {
+            Target::Postgres(s) => s.purge_expired().await,
+            Target::Sqlite(s) => s.purge_expired().await,
+        }
+    }
+
+    /// Adds records `from..to` (by number): completed, with random keys, whose retention ends a
+    /// day from now, or ended a day ago when `expired`.
+    async fn fill(&self, from: u64, to: u64, expired: bool) -> Result<(), sqlx::Error> {
+        let mut at = from;
+        while at < to {
+            let end = (at + FILL_BATCH).min(to);
+            match self {
+                Target::Postgres(s) => {
+                    let expires = if expired {
+                        "now() - interval '1 day'"
+                    } else {
+                        "now() + interval '1 day'"
+                    };
+                    let sql = format!(
+                        "INSERT INTO idem_records ({FILL_COLUMNS}) \
+                         SELECT 'scale', md5(random()::text || g::text), \
+                                sha256(g::text::bytea), 'completed', 1, now(), {expires}, 1, \
+                                NULL, false, '\\x7b7d'::bytea, now(), now() \
+                         FROM generate_series($1::int8, $2::int8 - 1) g"
+                    );
+                    sqlx::query(sqlx::AssertSqlSafe(sql))
+                        .bind(at as i64)
+                        .bind(end as i64)
+                        .execute(s.pool())
+                        .await?;
+                }
+                Target::Sqlite(s) => {
+                    let now = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+                    let expires = if expired {
+                        format!("{now} - 86400000")
+                    } else {
+                        format!("{now} + 86400000")
+                    };
+                    let sql = format!(
+                        "WITH RECURSIVE g(i) AS (SELECT $1 UNION ALL SELECT i + 1 FROM g WHERE i + 1 < $2) \
+                         INSERT INTO idem_records ({FILL_COLUMNS}) \
+                         SELECT 'scale', lower(hex(randomblob(16))), randomblob(32), 'completed', 1, \
+                                {now}, {expires}, 1, NULL, 0, X'7b7d', {now}, {now} FROM g"
+                    );
+                    sqlx::query(sqlx::AssertSqlSafe(sql))
+                        .bind(at as i64)
+                        .bind(end as i64)
+                        .execute(s.pool())
+                        .await?;
+                }
+            }
+            at = end;
+        }
+        match self {
+            Target::Postgres(s) => {
+                sqlx::query("VACUUM ANALYZE idem_records")
+                    .execute(s.pool())
+                    .await?;
+            }
+            Target::Sqlite(s) => {
+                sqlx::query("ANALYZE").execute(s.pool()).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn count(&self) -> Result<i64, sqlx::Error> {
+        let q = "SELECT count(*) FROM idem_records";
+        match self {
+            Target::Postgres(s) => sqlx::query_scalar(q).fetch_one(s.pool()).await,
+            Target::Sqlite(s) => sqlx::query_scalar(q).fetch_one(s.pool()).await,
+        }
+    }
+}
+
+/// A small deterministic generator for keys and orders (splitmix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn key(&mut self) -> String {
+        format!("{:016x}{:016x}", self.next(), self.next())
+    }
+}
+
+fn percentile(sorted: &[u32], p: f64) -> u32 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn summary(mut lat: Vec<u32>) -> (usize, u32, u32, f64) {
+    lat.sort_unstable();
+    let mean = lat.iter().map(|&x| f64::from(x)).sum::<f64>() / lat.len().max(1) as f64;
+    (
+        lat.len(),
+        percentile(&lat, 0.50),
+        percentile(&lat, 0.99),
+        mean,
+    )
+}
+
+struct Args {
+    store: String,
+    mode: String,
+    sizes: Vec<u64>,
+    samples: usize,
+    expired: u64,
+    concurrency: usize,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        store: "sqlite".into(),
+        mode: "growth".into(),
+        sizes: vec![100_000, 1_000_000, 10_000_000],
+        samples: 3_000,
+        expired: 1_000_000,
+        concurrency: 8,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if !flag.starts_with("--") {
+            a.mode = flag;
+            continue;
+        }
+        let value = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        match flag.as_str() {
+            "--store" => a.store = value,
+            "--sizes" => {
+                a.sizes = value
+                    .split(',')
+                    .map(|s| s.parse().expect("--sizes N,N,…"))
+                    .collect();
+                a.sizes.sort_unstable();
+            }
+            "--samples" => a.samples = value.parse().expect("--samples N"),
+            "--expired" => a.expired = value.parse().expect("--expired N"),
+            "--concurrency" => a.concurrency = value.parse().expect("--concurrency C"),
+            other => panic!("unknown flag {other}; see the header of examples/scale.rs"),
+        }
+    }
+    a
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let a = args();
+    let _dir;
+    let mut pg_cleanup = None;
+    let target = match a.store.as_str() {
+        "postgres" => {
+            let url =
+                std::env::var("DATABASE_URL").map_err(|_| "--store postgres needs DATABASE_URL")?;
+            let schema = format!("idem_scale_{}", std::process::id());
+            let admin = sqlx::PgPool::connect(&url).await?;
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+                .execute(&admin)
+                .await?;
+            pg_cleanup = Some((admin, schema.clone()));
+            let options: sqlx::postgres::PgConnectOptions = url.parse()?;
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(a.concurrency.max(2) as u32 + 1)
+                .connect_with(options.options([("search_path", schema.as_str())]))
+                .await?;
+            Target::Postgres(idem::PgStore::builder().build(pool).await?)
+        }
+        "sqlite" => {
+            let dir = tempfile::tempdir()?;
+            let url = format!("sqlite://{}", dir.path().join("scale.db").display());
+            _dir = dir;
+            Target::Sqlite(idem::SqliteStore::connect(&url).await?)
+        }
+        other => return Err(format!("unknown store {other}: postgres or sqlite").into()),
+    };
+
+    let result = match a.mode.as_str() {
+        "growth" => growth(&a, &target).await,
+        "purge" => purge(&a, &target).await,
+        other => Err(format!("unknown mode {other}: growth or purge").into()),
+    };
+
+    if let Some((admin, schema)) = pg_cleanup {
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+            .execute(&admin)
+            .await?;
+    }
+    result
+}
+
+async fn growth(a: &Args, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
+    let mut rng = Rng(0x1de3);
+    let mut filled = 0u64;
+    for &size in &a.sizes {
+        let t = Instant::now();
+        target.fill(filled, size, false).await?;
+        filled = size;
+        eprintln!(
+            "filled to {size} records in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        // A short warm-up, then the samples.
+        for _ in 0..200 {
+            target.call(&rng.key(), 1).await?;
+        }
+        let keys: Vec<String> = (0..a.samples).map(|_| rng.key()).collect();
+        let mut lat = Vec::with_capacity(keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            let t = Instant::now();
+            target.call(key, i as i64).await?;
+            lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+        }
+        report(a, size, "claim_complete", lat);
+        // Replays in another order than the claims.
+        let mut order: Vec<usize> = (0..keys.len()).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+        }
+        let mut lat = Vec::with_capacity(keys.len());
+        for i in order {
+            let t = Instant::now();
+            let answer = target.call(&keys[i], i as i64).await?;
+            lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+            assert_eq!(answer.amount, i as i64, "a replay answers the first call");
+        }
+        report(a, size, "replay", lat);
+        filled += 200 + a.samples as u64;
+    }
+    let rows = target.count().await?;
+    eprintln!("{rows} records in the table at the end");
+    Ok(())
+}
+
+fn report(a: &Args, size: u64, op: &str, lat: Vec<u32>) {
+    let (n, p50, p99, mean) = summary(lat);
+    println!(
+        "GROWTH store={} records={size} op={op} samples={n} p50_us={p50} p99_us={p99} mean_us={mean:.0}",
+        a.store
+    );
+}
+
+/// Live traffic: `concurrency` tasks of guarded calls on new keys until `stop` is set.
+async fn traffic(
+    target: &Target,
+    concurrency: usize,
+    stop: Arc<AtomicBool>,
+    seed: u64,
+) -> Vec<u32> {
+    let counter = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..concurrency {
+        let (target, stop, counter) = (target.clone(), stop.clone(), counter.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = Rng(seed ^ (t as u64) << 32);
+            let mut lat = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let n = counter.fetch_add(1, Ordering::Relaxed);
+                let t = Instant::now();
+                target
+                    .call(&rng.key(), n as i64)
+                    .await
+                    .unwrap_or_else(|e| panic!("live traffic: {e}"));
+                lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+            }
+            lat
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("a traffic task"));
+    }
+    all
+}
+
+async fn purge(a: &Args, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
+    let t = Instant::now();
+    target.fill(0, a.expired, true).await?;
+    eprintln!(
+        "filled {} expired records in {:.1} s",
+        a.expired,
+        t.elapsed().as_secs_f64()
+    );
+
+    // Live traffic alone, as long as the purge is expected to take (at least 5 s).
+    let stop = Arc::new(AtomicBool::new(false));
+    let live = tokio::spawn(traffic_owned(
+        target.clone(),
+        a.concurrency,
+        stop.clone(),
+        1,
+    ));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, Ordering::Relaxed);
+    let before = summary(live.await?);
+
+    // Live traffic again, while the purge runs.
+    let stop = Arc::new(AtomicBool::new(false));
+    let live = tokio::spawn(traffic_owned(
+        target.clone(),
+        a.concurrency,
+        stop.clone(),
+        2,
+    ));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t = Instant::now();
+    let deleted = target.purge().await?;
+    let purge_ms = t.elapsed().as_millis();
+    stop.store(true, Ordering::Relaxed);
+    let during = summary(live.await?);
+    if deleted != a.expired {
+        return Err(format!("the purge deleted {deleted} records, not {}", a.expired).into());
+    }
+    println!(
+        "PURGE store={} expired={} deleted={deleted} purge_ms={purge_ms} concurrency={} \
+         before_p50_us={} before_p99_us={} during_p50_us={} during_p99_us={} during_ops={}",
+        a.store, a.expired, a.concurrency, before.1, before.2, during.1, during.2, during.0
+    );
+    Ok(())
+}
+
+async fn traffic_owned(
+    target: Target,
+    concurrency: usize,
+    stop: Arc<AtomicBool>,
+    seed: u64,
+) -> Vec<u32> {
+    traffic(&target, concurrency, stop, seed).await
+}
