@@ -276,10 +276,17 @@ impl Statements {
                 D::FALSE,
                 D::stamp("lease_until"),
             )),
+            // A completion whose reply was lost after the database committed it is retried
+            // (`Guard::finish`): finding the record completed by this very fence with this very
+            // answer, the retry succeeds rather than report the fence lost for a completion
+            // that is in fact ours.
             complete: sql(format!(
                 "UPDATE {t} SET state = '{completed}', response_status = $4, response_error = $5, \
                  response_body = $6, recovery_point = NULL, updated_at = {now} \
-                 WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence"
+                 WHERE scope = $1 AND key = $2 AND (({owned}) OR (fence = $3 \
+                 AND state = '{completed}' AND expires_at > {now} \
+                 AND response_status IS NOT DISTINCT FROM $4 AND response_error = $5 \
+                 AND response_body = $6)) RETURNING fence"
             )),
             release: sql(format!(
                 "UPDATE {t} SET state = '{released}', updated_at = {now} \
