@@ -419,6 +419,42 @@ async fn separate(rig: Rig, step: Step, fault: Fault) {
     assert_eq!(rig.runs(&dkey), runs);
 }
 
+/// The completion is stalled past the lease while a duplicate arrives: the duplicate takes the
+/// claim over and completes; the stalled completion then lands on a record it no longer owns
+/// and is refused (409, the late original), never written over the new owner's answer. The
+/// effect, keyed by the downstream key both attempts share, happened once.
+async fn stalled_completion(rig: Rig) {
+    let id = 11;
+    let key = "k-stall";
+    let scope = format!("charge:{id}");
+    let fp = charge_fingerprint(&rig, id).await;
+    let stall = LEASE * 2;
+    rig.proxy
+        .inject(rule(&rig, Step::Complete, key, &fp, Fault::Stall(stall)));
+    let (original, (answer, took, seen)) = tokio::join!(charge(&rig, id, key, false), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        settle(|| charge(&rig, id, key, false)).await
+    });
+    rig.assert_injected();
+    match original {
+        Err(AppError::Idem(e @ Error::FenceLost { .. })) => assert_eq!(e.status(), 409),
+        other => panic!("the late original must be refused, not {other:?}"),
+    }
+    assert!(
+        took < stall,
+        "the duplicate took over after the lease: {took:?}"
+    );
+    assert!(
+        seen.iter().all(|e| e.contains("InProgress")),
+        "the duplicate waited for the lease: {seen:?}"
+    );
+    let dkey = idem::downstream_key(&scope, key, "charge");
+    assert_eq!(rig.runs(&dkey), 2, "the take-over ran the body again");
+    assert_eq!(rig.effects(&dkey).await, 1, "once per downstream key");
+    rig.assert_completed(&scope, key, &answer).await;
+    assert_eq!(charge(&rig, id, key, false).await.unwrap(), answer);
+}
+
 // ---- checkpoints and take-overs: the guard, by hand ----------------------------------------------
 
 const TWO_STEPS: &str = "two-steps";
@@ -606,6 +642,7 @@ pg_tests! {
     pg_complete_reply_lost: |rig| separate(rig, Step::Complete, Fault::CutAfterReply);
     pg_release_cut_before: |rig| separate(rig, Step::Release, Fault::CutBefore);
     pg_release_reply_lost: |rig| separate(rig, Step::Release, Fault::CutAfterReply);
+    pg_complete_stalled_past_the_lease: stalled_completion;
     pg_checkpoint_cut_before: |rig| checkpoint(rig, Fault::CutBefore);
     pg_checkpoint_reply_lost: |rig| checkpoint(rig, Fault::CutAfterReply);
     pg_take_over_cut_before: |rig| take_over(rig, Fault::CutBefore);
