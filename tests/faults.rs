@@ -100,6 +100,9 @@ enum Effects {
 struct Rig {
     proxy: Proxy,
     store: SharedStore,
+    /// The store of a second instance of the service: on Redis a connection of its own (the
+    /// store multiplexes one), on PostgreSQL the same pool.
+    twin: SharedStore,
     /// The same PostgreSQL store, for the transactional mode.
     pg: Option<PgStore>,
     effects: Effects,
@@ -143,6 +146,7 @@ impl Rig {
         Rig {
             proxy,
             store: SharedStore::new(pg.clone()),
+            twin: SharedStore::new(pg.clone()),
             pg: Some(pg),
             effects: Effects::Pg {
                 via_proxy,
@@ -193,9 +197,16 @@ impl Rig {
                 store.release(claim).await.unwrap();
             }
         }
+        let twin = RedisStore::builder()
+            .prefix(keys.prefix.clone())
+            .response_timeout(Duration::from_secs(2))
+            .connect(&proxy.url(&url))
+            .await
+            .unwrap();
         Rig {
             proxy,
             store: SharedStore::new(store),
+            twin: SharedStore::new(twin),
             pg: None,
             effects: Effects::Memory(Mutex::default()),
             runs: Mutex::default(),
@@ -297,6 +308,17 @@ where
 
 #[idempotent(scope = "charge:<id>", key = key, store = rig.store, lease = "1s", retain = "1m", claim = claim, skip(rig, fail))]
 async fn charge(rig: &Rig, id: u32, key: &str, fail: bool) -> Result<Receipt, AppError> {
+    if fail {
+        return Err(AppError::Forced);
+    }
+    let dkey = claim.downstream_key("charge");
+    rig.effect(&dkey).await?;
+    Ok(Receipt::new(id, dkey))
+}
+
+/// `charge` on the second instance's store: the same scope, key and fingerprint.
+#[idempotent(scope = "charge:<id>", key = key, store = rig.twin, lease = "1s", retain = "1m", claim = claim, skip(rig, fail))]
+async fn charge_twin(rig: &Rig, id: u32, key: &str, fail: bool) -> Result<Receipt, AppError> {
     if fail {
         return Err(AppError::Forced);
     }
@@ -428,12 +450,16 @@ async fn stalled_completion(rig: Rig) {
     let key = "k-stall";
     let scope = format!("charge:{id}");
     let fp = charge_fingerprint(&rig, id).await;
-    let stall = LEASE * 2;
+    // Past the lease, with room for the take-over; within Redis's response timeout.
+    let stall = match rig.proxy.wire() {
+        common::proxy::Wire::Postgres => LEASE * 2,
+        common::proxy::Wire::Redis => LEASE * 3 / 2,
+    };
     rig.proxy
         .inject(rule(&rig, Step::Complete, key, &fp, Fault::Stall(stall)));
     let (original, (answer, took, seen)) = tokio::join!(charge(&rig, id, key, false), async {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        settle(|| charge(&rig, id, key, false)).await
+        settle(|| charge_twin(&rig, id, key, false)).await
     });
     rig.assert_injected();
     match original {
@@ -666,6 +692,7 @@ redis_tests! {
     redis_complete_reply_lost: |rig| separate(rig, Step::Complete, Fault::CutAfterReply);
     redis_release_cut_before: |rig| separate(rig, Step::Release, Fault::CutBefore);
     redis_release_reply_lost: |rig| separate(rig, Step::Release, Fault::CutAfterReply);
+    redis_complete_stalled_past_the_lease: stalled_completion;
     redis_checkpoint_cut_before: |rig| checkpoint(rig, Fault::CutBefore);
     redis_checkpoint_reply_lost: |rig| checkpoint(rig, Fault::CutAfterReply);
     redis_take_over_cut_before: |rig| take_over(rig, Fault::CutBefore);
