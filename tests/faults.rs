@@ -422,6 +422,18 @@ async fn separate(rig: Rig, step: Step, fault: Fault) {
         took < LEASE * 2 + Duration::from_secs(1),
         "{step:?}/{fault:?}: the retry waited {took:?}, past the lease ({seen:?})"
     );
+    // Where the server did the work and the client never heard (a claim), or never got the
+    // work (a release), a live claim is left behind: the retry is told to wait, then takes
+    // it over after the lease.
+    if matches!(
+        (step, fault),
+        (Step::Claim, Fault::CutAfterReply) | (Step::Release, Fault::CutBefore)
+    ) {
+        assert!(
+            seen.iter().any(|e| e.contains("InProgress")),
+            "{step:?}/{fault:?}: the claim left behind was live: {seen:?}"
+        );
+    }
     if let Ok(first) = &first {
         assert_eq!(first, &answer, "the retry replays the first answer");
     }
@@ -573,6 +585,12 @@ async fn take_over(rig: Rig, fault: Fault) {
         took < LEASE * 2 + Duration::from_secs(1),
         "{took:?} {seen:?}"
     );
+    if fault == Fault::CutAfterReply {
+        assert!(
+            seen.iter().any(|e| e.contains("InProgress")),
+            "the take-over whose reply was lost holds a live claim: {seen:?}"
+        );
+    }
     assert_eq!(rig.runs(&step1), 1, "{fault:?}: step 1 is not repeated");
     assert_eq!(rig.effects(&step1).await, 1);
     let step2 = idem::downstream_key(TWO_STEPS, key, "step-2");
@@ -613,23 +631,35 @@ async fn transactional(rig: Rig, step: Step, fault: Fault) {
         (_, Ok(_)) => panic!("the {step:?} fault did not reach the caller"),
         (_, Err(e)) => assert_retryable(e),
     }
-    // A rollback the proxy cut is the database's to finish: on the next use of the connection
-    // or when it sees the connection gone.
-    let (answer, took, seen) = settle(|| order(&store, id, key, false)).await;
     rig.assert_injected();
+    let Effects::Pg { direct, .. } = &rig.effects else {
+        unreachable!()
+    };
+    let rows = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM orders WHERE key = $1")
+            .bind(key)
+            .fetch_one(direct)
+            .await
+            .unwrap()
+    };
+    // Only a COMMIT whose reply was lost committed; every other cut rolled everything back
+    // (a cut rollback is the database's to finish when it sees the connection gone).
+    let committed = i64::from((step, fault) == (Step::Commit, Fault::CutAfterReply));
+    assert_eq!(
+        rows().await,
+        committed,
+        "{step:?}/{fault:?}: after the fault"
+    );
+    let (answer, took, seen) = settle(|| order(&store, id, key, false)).await;
     assert!(
         took < LEASE * 2 + Duration::from_secs(1),
         "{took:?} {seen:?}"
     );
-    let Effects::Pg { direct, .. } = &rig.effects else {
-        unreachable!()
-    };
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE key = $1")
-        .bind(key)
-        .fetch_one(direct)
-        .await
-        .unwrap();
-    assert_eq!(rows, 1, "{step:?}/{fault:?}: the body's SQL committed once");
+    assert_eq!(
+        rows().await,
+        1,
+        "{step:?}/{fault:?}: the body's SQL committed once"
+    );
     rig.assert_completed(&format!("order:{id}"), key, &answer)
         .await;
     let replay = order(&store, id, key, false).await.unwrap();
