@@ -669,12 +669,20 @@ async fn transactional(rig: Rig, step: Step, fault: Fault) {
 
 // ---- the matrix ------------------------------------------------------------------------------------
 
+/// Runs a test, failing it (rather than the CI job's clock) if it hangs: a fault must end in an
+/// answer or an error, never in a wait without end.
+async fn within_a_minute<F: Future<Output = ()>>(test: F) {
+    tokio::time::timeout(Duration::from_secs(60), test)
+        .await
+        .expect("the test hung for a minute")
+}
+
 macro_rules! pg_tests {
     ($($name:ident: $run:expr;)*) => {$(
         #[cfg_attr(not(idem_postgres), ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…")]
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
-            ($run)(Rig::pg().await).await;
+            within_a_minute(async { ($run)(Rig::pg().await).await }).await;
         }
     )*};
 }
@@ -684,7 +692,7 @@ macro_rules! redis_tests {
         #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
-            ($run)(Rig::redis().await).await;
+            within_a_minute(async { ($run)(Rig::redis().await).await }).await;
         }
     )*};
 }
