@@ -2,6 +2,9 @@
 //! against Redis standalone and Redis Cluster: every key is claimed, and its side effect done,
 //! exactly once.
 //!
+//! On SQLite and PostgreSQL the race is at scale: 4 processes × 8 tasks each send every one of
+//! 320 keys, 10,240 racing duplicate requests per store, and each key still runs once.
+//!
 //! A plain `main` (harness = false): the test starts copies of its own binary with `--worker`.
 
 mod common;
@@ -16,13 +19,43 @@ use idem::{
 };
 
 const PROCESSES: usize = 4;
-const KEYS: usize = 40;
+
+/// How many keys, and how many tasks in each process send every key.
+#[derive(Debug, Clone, Copy)]
+struct Scale {
+    keys: usize,
+    tasks: usize,
+}
+
+impl Scale {
+    /// SQLite and PostgreSQL: 4 × 8 × 320 = 10,240 racing duplicates.
+    const SQL: Scale = Scale {
+        keys: 320,
+        tasks: 8,
+    };
+    /// Redis: one task per process.
+    const REDIS: Scale = Scale { keys: 40, tasks: 1 };
+
+    fn of(kind: &str) -> Scale {
+        match kind {
+            "sqlite" | "postgres" => Scale::SQL,
+            _ => Scale::REDIS,
+        }
+    }
+
+    /// Duplicate requests sent in all: every task of every process sends every key.
+    fn requests(self) -> usize {
+        PROCESSES * self.tasks * self.keys
+    }
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--worker") {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(worker(&args[2], &args[3], args[4].parse().unwrap()));
+        use std::io::Write as _;
+        std::io::stdout().flush().unwrap();
         return;
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -137,7 +170,8 @@ async fn create_effects_sqlite(store: &SqliteStore) {
 }
 
 fn check_effects(what: &str, counts: Vec<(String, i64)>) {
-    assert_eq!(counts.len(), KEYS, "{what}: every key's effect happened");
+    let keys = Scale::of(what).keys;
+    assert_eq!(counts.len(), keys, "{what}: every key's effect happened");
     for (key, n) in counts {
         assert_eq!(n, 1, "{what}: the effect for {key} happened {n} times");
     }
@@ -145,6 +179,8 @@ fn check_effects(what: &str, counts: Vec<(String, i64)>) {
 
 /// Starts the workers at one instant and checks that each key was claimed by exactly one.
 async fn race(kind: &str, target: &str) {
+    let scale = Scale::of(kind);
+    let started = std::time::Instant::now();
     let start_at =
         SystemTime::now().duration_since(UNIX_EPOCH).unwrap() + Duration::from_millis(1500);
     let exe = std::env::current_exe().unwrap();
@@ -159,28 +195,41 @@ async fn race(kind: &str, target: &str) {
         })
         .collect();
     let mut claims: HashMap<String, Vec<u32>> = HashMap::new();
-    let mut pids = Vec::new();
+    let (mut requests, mut calls, mut replays) = (0usize, 0usize, 0usize);
     for child in children {
-        pids.push(child.id());
+        let pid = child.id();
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success(), "{kind}: a worker failed");
         for line in String::from_utf8(out.stdout).unwrap().lines() {
             if let Some(key) = line.strip_prefix("CLAIMED ") {
-                claims
-                    .entry(key.to_owned())
-                    .or_default()
-                    .push(pids[pids.len() - 1]);
+                claims.entry(key.to_owned()).or_default().push(pid);
+            } else if let Some(counts) = line.strip_prefix("COUNTS ") {
+                let n: Vec<usize> = counts.split(' ').map(|n| n.parse().unwrap()).collect();
+                requests += n[0];
+                calls += n[1];
+                replays += n[2];
             }
         }
     }
-    assert_eq!(claims.len(), KEYS, "{kind}: every key was claimed");
+    assert_eq!(
+        requests,
+        scale.requests(),
+        "{kind}: every task reported its requests"
+    );
+    assert_eq!(claims.len(), scale.keys, "{kind}: every key was claimed");
     for (key, by) in &claims {
         assert_eq!(by.len(), 1, "{kind}: {key} was claimed by {by:?}");
     }
+    let executions: usize = claims.values().map(Vec::len).sum();
     let winners: std::collections::HashSet<_> = claims.values().flatten().collect();
     eprintln!(
-        "{kind}: {KEYS} keys, one claim each, won by {} of {PROCESSES} processes",
-        winners.len()
+        "{kind}: {requests} racing duplicate requests ({calls} begin calls, {replays} replays) \
+         from {PROCESSES} processes × {} tasks on {} keys: {executions} executions, one per key, \
+         won by {} of {PROCESSES} processes, in {:.1} s",
+        scale.tasks,
+        scale.keys,
+        winners.len(),
+        started.elapsed().as_secs_f64(),
     );
 }
 
@@ -189,7 +238,7 @@ async fn worker(kind: &str, target: &str, start_at_ms: u128) {
         "sqlite" => {
             let store = SqliteStore::connect(target).await.unwrap();
             let pool = store.pool().clone();
-            run(&store, start_at_ms, |key| {
+            run(kind, &store, start_at_ms, |key| {
                 let pool = pool.clone();
                 async move {
                     sqlx::query("INSERT INTO effects (key, pid) VALUES ($1, $2)")
@@ -214,7 +263,7 @@ async fn worker(kind: &str, target: &str, start_at_ms: u128) {
                 .get_multiplexed_async_connection()
                 .await
                 .unwrap();
-            run(&store, start_at_ms, |key| {
+            run(kind, &store, start_at_ms, |key| {
                 let conn = conn.clone();
                 async move { redis_effect(conn, prefix, &key).await }
             })
@@ -233,7 +282,7 @@ async fn worker(kind: &str, target: &str, start_at_ms: u128) {
                 .get_async_connection()
                 .await
                 .unwrap();
-            run(&store, start_at_ms, |key| {
+            run(kind, &store, start_at_ms, |key| {
                 let conn = conn.clone();
                 async move { redis_effect(conn, prefix, &key).await }
             })
@@ -243,7 +292,7 @@ async fn worker(kind: &str, target: &str, start_at_ms: u128) {
             let (url, schema) = target.split_once('#').unwrap();
             let pool = common::PgSchema::pool_for(url, schema, 8).await;
             let store = PgStore::builder().build(pool.clone()).await.unwrap();
-            run(&store, start_at_ms, |key| {
+            run(kind, &store, start_at_ms, |key| {
                 let pool = pool.clone();
                 async move {
                     sqlx::query("INSERT INTO effects (key, pid) VALUES ($1, $2)")
@@ -259,16 +308,47 @@ async fn worker(kind: &str, target: &str, start_at_ms: u128) {
     }
 }
 
-async fn run<S, F, Fut>(store: &S, start_at_ms: u128, effect: F)
+async fn run<S, F, Fut>(kind: &str, store: &S, start_at_ms: u128, effect: F)
 where
-    S: Store + Clone,
+    S: Store,
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let scale = Scale::of(kind);
+    // The tasks of one process run concurrently on the same store (and pool).
+    let tasks = (0..scale.tasks).map(|_| send_every_key(store, start_at_ms, scale, &effect));
+    let (mut requests, mut calls, mut replays) = (0, 0, 0);
+    for (claimed, n, r) in futures_util::future::join_all(tasks).await {
+        for key in claimed {
+            println!("CLAIMED {key}");
+        }
+        requests += scale.keys;
+        calls += n;
+        replays += r;
+    }
+    println!("COUNTS {requests} {calls} {replays}");
+}
+
+/// One task's requests: every key in turn, at the same instant as every other task's; each
+/// request retries until it has the answer. Returns the keys this task claimed, its begin calls
+/// and its replays.
+async fn send_every_key<S, F, Fut>(
+    store: &S,
+    start_at_ms: u128,
+    scale: Scale,
+    effect: &F,
+) -> (Vec<String>, usize, usize)
+where
+    S: Store,
     F: Fn(String) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
     let fp = Fingerprint::of("same request").unwrap();
     let policy = Policy::DEFAULT;
-    for i in 0..KEYS {
-        // Every process goes for key i at the same instant, so each key is a real race.
+    let (mut claimed, mut calls, mut replays) = (Vec::new(), 0, 0);
+    for i in 0..scale.keys {
+        // Every task of every process goes for key i at the same instant, so each key is a
+        // real race (a task that falls behind its slot goes at once, still racing the others).
         let slot = start_at_ms + 20 * i as u128;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -285,30 +365,46 @@ where
             policy: &policy,
         };
         loop {
-            match store.begin(req).await.unwrap() {
-                BeginOutcome::Claimed(c) => {
-                    println!("CLAIMED {}", key.as_str());
+            calls += 1;
+            match store.begin(req).await {
+                Ok(BeginOutcome::Claimed(c)) => {
+                    claimed.push(key.as_str().to_owned());
                     effect(key.as_str().to_owned()).await;
                     let claim = ClaimRef {
                         scope: req.scope,
                         key: key.as_str(),
                         fence: c.fence,
                     };
-                    store
-                        .complete(claim, &StoredResponse::ok(b"done".to_vec()))
-                        .await
-                        .unwrap();
+                    let done = StoredResponse::ok(b"done".to_vec());
+                    // A completion that met a busy database is retried: once it is through,
+                    // a repeat finds it done.
+                    let mut tries = 0;
+                    while let Err(e) = store.complete(claim, &done).await {
+                        tries += 1;
+                        assert!(
+                            matches!(e, idem::Error::Unavailable(_)) && tries < 50,
+                            "complete: {e}"
+                        );
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
                     break;
                 }
-                BeginOutcome::Replay(r) => {
+                Ok(BeginOutcome::Replay(r)) => {
                     assert_eq!(r.body, &b"done"[..]);
+                    replays += 1;
                     break;
                 }
-                BeginOutcome::InProgress { .. } => {
+                Ok(BeginOutcome::InProgress { .. }) => {
                     tokio::time::sleep(Duration::from_millis(5)).await
                 }
-                BeginOutcome::KeyReused => panic!("same fingerprint everywhere"),
+                Ok(BeginOutcome::KeyReused) => panic!("same fingerprint everywhere"),
+                // A busy database (SQLite's lock across processes): retry, as a client would.
+                Err(idem::Error::Unavailable(_)) => {
+                    tokio::time::sleep(Duration::from_millis(5)).await
+                }
+                Err(e) => panic!("begin: {e}"),
             }
         }
     }
+    (claimed, calls, replays)
 }

@@ -143,7 +143,10 @@ impl Error {
 
 /// `d` rounded up to whole seconds, at least one: what `Retry-After` says.
 pub(crate) fn whole_seconds(d: Duration) -> u64 {
-    (d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1)
+    // Saturating: a hint near `Duration::MAX` must not overflow into a panic.
+    d.as_secs()
+        .saturating_add(u64::from(d.subsec_nanos() > 0))
+        .max(1)
 }
 
 /// Why a key was rejected. Carried by [`Error::InvalidKey`].
@@ -244,5 +247,17 @@ mod tests {
             Some(Duration::from_secs(3))
         );
         assert!(!Error::KeyReused.is_retryable());
+    }
+
+    #[test]
+    fn retry_after_saturates() {
+        assert_eq!(whole_seconds(Duration::ZERO), 1);
+        assert_eq!(whole_seconds(Duration::from_millis(1500)), 2);
+        // Rounding up the longest duration must not overflow.
+        assert_eq!(whole_seconds(Duration::MAX), u64::MAX);
+        let e = Error::InProgress {
+            retry_after: Duration::MAX,
+        };
+        assert!(e.to_string().contains(&u64::MAX.to_string()));
     }
 }

@@ -429,10 +429,13 @@ mod replay_impls {
             body(&self.1.0, self.0)
         }
         fn decode(stored: StoredResponse) -> Result<Self, Error> {
-            let status = stored
-                .status
-                .and_then(|s| StatusCode::from_u16(s).ok())
-                .unwrap_or(StatusCode::OK);
+            // Read exactly: a status that does not decode is an error, never replayed as 200.
+            let status = match stored.status {
+                Some(s) => StatusCode::from_u16(s).map_err(|_| {
+                    Error::Decode(format!("the stored HTTP status {s} is not a status"))
+                })?,
+                None => return Err(Error::Decode("the stored answer has no HTTP status".into())),
+            };
             Ok((status, Json(value(&stored)?)))
         }
     }

@@ -187,6 +187,7 @@ macro_rules! conformance_tests {
             purge_removes_only_expired,
             a_purged_identity_never_reuses_a_fence,
             attempts_count_unfinished_tries,
+            a_repeated_completion_is_done_once,
         }
     };
 }
@@ -495,6 +496,35 @@ pub mod cases {
             .renew(claim("s", &k, new.fence), Duration::from_secs(60))
             .await;
         assert!(matches!(done, Err(Error::FenceLost { .. })), "{done:?}");
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    ///
+    /// A completion whose reply was lost after the store committed it is retried with the same
+    /// fence and answer: that retry succeeds. Another answer, or another fence, is still refused.
+    pub async fn a_repeated_completion_is_done_once<S: Store + Clone>(env: &Env<S>) {
+        let k = key("k-complete-twice");
+        let f = fp("a");
+        let c = begin_claimed(env, req("s", &k, &f, &POLICY)).await;
+        let answer = StoredResponse {
+            status: Some(201),
+            is_error: false,
+            body: bytes::Bytes::from_static(b"{\"id\":1}"),
+        };
+        complete_ok(env, claim("s", &k, c.fence), &answer).await;
+        complete_ok(env, claim("s", &k, c.fence), &answer).await;
+        let other = StoredResponse::ok(b"another answer".to_vec());
+        let done = env.store().complete(claim("s", &k, c.fence), &other).await;
+        assert!(matches!(done, Err(Error::FenceLost { .. })), "{done:?}");
+        let done = env
+            .store()
+            .complete(claim("s", &k, c.fence + 1), &answer)
+            .await;
+        assert!(matches!(done, Err(Error::FenceLost { .. })), "{done:?}");
+        match env.store().begin(req("s", &k, &f, &POLICY)).await.unwrap() {
+            BeginOutcome::Replay(r) => assert_eq!(r, answer),
+            other => panic!("expected the first answer replayed, got {other:?}"),
+        }
     }
 
     /// See [`conformance_tests!`](crate::conformance_tests).

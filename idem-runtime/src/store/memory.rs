@@ -137,6 +137,21 @@ impl MemoryStore {
         }
     }
 
+    /// Whether the live record of `claim` was completed by its fence with `response`.
+    fn completed_by(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> bool {
+        let now = self.inner.clock.now_ms();
+        let hash = self.hash(claim.scope, claim.key);
+        let shard = self.shard(hash);
+        shard
+            .find(hash, |e| e.is(claim.scope, claim.key))
+            .is_some_and(|e| {
+                e.fence == claim.fence
+                    && e.state == State::Completed
+                    && e.expires_at > now
+                    && e.response.as_ref() == Some(response)
+            })
+    }
+
     fn begin_now(&self, req: BeginRequest<'_>) -> BeginOutcome {
         let now = self.inner.clock.now_ms();
         let lease = duration_ms(req.policy.lease);
@@ -235,11 +250,21 @@ impl Store for MemoryStore {
         claim: ClaimRef<'_>,
         response: &StoredResponse,
     ) -> impl Future<Output = Result<()>> + Send {
-        ready(self.with_owned(claim, |e, _now| {
-            e.state = State::Completed;
-            e.response = Some(response.clone());
-            e.recovery_point = None;
-        }))
+        ready(
+            self.with_owned(claim, |e, _now| {
+                e.state = State::Completed;
+                e.response = Some(response.clone());
+                e.recovery_point = None;
+            })
+            .or_else(|lost| {
+                // The same completion again (a retry whose first reply was lost): done already.
+                if self.completed_by(claim, response) {
+                    Ok(())
+                } else {
+                    Err(lost)
+                }
+            }),
+        )
     }
 
     fn release(&self, claim: ClaimRef<'_>) -> impl Future<Output = Result<()>> + Send {

@@ -54,6 +54,10 @@ pub trait Store: Send + Sync + 'static {
     fn begin(&self, req: BeginRequest<'_>) -> impl Future<Output = Result<BeginOutcome>> + Send;
 
     /// Stores the response and marks the record completed, if `claim.fence` still owns it.
+    ///
+    /// Repeating a completion that succeeded (same fence, same response) succeeds again and
+    /// changes nothing: a caller whose reply was lost after the store committed retries it, and
+    /// must not be told its own completion lost the fence.
     fn complete(
         &self,
         claim: ClaimRef<'_>,

@@ -193,7 +193,7 @@ impl PgStore {
             if row.boolean("inserted").map_err(map_err)? {
                 return Ok(BeginOutcome::Claimed(Engine::<Pg>::first_claim(&row)?));
             }
-            let cur = CurRow::read(&row)?;
+            let cur = CurRow::read(&row, &req)?;
             if let Some(outcome) = self.inner.settle(conn, &req, &cur).await? {
                 return Ok(outcome);
             }

@@ -275,10 +275,17 @@ impl Statements {
                 D::FALSE,
                 D::stamp("lease_until"),
             )),
+            // A completion whose reply was lost after the database committed it is retried
+            // (`Guard::finish`): finding the record completed by this very fence with this very
+            // answer, the retry succeeds rather than report the fence lost for a completion
+            // that is in fact ours.
             complete: sql(format!(
                 "UPDATE {t} SET state = '{completed}', response_status = $4, response_error = $5, \
                  response_body = $6, recovery_point = NULL, updated_at = {now} \
-                 WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence"
+                 WHERE scope = $1 AND key = $2 AND (({owned}) OR (fence = $3 \
+                 AND state = '{completed}' AND expires_at > {now} \
+                 AND response_status IS NOT DISTINCT FROM $4 AND response_error = $5 \
+                 AND response_body = $6)) RETURNING fence"
             )),
             release: sql(format!(
                 "UPDATE {t} SET state = '{released}', updated_at = {now} \
@@ -364,7 +371,9 @@ pub(crate) struct CurRow {
 }
 
 impl CurRow {
-    pub(crate) fn read(row: &impl Columns) -> Result<CurRow> {
+    /// Reads the row of the record `req` names; an unreadable column (a NULL where a value must
+    /// be, a value of another type) is an error naming the record.
+    pub(crate) fn read(row: &impl Columns, req: &BeginRequest<'_>) -> Result<CurRow> {
         let get = || -> Result<CurRow, sqlx::Error> {
             Ok(CurRow {
                 fence: row.int8("fence")?,
@@ -378,7 +387,7 @@ impl CurRow {
                 lease_stamp: row.int8("lease_stamp")?,
             })
         };
-        get().map_err(map_err)
+        get().map_err(|e| within(req.scope, req.key, map_err(e)))
     }
 }
 
@@ -737,10 +746,13 @@ fn stored_response(
                 .map_err(|_| Error::Store(format!("stored status {s} is not a status").into()))
         })
         .transpose()?;
+    // A completed record without its answer is broken, never an empty answer to replay.
+    let body =
+        body.ok_or_else(|| Error::Store("a completed record whose response body is NULL".into()))?;
     Ok(StoredResponse {
         status,
         is_error,
-        body: body.map(bytes::Bytes::from).unwrap_or_default(),
+        body: bytes::Bytes::from(body),
     })
 }
 
@@ -1047,10 +1059,13 @@ mod tests {
     #[test]
     fn stored_statuses_are_read_exactly() {
         assert_eq!(
-            stored_response(Some(201), false, None).unwrap().status,
+            stored_response(Some(201), false, Some(vec![]))
+                .unwrap()
+                .status,
             Some(201)
         );
-        assert!(stored_response(Some(-1), false, None).is_err());
-        assert!(stored_response(Some(70_000), false, None).is_err());
+        assert!(stored_response(Some(-1), false, Some(vec![])).is_err());
+        assert!(stored_response(Some(70_000), false, Some(vec![])).is_err());
+        assert!(stored_response(Some(201), false, None).is_err());
     }
 }

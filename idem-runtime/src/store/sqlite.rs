@@ -265,7 +265,7 @@ impl SqliteStore {
         if self.inner.read_first && tx.is_none() {
             let mut reader = self.inner.read_conn().await?;
             if let Some(row) = Lite::fetch(&mut reader, select, &key).await?
-                && let Next::Answer(outcome) = sql::next(&req, &CurRow::read(&row)?)?
+                && let Next::Answer(outcome) = sql::next(&req, &CurRow::read(&row, &req)?)?
             {
                 return Ok(outcome);
             }
@@ -284,7 +284,7 @@ impl SqliteStore {
             let Some(row) = Lite::fetch(conn, select, &key).await? else {
                 continue;
             };
-            let cur = CurRow::read(&row)?;
+            let cur = CurRow::read(&row, &req)?;
             let (reclaim, keep) = match sql::next(&req, &cur)? {
                 Next::Answer(outcome) => return Ok(outcome),
                 Next::TakeOver { reclaim, keep } => (reclaim, keep),

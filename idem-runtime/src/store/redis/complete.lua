@@ -6,7 +6,17 @@ local rec, why = load(ARGV[1], ARGV[2])
 if rec == false then
   return {0, why}
 end
-if rec == nil or rec.fence_text ~= ARGV[3] or rec.state ~= 'in_progress' then
+if rec == nil or rec.fence_text ~= ARGV[3] then
+  return {2}
+end
+if rec.state == 'completed' then
+  -- A retry of a completion whose reply was lost: done already, by this fence, with this answer.
+  if rec.status == ARGV[4] and rec.error == ARGV[5] and rec.body == ARGV[6] then
+    return {1}
+  end
+  return {2}
+end
+if rec.state ~= 'in_progress' then
   return {2}
 end
 redis.call('HSET', KEYS[1], 'meta',

@@ -1,0 +1,829 @@
+//! Fault injection: a proxy of our own (`tests/common/proxy.rs`) sits between idem and
+//! PostgreSQL, or Redis, and cuts the connection at one chosen point of a guarded call — before a
+//! statement reaches the server, or after the server did it (committed) but before the reply
+//! arrives — at every step: the claim, the body's own SQL, the completion, the release, the
+//! checkpoint, the take-over of an abandoned claim, and in the transactional mode the commit and
+//! the rollback.
+//!
+//! At each point a client that retries what idem says is retryable must end with:
+//! - the side effect done once: in the separate-commit mode once per downstream key (the body
+//!   records it with `INSERT … ON CONFLICT DO NOTHING` keyed by the guard's downstream key, as a
+//!   gateway dedupes), in the transactional mode its SQL committed once;
+//! - the completed answer never lost: the first call or a retry gets it, then every retry
+//!   replays it exactly (floats included);
+//! - no key left in progress past its lease (leases here are the macro's floor, one second);
+//! - never a panic and never a 500: the errors seen on the way are `Unavailable` (503) or
+//!   `InProgress` (409), both retryable.
+//!
+//! Each test checks that its fault was really injected. The last section feeds stores records
+//! they cannot read, which must be errors naming the record, never answers.
+
+mod common;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::proxy::{Fault, Proxy, Rule};
+use idem::{
+    Begun, Error, Fingerprint, Key, PgStore, Policy, RecordState, RedisStore, SharedStore, Store,
+    StoredResponse, idempotent,
+};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+/// An amount that serde_json reads back one bit off unless it parses floats exactly.
+const AMOUNT: f64 = 2.291712365432881e-9;
+
+/// The lease of every claim here: the shortest the macro accepts.
+const LEASE: Duration = Duration::from_secs(1);
+
+/// How long a retrying client keeps at it before the test calls the key stuck: two leases (a
+/// claim whose reply was lost, then a take-over whose reply was lost) and room for a slow CI.
+const SETTLE: Duration = Duration::from_secs(6);
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Receipt {
+    id: u32,
+    amount: f64,
+    dkey: String,
+}
+
+impl Receipt {
+    fn new(id: u32, dkey: String) -> Receipt {
+        Receipt {
+            id,
+            amount: AMOUNT,
+            dkey,
+        }
+    }
+}
+
+/// The errors of a guarded body here: idem's, the body's own SQL's, and a forced failure.
+#[derive(Debug)]
+enum AppError {
+    Idem(Error),
+    Downstream(sqlx::Error),
+    Forced,
+}
+
+impl From<Error> for AppError {
+    fn from(e: Error) -> Self {
+        AppError::Idem(e)
+    }
+}
+
+/// Fails the test unless `e` tells the client to retry: idem's `Unavailable` or `InProgress`,
+/// or the body's own SQL cut by the proxy. Never a 500.
+fn assert_retryable(e: &AppError) {
+    match e {
+        AppError::Idem(e @ (Error::Unavailable(_) | Error::InProgress { .. })) => {
+            assert!(matches!(e.status(), 503 | 409), "{e:?}");
+        }
+        AppError::Downstream(
+            sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolTimedOut,
+        ) => {}
+        other => panic!("not a retryable error: {other:?}"),
+    }
+}
+
+/// Where the side effects go: a table with a row per downstream key (PostgreSQL, through the
+/// proxy, so that the body's SQL can be cut too), or a map that dedupes the same way (Redis).
+enum Effects {
+    Pg { via_proxy: PgPool, direct: PgPool },
+    Memory(Mutex<HashMap<String, u32>>),
+}
+
+/// One test's store behind a proxy, and its effects.
+struct Rig {
+    proxy: Proxy,
+    store: SharedStore,
+    /// The store of a second instance of the service: on Redis a connection of its own (the
+    /// store multiplexes one), on PostgreSQL the same pool.
+    twin: SharedStore,
+    /// The same PostgreSQL store, for the transactional mode.
+    pg: Option<PgStore>,
+    effects: Effects,
+    /// How many times a body got as far as doing its effect, per step.
+    runs: Mutex<HashMap<String, usize>>,
+    _schema: Option<common::PgSchema>,
+    _keys: Option<common::RedisKeys>,
+}
+
+impl Rig {
+    async fn pg() -> Rig {
+        let url = common::pg_url();
+        let schema = common::PgSchema::create(&url, 4).await;
+        // The table is created directly; the store under test reaches it only through the proxy.
+        PgStore::builder().build(schema.pool.clone()).await.unwrap();
+        for ddl in [
+            "CREATE TABLE effects (dkey text PRIMARY KEY)",
+            "CREATE TABLE orders (key text NOT NULL)",
+        ] {
+            sqlx::query(ddl).execute(&schema.pool).await.unwrap();
+        }
+        let proxy = Proxy::postgres(&url).await;
+        let options = PgConnectOptions::from_str(&url)
+            .unwrap()
+            .host("127.0.0.1")
+            .port(proxy.addr.port())
+            .options([("search_path", schema.name.as_str())])
+            // Every statement carries its SQL text, so that a rule can find it.
+            .statement_cache_capacity(0);
+        let via_proxy = PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect_with(options)
+            .await
+            .unwrap();
+        let pg = PgStore::builder()
+            .create_table(false)
+            .build(via_proxy.clone())
+            .await
+            .unwrap();
+        Rig {
+            proxy,
+            store: SharedStore::new(pg.clone()),
+            twin: SharedStore::new(pg.clone()),
+            pg: Some(pg),
+            effects: Effects::Pg {
+                via_proxy,
+                direct: schema.pool.clone(),
+            },
+            runs: Mutex::default(),
+            _schema: Some(schema),
+            _keys: None,
+        }
+    }
+
+    async fn redis() -> Rig {
+        let url = common::redis_url();
+        let keys = common::RedisKeys::new(std::slice::from_ref(&url));
+        let proxy = Proxy::redis(&url).await;
+        let store = RedisStore::builder()
+            .prefix(keys.prefix.clone())
+            .response_timeout(Duration::from_secs(2))
+            .connect(&proxy.url(&url))
+            .await
+            .unwrap();
+        // Load every script on the server first, so that a fault hits the script itself and not
+        // a NOSCRIPT round trip.
+        let fp = Fingerprint::of("warm-up").unwrap();
+        let policy = Policy::DEFAULT;
+        let req = idem::BeginRequest {
+            scope: "warm-up",
+            key: "warm-up",
+            fingerprint: &fp,
+            policy: &policy,
+        };
+        for complete in [false, true] {
+            let idem::BeginOutcome::Claimed(c) = store.begin(req).await.unwrap() else {
+                panic!("the warm-up key is new");
+            };
+            let claim = idem::ClaimRef {
+                scope: "warm-up",
+                key: "warm-up",
+                fence: c.fence,
+            };
+            store.checkpoint(claim, b"warm", LEASE).await.unwrap();
+            if complete {
+                store
+                    .complete(claim, &StoredResponse::ok(b"warm".to_vec()))
+                    .await
+                    .unwrap();
+            } else {
+                store.release(claim).await.unwrap();
+            }
+        }
+        let twin = RedisStore::builder()
+            .prefix(keys.prefix.clone())
+            .response_timeout(Duration::from_secs(2))
+            .connect(&proxy.url(&url))
+            .await
+            .unwrap();
+        Rig {
+            proxy,
+            store: SharedStore::new(store),
+            twin: SharedStore::new(twin),
+            pg: None,
+            effects: Effects::Memory(Mutex::default()),
+            runs: Mutex::default(),
+            _schema: None,
+            _keys: Some(keys),
+        }
+    }
+
+    /// Does the side effect of `dkey`, once per downstream key.
+    async fn effect(&self, dkey: &str) -> Result<(), AppError> {
+        *self
+            .runs
+            .lock()
+            .unwrap()
+            .entry(dkey.to_owned())
+            .or_default() += 1;
+        match &self.effects {
+            Effects::Pg { via_proxy, .. } => {
+                sqlx::query("INSERT INTO effects (dkey) VALUES ($1) ON CONFLICT (dkey) DO NOTHING")
+                    .bind(dkey)
+                    .execute(via_proxy)
+                    .await
+                    .map_err(AppError::Downstream)?;
+            }
+            Effects::Memory(done) => {
+                done.lock().unwrap().insert(dkey.to_owned(), 1);
+            }
+        }
+        Ok(())
+    }
+
+    /// How many times the effect of `dkey` happened.
+    async fn effects(&self, dkey: &str) -> i64 {
+        match &self.effects {
+            Effects::Pg { direct, .. } => {
+                sqlx::query_scalar("SELECT count(*) FROM effects WHERE dkey = $1")
+                    .bind(dkey)
+                    .fetch_one(direct)
+                    .await
+                    .unwrap()
+            }
+            Effects::Memory(done) => i64::from(*done.lock().unwrap().get(dkey).unwrap_or(&0)),
+        }
+    }
+
+    fn runs(&self, dkey: &str) -> usize {
+        *self.runs.lock().unwrap().get(dkey).unwrap_or(&0)
+    }
+
+    /// Checks that exactly the one planned fault was injected.
+    fn assert_injected(&self) {
+        let fired = self.proxy.fired();
+        assert_eq!(fired.len(), 1, "the fault was injected once: {fired:?}");
+    }
+
+    /// Checks that `(scope, key)` is completed with `answer`, and that a retry replays it.
+    async fn assert_completed(&self, scope: &str, key: &str, answer: &Receipt) {
+        let record = self
+            .store
+            .lookup(scope, key)
+            .await
+            .unwrap()
+            .expect("the record is there");
+        assert_eq!(record.state, RecordState::Completed, "{record:?}");
+        let stored: Receipt =
+            serde_json::from_slice(&record.response.expect("a completed record's answer").body)
+                .unwrap();
+        assert_eq!(&stored, answer, "the stored answer is the one returned");
+        assert_eq!(stored.amount.to_bits(), answer.amount.to_bits());
+    }
+}
+
+/// A client that retries what idem says it may, until it has its answer: the answer, how long
+/// it took, and the errors seen on the way (each checked to be retryable).
+async fn settle<F, Fut>(mut call: F) -> (Receipt, Duration, Vec<String>)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Receipt, AppError>>,
+{
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        match call().await {
+            Ok(answer) => return (answer, start.elapsed(), seen),
+            Err(e) => {
+                assert_retryable(&e);
+                seen.push(format!("{e:?}"));
+            }
+        }
+        assert!(
+            start.elapsed() < SETTLE,
+            "no answer after {SETTLE:?}: the key is stuck ({seen:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+// ---- the separate-commit mode: #[idempotent] -----------------------------------------------------
+
+#[idempotent(scope = "charge:<id>", key = key, store = rig.store, lease = "1s", retain = "1m", claim = claim, skip(rig, fail))]
+async fn charge(rig: &Rig, id: u32, key: &str, fail: bool) -> Result<Receipt, AppError> {
+    if fail {
+        return Err(AppError::Forced);
+    }
+    let dkey = claim.downstream_key("charge");
+    rig.effect(&dkey).await?;
+    Ok(Receipt::new(id, dkey))
+}
+
+/// `charge` on the second instance's store: the same scope, key and fingerprint.
+#[idempotent(scope = "charge:<id>", key = key, store = rig.twin, lease = "1s", retain = "1m", claim = claim, skip(rig, fail))]
+async fn charge_twin(rig: &Rig, id: u32, key: &str, fail: bool) -> Result<Receipt, AppError> {
+    if fail {
+        return Err(AppError::Forced);
+    }
+    let dkey = claim.downstream_key("charge");
+    rig.effect(&dkey).await?;
+    Ok(Receipt::new(id, dkey))
+}
+
+/// A step of a guarded call, and the bytes of the client's write that perform it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Claim,
+    Body,
+    Complete,
+    Release,
+    Checkpoint,
+    TakeOver,
+    Commit,
+    Rollback,
+}
+
+/// The needles of `step`'s write on PostgreSQL.
+fn pg_needles(step: Step) -> Vec<&'static [u8]> {
+    match step {
+        Step::Claim => vec![b"ins AS (INSERT INTO"],
+        Step::Body => vec![b"INSERT INTO effects"],
+        Step::Complete => vec![b"SET state = 'completed'"],
+        Step::Release => vec![b"SET state = 'released'"],
+        Step::Checkpoint => vec![b"SET recovery_point = $4"],
+        Step::TakeOver => vec![b"SET fence = fence + 1"],
+        Step::Commit => vec![b"COMMIT"],
+        Step::Rollback => vec![b"ROLLBACK"],
+    }
+}
+
+/// The needles of `step`'s script call on Redis, for the record of `key`: each script's
+/// arguments tell it apart (the fingerprint is `begin`'s, an answer `complete`'s, a recovery
+/// point `checkpoint`'s; `release` is the one script called with three arguments).
+fn redis_needles(step: Step, key: &str, fingerprint: &[u8]) -> Vec<Vec<u8>> {
+    let key = key.as_bytes().to_vec();
+    match step {
+        Step::Claim | Step::TakeOver => vec![b"EVALSHA".to_vec(), key, fingerprint.to_vec()],
+        Step::Complete => vec![b"EVALSHA".to_vec(), key, b"\"amount\"".to_vec()],
+        Step::Release => vec![b"*7\r\n$7\r\nEVALSHA".to_vec(), key],
+        Step::Checkpoint => vec![b"EVALSHA".to_vec(), key, b"step-1".to_vec()],
+        Step::Body | Step::Commit | Step::Rollback => unreachable!("no Redis write"),
+    }
+}
+
+fn rule(rig: &Rig, step: Step, key: &str, fingerprint: &[u8], fault: Fault) -> Rule {
+    let needles = match rig.proxy.wire() {
+        common::proxy::Wire::Postgres => pg_needles(step).iter().map(|n| n.to_vec()).collect(),
+        common::proxy::Wire::Redis => redis_needles(step, key, fingerprint),
+    };
+    Rule {
+        needles,
+        nth: 1,
+        fault,
+    }
+}
+
+/// The fingerprint `charge(_, id, …)` claims with, for the Redis needles: what the macro hashes
+/// is its own business, so it is read back from a first claim of another key.
+async fn charge_fingerprint(rig: &Rig, id: u32) -> Vec<u8> {
+    let probe = format!("probe-{id}");
+    charge(rig, id, &probe, false).await.unwrap();
+    let record = rig
+        .store
+        .lookup(&format!("charge:{id}"), &probe)
+        .await
+        .unwrap()
+        .unwrap();
+    record.fingerprint.as_bytes().to_vec()
+}
+
+/// A fault at `step` of `charge`, then a retrying client: the effect happened once, the answer
+/// is kept and replayed, the key did not stay in progress past its lease.
+async fn separate(rig: Rig, step: Step, fault: Fault) {
+    let id = 7;
+    let key = "k1";
+    let scope = format!("charge:{id}");
+    let fp = charge_fingerprint(&rig, id).await;
+    rig.proxy.inject(rule(&rig, step, key, &fp, fault));
+
+    // The first call meets the fault.
+    let first = charge(&rig, id, key, step == Step::Release).await;
+    match (step, &first) {
+        // The effect happened: a completion the proxy cut is retried, and a completion whose
+        // reply was lost is found done by this very claim. The caller gets its answer.
+        (Step::Complete, Ok(_)) => {}
+        (Step::Complete, Err(e)) => panic!("a completed answer was lost: {e:?}"),
+        (Step::Release, Err(AppError::Forced)) => {}
+        (Step::Release, other) => panic!("the body's own failure, not {other:?}"),
+        (_, Ok(_)) => panic!("the {step:?} fault did not reach the caller"),
+        (_, Err(e)) => assert_retryable(e),
+    }
+    rig.assert_injected();
+
+    let (answer, took, seen) = settle(|| charge(&rig, id, key, false)).await;
+    assert!(
+        took < LEASE * 2 + Duration::from_secs(1),
+        "{step:?}/{fault:?}: the retry waited {took:?}, past the lease ({seen:?})"
+    );
+    // Where the server did the work and the client never heard (a claim), or never got the
+    // work (a release), a live claim is left behind: the retry is told to wait, then takes
+    // it over after the lease.
+    if matches!(
+        (step, fault),
+        (Step::Claim, Fault::CutAfterReply) | (Step::Release, Fault::CutBefore)
+    ) {
+        assert!(
+            seen.iter().any(|e| e.contains("InProgress")),
+            "{step:?}/{fault:?}: the claim left behind was live: {seen:?}"
+        );
+    }
+    if let Ok(first) = &first {
+        assert_eq!(first, &answer, "the retry replays the first answer");
+    }
+    let dkey = idem::downstream_key(&scope, key, "charge");
+    assert_eq!(answer.dkey, dkey);
+    assert_eq!(rig.effects(&dkey).await, 1, "{step:?}/{fault:?}: effects");
+    // The body runs again only where the first attempt did not finish: its own SQL was cut, or
+    // it failed (and ran no effect).
+    let runs = if step == Step::Body { 2 } else { 1 };
+    assert_eq!(rig.runs(&dkey), runs, "{step:?}/{fault:?}: body runs");
+    rig.assert_completed(&scope, key, &answer).await;
+
+    // Replays are exact and run nothing.
+    let replay = charge(&rig, id, key, false).await.unwrap();
+    assert_eq!(replay, answer);
+    assert_eq!(replay.amount.to_bits(), answer.amount.to_bits());
+    assert_eq!(rig.runs(&dkey), runs);
+}
+
+/// The completion is stalled past the lease while a duplicate arrives: the duplicate takes the
+/// claim over and completes; the stalled completion then lands on a record it no longer owns
+/// and is refused (409, the late original), never written over the new owner's answer. The
+/// effect, keyed by the downstream key both attempts share, happened once.
+async fn stalled_completion(rig: Rig) {
+    let id = 11;
+    let key = "k-stall";
+    let scope = format!("charge:{id}");
+    let fp = charge_fingerprint(&rig, id).await;
+    // Past the lease, with room for the take-over; within Redis's response timeout.
+    let stall = match rig.proxy.wire() {
+        common::proxy::Wire::Postgres => LEASE * 2,
+        common::proxy::Wire::Redis => LEASE * 3 / 2,
+    };
+    rig.proxy
+        .inject(rule(&rig, Step::Complete, key, &fp, Fault::Stall(stall)));
+    let (original, (answer, took, seen)) = tokio::join!(charge(&rig, id, key, false), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        settle(|| charge_twin(&rig, id, key, false)).await
+    });
+    rig.assert_injected();
+    match original {
+        Err(AppError::Idem(e @ Error::FenceLost { .. })) => assert_eq!(e.status(), 409),
+        other => panic!("the late original must be refused, not {other:?}"),
+    }
+    assert!(
+        took < stall,
+        "the duplicate took over after the lease: {took:?}"
+    );
+    assert!(
+        seen.iter().all(|e| e.contains("InProgress")),
+        "the duplicate waited for the lease: {seen:?}"
+    );
+    let dkey = idem::downstream_key(&scope, key, "charge");
+    assert_eq!(rig.runs(&dkey), 2, "the take-over ran the body again");
+    assert_eq!(rig.effects(&dkey).await, 1, "once per downstream key");
+    rig.assert_completed(&scope, key, &answer).await;
+    assert_eq!(charge(&rig, id, key, false).await.unwrap(), answer);
+}
+
+// ---- checkpoints and take-overs: the guard, by hand ----------------------------------------------
+
+const TWO_STEPS: &str = "two-steps";
+
+fn two_step_policy() -> Policy {
+    Policy::DEFAULT.lease(LEASE).retain(Duration::from_secs(60))
+}
+
+fn two_step_fingerprint() -> Fingerprint {
+    Fingerprint::of(&("two-steps", 1)).unwrap()
+}
+
+/// A side effect in two steps with a checkpoint between them: a take-over that finds the
+/// checkpoint resumes at step 2. With `crash`, the caller dies right after the checkpoint (its
+/// guard is leaked: nothing is released, the claim waits out its lease).
+async fn two_steps(rig: &Rig, key: &str, crash: bool) -> Result<Receipt, AppError> {
+    let began = idem::begin(
+        &rig.store,
+        TWO_STEPS.to_owned(),
+        Key::parse(key).unwrap(),
+        two_step_fingerprint(),
+        two_step_policy(),
+    )
+    .await?;
+    let mut guard = match began {
+        Begun::Replay(stored) => return Ok(serde_json::from_slice(&stored.body).unwrap()),
+        Begun::Claimed(guard) => guard,
+    };
+    if guard.recovery_point() != Some(&b"step-1"[..]) {
+        rig.effect(&guard.downstream_key("step-1")).await?;
+        // A failed checkpoint drops the guard, which releases the claim: the retry starts over.
+        guard.checkpoint(b"step-1").await?;
+    }
+    if crash {
+        std::mem::forget(guard);
+        return Err(AppError::Forced);
+    }
+    let dkey = guard.downstream_key("step-2");
+    rig.effect(&dkey).await?;
+    let answer = Receipt::new(2, dkey);
+    guard
+        .complete(&StoredResponse::ok(serde_json::to_vec(&answer).unwrap()))
+        .await?;
+    Ok(answer)
+}
+
+/// A fault on the checkpoint between two steps: each step's effect happens once.
+async fn checkpoint(rig: Rig, fault: Fault) {
+    let key = "k-checkpoint";
+    let fp = two_step_fingerprint();
+    rig.proxy
+        .inject(rule(&rig, Step::Checkpoint, key, fp.as_bytes(), fault));
+    let first = two_steps(&rig, key, false).await;
+    assert!(first.is_err(), "the checkpoint fault reached the caller");
+    assert_retryable(&first.unwrap_err());
+    rig.assert_injected();
+    let (answer, took, seen) = settle(|| two_steps(&rig, key, false)).await;
+    assert!(
+        took < LEASE * 2 + Duration::from_secs(1),
+        "{took:?} {seen:?}"
+    );
+    for step in ["step-1", "step-2"] {
+        let dkey = idem::downstream_key(TWO_STEPS, key, step);
+        assert_eq!(rig.effects(&dkey).await, 1, "{fault:?}: {step} done once");
+    }
+    rig.assert_completed(TWO_STEPS, key, &answer).await;
+}
+
+/// A claim abandoned after its checkpoint; the take-over after its lease meets the fault. The
+/// retry still resumes at step 2: step 1 ran once, step 2 once.
+async fn take_over(rig: Rig, fault: Fault) {
+    let key = "k-take-over";
+    let fp = two_step_fingerprint();
+    assert!(matches!(
+        two_steps(&rig, key, true).await,
+        Err(AppError::Forced)
+    ));
+    let step1 = idem::downstream_key(TWO_STEPS, key, "step-1");
+    assert_eq!(rig.runs(&step1), 1);
+    // The abandoned claim is live for its lease; the fault is set for what follows.
+    tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
+    rig.proxy
+        .inject(rule(&rig, Step::TakeOver, key, fp.as_bytes(), fault));
+    let first = two_steps(&rig, key, false).await;
+    assert!(first.is_err(), "the take-over fault reached the caller");
+    assert_retryable(&first.unwrap_err());
+    rig.assert_injected();
+    let (answer, took, seen) = settle(|| two_steps(&rig, key, false)).await;
+    assert!(
+        took < LEASE * 2 + Duration::from_secs(1),
+        "{took:?} {seen:?}"
+    );
+    if fault == Fault::CutAfterReply {
+        assert!(
+            seen.iter().any(|e| e.contains("InProgress")),
+            "the take-over whose reply was lost holds a live claim: {seen:?}"
+        );
+    }
+    assert_eq!(rig.runs(&step1), 1, "{fault:?}: step 1 is not repeated");
+    assert_eq!(rig.effects(&step1).await, 1);
+    let step2 = idem::downstream_key(TWO_STEPS, key, "step-2");
+    assert_eq!(rig.runs(&step2), 1, "{fault:?}: step 2 ran once");
+    assert_eq!(rig.effects(&step2).await, 1);
+    rig.assert_completed(TWO_STEPS, key, &answer).await;
+}
+
+// ---- the transactional mode (PostgreSQL) ---------------------------------------------------------
+
+#[idempotent(scope = "order:<id>", key = key, store = store, lease = "1s", retain = "1m", skip(fail), transaction = tx)]
+async fn order(store: &PgStore, id: u32, key: &str, fail: bool) -> Result<Receipt, AppError> {
+    sqlx::query("INSERT INTO orders (key) VALUES ($1)")
+        .bind(key)
+        .execute(&mut **tx)
+        .await
+        .map_err(AppError::Downstream)?;
+    if fail {
+        return Err(AppError::Forced);
+    }
+    Ok(Receipt::new(id, format!("order-{key}")))
+}
+
+/// A fault at `step` of a transactional call: the body's SQL committed once, with the record.
+async fn transactional(rig: Rig, step: Step, fault: Fault) {
+    let id = 9;
+    let key = "k-tx";
+    let store = rig.pg.clone().unwrap();
+    let needles = if step == Step::Body {
+        vec![&b"INSERT INTO orders"[..]]
+    } else {
+        pg_needles(step)
+    };
+    rig.proxy.inject(Rule::first(&needles, fault));
+    let first = order(&store, id, key, step == Step::Rollback).await;
+    match (step, &first) {
+        (Step::Rollback, Err(AppError::Forced)) => {}
+        (_, Ok(_)) => panic!("the {step:?} fault did not reach the caller"),
+        (_, Err(e)) => assert_retryable(e),
+    }
+    rig.assert_injected();
+    let Effects::Pg { direct, .. } = &rig.effects else {
+        unreachable!()
+    };
+    let rows = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM orders WHERE key = $1")
+            .bind(key)
+            .fetch_one(direct)
+            .await
+            .unwrap()
+    };
+    // Only a COMMIT whose reply was lost committed; every other cut rolled everything back
+    // (a cut rollback is the database's to finish when it sees the connection gone).
+    let committed = i64::from((step, fault) == (Step::Commit, Fault::CutAfterReply));
+    assert_eq!(
+        rows().await,
+        committed,
+        "{step:?}/{fault:?}: after the fault"
+    );
+    let (answer, took, seen) = settle(|| order(&store, id, key, false)).await;
+    assert!(
+        took < LEASE * 2 + Duration::from_secs(1),
+        "{took:?} {seen:?}"
+    );
+    assert_eq!(
+        rows().await,
+        1,
+        "{step:?}/{fault:?}: the body's SQL committed once"
+    );
+    rig.assert_completed(&format!("order:{id}"), key, &answer)
+        .await;
+    let replay = order(&store, id, key, false).await.unwrap();
+    assert_eq!(replay, answer);
+    assert_eq!(replay.amount.to_bits(), answer.amount.to_bits());
+}
+
+// ---- the matrix ------------------------------------------------------------------------------------
+
+/// Runs a test, failing it (rather than the CI job's clock) if it hangs: a fault must end in an
+/// answer or an error, never in a wait without end.
+async fn within_a_minute<F: Future<Output = ()>>(test: F) {
+    tokio::time::timeout(Duration::from_secs(60), test)
+        .await
+        .expect("the test hung for a minute")
+}
+
+macro_rules! pg_tests {
+    ($($name:ident: $run:expr;)*) => {$(
+        #[cfg_attr(not(idem_postgres), ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…")]
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            within_a_minute(async { ($run)(Rig::pg().await).await }).await;
+        }
+    )*};
+}
+
+macro_rules! redis_tests {
+    ($($name:ident: $run:expr;)*) => {$(
+        #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            within_a_minute(async { ($run)(Rig::redis().await).await }).await;
+        }
+    )*};
+}
+
+pg_tests! {
+    pg_claim_cut_before: |rig| separate(rig, Step::Claim, Fault::CutBefore);
+    pg_claim_reply_lost: |rig| separate(rig, Step::Claim, Fault::CutAfterReply);
+    pg_body_sql_cut_before: |rig| separate(rig, Step::Body, Fault::CutBefore);
+    pg_body_sql_reply_lost: |rig| separate(rig, Step::Body, Fault::CutAfterReply);
+    pg_complete_cut_before: |rig| separate(rig, Step::Complete, Fault::CutBefore);
+    pg_complete_reply_lost: |rig| separate(rig, Step::Complete, Fault::CutAfterReply);
+    pg_release_cut_before: |rig| separate(rig, Step::Release, Fault::CutBefore);
+    pg_release_reply_lost: |rig| separate(rig, Step::Release, Fault::CutAfterReply);
+    pg_complete_stalled_past_the_lease: stalled_completion;
+    pg_checkpoint_cut_before: |rig| checkpoint(rig, Fault::CutBefore);
+    pg_checkpoint_reply_lost: |rig| checkpoint(rig, Fault::CutAfterReply);
+    pg_take_over_cut_before: |rig| take_over(rig, Fault::CutBefore);
+    pg_take_over_reply_lost: |rig| take_over(rig, Fault::CutAfterReply);
+    pg_tx_claim_cut_before: |rig| transactional(rig, Step::Claim, Fault::CutBefore);
+    pg_tx_claim_reply_lost: |rig| transactional(rig, Step::Claim, Fault::CutAfterReply);
+    pg_tx_body_sql_cut_before: |rig| transactional(rig, Step::Body, Fault::CutBefore);
+    pg_tx_body_sql_reply_lost: |rig| transactional(rig, Step::Body, Fault::CutAfterReply);
+    pg_tx_complete_cut_before: |rig| transactional(rig, Step::Complete, Fault::CutBefore);
+    pg_tx_complete_reply_lost: |rig| transactional(rig, Step::Complete, Fault::CutAfterReply);
+    pg_tx_commit_cut_before: |rig| transactional(rig, Step::Commit, Fault::CutBefore);
+    pg_tx_commit_reply_lost: |rig| transactional(rig, Step::Commit, Fault::CutAfterReply);
+    pg_tx_rollback_cut_before: |rig| transactional(rig, Step::Rollback, Fault::CutBefore);
+    pg_tx_rollback_reply_lost: |rig| transactional(rig, Step::Rollback, Fault::CutAfterReply);
+}
+
+redis_tests! {
+    redis_claim_cut_before: |rig| separate(rig, Step::Claim, Fault::CutBefore);
+    redis_claim_reply_lost: |rig| separate(rig, Step::Claim, Fault::CutAfterReply);
+    redis_complete_cut_before: |rig| separate(rig, Step::Complete, Fault::CutBefore);
+    redis_complete_reply_lost: |rig| separate(rig, Step::Complete, Fault::CutAfterReply);
+    redis_release_cut_before: |rig| separate(rig, Step::Release, Fault::CutBefore);
+    redis_release_reply_lost: |rig| separate(rig, Step::Release, Fault::CutAfterReply);
+    redis_complete_stalled_past_the_lease: stalled_completion;
+    redis_checkpoint_cut_before: |rig| checkpoint(rig, Fault::CutBefore);
+    redis_checkpoint_reply_lost: |rig| checkpoint(rig, Fault::CutAfterReply);
+    redis_take_over_cut_before: |rig| take_over(rig, Fault::CutBefore);
+    redis_take_over_reply_lost: |rig| take_over(rig, Fault::CutAfterReply);
+}
+
+// ---- records a store cannot read: errors naming the record, never answers --------------------------
+
+#[idempotent(scope = "created:<id>", key = key, store = store)]
+async fn create_sqlite(
+    store: &idem::SqliteStore,
+    id: u32,
+    key: &str,
+) -> Result<(axum::http::StatusCode, axum::Json<Receipt>), Error> {
+    Ok((
+        axum::http::StatusCode::CREATED,
+        axum::Json(Receipt::new(id, String::new())),
+    ))
+}
+
+#[idempotent(scope = "created:<id>", key = key, store = store)]
+async fn create_pg(store: &PgStore, id: u32, key: &str) -> Result<Receipt, Error> {
+    Ok(Receipt::new(id, String::new()))
+}
+
+/// A stored HTTP status that is not a status is an error, never replayed as something else.
+#[tokio::test]
+async fn a_stored_status_that_does_not_decode_is_an_error() {
+    let store = idem::SqliteStore::in_memory().await.unwrap();
+    let (status, axum::Json(first)) = create_sqlite(&store, 3, "k").await.unwrap();
+    assert_eq!(status, axum::http::StatusCode::CREATED);
+    let (_, axum::Json(replayed)) = create_sqlite(&store, 3, "k").await.unwrap();
+    assert_eq!(
+        replayed.amount.to_bits(),
+        first.amount.to_bits(),
+        "exact float"
+    );
+    for status in ["1000", "NULL"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE idem_records SET response_status = {status}"
+        )))
+        .execute(store.pool())
+        .await
+        .unwrap();
+        match create_sqlite(&store, 3, "k").await {
+            Err(e @ Error::Decode(_)) => assert!(e.to_string().contains("status"), "{e}"),
+            other => panic!("status {status} replayed as {other:?}"),
+        }
+    }
+}
+
+/// A NULL where a record must have a value (a hand-edited row, a table created by hand without
+/// the constraints) is an error that names the record: the body does not run on it, and nothing
+/// is replayed in its place.
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+#[tokio::test]
+async fn nulls_in_a_record_are_errors_naming_it() {
+    let url = common::pg_url();
+    let schema = common::PgSchema::create(&url, 2).await;
+    let store = PgStore::builder().build(schema.pool.clone()).await.unwrap();
+    create_pg(&store, 5, "k-null").await.unwrap();
+    for (column, null) in [
+        (
+            "response_body",
+            "UPDATE idem_records SET response_body = NULL",
+        ),
+        ("fence", "UPDATE idem_records SET fence = NULL"),
+        ("fingerprint", "UPDATE idem_records SET fingerprint = NULL"),
+    ] {
+        let mut tx = schema.pool.begin().await.unwrap();
+        for stmt in [
+            "ALTER TABLE idem_records ALTER COLUMN fence DROP NOT NULL",
+            "ALTER TABLE idem_records ALTER COLUMN fingerprint DROP NOT NULL",
+            null,
+        ] {
+            sqlx::query(stmt).execute(&mut *tx).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+        let e = create_pg(&store, 5, "k-null").await.unwrap_err();
+        assert!(matches!(e, Error::Store(_)), "{column}: {e:?}");
+        let text = e.to_string();
+        assert!(
+            text.contains("created:5") && text.contains("k-null"),
+            "{column}: the error names the record: {text}"
+        );
+        // Put the row back for the next column.
+        sqlx::query("DELETE FROM idem_records")
+            .execute(&schema.pool)
+            .await
+            .unwrap();
+        create_pg(&store, 5, "k-null").await.unwrap();
+    }
+}
