@@ -340,10 +340,7 @@ async fn postgres_starts_next_to_busy_instances_without_locking_the_table() {
     use std::time::Duration;
 
     let schema = PgSchema::create(&common::pg_url(), 4).await;
-    let first = PgStore::builder()
-        .build(schema.pool.clone())
-        .await
-        .unwrap();
+    let first = PgStore::builder().build(schema.pool.clone()).await.unwrap();
     // Another instance's transaction, still open, that has written to the table.
     let mut busy = schema.pool.begin().await.unwrap();
     sqlx::query("DELETE FROM idem_records WHERE false")
