@@ -66,7 +66,7 @@ const DEFAULT_SEED: u64 = 0x1de3_c4a5_b00c_0001;
 struct Rng(u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -76,11 +76,11 @@ impl Rng {
 
     /// Uniform in `lo..hi` (`hi > lo`).
     fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo)
+        lo + self.next_u64() % (hi - lo)
     }
 
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.next_u64() % n as u64) as usize
     }
 }
 
@@ -284,7 +284,7 @@ async fn transfer<S: Store + Clone>(
         app.store.checkpoint(at, done.as_bytes(), LEASE).await?;
     }
     let moves = app.db.moves(k).await.map_err(unavailable)?;
-    let nonce = app.rng.lock().unwrap().next();
+    let nonce = app.rng.lock().unwrap().next_u64();
     Ok((
         StatusCode::CREATED,
         Json(Moved {
@@ -617,7 +617,7 @@ async fn crash_loop<S: Store>(
             Some(9),
             "{kind}: the service died of SIGKILL, not of something else: {status}"
         );
-        services[p] = start(kind, target, rng.next()).await;
+        services[p] = start(kind, target, rng.next_u64()).await;
         driver.bases.write().unwrap()[p] = Some(services[p].base.clone());
         assert!(
             began.elapsed() < budget,
@@ -865,7 +865,7 @@ async fn check_runs(kind: &str, db: &Db, keys: usize, answers: &[Moved]) -> Figu
         );
         let cut = mine
             .iter()
-            .any(|(f, _)| *f != fence && steps_by_fence.get(&(a.key.as_str(), *f)).is_some());
+            .any(|(f, _)| *f != fence && steps_by_fence.contains_key(&(a.key.as_str(), *f)));
         figures.cut += usize::from(cut);
         figures.reclaimed += usize::from(a.attempt > 1);
         if a.resumed_from > 0 {
