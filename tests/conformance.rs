@@ -325,3 +325,38 @@ mod older_tables {
         store.migrate().await.unwrap();
     }
 }
+
+/// An instance that starts while others work on the table (a rolling restart, a restart after a
+/// crash) finds the table up to date and takes no lock on it. Its migration used to lock the
+/// table before finding nothing to do (`ALTER TABLE … ADD COLUMN IF NOT EXISTS`): it queued
+/// behind the transactions in flight, every claim queued behind it, and a claim that had read
+/// the table deadlocked with it (found by the crash loop, `tests/crash_loop.rs`).
+#[tokio::test]
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+async fn postgres_starts_next_to_busy_instances_without_locking_the_table() {
+    use std::time::Duration;
+
+    let schema = PgSchema::create(&common::pg_url(), 4).await;
+    let first = PgStore::builder().build(schema.pool.clone()).await.unwrap();
+    // Another instance's transaction, still open, that has written to the table.
+    let mut busy = schema.pool.begin().await.unwrap();
+    sqlx::query("DELETE FROM idem_records WHERE false")
+        .execute(&mut *busy)
+        .await
+        .unwrap();
+    let second = tokio::time::timeout(
+        Duration::from_secs(5),
+        PgStore::builder().build(schema.pool.clone()),
+    )
+    .await;
+    // Let the other instance go before judging: a start-up still waiting on the table would
+    // otherwise hold up dropping the schema.
+    busy.rollback().await.unwrap();
+    let second = second
+        .expect("a store starting next to a busy one waited for a lock on the table")
+        .unwrap();
+    drop((first, second));
+}

@@ -116,6 +116,32 @@ impl Dialect for Pg {
         }
     }
 
+    fn up_to_date(t: &str, index: &str, columns: &[&str]) -> Option<SqlStr> {
+        // `t` is a checked, quoted identifier and the names are identifiers: they can stand
+        // in string literals. PostgreSQL cuts identifiers to 63 bytes.
+        let has_columns = if columns.is_empty() {
+            "true".to_owned()
+        } else {
+            let names: Vec<String> = columns.iter().map(|c| format!("'{c}'")).collect();
+            format!(
+                "(SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass('{t}') \
+                   AND attnum > 0 AND NOT attisdropped AND attname IN ({})) = {}",
+                names.join(", "),
+                columns.len()
+            )
+        };
+        Some(
+            AssertSqlSafe(format!(
+                "SELECT (CASE WHEN to_regclass('{t}') IS NOT NULL \
+                   AND EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+                     WHERE i.indrelid = to_regclass('{t}') AND c.relname = left('{index}', 63)) \
+                   AND {has_columns} \
+                 THEN 1 ELSE 0 END)::int8 AS present"
+            ))
+            .into_sql_str(),
+        )
+    }
+
     fn fetch<'a>(
         conn: &'a mut PgConnection,
         sql: &'a SqlStr,

@@ -79,6 +79,17 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     /// statement, and, where the database cannot say `IF NOT EXISTS`, a query whose `present`
     /// column counts the column if it is there already.
     fn add_column(t: &str, table: &str, column: &str, definition: &str) -> AddColumn;
+    /// A query whose `present` column is 1 when table `t`, its index `index` and every column
+    /// of `columns` exist already, read from the catalog without locking the table; `None`
+    /// where migrating a table that is up to date takes no lock that could wait on its users.
+    ///
+    /// PostgreSQL's `CREATE INDEX IF NOT EXISTS` and `ALTER TABLE … ADD COLUMN IF NOT EXISTS`
+    /// lock the table before they find there is nothing to do: an instance starting next to
+    /// busy ones (a rolling restart, a restart after a crash) would queue every claim behind
+    /// its migration, or deadlock with a claim in flight.
+    fn up_to_date(_t: &str, _index: &str, _columns: &[&str]) -> Option<SqlStr> {
+        None
+    }
 
     /// Runs `sql` with `args` on `conn`: its first row, if any.
     fn fetch<'a>(
@@ -218,6 +229,7 @@ pub(crate) struct Statements {
     lookup: SqlStr,
     create: [SqlStr; 2],
     upgrade: Vec<AddColumn>,
+    up_to_date: Option<SqlStr>,
 }
 
 impl Statements {
@@ -331,8 +343,8 @@ impl Statements {
                     D::TABLE_OPTIONS,
                 )),
                 sql(format!(
-                    "CREATE INDEX IF NOT EXISTS \"{}_expires_at_idx\" ON {t} (expires_at)",
-                    base_name(table)
+                    "CREATE INDEX IF NOT EXISTS \"{}\" ON {t} (expires_at)",
+                    index_name(table)
                 )),
             ],
             upgrade: ADDED_COLUMNS
@@ -341,6 +353,11 @@ impl Statements {
                     D::add_column(&t, table, column, &definition.replace("{int4}", int4))
                 })
                 .collect(),
+            up_to_date: D::up_to_date(
+                &t,
+                &index_name(table),
+                &ADDED_COLUMNS.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
+            ),
         })
     }
 
@@ -478,6 +495,14 @@ impl<D: Dialect> Engine<D> {
 
     /// Creates the table and its index if missing; safe to run from many instances at once.
     pub(crate) async fn migrate(&self) -> Result<()> {
+        if let Some(probe) = &self.sql.up_to_date {
+            let mut conn = self.writer.acquire().await.map_err(map_err)?;
+            if let Some(row) = D::fetch(&mut conn, probe, &[]).await?
+                && row.int8("present").map_err(map_err)? > 0
+            {
+                return Ok(());
+            }
+        }
         let mut tx = self.begin_transaction().await?;
         for stmt in D::migration_lock().iter().chain(&self.sql.create) {
             D::fetch(&mut tx, stmt, &[]).await?;
@@ -793,6 +818,11 @@ fn is_identifier(s: &str) -> bool {
 /// The unquoted last part of a table name, for naming its indexes.
 pub(crate) fn base_name(name: &str) -> &str {
     name.rsplit('.').next().unwrap_or(name)
+}
+
+/// The name of the index on `expires_at` of table `name` (unquoted, in the table's schema).
+fn index_name(name: &str) -> String {
+    format!("{}_expires_at_idx", base_name(name))
 }
 
 /// Sorts a driver error into "retry later" ([`Error::Unavailable`], HTTP 503) and "broken"
