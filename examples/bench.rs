@@ -653,8 +653,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let store = idem::PgStore::builder().build(pool.clone()).await?;
             let group = idem::PgStore::builder()
                 .group_commit(
-                    idem::GroupCommit::default()
-                        .max_wait(Duration::from_micros(a.group_wait_us)),
+                    idem::GroupCommit::default().max_wait(Duration::from_micros(a.group_wait_us)),
                 )
                 .build(pool.clone())
                 .await?;

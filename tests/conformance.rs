@@ -10,7 +10,8 @@ mod common;
 
 use idem::testkit::Env;
 use idem::{
-    CachedStore, GroupCommit, ManualClock, MemoryStore, PgStore, RedisStore, SharedStore, SqliteStore,
+    CachedStore, GroupCommit, ManualClock, MemoryStore, PgStore, RedisStore, SharedStore,
+    SqliteStore,
 };
 
 use common::{PgSchema, RedisKeys, SqliteFile};
@@ -531,7 +532,11 @@ mod group_commit_races {
                     key: "k0",
                     fence: 1,
                 },
-&StoredResponse { status: None, is_error: false, body: Default::default() },
+                &StoredResponse {
+                    status: None,
+                    is_error: false,
+                    body: Default::default(),
+                },
             )
             .await;
         assert!(matches!(done, Err(Error::Store(_))), "{done:?}");

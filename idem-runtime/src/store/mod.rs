@@ -13,12 +13,12 @@ use std::time::Duration;
 use crate::error::Result;
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
 
+#[cfg(feature = "postgres")]
+mod group;
 pub mod memory;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub mod outbox;
-#[cfg(feature = "postgres")]
-mod group;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;

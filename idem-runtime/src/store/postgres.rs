@@ -12,8 +12,8 @@ use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
 use crate::store::group::{ClaimJob, ClaimReply, CompleteJob, Group};
 use crate::store::sql::{
-    self, ATTEMPTS, AddColumn, Arg, Columns as _, CurRow, Dialect, DialectStatements, Engine,
-    Next, Shared, SqlStoreBuilder, Statements, Types, contention, map_err,
+    self, ATTEMPTS, AddColumn, Arg, Columns as _, CurRow, Dialect, DialectStatements, Engine, Next,
+    Shared, SqlStoreBuilder, Statements, Types, contention, map_err,
 };
 use crate::store::{Store, TxStore};
 
@@ -232,7 +232,11 @@ impl PgStore {
 impl PgStore {
     /// `begin` in a batch: the outcome, or `None` for the single-row path (alone, a take-over,
     /// a record that changed under the batch, no runtime to batch on).
-    async fn begin_batched(&self, group: &Group, req: &BeginRequest<'_>) -> Result<Option<BeginOutcome>> {
+    async fn begin_batched(
+        &self,
+        group: &Group,
+        req: &BeginRequest<'_>,
+    ) -> Result<Option<BeginOutcome>> {
         let (reply, rx) = tokio::sync::oneshot::channel();
         let job = ClaimJob {
             scope: req.scope.to_owned(),
@@ -282,7 +286,10 @@ impl PgStore {
 impl Store for PgStore {
     async fn begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
         // Counted in flight until answered, so that others know to batch with it.
-        let entered = self.group.as_deref().map(|group| (group, group.claims.enter()));
+        let entered = self
+            .group
+            .as_deref()
+            .map(|group| (group, group.claims.enter()));
         if let Some((group, entered)) = &entered
             && !entered.alone
             && let Some(outcome) = self.begin_batched(group, &req).await?
@@ -294,7 +301,10 @@ impl Store for PgStore {
     }
 
     async fn complete(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
-        let entered = self.group.as_deref().map(|group| (group, group.completions.enter()));
+        let entered = self
+            .group
+            .as_deref()
+            .map(|group| (group, group.completions.enter()));
         if let Some((group, entered)) = &entered
             && !entered.alone
             && let Some(done) = self.complete_batched(group, claim, response).await?
