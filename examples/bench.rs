@@ -6,6 +6,7 @@
 //!     [--rounds R]     rounds of every variant, interleaved (default 3)
 //!     [--variants a,b] only these variants (unguarded always runs: ratios are against it)
 //!     [--read-first true] SQLite: claims read on the readers first (`SqliteStoreBuilder::read_first`)
+//!     [--group-wait-us N] PostgreSQL, `separate_group`: the batch's `max_wait` (default 200)
 //! ```
 //!
 //! PostgreSQL needs `DATABASE_URL`; the run works in a schema of its own and drops it. Each
@@ -14,6 +15,8 @@
 //! - `unguarded`: the insert alone;
 //! - `separate`: `#[idempotent]` with separate commits (claim, insert, complete);
 //! - `transactional`: `#[idempotent(transaction = tx)]` (claim, insert, complete, one commit);
+//! - `separate_group`: `separate` on PostgreSQL with group commit (`PgStoreBuilder::group_commit`):
+//!   concurrent claims share one statement, concurrent completions another;
 //! - `handwritten`: the usual hand-written guard: INSERT placeholder, insert, UPDATE done;
 //! - `replay`: `#[idempotent]` answering an already completed key from the database;
 //! - `cached_replay`: the same through the in-process cache of completed records.
@@ -207,6 +210,8 @@ enum Target {
     Postgres {
         pool: sqlx::PgPool,
         store: idem::PgStore,
+        /// The same table, with group commit.
+        group: idem::PgStore,
         cached: CachedStore<idem::PgStore>,
     },
     Redis {
@@ -220,9 +225,10 @@ enum Target {
     },
 }
 
-const VARIANTS: [&str; 10] = [
+const VARIANTS: [&str; 11] = [
     "unguarded",
     "separate",
+    "separate_group",
     "transactional",
     "handwritten",
     "replay",
@@ -262,18 +268,23 @@ impl Target {
             Target::Memory { .. } => !matches!(
                 variant,
                 "transactional"
+                    | "separate_group"
                     | "handwritten"
                     | "pg_separate"
                     | "pg_replay"
                     | "peer_separate"
                     | "peer_replay"
             ),
-            Target::Sqlite { .. } | Target::Postgres { .. } => !matches!(
+            Target::Sqlite { .. } => !matches!(
+                variant,
+                "separate_group" | "pg_separate" | "pg_replay" | "peer_separate" | "peer_replay"
+            ),
+            Target::Postgres { .. } => !matches!(
                 variant,
                 "pg_separate" | "pg_replay" | "peer_separate" | "peer_replay"
             ),
             Target::Redis { pg, .. } => match variant {
-                "transactional" | "handwritten" => false,
+                "transactional" | "handwritten" | "separate_group" => false,
                 "pg_separate" | "pg_replay" => pg.is_some(),
                 _ => true,
             },
@@ -392,6 +403,11 @@ impl Target {
                     .await
                     .map(drop)
             }
+            (Target::Postgres { pool, group, .. }, "separate_group") => {
+                on_postgres::separate(group, pool, &key, &order_no, amount)
+                    .await
+                    .map(drop)
+            }
             (Target::Postgres { store, .. }, "transactional") => {
                 on_postgres::transactional(store, &key, &order_no, amount)
                     .await
@@ -465,6 +481,7 @@ struct Args {
     rounds: usize,
     only: Option<Vec<String>>,
     read_first: bool,
+    group_wait_us: u64,
 }
 
 fn args() -> Args {
@@ -475,6 +492,7 @@ fn args() -> Args {
         rounds: 3,
         only: None,
         read_first: false,
+        group_wait_us: 200,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -486,6 +504,7 @@ fn args() -> Args {
             "--rounds" => a.rounds = value.parse().expect("--rounds R"),
             "--variants" => a.only = Some(value.split(',').map(str::to_owned).collect()),
             "--read-first" => a.read_first = value.parse().expect("--read-first true|false"),
+            "--group-wait-us" => a.group_wait_us = value.parse().expect("--group-wait-us N"),
             other => panic!("unknown flag {other}; see the header of examples/bench.rs"),
         }
     }
@@ -612,8 +631,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .await?;
             pg_cleanup = Some((admin, schema.clone()));
             let options: sqlx::postgres::PgConnectOptions = url.parse()?;
+            // One connection per task, up to 64: the server's default `max_connections` is 100,
+            // and other clients (the tests) share it.
             let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(a.concurrency as u32)
+                .max_connections(a.concurrency.min(64) as u32)
                 .connect_with(
                     options.options([
                         ("search_path", schema.as_str()),
@@ -630,10 +651,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 sqlx::query(stmt).execute(&pool).await?;
             }
             let store = idem::PgStore::builder().build(pool.clone()).await?;
+            let group = idem::PgStore::builder()
+                .group_commit(
+                    idem::GroupCommit::default().max_wait(Duration::from_micros(a.group_wait_us)),
+                )
+                .build(pool.clone())
+                .await?;
             Target::Postgres {
                 cached: CachedStore::new(store.clone(), 10_000),
                 pool,
                 store,
+                group,
             }
         }
         "redis" => {

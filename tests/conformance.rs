@@ -9,7 +9,10 @@
 mod common;
 
 use idem::testkit::Env;
-use idem::{CachedStore, ManualClock, MemoryStore, PgStore, RedisStore, SharedStore, SqliteStore};
+use idem::{
+    CachedStore, GroupCommit, ManualClock, MemoryStore, PgStore, RedisStore, SharedStore,
+    SqliteStore,
+};
 
 use common::{PgSchema, RedisKeys, SqliteFile};
 
@@ -38,6 +41,30 @@ async fn sqlite_read_first() -> Env<SqliteStore> {
 async fn postgres() -> Env<PgStore> {
     let schema = PgSchema::create(&common::pg_url(), 16).await;
     let store = PgStore::builder()
+        .build(schema.pool.clone())
+        .await
+        .expect("create the table");
+    Env::new(store).keep(schema)
+}
+
+/// Group commit on: concurrent claims and completions share statements (a lone one runs the
+/// single-row statement, which is what most sequential cases exercise).
+async fn postgres_group() -> Env<PgStore> {
+    let schema = PgSchema::create(&common::pg_url(), 16).await;
+    let store = PgStore::builder()
+        .group_commit(GroupCommit::default())
+        .build(schema.pool.clone())
+        .await
+        .expect("create the table");
+    Env::new(store).keep(schema)
+}
+
+/// Group commit with every request sent through the batch statements, alone or not: the
+/// sequential cases check the batch statements' semantics record by record.
+async fn postgres_group_always() -> Env<PgStore> {
+    let schema = PgSchema::create(&common::pg_url(), 16).await;
+    let store = PgStore::builder()
+        .group_commit(GroupCommit::default().batch_alone(true))
         .build(schema.pool.clone())
         .await
         .expect("create the table");
@@ -114,6 +141,26 @@ mod postgres_store {
             ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
         )]
         super::postgres
+    );
+}
+
+mod postgres_group_commit {
+    idem::testkit::conformance_tests!(
+        #[cfg_attr(
+            not(idem_postgres),
+            ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+        )]
+        super::postgres_group
+    );
+}
+
+mod postgres_group_commit_always {
+    idem::testkit::conformance_tests!(
+        #[cfg_attr(
+            not(idem_postgres),
+            ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+        )]
+        super::postgres_group_always
     );
 }
 
@@ -359,4 +406,177 @@ async fn postgres_starts_next_to_busy_instances_without_locking_the_table() {
         .expect("a store starting next to a busy one waited for a lock on the table")
         .unwrap();
     drop((first, second));
+}
+
+/// Group commit under concurrency: many tasks on the same and on different keys, in batches.
+mod group_commit_races {
+    use std::sync::Arc;
+
+    use idem::{
+        BeginOutcome, BeginRequest, ClaimRef, Error, Fingerprint, GroupCommit, PgStore, Policy,
+        Store, StoredResponse,
+    };
+
+    /// 16 keys asked for 8 times each and 64 keys once, all at once: exactly one claim per key;
+    /// every claim's completion persists, and every key then replays its own answer.
+    async fn races(config: GroupCommit) {
+        let schema = crate::PgSchema::create(&crate::common::pg_url(), 16).await;
+        let store = PgStore::builder()
+            .group_commit(config)
+            .build(schema.pool.clone())
+            .await
+            .unwrap();
+        let keys: Vec<String> = (0..16)
+            .flat_map(|k| std::iter::repeat_n(format!("dup-{k}"), 8))
+            .chain((0..64).map(|k| format!("one-{k}")))
+            .collect();
+        let fp = Fingerprint::of("same request").unwrap();
+        let start = Arc::new(tokio::sync::Barrier::new(keys.len()));
+        let mut tasks = Vec::new();
+        for key in keys.clone() {
+            let (store, start) = (store.clone(), start.clone());
+            tasks.push(tokio::spawn(async move {
+                start.wait().await;
+                let outcome = store
+                    .begin(BeginRequest {
+                        scope: "race",
+                        key: &key,
+                        fingerprint: &fp,
+                        policy: &Policy::DEFAULT,
+                    })
+                    .await
+                    .unwrap();
+                let claim = match outcome {
+                    BeginOutcome::Claimed(claim) => claim,
+                    // A duplicate that came while the first ran, or after it completed.
+                    BeginOutcome::InProgress { .. } => return (key, false),
+                    BeginOutcome::Replay(stored) => {
+                        assert_eq!(&stored.body[..], format!("answer of {key}").as_bytes());
+                        return (key, false);
+                    }
+                    other => panic!("{key}: {other:?}"),
+                };
+                let body = format!("answer of {key}").into_bytes();
+                store
+                    .complete(
+                        ClaimRef {
+                            scope: "race",
+                            key: &key,
+                            fence: claim.fence,
+                        },
+                        &StoredResponse {
+                            status: Some(201),
+                            is_error: false,
+                            body: body.into(),
+                        },
+                    )
+                    .await
+                    .unwrap();
+                (key, true)
+            }));
+        }
+        let mut claims = std::collections::HashMap::<String, usize>::new();
+        for task in tasks {
+            let (key, claimed) = task.await.unwrap();
+            *claims.entry(key).or_default() += usize::from(claimed);
+        }
+        assert_eq!(claims.len(), 80);
+        for (key, n) in &claims {
+            assert_eq!(*n, 1, "{key} was claimed {n} times");
+        }
+        for key in claims.keys() {
+            let outcome = store
+                .begin(BeginRequest {
+                    scope: "race",
+                    key,
+                    fingerprint: &fp,
+                    policy: &Policy::DEFAULT,
+                })
+                .await
+                .unwrap();
+            let BeginOutcome::Replay(stored) = outcome else {
+                panic!("{key}: {outcome:?}")
+            };
+            assert_eq!(stored.status, Some(201));
+            assert_eq!(&stored.body[..], format!("answer of {key}").as_bytes());
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    #[cfg_attr(
+        not(idem_postgres),
+        ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+    )]
+    async fn one_claim_per_key() {
+        races(GroupCommit::default()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    #[cfg_attr(
+        not(idem_postgres),
+        ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+    )]
+    async fn one_claim_per_key_small_batches() {
+        races(
+            GroupCommit::default()
+                .max_batch(3)
+                .batches_in_flight(3)
+                .batch_alone(true),
+        )
+        .await;
+    }
+
+    /// A batch statement that fails answers every caller its error: no panic, no hang.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[cfg_attr(
+        not(idem_postgres),
+        ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+    )]
+    async fn a_failed_batch_answers_everyone() {
+        let schema = crate::PgSchema::create(&crate::common::pg_url(), 8).await;
+        let store = PgStore::builder()
+            .group_commit(GroupCommit::default().batch_alone(true))
+            .build(schema.pool.clone())
+            .await
+            .unwrap();
+        sqlx::query("DROP TABLE idem_records")
+            .execute(&schema.pool)
+            .await
+            .unwrap();
+        let fp = Fingerprint::of("x").unwrap();
+        let mut tasks = Vec::new();
+        for k in 0..16 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let key = format!("k{k}");
+                store
+                    .begin(BeginRequest {
+                        scope: "s",
+                        key: &key,
+                        fingerprint: &fp,
+                        policy: &Policy::DEFAULT,
+                    })
+                    .await
+            }));
+        }
+        for task in tasks {
+            let result = task.await.expect("no panic");
+            assert!(matches!(result, Err(Error::Store(_))), "{result:?}");
+        }
+        let done = store
+            .complete(
+                ClaimRef {
+                    scope: "s",
+                    key: "k0",
+                    fence: 1,
+                },
+                &StoredResponse {
+                    status: None,
+                    is_error: false,
+                    body: Default::default(),
+                },
+            )
+            .await;
+        assert!(matches!(done, Err(Error::Store(_))), "{done:?}");
+    }
 }

@@ -13,6 +13,8 @@ use std::time::Duration;
 use crate::error::Result;
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
 
+#[cfg(feature = "postgres")]
+mod group;
 pub mod memory;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]

@@ -8,10 +8,11 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
+use crate::store::group::{ClaimJob, ClaimReply, CompleteJob, Group};
 use crate::store::sql::{
-    self, ATTEMPTS, AddColumn, Arg, Columns as _, CurRow, Dialect, DialectStatements, Engine,
+    self, ATTEMPTS, AddColumn, Arg, Columns as _, CurRow, Dialect, DialectStatements, Engine, Next,
     Shared, SqlStoreBuilder, Statements, Types, contention, map_err,
 };
 use crate::store::{Store, TxStore};
@@ -161,6 +162,9 @@ impl Dialect for Pg {
 /// `complete`, `release` and `checkpoint` are one `UPDATE … WHERE fence = $n` each; completion
 /// changes no indexed column, so it is a HOT update on a table with room on its pages.
 ///
+/// With [`group_commit`](SqlStoreBuilder::group_commit), concurrent claims share one multi-row
+/// claim statement and concurrent completions one multi-row `UPDATE` (see [`GroupCommit`]).
+///
 /// ```no_run
 /// # async fn f() -> idem::Result<()> {
 /// let store = idem::PgStore::connect("postgres://postgres@127.0.0.1/app").await?;
@@ -170,17 +174,36 @@ impl Dialect for Pg {
 pub struct PgStore {
     // One pointer: the macro clones the store on every call.
     inner: Arc<Engine<Pg>>,
+    /// Group commit's lanes, when it is on.
+    group: Option<Arc<Group>>,
 }
 
-/// Builds a [`PgStore`]: table name, whether to create the table.
+pub use crate::store::group::GroupCommit;
+
+/// Builds a [`PgStore`]: table name, whether to create the table, group commit.
 pub type PgStoreBuilder = SqlStoreBuilder<PgStore>;
 
 impl SqlStoreBuilder<PgStore> {
+    /// Group commit (default: off): concurrent claims share one multi-row claim statement, and
+    /// concurrent completions one multi-row `UPDATE`, each answering every caller its own
+    /// outcome — one commit for the batch instead of one per request. A request alone is never
+    /// batched and never waits; a batch waits at most [`GroupCommit::max_wait`] for requests
+    /// already in flight. Transactional guards are never batched. `BENCHMARKS.md` ("Group
+    /// commit") has the measurements behind the default.
+    pub fn group_commit(mut self, group_commit: impl Into<Option<GroupCommit>>) -> Self {
+        self.group_commit = group_commit.into();
+        self
+    }
+
     /// A store on an existing pool.
     pub async fn build(self, pool: PgPool) -> Result<PgStore> {
-        Ok(PgStore {
-            inner: self.open(pool.clone(), pool).await?,
-        })
+        let group_commit = self.group_commit;
+        let inner = self.open(pool.clone(), pool).await?;
+        let group = match group_commit {
+            Some(config) => Some(Arc::new(Group::new(inner.clone(), config)?)),
+            None => None,
+        };
+        Ok(PgStore { inner, group })
     }
 
     /// Connects a pool to `url` and builds the store on it.
@@ -198,6 +221,11 @@ impl PgStore {
     /// Connects to `url` and creates the table if missing.
     pub async fn connect(url: &str) -> Result<PgStore> {
         PgStore::builder().connect(url).await
+    }
+
+    /// A store on `inner`, without group commit.
+    fn on_engine(inner: Arc<Engine<Pg>>) -> PgStore {
+        PgStore { inner, group: None }
     }
 
     /// The pool.
@@ -229,13 +257,92 @@ impl PgStore {
     }
 }
 
+impl PgStore {
+    /// `begin` in a batch: the outcome, or `None` for the single-row path (alone, a take-over,
+    /// a record that changed under the batch, no runtime to batch on).
+    async fn begin_batched(
+        &self,
+        group: &Group,
+        req: &BeginRequest<'_>,
+    ) -> Result<Option<BeginOutcome>> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let job = ClaimJob {
+            scope: req.scope.to_owned(),
+            key: req.key.to_owned(),
+            fingerprint: *req.fingerprint.as_bytes(),
+            lease: req.policy.lease,
+            retain: req.policy.retain,
+            reply,
+        };
+        if group.claims.send(job).is_none() {
+            return Ok(None);
+        }
+        // A closed answer: the lane's task is gone (its runtime shut down). The single-row path
+        // sees whatever the batch did, if it ran.
+        let Ok(reply) = rx.await else { return Ok(None) };
+        Ok(match reply? {
+            ClaimReply::Claimed(claimed) => Some(BeginOutcome::Claimed(claimed)),
+            ClaimReply::Found(cur) => match sql::next(req, &cur)? {
+                Next::Answer(outcome) => Some(outcome),
+                // Take-overs (fence + 1) stay on the single-row path.
+                Next::TakeOver { .. } => None,
+            },
+            ClaimReply::Single => None,
+        })
+    }
+
+    /// `complete` in a batch: the answer, or `None` for the single-row path.
+    async fn complete_batched(
+        &self,
+        group: &Group,
+        claim: ClaimRef<'_>,
+        response: &StoredResponse,
+    ) -> Result<Option<()>> {
+        let (job, rx) = CompleteJob::new(claim, response);
+        if group.completions.send(job).is_none() {
+            return Ok(None);
+        }
+        let Ok(reply) = rx.await else { return Ok(None) };
+        match reply? {
+            Some(true) => Ok(Some(())),
+            Some(false) => Err(Error::FenceLost { fence: claim.fence }),
+            None => Ok(None),
+        }
+    }
+}
+
 impl Store for PgStore {
     async fn begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
+        // Counted in flight until answered, so that others know to batch with it.
+        let entered = self
+            .group
+            .as_deref()
+            .map(|group| (group, group.claims.enter()));
+        if let Some((group, entered)) = &entered
+            && !entered.alone
+            && let Some(outcome) = self.begin_batched(group, &req).await?
+        {
+            return Ok(outcome);
+        }
         let mut conn = self.inner.write_conn().await?;
         self.begin_on(&mut conn, req).await
     }
 
-    sql::engine_store_methods!();
+    async fn complete(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
+        let entered = self
+            .group
+            .as_deref()
+            .map(|group| (group, group.completions.enter()));
+        if let Some((group, entered)) = &entered
+            && !entered.alone
+            && let Some(done) = self.complete_batched(group, claim, response).await?
+        {
+            return Ok(done);
+        }
+        self.inner.complete(claim, response).await
+    }
+
+    sql::engine_store_methods!(except complete);
 }
 
 impl PgStore {

@@ -888,6 +888,9 @@ macro_rules! engine_store_methods {
             self.inner.complete(claim, response)
         }
 
+        $crate::store::sql::engine_store_methods!(except complete);
+    };
+    (except complete) => {
         fn release(&self, claim: ClaimRef<'_>) -> impl Future<Output = Result<()>> + Send {
             self.inner.release(claim)
         }
@@ -949,12 +952,10 @@ macro_rules! engine_store_api {
             /// A store on `pool`, with the default table. The table is not created: call
             #[doc = concat!("[`", stringify!($store), "::migrate`], or use the builder.")]
             pub fn new(pool: $pool) -> $store {
-                $store {
-                    inner: Arc::new(
-                        Engine::new(pool.clone(), pool, sql::DEFAULT_TABLE)
-                            .expect("the default table name is valid"),
-                    ),
-                }
+                $store::on_engine(Arc::new(
+                    Engine::new(pool.clone(), pool, sql::DEFAULT_TABLE)
+                        .expect("the default table name is valid"),
+                ))
             }
 
             /// The table name.
@@ -1006,6 +1007,8 @@ pub struct SqlStoreBuilder<S> {
     pub(crate) table: String,
     pub(crate) create_table: bool,
     pub(crate) read_first: bool,
+    #[cfg(feature = "postgres")]
+    pub(crate) group_commit: Option<crate::store::group::GroupCommit>,
     store: PhantomData<fn() -> S>,
 }
 
@@ -1015,6 +1018,8 @@ impl<S> Default for SqlStoreBuilder<S> {
             table: DEFAULT_TABLE.to_owned(),
             create_table: true,
             read_first: false,
+            #[cfg(feature = "postgres")]
+            group_commit: None,
             store: PhantomData,
         }
     }

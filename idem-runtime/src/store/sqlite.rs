@@ -207,6 +207,11 @@ impl SqlStoreBuilder<SqliteStore> {
 }
 
 impl SqliteStore {
+    /// A store on `inner`.
+    fn on_engine(inner: Arc<Engine<Lite>>) -> SqliteStore {
+        SqliteStore { inner }
+    }
+
     /// Opens (creating if missing) the database at `url` and creates the table.
     pub async fn connect(url: &str) -> Result<SqliteStore> {
         SqliteStore::builder().connect(url).await
