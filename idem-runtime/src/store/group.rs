@@ -408,15 +408,15 @@ impl Job for ClaimJob {
         };
         let mut answers: Vec<Option<Result<ClaimReply>>> = batch.iter().map(|_| None).collect();
         for row in &rows {
-            let Some(slot) = row
+            let Some((slot, job)) = row
                 .int8("i")
                 .ok()
                 .and_then(|i| usize::try_from(i - 1).ok())
-                .and_then(|i| answers.get_mut(i))
+                .and_then(|i| Some((answers.get_mut(i)?, batch.get(i)?)))
             else {
                 continue;
             };
-            *slot = Some(claim_answer(row));
+            *slot = Some(claim_answer(row, job));
         }
         for (job, answer) in batch.into_iter().zip(answers) {
             // No row: a concurrent first claim committed after the statement's snapshot (the
@@ -438,16 +438,18 @@ impl Job for ClaimJob {
     }
 }
 
-fn claim_answer(row: &PgRow) -> Result<ClaimReply> {
+fn claim_answer(row: &PgRow, job: &ClaimJob) -> Result<ClaimReply> {
     if row.boolean("inserted").map_err(map_err)? {
         Ok(ClaimReply::Claimed(Engine::<Pg>::first_claim(row)?))
     } else {
-        Ok(ClaimReply::Found(CurRow::read(row)?))
+        Ok(ClaimReply::Found(CurRow::read(row, &job.scope, &job.key)?))
     }
 }
 
-/// A completion waiting for its batch: `Ok(Some(true))` completed, `Ok(Some(false))` the fence
-/// is lost, `Ok(None)` run the single-row path.
+/// A completion waiting for its batch: `Ok(Some(true))` completed by the batch, `Ok(None)` run
+/// the single-row path, which tells a lost fence from a repeat of a completion whose reply was
+/// lost. (`Ok(Some(false))`, the fence is lost, is the single-row path's answer, never a
+/// batch's.)
 pub(crate) struct CompleteJob {
     pub(crate) scope: String,
     pub(crate) key: String,
@@ -531,7 +533,9 @@ impl Job for CompleteJob {
             }
         }
         for (job, done) in batch.into_iter().zip(done) {
-            let _ = job.reply.send(Ok(Some(done)));
+            // Not completed by the batch: the fence is lost, or this completion is a repeat of
+            // one whose reply was lost. The single-row statement tells the two apart.
+            let _ = job.reply.send(Ok(done.then_some(true)));
         }
         Ok(())
     }

@@ -247,7 +247,7 @@ impl PgStore {
             if row.boolean("inserted").map_err(map_err)? {
                 return Ok(BeginOutcome::Claimed(Engine::<Pg>::first_claim(&row)?));
             }
-            let cur = CurRow::read(&row, &req)?;
+            let cur = CurRow::read(&row, req.scope, req.key)?;
             if let Some(outcome) = self.inner.settle(conn, &req, &cur).await? {
                 return Ok(outcome);
             }

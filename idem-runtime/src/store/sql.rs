@@ -388,9 +388,9 @@ pub(crate) struct CurRow {
 }
 
 impl CurRow {
-    /// Reads the row of the record `req` names; an unreadable column (a NULL where a value must
-    /// be, a value of another type) is an error naming the record.
-    pub(crate) fn read(row: &impl Columns, req: &BeginRequest<'_>) -> Result<CurRow> {
+    /// Reads the row of the record `(scope, key)`; an unreadable column (a NULL where a value
+    /// must be, a value of another type) is an error naming the record.
+    pub(crate) fn read(row: &impl Columns, scope: &str, key: &str) -> Result<CurRow> {
         let get = || -> Result<CurRow, sqlx::Error> {
             Ok(CurRow {
                 fence: row.int8("fence")?,
@@ -404,7 +404,7 @@ impl CurRow {
                 lease_stamp: row.int8("lease_stamp")?,
             })
         };
-        get().map_err(|e| within(req.scope, req.key, map_err(e)))
+        get().map_err(|e| within(scope, key, map_err(e)))
     }
 }
 

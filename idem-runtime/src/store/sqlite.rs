@@ -270,7 +270,8 @@ impl SqliteStore {
         if self.inner.read_first && tx.is_none() {
             let mut reader = self.inner.read_conn().await?;
             if let Some(row) = Lite::fetch(&mut reader, select, &key).await?
-                && let Next::Answer(outcome) = sql::next(&req, &CurRow::read(&row, &req)?)?
+                && let Next::Answer(outcome) =
+                    sql::next(&req, &CurRow::read(&row, req.scope, req.key)?)?
             {
                 return Ok(outcome);
             }
@@ -289,7 +290,7 @@ impl SqliteStore {
             let Some(row) = Lite::fetch(conn, select, &key).await? else {
                 continue;
             };
-            let cur = CurRow::read(&row, &req)?;
+            let cur = CurRow::read(&row, req.scope, req.key)?;
             let (reclaim, keep) = match sql::next(&req, &cur)? {
                 Next::Answer(outcome) => return Ok(outcome),
                 Next::TakeOver { reclaim, keep } => (reclaim, keep),
