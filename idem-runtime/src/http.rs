@@ -99,15 +99,7 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
             .headers
             .get(&config.header)
             .ok_or(Error::InvalidKey(KeyError::Missing))?;
-        let text = value.to_str().map_err(|_| {
-            let index = value
-                .as_bytes()
-                .iter()
-                .position(|b| !b.is_ascii_graphic())
-                .unwrap_or(0);
-            Error::InvalidKey(KeyError::InvalidByte { index })
-        })?;
-        Key::parse_with(text, config.policy).map(IdempotencyKey)
+        Key::parse_bytes(value.as_bytes(), config.policy).map(IdempotencyKey)
     }
 }
 
@@ -437,3 +429,4 @@ mod replay_impls {
         }
     }
 }
+
