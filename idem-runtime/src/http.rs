@@ -99,15 +99,7 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
             .headers
             .get(&config.header)
             .ok_or(Error::InvalidKey(KeyError::Missing))?;
-        let text = value.to_str().map_err(|_| {
-            let index = value
-                .as_bytes()
-                .iter()
-                .position(|b| !b.is_ascii_graphic())
-                .unwrap_or(0);
-            Error::InvalidKey(KeyError::InvalidByte { index })
-        })?;
-        Key::parse_with(text, config.policy).map(IdempotencyKey)
+        Key::parse_bytes(value.as_bytes(), config.policy).map(IdempotencyKey)
     }
 }
 
@@ -141,9 +133,14 @@ impl Problem {
         }
     }
 
-    /// Adds an extension member, such as `"currentVersion": 7`.
+    /// Adds an extension member, such as `"currentVersion": 7`. The names of the members
+    /// [`Problem::new`] sets (`type`, `title`, `status`, `code`, `detail`) are ignored: the body
+    /// never carries a member twice, and its `status` is always the response's.
     pub fn with(mut self, name: &str, value: impl Into<serde_json::Value>) -> Self {
-        self.extra.insert(name.to_owned(), value.into());
+        const STANDARD: [&str; 5] = ["type", "title", "status", "code", "detail"];
+        if !STANDARD.contains(&name) {
+            self.extra.insert(name.to_owned(), value.into());
+        }
         self
     }
 
@@ -438,5 +435,25 @@ mod replay_impls {
             };
             Ok((status, Json(value(&stored)?)))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extension_members_never_repeat_a_standard_one() {
+        // Found by fuzzing (fuzz target `problem`): `with("status", …)` wrote a second
+        // `status` member, which most JSON readers take over the first.
+        let p = Problem::new(StatusCode::CONFLICT, "STALE_VERSION", "read it again")
+            .with("status", 500)
+            .with("type", "https://example.com/x")
+            .with("currentVersion", 7);
+        let body = serde_json::to_string(&p).unwrap();
+        assert_eq!(
+            body,
+            r#"{"type":"about:blank","title":"Conflict","status":409,"code":"STALE_VERSION","detail":"read it again","currentVersion":7}"#
+        );
     }
 }

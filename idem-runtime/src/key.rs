@@ -40,7 +40,12 @@ impl KeyPolicy {
 
     /// Checks `raw` against this policy.
     pub fn check(&self, raw: &str) -> Result<(), KeyError> {
-        let bytes = raw.as_bytes();
+        self.check_bytes(raw.as_bytes())
+    }
+
+    /// Checks raw bytes against this policy, in the same order as [`KeyPolicy::check`]: an HTTP
+    /// header's bytes get the same answer whether they are UTF-8 or not.
+    pub(crate) fn check_bytes(&self, bytes: &[u8]) -> Result<(), KeyError> {
         if bytes.is_empty() {
             return Err(KeyError::Empty);
         }
@@ -90,6 +95,20 @@ impl Key {
     pub fn parse_with(raw: &str, policy: KeyPolicy) -> Result<Key, Error> {
         policy.check(raw)?;
         Ok(Key(raw.into()))
+    }
+
+    /// Validates the bytes of a header value with `policy`. Bytes that are not text are refused
+    /// with the error [`KeyPolicy::check`] would give (a key too long is `TooLong`, whatever its
+    /// bytes), so the HTTP extractor and the tower guard answer as `parse_with` does.
+    pub(crate) fn parse_bytes(raw: &[u8], policy: KeyPolicy) -> Result<Key, Error> {
+        policy.check_bytes(raw)?;
+        // Every policy accepts only ASCII, so the check leaves text.
+        match std::str::from_utf8(raw) {
+            Ok(text) => Ok(Key(text.into())),
+            Err(e) => Err(Error::InvalidKey(KeyError::InvalidByte {
+                index: e.valid_up_to(),
+            })),
+        }
     }
 
     /// The key as sent by the client.
@@ -222,6 +241,32 @@ mod tests {
             Err(KeyError::NotUuid)
         );
         assert_eq!(p.check(""), Err(KeyError::Empty));
+    }
+
+    #[test]
+    fn bytes_get_the_answer_text_gets() {
+        // Found by fuzzing (fuzz target `key`): a header too long *and* not text was refused as
+        // `InvalidByte`, where the same policy says `TooLong` for a long string.
+        let mut long = vec![b'k'; 300];
+        long[3] = 0xFF;
+        assert!(matches!(
+            Key::parse_bytes(&long, KeyPolicy::DEFAULT),
+            Err(Error::InvalidKey(KeyError::TooLong { len: 300, max: 255 }))
+        ));
+        assert!(matches!(
+            Key::parse_bytes(b"\xffab", KeyPolicy::Uuid),
+            Err(Error::InvalidKey(KeyError::NotUuid))
+        ));
+        assert!(matches!(
+            Key::parse_bytes(b"ab\x80", KeyPolicy::DEFAULT),
+            Err(Error::InvalidKey(KeyError::InvalidByte { index: 2 }))
+        ));
+        assert_eq!(
+            Key::parse_bytes(b"ab", KeyPolicy::DEFAULT)
+                .unwrap()
+                .as_str(),
+            "ab"
+        );
     }
 
     #[test]

@@ -299,15 +299,7 @@ impl Config {
 
 /// The key in a header value, checked as the `IdempotencyKey` extractor checks it.
 fn key_of(value: &HeaderValue, policy: KeyPolicy) -> Result<Key> {
-    let text = value.to_str().map_err(|_| {
-        let index = value
-            .as_bytes()
-            .iter()
-            .position(|b| !b.is_ascii_graphic())
-            .unwrap_or(0);
-        Error::InvalidKey(KeyError::InvalidByte { index })
-    })?;
-    Key::parse_with(text, policy)
+    Key::parse_bytes(value.as_bytes(), policy)
 }
 
 /// Hashes bytes as one byte string (not as a sequence of numbers).
