@@ -100,6 +100,8 @@ impl Key {
     /// Validates the bytes of a header value with `policy`. Bytes that are not text are refused
     /// with the error [`KeyPolicy::check`] would give (a key too long is `TooLong`, whatever its
     /// bytes), so the HTTP extractor and the tower guard answer as `parse_with` does.
+    // Used by the `axum` and `tower` integrations (and this module's tests).
+    #[cfg_attr(not(any(feature = "axum", feature = "tower")), allow(dead_code))]
     pub(crate) fn parse_bytes(raw: &[u8], policy: KeyPolicy) -> Result<Key, Error> {
         policy.check_bytes(raw)?;
         // Every policy accepts only ASCII, so the check leaves text.
