@@ -288,7 +288,10 @@ impl<'c, A: sqlx::Acquire<'c>> Executor<'c, Holds> for A {
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[diagnostic::do_not_recommend]
 impl<'c, A: Impossible> Executor<'c, Never> for A {
+    #[cfg(feature = "sqlite")]
     type Database = sqlx::Sqlite;
+    #[cfg(not(feature = "sqlite"))]
+    type Database = sqlx::Postgres;
     type Checked = A;
     fn checked(self) -> A {
         self

@@ -227,3 +227,31 @@ impl Store for SharedStore {
         self.0.release_in_background_dyn(scope, key, fence)
     }
 }
+
+/// The body of [`Store::release_in_background`] for stores that release over I/O: spawns
+/// `release(scope, key)` on the current Tokio runtime and logs a failure other than a lost fence
+/// (someone took the claim over, so nothing is left to release). Outside a runtime it logs and
+/// leaves the claim to run out its lease.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+pub(crate) fn spawn_release<F, Fut>(scope: String, key: String, release: F)
+where
+    F: FnOnce(String, String) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<()>> + Send + 'static,
+{
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(
+            target: "idem",
+            scope,
+            key,
+            "a claim was dropped outside a Tokio runtime; it is re-claimed when its lease runs out"
+        );
+        return;
+    };
+    rt.spawn(async move {
+        if let Err(e) = release(scope, key).await
+            && !matches!(e, crate::Error::FenceLost { .. })
+        {
+            tracing::warn!(target: "idem", error = %e, "releasing a dropped claim failed; it is re-claimed when its lease runs out");
+        }
+    });
+}

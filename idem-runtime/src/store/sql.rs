@@ -682,27 +682,14 @@ impl<D: Dialect> Engine<D> {
     /// Releases a dropped claim in the background, on the current Tokio runtime if there is
     /// one.
     pub(crate) fn release_in_background(self: &Arc<Self>, scope: String, key: String, fence: u64) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(
-                target: "idem",
-                scope,
-                key,
-                "a claim was dropped outside a Tokio runtime; it is re-claimed when its lease runs out"
-            );
-            return;
-        };
         let engine = self.clone();
-        rt.spawn(async move {
+        super::spawn_release(scope, key, move |scope, key| async move {
             let claim = ClaimRef {
                 scope: &scope,
                 key: &key,
                 fence,
             };
-            if let Err(e) = engine.release(claim).await
-                && !matches!(e, Error::FenceLost { .. })
-            {
-                tracing::warn!(target: "idem", error = %e, "releasing a dropped claim failed; it is re-claimed when its lease runs out");
-            }
+            engine.release(claim).await
         });
     }
 }

@@ -604,27 +604,14 @@ impl Store for RedisStore {
     }
 
     fn release_in_background(&self, scope: String, key: String, fence: u64) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(
-                target: "idem",
-                scope,
-                key,
-                "a claim was dropped outside a Tokio runtime; it is re-claimed when its lease runs out"
-            );
-            return;
-        };
         let store = self.clone();
-        rt.spawn(async move {
+        super::spawn_release(scope, key, move |scope, key| async move {
             let claim = ClaimRef {
                 scope: &scope,
                 key: &key,
                 fence,
             };
-            if let Err(e) = store.release(claim).await
-                && !matches!(e, Error::FenceLost { .. })
-            {
-                tracing::warn!(target: "idem", error = %e, "releasing a dropped claim failed; it is re-claimed when its lease runs out");
-            }
+            store.release(claim).await
         });
     }
 }
