@@ -389,30 +389,20 @@ impl Job for ClaimJob {
         let fps: Vec<&[u8]> = batch.iter().map(|j| &j.fingerprint[..]).collect();
         let leases: Vec<i64> = batch.iter().map(|j| ms(j.lease)).collect();
         let retains: Vec<i64> = batch.iter().map(|j| ms(j.retain)).collect();
-        let rows = match lane.engine.writer.acquire().await {
-            Ok(mut conn) => {
-                sqlx::query(lane.sql.clone())
-                    .bind(scopes)
-                    .bind(keys)
-                    .bind(fps)
-                    .bind(leases)
-                    .bind(retains)
-                    .fetch_all(&mut *conn)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        let rows: Vec<PgRow> = match rows {
+        let query = sqlx::query(lane.sql.clone())
+            .bind(scopes)
+            .bind(keys)
+            .bind(fps)
+            .bind(leases)
+            .bind(retains);
+        let rows = match fetch(lane, query).await {
             Ok(rows) => rows,
             Err(e) => return Err((batch, e)),
         };
         let mut answers: Vec<Option<Result<ClaimReply>>> = batch.iter().map(|_| None).collect();
         for row in &rows {
-            let Some((slot, job)) = row
-                .int8("i")
-                .ok()
-                .and_then(|i| usize::try_from(i - 1).ok())
-                .and_then(|i| Some((answers.get_mut(i)?, batch.get(i)?)))
+            let Some((slot, job)) =
+                position(row).and_then(|i| Some((answers.get_mut(i)?, batch.get(i)?)))
             else {
                 continue;
             };
@@ -436,6 +426,20 @@ impl Job for ClaimJob {
         }
         Ok(())
     }
+}
+
+/// Runs a batch's statement on a writer connection.
+async fn fetch<'q>(
+    lane: &LaneShared,
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+) -> std::result::Result<Vec<PgRow>, sqlx::Error> {
+    let mut conn = lane.engine.writer.acquire().await?;
+    query.fetch_all(&mut *conn).await
+}
+
+/// The job a row of a batch answers: its `i`, the 1-based ordinal of the job's arrays.
+fn position(row: &PgRow) -> Option<usize> {
+    row.int8("i").ok().and_then(|i| usize::try_from(i - 1).ok())
 }
 
 fn claim_answer(row: &PgRow, job: &ClaimJob) -> Result<ClaimReply> {
@@ -503,32 +507,20 @@ impl Job for CompleteJob {
             .collect();
         let errors: Vec<bool> = batch.iter().map(|j| j.response.is_error).collect();
         let bodies: Vec<&[u8]> = batch.iter().map(|j| &j.response.body[..]).collect();
-        let rows = match lane.engine.writer.acquire().await {
-            Ok(mut conn) => {
-                sqlx::query(lane.sql.clone())
-                    .bind(scopes)
-                    .bind(keys)
-                    .bind(fences)
-                    .bind(statuses)
-                    .bind(errors)
-                    .bind(bodies)
-                    .fetch_all(&mut *conn)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        let rows: Vec<PgRow> = match rows {
+        let query = sqlx::query(lane.sql.clone())
+            .bind(scopes)
+            .bind(keys)
+            .bind(fences)
+            .bind(statuses)
+            .bind(errors)
+            .bind(bodies);
+        let rows = match fetch(lane, query).await {
             Ok(rows) => rows,
             Err(e) => return Err((batch, e)),
         };
         let mut done = vec![false; batch.len()];
         for row in &rows {
-            if let Some(slot) = row
-                .int8("i")
-                .ok()
-                .and_then(|i| usize::try_from(i - 1).ok())
-                .and_then(|i| done.get_mut(i))
-            {
+            if let Some(slot) = position(row).and_then(|i| done.get_mut(i)) {
                 *slot = true;
             }
         }
