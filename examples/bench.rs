@@ -42,6 +42,10 @@ use std::time::{Duration, Instant};
 use idem::{CachedStore, Error, MemoryStore, idempotent};
 use serde::{Deserialize, Serialize};
 
+#[path = "support/pg_schema.rs"]
+mod pg_schema;
+use pg_schema::RunSchema;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Order {
     order_no: String,
@@ -590,7 +594,7 @@ async fn run_variant(
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = args();
     let _file;
-    let mut pg_cleanup: Option<(sqlx::PgPool, String)> = None;
+    let mut pg_cleanup: Option<RunSchema> = None;
     let mut redis_cleanup: Option<(String, String)> = None;
     let target = match a.store.as_str() {
         "memory" => {
@@ -624,27 +628,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "postgres" => {
             let url =
                 std::env::var("DATABASE_URL").map_err(|_| "--store postgres needs DATABASE_URL")?;
-            let schema = format!("idem_bench_{}", std::process::id());
-            let admin = sqlx::PgPool::connect(&url).await?;
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-                .execute(&admin)
-                .await?;
-            pg_cleanup = Some((admin, schema.clone()));
-            let options: sqlx::postgres::PgConnectOptions = url.parse()?;
+            let schema = RunSchema::create(&url, "idem_bench").await?;
+            let options = schema.connect_options(&url)?;
+            pg_cleanup = Some(schema);
             // One connection per task, up to 64: the server's default `max_connections` is 100,
             // and other clients (the tests) share it.
             let pool = sqlx::postgres::PgPoolOptions::new()
                 .max_connections(a.concurrency.min(64) as u32)
                 .connect_with(
-                    options.options([
-                        ("search_path", schema.as_str()),
-                        (
-                            "plan_cache_mode",
-                            std::env::var("PLAN_CACHE_MODE")
-                                .unwrap_or("auto".into())
-                                .as_str(),
-                        ),
-                    ]),
+                    options.options([(
+                        "plan_cache_mode",
+                        std::env::var("PLAN_CACHE_MODE")
+                            .unwrap_or("auto".into())
+                            .as_str(),
+                    )]),
                 )
                 .await?;
             for stmt in SCHEMA {
@@ -680,16 +677,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .await?;
             let pg = match std::env::var("DATABASE_URL") {
                 Ok(pg_url) => {
-                    let schema = format!("idem_bench_{}", std::process::id());
-                    let admin = sqlx::PgPool::connect(&pg_url).await?;
-                    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-                        .execute(&admin)
-                        .await?;
-                    pg_cleanup = Some((admin, schema.clone()));
-                    let options: sqlx::postgres::PgConnectOptions = pg_url.parse()?;
+                    let schema = RunSchema::create(&pg_url, "idem_bench").await?;
+                    let options = schema.connect_options(&pg_url)?;
+                    pg_cleanup = Some(schema);
                     let pool = sqlx::postgres::PgPoolOptions::new()
                         .max_connections(a.concurrency as u32)
-                        .connect_with(options.options([("search_path", schema.as_str())]))
+                        .connect_with(options)
                         .await?;
                     Some(idem::PgStore::builder().build(pool).await?)
                 }
@@ -838,10 +831,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let deleted = delete_prefix(&url, &prefix).await?;
         println!("deleted {deleted} Redis keys under {prefix}");
     }
-    if let Some((admin, schema)) = pg_cleanup {
-        sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-            .execute(&admin)
-            .await?;
+    if let Some(schema) = pg_cleanup {
+        schema.drop().await?;
     }
     Ok(())
 }

@@ -19,7 +19,6 @@
 //!
 //! The run works in a PostgreSQL schema and JetStream streams of its own, and removes them.
 
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::pull, message::PublishMessage};
@@ -27,7 +26,11 @@ use bytes::Bytes;
 use idem::consumer::nats::JetStreamSource;
 use idem::consumer::{Consumer, HandlerError, Message};
 use idem::{PgStore, idempotent};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
+
+#[path = "support/pg_schema.rs"]
+mod pg_schema;
+use pg_schema::RunSchema;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -203,12 +206,8 @@ async fn main() -> Result<(), BoxError> {
     let nats = std::env::var("NATS_URL").map_err(|_| "set NATS_URL")?;
     let db = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL (PostgreSQL)")?;
     let prefix = format!("CBENCH_{}", std::process::id());
-    let schema = prefix.to_lowercase();
-    let admin = sqlx::PgPool::connect(&db).await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-        .execute(&admin)
-        .await?;
-    let options = PgConnectOptions::from_str(&db)?.options([("search_path", schema.as_str())]);
+    let schema = RunSchema::create(&db, "cbench").await?;
+    let options = schema.connect_options(&db)?;
     let pool = PgPoolOptions::new()
         .max_connections(u32::try_from(args.concurrency).unwrap_or(32).min(40))
         .connect_with(options)
@@ -275,8 +274,6 @@ async fn main() -> Result<(), BoxError> {
         let name = s.cached_info().config.name.clone();
         let _ = js.delete_stream(&name).await;
     }
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-        .execute(&admin)
-        .await?;
+    schema.drop().await?;
     Ok(())
 }

@@ -34,6 +34,10 @@ use std::time::{Duration, Instant};
 use idem::{Error, idempotent};
 use serde::{Deserialize, Serialize};
 
+#[path = "support/pg_schema.rs"]
+mod pg_schema;
+use pg_schema::RunSchema;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Answer {
     key: String,
@@ -240,16 +244,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "postgres" => {
             let url =
                 std::env::var("DATABASE_URL").map_err(|_| "--store postgres needs DATABASE_URL")?;
-            let schema = format!("idem_scale_{}", std::process::id());
-            let admin = sqlx::PgPool::connect(&url).await?;
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-                .execute(&admin)
-                .await?;
-            pg_cleanup = Some((admin, schema.clone()));
-            let options: sqlx::postgres::PgConnectOptions = url.parse()?;
+            let schema = RunSchema::create(&url, "idem_scale").await?;
+            let options = schema.connect_options(&url)?;
+            pg_cleanup = Some(schema);
             let pool = sqlx::postgres::PgPoolOptions::new()
                 .max_connections(a.concurrency.max(2) as u32 + 1)
-                .connect_with(options.options([("search_path", schema.as_str())]))
+                .connect_with(options)
                 .await?;
             Target::Postgres(idem::PgStore::builder().build(pool).await?)
         }
@@ -268,10 +268,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         other => Err(format!("unknown mode {other}: growth or purge").into()),
     };
 
-    if let Some((admin, schema)) = pg_cleanup {
-        sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-            .execute(&admin)
-            .await?;
+    if let Some(schema) = pg_cleanup {
+        schema.drop().await?;
     }
     result
 }
