@@ -444,6 +444,11 @@ struct Driver {
 }
 
 impl Driver {
+    /// Replays answered so far, over every key.
+    fn replays(&self) -> u32 {
+        self.seen.lock().unwrap().values().map(|s| s.replays).sum()
+    }
+
     fn base(&self, rng: &mut Rng) -> Option<String> {
         let live: Vec<String> = self
             .bases
@@ -634,13 +639,7 @@ async fn crash_loop<S: Store>(
     // Every key to its answer (claims cut by the last kills are taken over after the lease),
     // then once more: now every key must replay.
     for round in ["drive", "replay"] {
-        let replays_before: u32 = driver
-            .seen
-            .lock()
-            .unwrap()
-            .values()
-            .map(|s| s.replays)
-            .sum();
+        let replays_before = driver.replays();
         let tasks: Vec<_> = (0..CLIENTS)
             .map(|c| {
                 let driver = driver.clone();
@@ -661,13 +660,7 @@ async fn crash_loop<S: Store>(
             .await
             .unwrap_or_else(|_| panic!("{kind}: {round}: some key was not answered within 60 s"));
         if round == "replay" {
-            let replays: u32 = driver
-                .seen
-                .lock()
-                .unwrap()
-                .values()
-                .map(|s| s.replays)
-                .sum();
+            let replays = driver.replays();
             assert_eq!(
                 (replays - replays_before) as usize,
                 keys,
