@@ -42,6 +42,8 @@ use std::time::{Duration, Instant};
 use idem::{CachedStore, Error, MemoryStore, idempotent};
 use serde::{Deserialize, Serialize};
 
+#[path = "support/cli.rs"]
+mod cli;
 #[path = "support/pg_schema.rs"]
 mod pg_schema;
 use pg_schema::RunSchema;
@@ -488,6 +490,11 @@ struct Args {
     group_wait_us: u64,
 }
 
+const USAGE: &str = "\
+usage: bench --store sqlite|postgres|memory|redis [--concurrency N] [--seconds S] [--rounds R]
+             [--variants a,b] [--read-first true|false] [--group-wait-us N]
+(what each variant measures: the header of examples/bench.rs)";
+
 fn args() -> Args {
     let mut a = Args {
         store: "sqlite".into(),
@@ -500,7 +507,10 @@ fn args() -> Args {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let value = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        if flag == "--help" || flag == "-h" {
+            cli::usage(USAGE, None);
+        }
+        let value = cli::value(&mut it, &flag, USAGE);
         match flag.as_str() {
             "--store" => a.store = value,
             "--concurrency" => a.concurrency = value.parse().expect("--concurrency N"),
@@ -509,7 +519,7 @@ fn args() -> Args {
             "--variants" => a.only = Some(value.split(',').map(str::to_owned).collect()),
             "--read-first" => a.read_first = value.parse().expect("--read-first true|false"),
             "--group-wait-us" => a.group_wait_us = value.parse().expect("--group-wait-us N"),
-            other => panic!("unknown flag {other}; see the header of examples/bench.rs"),
+            other => cli::usage(USAGE, Some(&format!("unknown flag {other}"))),
         }
     }
     a

@@ -34,6 +34,8 @@ use std::time::{Duration, Instant};
 use idem::{Error, idempotent};
 use serde::{Deserialize, Serialize};
 
+#[path = "support/cli.rs"]
+mod cli;
 #[path = "support/pg_schema.rs"]
 mod pg_schema;
 use pg_schema::RunSchema;
@@ -201,6 +203,11 @@ struct Args {
     concurrency: usize,
 }
 
+const USAGE: &str = "\
+usage: scale --store postgres|sqlite growth [--sizes 100000,1000000,10000000] [--samples N]
+       scale --store postgres|sqlite purge [--expired 1000000] [--concurrency C]
+(what each mode measures: the header of examples/scale.rs)";
+
 fn args() -> Args {
     let mut a = Args {
         store: "sqlite".into(),
@@ -212,11 +219,14 @@ fn args() -> Args {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            cli::usage(USAGE, None);
+        }
         if !flag.starts_with("--") {
             a.mode = flag;
             continue;
         }
-        let value = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        let value = cli::value(&mut it, &flag, USAGE);
         match flag.as_str() {
             "--store" => a.store = value,
             "--sizes" => {
@@ -229,7 +239,7 @@ fn args() -> Args {
             "--samples" => a.samples = value.parse().expect("--samples N"),
             "--expired" => a.expired = value.parse().expect("--expired N"),
             "--concurrency" => a.concurrency = value.parse().expect("--concurrency C"),
-            other => panic!("unknown flag {other}; see the header of examples/scale.rs"),
+            other => cli::usage(USAGE, Some(&format!("unknown flag {other}"))),
         }
     }
     a
