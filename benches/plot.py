@@ -27,8 +27,12 @@ def fields(line):
 
 
 def read(path, tag):
+    """The `tag` lines of a benchmark's output, as fields; exits when there is none."""
     with open(path, encoding="utf-8") as f:
-        return [fields(l) for l in f if l.startswith(tag + " ")]
+        rows = [fields(l) for l in f if l.startswith(tag + " ")]
+    if not rows:
+        sys.exit(f"no {tag} lines in {path}")
+    return rows
 
 
 def nice_max(v):
@@ -111,8 +115,6 @@ def svg(title, xlabel, ylabel, series, xs):
 
 def curve(path):
     rows = read(path, "CURVE")
-    if not rows:
-        sys.exit(f"no CURVE lines in {path}")
     store = rows[0]["store"]
     series = {}
     for r in rows:
@@ -131,8 +133,6 @@ def curve(path):
 
 def growth(path):
     rows = read(path, "GROWTH")
-    if not rows:
-        sys.exit(f"no GROWTH lines in {path}")
     store = rows[0]["store"]
     series = {}
     for r in rows:
