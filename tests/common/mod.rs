@@ -324,3 +324,16 @@ impl Drop for JsStreams {
         .join();
     }
 }
+
+/// `sha256=<hex>`: the HMAC-SHA256 of `body` under `secret`, as the refund service's payment
+/// gateway signs its callbacks (`X-Gateway-Signature`).
+pub fn gateway_signature(secret: &[u8], body: &str) -> String {
+    use hmac::{KeyInit, Mac};
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).expect("any key length");
+    mac.update(body.as_bytes());
+    let tag = mac.finalize().into_bytes();
+    format!(
+        "sha256={}",
+        tag.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    )
+}
