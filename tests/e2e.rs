@@ -129,16 +129,10 @@ async fn redis() -> Server {
     }
 }
 
-/// `DATABASE_URL` with the test's own schema as the search path.
-fn pg_url_in(url: &str, schema: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}options=-c%20search_path%3D{schema}")
-}
-
 async fn postgres() -> Server {
     let url = common::pg_url();
     let schema = common::PgSchema::create(&url, 2).await;
-    let db_url = pg_url_in(&url, &schema.name);
+    let db_url = schema.scoped_url();
     let base = serve(&db_url).await;
     Server {
         base,
@@ -683,24 +677,6 @@ e2e!(on_sqlite, sqlite);
 e2e!(on_postgres, postgres, #[cfg_attr(not(idem_postgres), ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…")]);
 e2e!(on_redis, redis, #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]);
 
-/// The example's binary, built by `cargo test` (or built here when only this test is run).
-fn example_binary() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let bin = dir
-        .join("examples")
-        .join(format!("refund_service{}", std::env::consts::EXE_SUFFIX));
-    if !bin.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "--example", "refund_service"])
-            .status()
-            .unwrap();
-        assert!(status.success(), "could not build the example");
-    }
-    bin
-}
-
 struct Process(Child);
 
 impl Drop for Process {
@@ -719,7 +695,7 @@ const PROCESS_SECRET: &str = "e2e-webhook-secret";
 
 /// The example's binary on `database_url`, with more environment (`IDEM_STORE_URL`, …).
 fn spawn_server_with(database_url: &str, env: &[(&str, &str)]) -> (Process, String) {
-    let mut child = Command::new(example_binary())
+    let mut child = Command::new(common::example_binary("refund_service"))
         .env("IDEM_ADDR", "127.0.0.1:0")
         .env("DATABASE_URL", database_url)
         .env(app::WEBHOOK_SECRET_VAR, PROCESS_SECRET)
@@ -752,7 +728,7 @@ fn spawn_server_with(database_url: &str, env: &[(&str, &str)]) -> (Process, Stri
 async fn two_server_processes_share_postgres() {
     let url = common::pg_url();
     let schema = common::PgSchema::create(&url, 2).await;
-    let db_url = pg_url_in(&url, &schema.name);
+    let db_url = schema.scoped_url();
     let (_a, base_a) = spawn_server(&db_url);
     let (_b, base_b) = spawn_server(&db_url);
     sixty_posts_make_one_order(&schema, &base_a, &base_b).await;
@@ -769,7 +745,7 @@ async fn two_server_processes_share_a_redis_cluster() {
     let (url, nodes) = (common::pg_url(), common::redis_cluster());
     let keys = common::RedisKeys::new(&nodes);
     let schema = common::PgSchema::create(&url, 2).await;
-    let db_url = pg_url_in(&url, &schema.name);
+    let db_url = schema.scoped_url();
     let env = [
         ("IDEM_STORE_URL", &nodes.join(",")[..]),
         ("IDEM_STORE_PREFIX", &keys.prefix[..]),
@@ -925,7 +901,7 @@ async fn logs_to_a_pipe_are_plain_text_with_messages() {
     use std::io::Read;
 
     let file = common::SqliteFile::new();
-    let mut child = Command::new(example_binary())
+    let mut child = Command::new(common::example_binary("refund_service"))
         .env("IDEM_ADDR", "127.0.0.1:0")
         .env("DATABASE_URL", &file.url)
         .env("RUST_LOG", "info")

@@ -124,11 +124,5 @@ async fn on_sqlite() {
 )]
 async fn on_postgres() {
     let schema = common::PgSchema::create(&common::pg_url(), 4).await;
-    let url = format!(
-        "{}{}options=-c%20search_path%3D{}",
-        schema.url,
-        if schema.url.contains('?') { "&" } else { "?" },
-        schema.name
-    );
-    transitions_announce_themselves_once(serve(&url).await).await;
+    transitions_announce_themselves_once(serve(&schema.scoped_url()).await).await;
 }

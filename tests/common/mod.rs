@@ -65,6 +65,13 @@ impl PgSchema {
         }
     }
 
+    /// A connection URL whose sessions see only this schema (`search_path`), for a program
+    /// that takes `DATABASE_URL`.
+    pub fn scoped_url(&self) -> String {
+        let sep = if self.url.contains('?') { '&' } else { '?' };
+        format!("{}{sep}options=-c%20search_path%3D{}", self.url, self.name)
+    }
+
     /// A new pool whose connections see only `schema` (through `search_path`).
     pub async fn pool_for(url: &str, schema: &str, max_connections: u32) -> PgPool {
         let options = PgConnectOptions::from_str(url)
@@ -336,4 +343,23 @@ pub fn gateway_signature(secret: &[u8], body: &str) -> String {
         "sha256={}",
         tag.iter().map(|b| format!("{b:02x}")).collect::<String>()
     )
+}
+
+/// The binary of the example `name`, built by `cargo test` (or built here when only one test
+/// is run).
+pub fn example_binary(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let bin = dir
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args(["build", "--example", name])
+            .status()
+            .unwrap();
+        assert!(status.success(), "could not build the example {name}");
+    }
+    bin
 }
