@@ -943,3 +943,33 @@ async fn logs_to_a_pipe_are_plain_text_with_messages() {
         .unwrap_or_else(|| panic!("no key reuse logged:\n{log}"));
     assert!(reuse.contains("different fingerprint"), "{reuse}");
 }
+
+/// `--help` prints the settings and serves nothing; an unknown argument is an error, exit 2.
+#[test]
+fn help_prints_the_settings_instead_of_serving() {
+    let bin = common::example_binary("refund_service");
+    let out = Command::new(&bin)
+        .arg("--help")
+        .env("IDEM_ADDR", "127.0.0.1:0")
+        .output()
+        .expect("run the example");
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for setting in [
+        "DATABASE_URL",
+        "IDEM_STORE_URL",
+        "IDEM_ADDR",
+        "NATS_URL",
+        "PAYMENT_WEBHOOK_SECRET",
+    ] {
+        assert!(text.contains(setting), "--help names {setting}: {text}");
+    }
+    assert!(!text.contains("listening"), "--help does not serve: {text}");
+    let out = Command::new(&bin)
+        .arg("--port=80")
+        .env("IDEM_ADDR", "127.0.0.1:0")
+        .output()
+        .expect("run the example");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("takes no arguments"));
+}

@@ -345,8 +345,8 @@ pub fn gateway_signature(secret: &[u8], body: &str) -> String {
     )
 }
 
-/// The binary of the example `name`, built by `cargo test` (or built here when only one test
-/// is run).
+/// The binary of the example `name` of the `idem-examples` package, built by `cargo test
+/// --workspace` (or built here when it is missing, as when only this package's tests run).
 pub fn example_binary(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap();
@@ -356,7 +356,7 @@ pub fn example_binary(name: &str) -> std::path::PathBuf {
     if !bin.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = std::process::Command::new(cargo)
-            .args(["build", "--example", name])
+            .args(["build", "-p", "idem-examples", "--example", name])
             .status()
             .unwrap();
         assert!(status.success(), "could not build the example {name}");

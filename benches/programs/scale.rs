@@ -206,7 +206,7 @@ struct Args {
 const USAGE: &str = "\
 usage: scale --store postgres|sqlite growth [--sizes 100000,1000000,10000000] [--samples N]
        scale --store postgres|sqlite purge [--expired 1000000] [--concurrency C]
-(what each mode measures: the header of examples/scale.rs)";
+(what each mode measures: the header of benches/programs/scale.rs)";
 
 fn args() -> Args {
     let mut a = Args {
