@@ -133,8 +133,10 @@ fn is_in_memory(url: &str) -> bool {
 /// timeout and creates the table. Several processes may share one file: claims are decided by
 /// SQLite's unique index and conditional updates, never by reading first.
 ///
-/// `begin` reads the record first, so a replay never takes SQLite's write lock; a first claim
-/// is then one `INSERT … ON CONFLICT DO NOTHING`.
+/// `begin` inserts first, on the writer, as a hand-written guard does: a new key is one
+/// `INSERT … ON CONFLICT DO NOTHING`, an existing one that insert (which does nothing) and a
+/// `SELECT` on the same connection. With [`read_first`](SqlStoreBuilder::read_first) it reads
+/// first on the readers instead, so that replays never wait for the writer.
 ///
 /// ```no_run
 /// # async fn f() -> idem::Result<()> {
