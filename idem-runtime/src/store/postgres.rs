@@ -101,9 +101,16 @@ impl Dialect for Pg {
         }
     }
 
-    fn migration_lock() -> Option<SqlStr> {
+    fn migration_start() -> Option<SqlStr> {
+        // `IF NOT EXISTS` on what exists already says so in a NOTICE ("column … already exists,
+        // skipping"), which sqlx logs: a migration that has nothing to do stays silent, for this
+        // transaction only.
         Some(
-            AssertSqlSafe(format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")).into_sql_str(),
+            AssertSqlSafe(format!(
+                "SELECT set_config('client_min_messages', 'warning', true), \
+                 pg_advisory_xact_lock({MIGRATION_LOCK})"
+            ))
+            .into_sql_str(),
         )
     }
 

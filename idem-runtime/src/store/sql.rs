@@ -73,8 +73,9 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     fn stamp(col: &str) -> String;
     /// The first-claim statement(s) and the purge, which the databases write differently.
     fn statements(t: &str, shared: &Shared) -> DialectStatements;
-    /// A statement run before the table is created, inside the migration's transaction.
-    fn migration_lock() -> Option<SqlStr>;
+    /// A statement run first in a migration's transaction, before any table is created: what
+    /// serialises concurrent migrations where the transaction does not, and keeps them quiet.
+    fn migration_start() -> Option<SqlStr>;
     /// Adds `column` (`definition` after its name) to a table created before it existed: the
     /// statement, and, where the database cannot say `IF NOT EXISTS`, a query whose `present`
     /// column counts the column if it is there already.
@@ -504,7 +505,7 @@ impl<D: Dialect> Engine<D> {
             }
         }
         let mut tx = self.begin_transaction().await?;
-        for stmt in D::migration_lock().iter().chain(&self.sql.create) {
+        for stmt in D::migration_start().iter().chain(&self.sql.create) {
             D::fetch(&mut tx, stmt, &[]).await?;
         }
         for add in &self.sql.upgrade {

@@ -88,7 +88,7 @@ impl Dialect for Lite {
         }
     }
 
-    fn migration_lock() -> Option<SqlStr> {
+    fn migration_start() -> Option<SqlStr> {
         // `BEGIN IMMEDIATE` already serialises migrations, across processes too.
         None
     }
