@@ -172,6 +172,11 @@ impl Dialect for Pg {
 /// With [`group_commit`](SqlStoreBuilder::group_commit), concurrent claims share one multi-row
 /// claim statement and concurrent completions one multi-row `UPDATE` (see [`GroupCommit`]).
 ///
+/// Expired records are deleted in the background, once a minute by default, in batches of
+/// 10,000 that lock only the rows they delete; see [Retention](SqlStoreBuilder#retention) for
+/// the interval and the opt-out. Several instances on one table may all purge: a record is
+/// deleted once.
+///
 /// ```no_run
 /// # async fn f() -> idem::Result<()> {
 /// let store = idem::PgStore::connect("postgres://postgres@127.0.0.1/app").await?;

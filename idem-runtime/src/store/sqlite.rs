@@ -138,6 +138,10 @@ fn is_in_memory(url: &str) -> bool {
 /// `SELECT` on the same connection. With [`read_first`](SqlStoreBuilder::read_first) it reads
 /// first on the readers instead, so that replays never wait for the writer.
 ///
+/// Expired records are deleted in the background, once a minute by default, in batches of
+/// 1,000 between which live claims take the writer; see [Retention](SqlStoreBuilder#retention)
+/// for the interval and the opt-out.
+///
 /// ```no_run
 /// # async fn f() -> idem::Result<()> {
 /// let store = idem::SqliteStore::connect("sqlite://idem.db").await?;
