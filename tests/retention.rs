@@ -1,7 +1,7 @@
 //! Records expire by default: the SQL stores purge expired records in the background with
 //! nothing started by the user (SQLite, and PostgreSQL in a schema of its own), the opt-out
 //! keeps them, the purge task ends with the last handle of its store and survives a failing
-//! round.
+//! round; the memory store purges as it is used.
 
 mod common;
 
@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem::{
-    BeginOutcome, BeginRequest, ClaimRef, Fingerprint, PgStore, Policy, SqliteStore, Store,
-    StoredResponse,
+    BeginOutcome, BeginRequest, ClaimRef, Fingerprint, ManualClock, MemoryStore, PgStore, Policy,
+    SqliteStore, Store, StoredResponse,
 };
 
 /// Leases and retention short enough for a test to outlive them.
@@ -278,4 +278,21 @@ async fn postgres_without_background_purge_keeps_expired_records() {
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     assert_eq!(pg_rows(&schema.pool).await, 20, "nothing purged");
     assert_eq!(store.purge_expired().await.unwrap(), 20);
+}
+
+/// The memory store purges as it is used: the first claim a minute after the last purge
+/// removes every expired record, whichever shard it is in.
+#[tokio::test]
+async fn the_memory_store_purges_as_it_is_used() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    write(&store, "short", 500, &SHORT).await;
+    write(&store, "long", 1, &Policy::DEFAULT).await;
+    clock.advance(Duration::from_secs(30));
+    write(&store, "next", 1, &Policy::DEFAULT).await;
+    assert_eq!(store.len(), 502, "not a minute yet: nothing purged");
+    clock.advance(Duration::from_secs(31));
+    write(&store, "later", 1, &Policy::DEFAULT).await;
+    assert_eq!(store.len(), 3, "the expired records left");
+    assert_eq!(store.purge_expired().await.unwrap(), 0);
 }
