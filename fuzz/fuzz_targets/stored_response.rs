@@ -296,13 +296,15 @@ fuzz_target!(|input: Input| {
     *w.store.0.lock().unwrap() = Some(stored.clone());
     w.rt.block_on(async {
         // The tower guard.
-        let svc = GuardLayer::new(w.store.clone()).layer(tower::service_fn(
-            |_: Request<GuardBody<Full<Bytes>>>| async {
-                panic!("the inner service ran on a replay");
-                #[allow(unreachable_code)]
-                Ok::<Response<Full<Bytes>>, Infallible>(Response::new(Full::default()))
-            },
-        ));
+        let svc = GuardLayer::new(w.store.clone())
+            .allow_anonymous()
+            .layer(tower::service_fn(
+                |_: Request<GuardBody<Full<Bytes>>>| async {
+                    panic!("the inner service ran on a replay");
+                    #[allow(unreachable_code)]
+                    Ok::<Response<Full<Bytes>>, Infallible>(Response::new(Full::default()))
+                },
+            ));
         let req = Request::post("/orders")
             .header("idempotency-key", "k-1")
             .body(Full::new(Bytes::from_static(b"{}")))
