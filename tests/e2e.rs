@@ -192,6 +192,7 @@ macro_rules! e2e {
 
                 let r = c.get(s.url(&format!("/api/orders/by-key/{key}"))).send().await.unwrap();
                 assert_eq!(r.status(), StatusCode::OK);
+                assert_eq!(r.headers()["cache-control"], "no-store");
                 assert_eq!(r.text().await.unwrap(), first);
                 let r = c.get(s.url("/api/orders/by-key/never-sent")).send().await.unwrap();
                 assert_eq!(r.status(), StatusCode::NOT_FOUND);

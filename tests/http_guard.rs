@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER};
+use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
@@ -267,6 +267,7 @@ async fn the_first_call_runs_and_the_retry_replays_status_chosen_headers_and_byt
         first.headers["x-trace"], "trace-1",
         "a first answer keeps every header"
     );
+    assert!(first.headers.get(CACHE_CONTROL).is_none());
     assert_eq!(first.json()["order"], 1);
 
     for _ in 0..3 {
@@ -276,6 +277,10 @@ async fn the_first_call_runs_and_the_retry_replays_status_chosen_headers_and_byt
         assert_eq!(again.body, first.body, "byte for byte");
         assert_eq!(again.headers[CONTENT_TYPE], "application/json");
         assert_eq!(again.headers[LOCATION], "/orders/1");
+        assert_eq!(
+            again.headers[CACHE_CONTROL], "no-store",
+            "one caller's answer, for no cache to share"
+        );
         assert!(
             again.headers.get("x-trace").is_none(),
             "only the chosen headers are stored"
@@ -307,6 +312,29 @@ async fn stored_headers_are_configurable_and_every_value_is_kept() {
     assert!(again.headers.get(LOCATION).is_none());
     assert_eq!(&again.body[..], b"queued");
     assert_eq!(inner.calls(), 1);
+}
+
+/// A stored `Cache-Control` gives way to `no-store` on a replay: a cache may keep the first
+/// answer as the service said, never a replay.
+#[tokio::test]
+async fn a_replay_is_never_cacheable() {
+    let inner = Inner::new(|_, _| {
+        Ok(Response::builder()
+            .status(StatusCode::OK)
+            .header(CACHE_CONTROL, "public, max-age=600")
+            .body(TestBody::full("done"))
+            .unwrap())
+    });
+    let layer = GuardLayer::new(MemoryStore::new())
+        .allow_anonymous()
+        .stored_headers([CACHE_CONTROL]);
+    let svc = guarded(layer, &inner);
+    let first = send(&svc, post("/jobs", Some(KEY), "x")).await;
+    assert_eq!(first.headers[CACHE_CONTROL], "public, max-age=600");
+    let again = send(&svc, post("/jobs", Some(KEY), "x")).await;
+    assert!(again.replayed());
+    let values: Vec<_> = again.headers.get_all(CACHE_CONTROL).iter().collect();
+    assert_eq!(values, ["no-store"]);
 }
 
 #[tokio::test]

@@ -26,7 +26,7 @@ use std::task::{Context, Poll};
 use axum::body::Body;
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request, StatusCode};
 
@@ -182,18 +182,30 @@ impl<T: IntoResponse> IntoResponse for crate::replay::Idempotent<T> {
         let replayed = self.is_replay();
         let mut resp = self.into_inner().into_response();
         if replayed {
-            resp.headers_mut()
-                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            mark_replayed(resp.headers_mut());
         }
         resp
     }
 }
 
-/// The answer for a client recovering from a timeout, asking whether its request happened:
-/// 200 with the stored result when it completed, 409 with `Retry-After` while it runs, 404 when
-/// nothing is known (safe to send the request again with the same key).
+/// Marks an answer as a replay: `Idempotent-Replayed: true`, and `Cache-Control: no-store`, for
+/// it is one caller's stored answer, never something a cache on the way may keep and share.
+fn mark_replayed(headers: &mut http::HeaderMap) {
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+}
+
+/// The answer for a client recovering from a timeout, asking whether its request happened.
+///
+/// - Completed: 200 with the stored answer's bytes, `Idempotent-Replayed: true`.
+/// - In progress: 409 `REQUEST_IN_PROGRESS` with `Retry-After`.
+/// - Unknown: 404 `IDEMPOTENCY_KEY_NOT_FOUND` (safe to send the request again with the same
+///   key).
+///
+/// Every answer, whatever its status, carries `Cache-Control: no-store`: it is about one
+/// caller's request, and changes as the request runs.
 pub async fn lookup<S: Store>(store: &S, scope: &str, key: &Key) -> Response {
-    match store.lookup(scope, key.as_str()).await {
+    let mut resp = match store.lookup(scope, key.as_str()).await {
         Err(e) => e.into_response(),
         Ok(None) => problem(
             StatusCode::NOT_FOUND,
@@ -205,8 +217,7 @@ pub async fn lookup<S: Store>(store: &S, scope: &str, key: &Key) -> Response {
                 let mut resp = Response::new(Body::from(stored.body));
                 resp.headers_mut()
                     .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-                resp.headers_mut()
-                    .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+                mark_replayed(resp.headers_mut());
                 resp
             }
             _ => Error::InProgress {
@@ -215,7 +226,10 @@ pub async fn lookup<S: Store>(store: &S, scope: &str, key: &Key) -> Response {
             }
             .into_response(),
         },
-    }
+    };
+    resp.headers_mut()
+        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
 }
 
 /// A tower layer for idempotent axum handlers: a response that is a replayed answer is sent
@@ -348,9 +362,7 @@ async fn answer_replay(
         parts.status = status;
     }
     parts.headers.remove(CONTENT_LENGTH);
-    parts
-        .headers
-        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    mark_replayed(&mut parts.headers);
     Response::from_parts(parts, Body::from(stored.body))
 }
 

@@ -70,7 +70,9 @@
 //!    (below), the fingerprint with [`Fingerprinter`] from the method, the path with its query
 //!    and the body bytes, and the lifecycle begins ([`flow::begin`](crate::flow::begin)):
 //!    - a completed record with the same fingerprint is replayed: its status, its stored headers
-//!      and its body bytes, with `Idempotent-Replayed: true`; the inner service is not called;
+//!      and its body bytes, with `Idempotent-Replayed: true` and `Cache-Control: no-store` (a
+//!      replay is one caller's answer, never for a cache to share); the inner service is not
+//!      called;
 //!    - another fingerprint under the same key: 422 `KEY_REUSED_WITH_DIFFERENT_BODY`;
 //!    - a live claim: 409 `REQUEST_IN_PROGRESS` with `Retry-After`;
 //!    - an unavailable store: 503 `IDEMPOTENCY_STORE_UNAVAILABLE` with `Retry-After`.
@@ -147,7 +149,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
+use http::header::{CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
@@ -710,6 +712,10 @@ fn replay<B>(stored: StoredHttpResponse) -> Response<GuardBody<B>> {
     *resp.headers_mut() = headers;
     resp.headers_mut()
         .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    // One caller's stored answer: no cache on the way may keep it (a stored `Cache-Control`
+    // gives way).
+    resp.headers_mut()
+        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp
 }
 
