@@ -854,11 +854,28 @@ async fn a_stored_answer_that_cannot_be_decoded_is_500_never_garbage() {
             .unwrap(),
         Begun::Replay(_) => unreachable!("a new store"),
     }
+    let log = Log::default();
+    let _logging = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer({
+                let log = log.clone();
+                move || log.clone()
+            })
+            .with_ansi(false)
+            .finish(),
+    );
     let inner = Inner::orders();
     let svc = guarded(GuardLayer::new(store).allow_anonymous(), &inner);
     let r = send(&svc, post("/orders", Some(KEY), "{}")).await;
     assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(r.code(), "IDEMPOTENCY_INTERNAL_ERROR");
+    // The log names the record; the client is told no more than that the guard failed.
+    let logged = log.text();
+    assert!(
+        logged.contains("http:POST:%2Forders") && logged.contains(KEY),
+        "{logged}"
+    );
+    assert_eq!(r.json()["detail"], "the idempotency guard failed");
     assert_eq!(
         inner.calls(),
         0,
@@ -867,6 +884,26 @@ async fn a_stored_answer_that_cannot_be_decoded_is_500_never_garbage() {
 }
 
 /// The body's bytes as the guard fingerprints them: one byte string.
+/// A captured log.
+#[derive(Clone, Default)]
+struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Log {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
 fn serde_bytes_like(b: &'static [u8]) -> impl serde::Serialize {
     struct B(&'static [u8]);
     impl serde::Serialize for B {

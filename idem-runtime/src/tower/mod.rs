@@ -621,7 +621,21 @@ where
         Ok(Begun::Replay(stored)) => {
             return Ok(match StoredHttpResponse::decode(&stored) {
                 Ok(answer) => replay(answer),
-                Err(e) => problem(&e),
+                Err(e) => {
+                    // Which record cannot be read, for the log; the client is told no more
+                    // than that the guard failed.
+                    let scope = config
+                        .scope(&parts, principal.as_deref())
+                        .unwrap_or_default();
+                    let key = parts.headers.get(&config.header);
+                    let what = match e {
+                        Error::Decode(what) => what,
+                        other => other.to_string(),
+                    };
+                    problem(&Error::Decode(format!(
+                        "record (scope {scope:?}, key {key:?}): {what}"
+                    )))
+                }
             });
         }
         Err(e) => return Ok(problem(&e)),
