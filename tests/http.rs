@@ -169,9 +169,10 @@ async fn idempotent_responses_say_replayed_even_without_the_layer() {
     assert_eq!(again.text().await.unwrap(), "7");
 }
 
-/// A replay and every answer of the lookup are `Cache-Control: no-store`.
+/// A replay and every answer of the lookup are `Cache-Control: no-store`; the lookup answers a
+/// completed record with the status it was first answered with.
 #[tokio::test]
-async fn replays_and_lookups_are_not_cached() {
+async fn replays_and_lookups_are_not_cached_and_lookups_keep_the_stored_status() {
     let store = MemoryStore::new();
     let lookup = {
         let store = store.clone();
@@ -200,7 +201,33 @@ async fn replays_and_lookups_are_not_cached() {
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(again.headers()["cache-control"], "no-store");
 
+    // Records completed with a status, with a final error's status, with none, and with one
+    // that is not a status.
     let fp = idem::Fingerprint::of("x").unwrap();
+    for (key, status, is_error) in [
+        ("conflict", Some(409), true),
+        ("plain", None, false),
+        ("final", None, true),
+        ("corrupt", Some(1000), false),
+    ] {
+        let idem::Begun::Claimed(guard) = idem::begin(
+            &store,
+            "s".into(),
+            idem::Key::parse(key).unwrap(),
+            fp,
+            idem::Policy::DEFAULT,
+        )
+        .await
+        .unwrap() else {
+            panic!("{key} was not claimed")
+        };
+        let answer = idem::StoredResponse {
+            status,
+            is_error,
+            body: bytes::Bytes::from_static(br#"{"answer":1}"#),
+        };
+        guard.complete(&answer).await.unwrap();
+    }
     let _running = idem::begin(
         &store,
         "s".into(),
@@ -212,7 +239,15 @@ async fn replays_and_lookups_are_not_cached() {
     .unwrap();
 
     for (path, status, body) in [
-        ("tally/k", StatusCode::OK, Some(&first[..])),
+        ("tally/k", StatusCode::CREATED, Some(&first[..])),
+        ("s/conflict", StatusCode::CONFLICT, Some(br#"{"answer":1}"#)),
+        ("s/plain", StatusCode::OK, Some(br#"{"answer":1}"#)),
+        (
+            "s/final",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some(br#"{"answer":1}"#),
+        ),
+        ("s/corrupt", StatusCode::INTERNAL_SERVER_ERROR, None),
         ("s/running", StatusCode::CONFLICT, None),
         ("s/never-sent", StatusCode::NOT_FOUND, None),
     ] {

@@ -9,7 +9,9 @@
 //! - axum handlers under `#[idempotent]` returning `Json<T>`, `(StatusCode, Json<T>)` and a
 //!   serde type, behind `IdempotencyLayer`: a body that decodes replays the stored bytes exactly
 //!   (when the stored status is the one the handler answers); one that does not is a 500;
-//! - `idem::http::lookup`: 200 with the stored bytes.
+//! - `idem::http::lookup`: the stored bytes with the stored status (200 without one, 422 for a
+//!   final error without one), a 500 problem+json for a stored status that is not one; every
+//!   answer `Cache-Control: no-store`.
 //!
 //! And directly: `StoredHttpResponse::decode` never panics, its result re-encodes to bytes that
 //! decode to the same answer, and an arbitrary answer round-trips through `encode`/`decode`;
@@ -244,7 +246,10 @@ fuzz_target!(|input: Input| {
     let encoded = answer.encode().expect("a small answer encodes");
     assert_eq!(encoded.status, Some(answer.status.as_u16()));
     assert_eq!(encoded.is_error, !answer.status.is_success());
-    assert_eq!(StoredHttpResponse::decode(&encoded).ok().as_ref(), Some(&answer));
+    assert_eq!(
+        StoredHttpResponse::decode(&encoded).ok().as_ref(),
+        Some(&answer)
+    );
 
     let stored = if input.use_answer {
         encoded
@@ -391,12 +396,22 @@ fuzz_target!(|input: Input| {
             }
         }
 
-        // The lookup by key: the stored bytes as they are.
+        // The lookup by key: the stored bytes as they are, with the stored status.
         let req = Request::get("/lookup").body(Body::empty()).unwrap();
         let (parts, body, _) = read(w.router.clone().oneshot(req).await.unwrap()).await;
-        assert_eq!(parts.status, StatusCode::OK);
-        assert_eq!(parts.headers["idempotent-replayed"], "true");
         assert_eq!(parts.headers["cache-control"], "no-store");
-        assert_eq!(body, stored.body);
+        let status = match stored.status {
+            Some(s) => StatusCode::from_u16(s).ok(),
+            None if stored.is_error => Some(StatusCode::UNPROCESSABLE_ENTITY),
+            None => Some(StatusCode::OK),
+        };
+        match status {
+            Some(status) => {
+                assert_eq!(parts.status, status);
+                assert_eq!(parts.headers["idempotent-replayed"], "true");
+                assert_eq!(body, stored.body);
+            }
+            None => assert_internal_error(&parts, &body),
+        }
     });
 });

@@ -197,7 +197,10 @@ fn mark_replayed(headers: &mut http::HeaderMap) {
 
 /// The answer for a client recovering from a timeout, asking whether its request happened.
 ///
-/// - Completed: 200 with the stored answer's bytes, `Idempotent-Replayed: true`.
+/// - Completed: the stored answer's bytes with its stored status (201 for a record completed
+///   with 201, a stored final error's own status), `Idempotent-Replayed: true`. An answer stored
+///   without an HTTP status is 200 when it is a success and 422 when it is a final error; a
+///   stored status that is not one is a 500, never a guess.
 /// - In progress: 409 `REQUEST_IN_PROGRESS` with `Retry-After`.
 /// - Unknown: 404 `IDEMPOTENCY_KEY_NOT_FOUND` (safe to send the request again with the same
 ///   key).
@@ -213,13 +216,21 @@ pub async fn lookup<S: Store>(store: &S, scope: &str, key: &Key) -> Response {
             "no request with this key is known: it is safe to send it again with the same key",
         ),
         Ok(Some(record)) => match (record.state, record.response) {
-            (RecordState::Completed, Some(stored)) => {
-                let mut resp = Response::new(Body::from(stored.body));
-                resp.headers_mut()
-                    .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-                mark_replayed(resp.headers_mut());
-                resp
-            }
+            (RecordState::Completed, Some(stored)) => match lookup_status(&stored) {
+                Ok(status) => {
+                    let mut resp = Response::new(Body::from(stored.body));
+                    *resp.status_mut() = status;
+                    resp.headers_mut()
+                        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                    mark_replayed(resp.headers_mut());
+                    resp
+                }
+                Err(e) => Error::Decode(format!(
+                    "record (scope {scope:?}, key {:?}): {e}",
+                    key.as_str()
+                ))
+                .into_response(),
+            },
             _ => Error::InProgress {
                 retry_after: crate::flow::retry_hint()
                     .hint(record.lease_remaining.unwrap_or_default(), None),
@@ -230,6 +241,17 @@ pub async fn lookup<S: Store>(store: &S, scope: &str, key: &Key) -> Response {
     resp.headers_mut()
         .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp
+}
+
+/// The status the lookup answers a completed record with: the stored one, read exactly.
+fn lookup_status(stored: &StoredResponse) -> Result<StatusCode, String> {
+    match stored.status {
+        Some(s) => {
+            StatusCode::from_u16(s).map_err(|_| format!("stored status {s} is not a status"))
+        }
+        None if stored.is_error => Ok(StatusCode::UNPROCESSABLE_ENTITY),
+        None => Ok(StatusCode::OK),
+    }
 }
 
 /// A tower layer for idempotent axum handlers: a response that is a replayed answer is sent
