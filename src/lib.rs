@@ -283,9 +283,9 @@
 /// }
 /// ```
 ///
-/// `run` begins (one statement for a new key or a replay on PostgreSQL; on SQLite a `SELECT`, then
-/// an `INSERT` for a new key; one more, a fence-conditional `UPDATE`, to take over an abandoned
-/// claim); a replay decodes the stored answer and never
+/// `run` begins (one statement for a new key or a replay on PostgreSQL; on SQLite an `INSERT … ON
+/// CONFLICT DO NOTHING`, then a `SELECT` when the key exists; one more, a fence-conditional
+/// `UPDATE`, to take over an abandoned claim); a replay decodes the stored answer and never
 /// polls the body; a claim awaits the body in place (no boxing, no spawn), then completes with
 /// the encoded `Ok` or releases on `Err`. A panic or a dropped future releases the claim at
 /// once. In transactional mode the body is awaited between `tx_start` (open, claim) and

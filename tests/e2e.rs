@@ -278,7 +278,8 @@ macro_rules! e2e {
                 assert_eq!(s.count_orders().await, 1);
 
                 let r = c.get(s.url(&format!("/api/orders/by-key/{key}"))).send().await.unwrap();
-                assert_eq!(r.status(), StatusCode::OK);
+                assert_eq!(r.status(), StatusCode::CREATED, "the status it was first answered with");
+                assert_eq!(r.headers()["cache-control"], "no-store");
                 assert_eq!(r.text().await.unwrap(), first);
                 let r = c.get(s.url("/api/orders/by-key/never-sent")).send().await.unwrap();
                 assert_eq!(r.status(), StatusCode::NOT_FOUND);

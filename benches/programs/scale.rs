@@ -261,13 +261,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .max_connections(a.concurrency.max(2) as u32 + 1)
                 .connect_with(options)
                 .await?;
-            Target::Postgres(idem::PgStore::builder().build(pool).await?)
+            // The run times its own purges: no background purge in between.
+            Target::Postgres(
+                idem::PgStore::builder()
+                    .background_purge(false)
+                    .build(pool)
+                    .await?,
+            )
         }
         "sqlite" => {
             let dir = tempfile::tempdir()?;
             let url = format!("sqlite://{}", dir.path().join("scale.db").display());
             _dir = dir;
-            Target::Sqlite(idem::SqliteStore::connect(&url).await?)
+            Target::Sqlite(
+                idem::SqliteStore::builder()
+                    .background_purge(false)
+                    .connect(&url)
+                    .await?,
+            )
         }
         other => return Err(format!("unknown store {other}: postgres or sqlite").into()),
     };

@@ -209,7 +209,7 @@ macro_rules! outbox_backend {
             /// missing; safe to run from many instances at once.
             pub async fn migrate(&self) -> Result<()> {
                 let mut tx = self.begin_migration().await?;
-                for stmt in <$dialect as Dialect>::migration_lock()
+                for stmt in <$dialect as Dialect>::migration_start()
                     .iter()
                     .chain(&self.sql.create)
                 {
