@@ -345,21 +345,54 @@ pub fn gateway_signature(secret: &[u8], body: &str) -> String {
     )
 }
 
-/// The binary of the example `name` of the `idem-examples` package, built by `cargo test
-/// --workspace` (or built here when it is missing, as when only this package's tests run).
+/// The binary of the example `name` of the `idem-examples` package. `cargo test --workspace`
+/// builds it; when it is missing, or older than a source it is built from (a run of this
+/// package's tests alone after an edit), cargo builds it here, so a test never starts an example
+/// built from older sources.
 pub fn example_binary(name: &str) -> std::path::PathBuf {
+    static CHECKED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap();
     let bin = dir
         .join("examples")
         .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    if !bin.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = std::process::Command::new(cargo)
-            .args(["build", "-p", "idem-examples", "--example", name])
-            .status()
-            .unwrap();
-        assert!(status.success(), "could not build the example {name}");
+    let mut checked = CHECKED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !checked.iter().any(|b| b == name) {
+        let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let sources = [
+            "examples",
+            "src",
+            "idem-runtime/src",
+            "idem-macros/src",
+            "idem-schema/src",
+        ]
+        .iter()
+        .filter_map(|d| newest(&root.join(d)))
+        .max();
+        if built.is_none() || sources > built {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = std::process::Command::new(cargo)
+                .args(["build", "-q", "-p", "idem-examples", "--example", name])
+                .status()
+                .unwrap();
+            assert!(status.success(), "could not build the example {name}");
+        }
+        checked.push(name.to_owned());
     }
     bin
+}
+
+/// The latest modification time of a file under `path`.
+fn newest(path: &std::path::Path) -> Option<std::time::SystemTime> {
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.is_file() {
+        return meta.modified().ok();
+    }
+    std::fs::read_dir(path)
+        .ok()?
+        .filter_map(|e| newest(&e.ok()?.path()))
+        .max()
 }
