@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -16,7 +17,7 @@ use async_nats::jetstream::consumer::{PullConsumer, pull};
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
 use idem::consumer::nats::{JetStreamSource, KEY, REASON};
-use idem::consumer::{Consumer, Delivery, HandlerError, Message};
+use idem::consumer::{Backoff, Consumer, Delivery, Handler, HandlerError, Message};
 use idem::{BoxError, Key, MemoryStore, SqliteStore, idempotent};
 
 use common::JsStreams;
@@ -168,6 +169,64 @@ async fn published_three_times_and_redelivered_after_a_crash_has_one_effect() {
         .await
         .unwrap();
     assert_eq!(shipments, vec![("order-paid-ORD-1".to_owned(),)]);
+}
+
+/// Waits until `stream` holds `n` messages, at most `limit`.
+async fn holds(stream: &async_nats::jetstream::stream::Stream, n: u64, limit: Duration) -> bool {
+    let mut stream = stream.clone();
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        let messages = stream.info().await.expect("stream info").state.messages;
+        if messages == n {
+            return true;
+        }
+        if tokio::time::Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs `consumer` with `handler` on `source`, four deliveries at a time, while `work` runs;
+/// returns what `work` returned.
+async fn running<S, M, H, T>(
+    consumer: &Consumer<S>,
+    source: &JetStreamSource,
+    handler: H,
+    work: impl Future<Output = T>,
+) -> T
+where
+    S: idem::Store,
+    H: Handler<M>,
+{
+    let deliveries = source.deliveries().await.expect("deliveries");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let ((), out) = tokio::join!(
+        consumer.run_until(deliveries, handler, 4, async {
+            let _ = stop_rx.await;
+        }),
+        async {
+            let out = work.await;
+            let _ = stop_tx.send(());
+            out
+        }
+    );
+    out
+}
+
+/// The consumer's pending and unacknowledged messages: `(0, 0)` once every message was settled.
+async fn outstanding(stream: &async_nats::jetstream::stream::Stream, name: &str) -> (u64, usize) {
+    let mut pull: PullConsumer = stream.get_consumer(name).await.unwrap();
+    let info = pull.info().await.unwrap();
+    (info.num_pending, info.num_ack_pending)
+}
+
+/// A backoff short enough for tests.
+fn quick(consumer: Consumer<MemoryStore>) -> Consumer<MemoryStore> {
+    consumer.backoff(Backoff {
+        initial: Duration::from_millis(50),
+        max: Duration::from_millis(200),
+    })
 }
 
 /// A delivery whose consumer stalls: it never says "still working", so the broker's ack wait
@@ -344,4 +403,52 @@ async fn a_poison_message_is_dead_lettered_after_one_attempt_while_the_stream_fl
     assert_eq!(headers.get(KEY).unwrap().as_str(), "m-20");
     letter.ack().await.unwrap();
     assert!(batch.next().await.is_none(), "exactly one dead letter");
+}
+
+/// A guarded handler that fails for good on every message.
+fn poisoned(
+    consumer: &Consumer<MemoryStore>,
+    reason: &'static str,
+) -> impl Handler<(idem::consumer::GuardedHandler, (), HandlerError)> + use<> {
+    consumer.guarded(move |_msg: Message, _claim| async move {
+        Err::<(), _>(HandlerError::permanent(reason))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_dead_letter_that_cannot_be_published_is_retried_until_it_is() {
+    let streams = JsStreams::new(&common::nats_url()).await;
+    let (stream, root) = streams.stream("orders", Duration::from_secs(60)).await;
+    publish(&streams.js, &format!("{root}.paid"), "m-1", "poison").await;
+    // An ack wait longer than the test: only the runner's own retry brings the message back.
+    let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(60), -1).await;
+    // No stream captures the dead letters' subject yet: publishing them fails.
+    let dlq_subject = format!("{}.late.fulfilment", streams.prefix);
+    let source = JetStreamSource::new(streams.js.clone(), pull, dlq_subject);
+    let consumer = quick(Consumer::new(source.consumer_name(), MemoryStore::new()).unwrap());
+    let handler = poisoned(&consumer, "no such order");
+    let (retried, dlq, landed) = running(&consumer, &source, handler, async {
+        let retried = until(Duration::from_secs(10), || {
+            consumer.stats().ack_failures >= 3
+        })
+        .await;
+        // The dead letters' stream appears: the next attempt lands.
+        let (dlq, _) = streams.stream("late", Duration::from_secs(60)).await;
+        let landed = holds(&dlq, 1, Duration::from_secs(10)).await;
+        (retried, dlq, landed)
+    })
+    .await;
+    assert!(
+        retried,
+        "retried soon, not after the ack wait: {:?}",
+        consumer.stats()
+    );
+    assert!(landed, "{:?}", consumer.stats());
+    let stats = consumer.stats();
+    assert_eq!(stats.dead_lettered, 1, "{stats:?}");
+    assert!(stats.retried >= 3, "{stats:?}");
+    assert_eq!(outstanding(&stream, "fulfilment").await, (0, 0));
+    let letter = dlq.get_raw_message(1).await.unwrap();
+    assert_eq!(&letter.payload[..], b"poison");
 }

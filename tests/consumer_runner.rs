@@ -429,3 +429,34 @@ async fn many_tasks_delivering_one_message_run_it_once() {
         assert_eq!(stats.replayed + stats.in_progress, 31);
     }
 }
+
+#[tokio::test]
+async fn a_dead_letter_the_broker_does_not_take_is_retried_not_dropped() {
+    let c = consumer(MemoryStore::new());
+    let h = c.guarded(|_msg: Message, _claim| async {
+        Err::<(), _>(HandlerError::permanent("no such order"))
+    });
+    let d = TestDelivery::new("m-poison", "x").dead_letters_fail();
+    assert_eq!(
+        c.handle(&d, &h).await,
+        Settlement::Retry(Duration::from_millis(50))
+    );
+    // Asked for again, to be dead-lettered when it comes back: never acked, never dropped.
+    assert_eq!(
+        d.said(),
+        vec![
+            Said::DeadLetter("no such order".into()),
+            Said::Retry(Duration::from_millis(50))
+        ]
+    );
+    let stats = c.stats();
+    assert_eq!(
+        (stats.dead_lettered, stats.retried, stats.ack_failures),
+        (0, 1, 1)
+    );
+    let again = TestDelivery::new("m-poison", "x").delivered(2);
+    assert_eq!(
+        c.handle(&again, &h).await,
+        Settlement::DeadLetter("no such order".into())
+    );
+}

@@ -768,8 +768,7 @@ impl<S: Store> Consumer<S> {
                 delivery.retry(*delay).await
             }
             Settlement::DeadLetter(reason) => {
-                tracing::error!(target: "idem", consumer = %self.name, key, subject = delivery.subject(), reason = %reason, "dead-lettering a message");
-                delivery.dead_letter(reason).await
+                return self.dead_letter(delivery, key, reason.clone()).await;
             }
         };
         tracing::debug!(target: "idem", consumer = %self.name, key, settlement = ?s, "settled a delivery");
@@ -777,6 +776,36 @@ impl<S: Store> Consumer<S> {
         if let Err(e) = result {
             self.counters.ack_failures.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(target: "idem", consumer = %self.name, key, error = %e, settlement = ?s, "the broker did not confirm; it redelivers, and the record answers the redelivery");
+        }
+        s
+    }
+}
+
+impl<S: Store> Consumer<S> {
+    /// Dead-letters `delivery`. A dead letter the broker did not take (no queue or stream
+    /// receives it, the broker refused it) leaves the message with the broker: it is asked for
+    /// again after the backoff, and dead-lettered then, never dropped.
+    async fn dead_letter<D: Delivery>(
+        &self,
+        delivery: &D,
+        key: &str,
+        reason: String,
+    ) -> Settlement {
+        tracing::error!(target: "idem", consumer = %self.name, key, subject = delivery.subject(), reason = %reason, "dead-lettering a message");
+        let Err(e) = delivery.dead_letter(&reason).await else {
+            tracing::debug!(target: "idem", consumer = %self.name, key, "settled a delivery: dead-lettered");
+            let s = Settlement::DeadLetter(reason);
+            self.counters.settled(&s);
+            return s;
+        };
+        self.counters.ack_failures.fetch_add(1, Ordering::Relaxed);
+        let delay = self.backoff.delay(delivery.delivered().max(1));
+        tracing::error!(target: "idem", consumer = %self.name, key, error = %e, ?delay, "the dead letter was not taken; the message stays with the broker and is dead-lettered when it comes back");
+        let s = Settlement::Retry(delay);
+        self.counters.settled(&s);
+        if let Err(e) = delivery.retry(delay).await {
+            self.counters.ack_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(target: "idem", consumer = %self.name, key, error = %e, "the broker did not confirm the retry; it redelivers after its own timeout");
         }
         s
     }
