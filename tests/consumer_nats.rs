@@ -13,8 +13,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::AckPolicy;
 use async_nats::jetstream::consumer::{PullConsumer, pull};
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream;
 use bytes::Bytes;
 use idem::consumer::nats::{JetStreamSource, KEY, REASON};
 use idem::consumer::{Backoff, Consumer, Delivery, Handler, HandlerError, Message};
@@ -344,10 +346,12 @@ async fn a_poison_message_is_dead_lettered_after_one_attempt_while_the_stream_fl
         )
         .await;
     }
-    let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(5), 5).await;
+    let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(5), -1).await;
     let source = JetStreamSource::new(streams.js.clone(), pull, format!("{dlq_root}.fulfilment"));
     let attempts = Arc::new(AtomicUsize::new(0));
-    let consumer = Consumer::new(source.consumer_name(), MemoryStore::new()).unwrap();
+    let consumer = Consumer::new(source.consumer_name(), MemoryStore::new())
+        .unwrap()
+        .max_deliveries(5);
     let a = attempts.clone();
     let handler = consumer.guarded(move |msg: Message, _claim| {
         let poison = &msg.payload[..] == b"poison";
@@ -403,6 +407,107 @@ async fn a_poison_message_is_dead_lettered_after_one_attempt_while_the_stream_fl
     assert_eq!(headers.get(KEY).unwrap().as_str(), "m-20");
     letter.ack().await.unwrap();
     assert!(batch.next().await.is_none(), "exactly one dead letter");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn consumers_whose_acks_are_not_explicit_are_refused() {
+    let streams = JsStreams::new(&common::nats_url()).await;
+    let (stream, root) = streams.stream("orders", Duration::from_secs(60)).await;
+    // An ack of message N under `AckPolicy::All` also acks earlier messages still waiting on a
+    // delayed NAK; under `None` nothing is ever redelivered.
+    for (name, policy) in [("all", AckPolicy::All), ("none", AckPolicy::None)] {
+        let pull = match stream
+            .create_consumer(pull::Config {
+                durable_name: Some(name.to_owned()),
+                ack_policy: policy,
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(pull) => pull,
+            // The server itself refuses pull consumers without acks.
+            Err(e) if policy == AckPolicy::None => {
+                assert!(e.to_string().contains("ack"), "{e}");
+                continue;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let source = JetStreamSource::new(streams.js.clone(), pull, format!("{root}.dlq"));
+        let err = source.deliveries().await.err().expect("refused");
+        assert!(
+            matches!(err, idem::Error::Config(_)) && err.to_string().contains("ack policy"),
+            "{err}"
+        );
+    }
+    let pull = pull_consumer(&stream, "explicit", Duration::from_secs(30), -1).await;
+    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{root}.dlq"));
+    assert!(source.deliveries().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_stream_that_keeps_messages_longer_than_the_records_is_refused() {
+    let streams = JsStreams::new(&common::nats_url()).await;
+    const DAY: Duration = Duration::from_secs(86_400);
+    // Records are kept 7 days by default: a message the stream still holds after that would
+    // run again when it is redelivered or the stream is replayed.
+    for (suffix, max_age, accepted) in [
+        ("forever", Duration::ZERO, false),
+        ("eight-days", 8 * DAY, false),
+        ("seven-days", 7 * DAY, true),
+        ("one-hour", Duration::from_secs(3600), true),
+    ] {
+        let (stream, root) = streams
+            .stream_with(
+                suffix,
+                stream::Config {
+                    max_age,
+                    ..Default::default()
+                },
+            )
+            .await;
+        let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(30), -1).await;
+        let source = JetStreamSource::new(streams.js.clone(), pull, format!("{root}.dlq"));
+        match source.deliveries().await {
+            Ok(_) => assert!(accepted, "{suffix} accepted"),
+            Err(e) => {
+                assert!(!accepted, "{suffix} refused: {e}");
+                assert!(
+                    matches!(e, idem::Error::Config(_)) && e.to_string().contains("max_age"),
+                    "{e}"
+                );
+            }
+        }
+        // Records kept 30 days outlive any of these streams but the one without a max_age.
+        let pull = pull_consumer(&stream, "audit", Duration::from_secs(30), -1).await;
+        let source =
+            JetStreamSource::new(streams.js.clone(), pull, format!("{root}.dlq")).retain(30 * DAY);
+        assert_eq!(
+            source.deliveries().await.is_ok(),
+            !max_age.is_zero(),
+            "{suffix} with records of 30 days"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_consumer_that_stops_redelivering_is_refused() {
+    let streams = JsStreams::new(&common::nats_url()).await;
+    let (stream, root) = streams.stream("orders", Duration::from_secs(60)).await;
+    // With `max_deliver` the server stops at the limit: a message whose dead letter could not
+    // be published there would never come back.
+    let pull = pull_consumer(&stream, "limited", Duration::from_secs(30), 5).await;
+    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{root}.dlq"));
+    let err = source.deliveries().await.err().expect("refused");
+    assert!(
+        matches!(err, idem::Error::Config(_)) && err.to_string().contains("max_deliver"),
+        "{err}"
+    );
+    let pull = pull_consumer(&stream, "unlimited", Duration::from_secs(30), -1).await;
+    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{root}.dlq"));
+    assert!(source.deliveries().await.is_ok());
 }
 
 /// A guarded handler that fails for good on every message.

@@ -537,7 +537,9 @@ impl<S: Store> Consumer<S> {
     }
 
     /// After how many deliveries a message that keeps failing is dead-lettered, when the broker
-    /// does not say (a JetStream consumer's `max_deliver` is read from each delivery).
+    /// does not say. JetStream consumers must leave their own `max_deliver` unlimited (the
+    /// server would stop redelivering a message whose dead letter failed at the limit): this is
+    /// their limit.
     pub fn max_deliveries(mut self, max: u32) -> Self {
         self.max_deliveries = Some(max.max(1));
         self

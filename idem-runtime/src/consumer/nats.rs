@@ -7,12 +7,23 @@
 //!   ack that comes after the ack wait and still redeliver the message: the record, not the ack,
 //!   is what stops the second execution, and the redelivery is answered by a replay.
 //! - **Retry later**: a `-NAK` with the delay. **Still working**: `+WPI`, every third of the
-//!   consumer's ack wait. **Delivery limit**: the consumer's `max_deliver`, with the delivery
-//!   count from the message's metadata.
+//!   consumer's ack wait.
 //! - **Dead letter**: the message is published through JetStream to the subject you name (a
 //!   stream must capture it), with the reason and its origin in headers and a `Nats-Msg-Id` of
 //!   `dead-letter:<consumer>:<key>` so a repeated dead-lettering is deduplicated; once the server
 //!   confirmed, the original is terminated (`+TERM`).
+//!
+//! [`JetStreamSource::deliveries`] refuses, with [`Error::Config`], consumers and streams on
+//! which the runner cannot keep its promises:
+//!
+//! - an ack policy other than explicit (`AckPolicy::All` acks earlier messages still waiting on
+//!   a delayed NAK; `None` never redelivers);
+//! - a `max_deliver` limit: the server stops redelivering there, so a message whose dead letter
+//!   could not be published at the limit would never come back. Leave it unlimited and give the
+//!   runner its limit with [`Consumer::max_deliveries`](crate::consumer::Consumer::max_deliveries);
+//! - a stream that keeps messages longer than the records are kept (no `max_age`, or a longer
+//!   one than [`JetStreamSource::retain`], by default [`DEFAULT_RETAIN`]): a message redelivered
+//!   or replayed after its record expired would run again.
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -24,7 +35,8 @@
 //! let pull: async_nats::jetstream::consumer::PullConsumer =
 //!     stream.get_consumer("fulfilment").await?;
 //! let source = JetStreamSource::new(js, pull, "ORDERS_DLQ.fulfilment");
-//! let consumer = Consumer::new(source.consumer_name(), idem::MemoryStore::new())?;
+//! let consumer = Consumer::new(source.consumer_name(), idem::MemoryStore::new())?
+//!     .max_deliveries(5);
 //! let handler = consumer.guarded(|msg: Message, _claim| async move {
 //!     Ok::<_, HandlerError>(msg.payload.len())
 //! });
@@ -36,12 +48,14 @@ use std::fmt;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::consumer::{AckPolicy, PullConsumer};
+use async_nats::jetstream::response::Response;
 use async_nats::jetstream::{self, AckKind};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
+use serde::Deserialize;
 
-use crate::consumer::Delivery;
+use crate::consumer::{DEFAULT_RETAIN, Delivery};
 use crate::error::{BoxError, Error};
 use crate::key::Key;
 
@@ -65,6 +79,7 @@ pub struct JetStreamSource {
     consumer: PullConsumer,
     dead_letters: String,
     batch: usize,
+    retain: Duration,
 }
 
 impl fmt::Debug for JetStreamSource {
@@ -73,6 +88,7 @@ impl fmt::Debug for JetStreamSource {
             .field("consumer", &self.consumer_name())
             .field("dead_letters", &self.dead_letters)
             .field("batch", &self.batch)
+            .field("retain", &self.retain)
             .finish_non_exhaustive()
     }
 }
@@ -90,6 +106,7 @@ impl JetStreamSource {
             consumer,
             dead_letters: dead_letter_subject.into(),
             batch: 32,
+            retain: DEFAULT_RETAIN,
         }
     }
 
@@ -101,6 +118,16 @@ impl JetStreamSource {
         self
     }
 
+    /// How long the handler's records are kept (default [`DEFAULT_RETAIN`], the consumer's
+    /// default): the shortest retention of the records the handler relies on, its consumer's
+    /// ([`Consumer::retain`](crate::consumer::Consumer::retain)) and that of the
+    /// `#[idempotent]` functions it calls with a `retain` of their own.
+    /// [`JetStreamSource::deliveries`] refuses a stream that keeps messages longer.
+    pub fn retain(mut self, retain: Duration) -> Self {
+        self.retain = retain;
+        self
+    }
+
     /// The consumer's name (its durable name): put it in the handler's scope.
     pub fn consumer_name(&self) -> &str {
         &self.consumer.cached_info().name
@@ -108,15 +135,28 @@ impl JetStreamSource {
 
     /// The deliveries, as they are pulled. The stream's errors (a missed heartbeat, a
     /// reconnect) are items of their own, which the runner logs and skips.
+    ///
+    /// Refused with [`Error::Config`] when the consumer's ack policy is not explicit, when it
+    /// has a `max_deliver` limit, or when its stream keeps messages longer than the records are
+    /// kept (see the [module](self) documentation); [`Error::Unavailable`] when the server could
+    /// not be asked.
     pub async fn deliveries(
         &self,
     ) -> Result<impl Stream<Item = Result<JetStreamDelivery, BoxError>> + use<>, Error> {
-        let config = &self.consumer.cached_info().config;
-        let max_deliver = u32::try_from(config.max_deliver).ok().filter(|m| *m > 0);
-        let keep_alive = (config.ack_wait / 3).max(Duration::from_millis(10));
+        let mut consumer = self.consumer.clone();
+        let info = consumer
+            .info()
+            .await
+            .map_err(|e| Error::Unavailable(Box::new(e)))?
+            .clone();
+        check_consumer(&info.name, &info.config)?;
+        StreamFacts::fetch(&self.context, &info.stream_name)
+            .await?
+            .check_retention(self.retain)?;
+        let keep_alive = (info.config.ack_wait / 3).max(Duration::from_millis(10));
         let context = self.context.clone();
         let dead_letters = self.dead_letters.clone();
-        let consumer = self.consumer_name().to_owned();
+        let consumer = info.name.clone();
         let messages = self
             .consumer
             .stream()
@@ -131,11 +171,82 @@ impl JetStreamSource {
                 context.clone(),
                 dead_letters.clone(),
                 consumer.clone(),
-                max_deliver,
                 keep_alive,
             )),
             Err(e) => Err(Box::new(e) as BoxError),
         }))
+    }
+}
+
+/// Refuses a consumer whose acknowledgements the runner cannot rely on.
+fn check_consumer(name: &str, config: &jetstream::consumer::Config) -> Result<(), Error> {
+    if config.ack_policy != AckPolicy::Explicit {
+        return Err(Error::Config(format!(
+            "the JetStream consumer {name:?} has the ack policy {:?}: the runner needs explicit acks (with `All`, an ack of one message acks earlier ones still waiting to be retried; with `None`, nothing is redelivered)",
+            config.ack_policy
+        )));
+    }
+    if config.max_deliver > 0 {
+        return Err(Error::Config(format!(
+            "the JetStream consumer {name:?} has max_deliver = {}: the server stops redelivering there, so a message whose dead letter could not be published at the limit would never come back. Leave max_deliver unlimited (-1) and give the runner its limit with Consumer::max_deliveries({})",
+            config.max_deliver, config.max_deliver
+        )));
+    }
+    Ok(())
+}
+
+/// How long the consumer's stream keeps messages.
+#[derive(Debug)]
+struct StreamFacts {
+    stream: String,
+    max_age: Duration,
+}
+
+/// The part of the server's stream info the adapter reads.
+#[derive(Deserialize)]
+struct RawStreamInfo {
+    config: RawStreamConfig,
+}
+
+#[derive(Deserialize)]
+struct RawStreamConfig {
+    /// Nanoseconds; 0 when messages never expire.
+    #[serde(default)]
+    max_age: u64,
+}
+
+impl StreamFacts {
+    async fn fetch(context: &jetstream::Context, stream: &str) -> Result<StreamFacts, Error> {
+        let response: Response<RawStreamInfo> = context
+            .request(format!("STREAM.INFO.{stream}"), &serde_json::json!({}))
+            .await
+            .map_err(|e| Error::Unavailable(Box::new(e)))?;
+        match response {
+            Response::Ok(info) => Ok(StreamFacts {
+                stream: stream.to_owned(),
+                max_age: Duration::from_nanos(info.config.max_age),
+            }),
+            Response::Err { error } => Err(Error::Unavailable(
+                format!("the info of JetStream stream {stream:?}: {error}").into(),
+            )),
+        }
+    }
+
+    /// Refuses a stream that keeps messages longer than records are kept.
+    fn check_retention(&self, retain: Duration) -> Result<(), Error> {
+        let stream = &self.stream;
+        if self.max_age.is_zero() {
+            return Err(Error::Config(format!(
+                "the JetStream stream {stream:?} has no max_age and keeps its messages forever, while the handler's records are kept {retain:?}: a message redelivered or replayed after that would run again. Give the stream a max_age of at most {retain:?}, or keep the records longer (JetStreamSource::retain, Consumer::retain)"
+            )));
+        }
+        if self.max_age > retain {
+            return Err(Error::Config(format!(
+                "the JetStream stream {stream:?} keeps messages {:?} (max_age), longer than the handler's records are kept ({retain:?}): a message redelivered or replayed after that would run again. Give the stream a max_age of at most {retain:?}, or keep the records longer (JetStreamSource::retain, Consumer::retain)",
+                self.max_age
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -148,7 +259,6 @@ pub struct JetStreamDelivery {
     key: Result<String, String>,
     origin: String,
     delivered: u32,
-    max_deliver: Option<u32>,
     keep_alive: Duration,
 }
 
@@ -169,7 +279,6 @@ impl JetStreamDelivery {
         context: jetstream::Context,
         dead_letters: String,
         consumer: String,
-        max_deliver: Option<u32>,
         keep_alive: Duration,
     ) -> Self {
         let (origin, delivered) = match msg.info() {
@@ -199,7 +308,6 @@ impl JetStreamDelivery {
             key,
             origin,
             delivered,
-            max_deliver,
             keep_alive,
         }
     }
@@ -235,10 +343,6 @@ impl Delivery for JetStreamDelivery {
 
     fn delivered(&self) -> u32 {
         self.delivered
-    }
-
-    fn max_deliveries(&self) -> Option<u32> {
-        self.max_deliver
     }
 
     fn keep_alive_every(&self) -> Option<Duration> {
