@@ -54,6 +54,28 @@ async fn publish(js: &async_nats::jetstream::Context, subject: &str, id: &str, p
     .expect("the server confirmed");
 }
 
+/// Publishes `payload` to `subject` with `headers`, and waits for the server to store it.
+async fn publish_with(
+    js: &async_nats::jetstream::Context,
+    subject: &str,
+    headers: &[(&str, &str)],
+    payload: &str,
+) {
+    let mut map = async_nats::HeaderMap::new();
+    for (name, value) in headers {
+        map.insert(*name, *value);
+    }
+    js.publish_with_headers(
+        subject.to_owned(),
+        map,
+        Bytes::copy_from_slice(payload.as_bytes()),
+    )
+    .await
+    .expect("publish")
+    .await
+    .expect("the server confirmed");
+}
+
 /// Waits until `done` holds, at most `limit`.
 async fn until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     let end = tokio::time::Instant::now() + limit;
@@ -556,4 +578,58 @@ async fn a_dead_letter_that_cannot_be_published_is_retried_until_it_is() {
     assert_eq!(outstanding(&stream, "fulfilment").await, (0, 0));
     let letter = dlq.get_raw_message(1).await.unwrap();
     assert_eq!(&letter.payload[..], b"poison");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_recreated_stream_does_not_reuse_the_keys_of_the_one_it_replaced() {
+    let streams = JsStreams::new(&common::nats_url()).await;
+    let store = MemoryStore::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let keys = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut settled = Vec::new();
+    for incarnation in 0..2 {
+        if incarnation == 1 {
+            streams
+                .js
+                .delete_stream(streams.stream_name("orders"))
+                .await
+                .unwrap();
+        }
+        let (stream, root) = streams.stream("orders", Duration::from_secs(60)).await;
+        // No message id: the key is the stored message's identity, sequence 1 both times.
+        publish_with(&streams.js, &format!("{root}.paid"), &[], "{}").await;
+        let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(60), -1).await;
+        let source = JetStreamSource::new(streams.js.clone(), pull, format!("{root}.dlq"));
+        let consumer = Consumer::new("fulfilment", store.clone()).unwrap();
+        let (r, k) = (runs.clone(), keys.clone());
+        let handler = consumer.guarded(move |msg: Message, _claim| {
+            r.fetch_add(1, Ordering::SeqCst);
+            k.lock().unwrap().push(msg.key.to_string());
+            async { Ok::<_, HandlerError>(()) }
+        });
+        let done = running(&consumer, &source, handler, async {
+            until(Duration::from_secs(10), || {
+                let s = consumer.stats();
+                s.acked() + s.dead_lettered == 1
+            })
+            .await
+        })
+        .await;
+        assert!(done, "{:?}", consumer.stats());
+        settled.push(consumer.stats());
+    }
+    assert_eq!(
+        (settled[1].completed, settled[1].replayed),
+        (1, 0),
+        "the new stream's first message is a new message: {settled:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let keys = keys.lock().unwrap().clone();
+    assert_ne!(keys[0], keys[1]);
+    let name = streams.stream_name("orders");
+    assert!(
+        keys.iter().all(|k| k.starts_with(&format!("{name}:1:"))),
+        "{keys:?}"
+    );
 }

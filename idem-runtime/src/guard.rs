@@ -318,14 +318,19 @@ impl<S: Store> Drop for Guard<'_, S> {
 
 /// The downstream key for `(scope, key, step)`; see [`ClaimInfo::downstream_key`].
 pub fn downstream_key(scope: &str, key: &str, step: &str) -> String {
+    format!("idem-{}", digest(&[scope, key, step]))
+}
+
+/// 32 hex digits naming `parts`: the first 16 bytes of the sha256 over the parts, each preceded
+/// by its length (8 bytes, little-endian), so that different splits never share a digest.
+pub(crate) fn digest(parts: &[&str]) -> String {
     let mut h = Sha256::new();
-    for part in [scope, key, step] {
+    for part in parts {
         h.update((part.len() as u64).to_le_bytes());
         h.update(part.as_bytes());
     }
     let digest = h.finalize();
-    let mut out = String::with_capacity(37);
-    out.push_str("idem-");
+    let mut out = String::with_capacity(32);
     for b in &digest[..16] {
         out.push_str(&format!("{b:02x}"));
     }

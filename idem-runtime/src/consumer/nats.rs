@@ -1,8 +1,14 @@
 //! NATS JetStream: pull consumers as [`Delivery`] streams, and a publisher for the outbox relay.
 //!
 //! - **Key**: the `Nats-Msg-Id` header when present (the id the publisher deduplicates with),
-//!   else `<stream>:<stream sequence>` (never the consumer sequence, which differs per consumer
-//!   and per redelivery).
+//!   else the stored message's identity, `<stream>:<stream sequence>:<timestamp>`, the
+//!   timestamp being when the server stored it (nanoseconds since 1970). A sequence alone
+//!   repeats: a stream deleted and created again starts over at 1, and one restored from an
+//!   older backup hands out again the sequences stored after that backup (restoring keeps the
+//!   stream's creation time, so that cannot tell them apart); the timestamp does not repeat, and
+//!   a restored message keeps its own. Never the consumer sequence, which differs per consumer
+//!   and per redelivery. A stream whose name makes that longer than a key may be is named by a
+//!   digest instead (`stream-<32 hex digits>:<sequence>:<timestamp>`).
 //! - **Ack**: a double ack, which returns once the server confirmed it. JetStream can accept an
 //!   ack that comes after the ack wait and still redeliver the message: the record, not the ack,
 //!   is what stops the second execution, and the redelivery is answered by a replay.
@@ -45,6 +51,7 @@
 //! ```
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -57,6 +64,7 @@ use serde::Deserialize;
 
 use crate::consumer::{DEFAULT_RETAIN, Delivery};
 use crate::error::{BoxError, Error};
+use crate::guard::digest;
 use crate::key::Key;
 
 /// The header JetStream deduplicates publishes by, and the key of a delivery that carries it.
@@ -154,9 +162,12 @@ impl JetStreamSource {
             .await?
             .check_retention(self.retain)?;
         let keep_alive = (info.config.ack_wait / 3).max(Duration::from_millis(10));
-        let context = self.context.clone();
-        let dead_letters = self.dead_letters.clone();
-        let consumer = info.name.clone();
+        let shared = Arc::new(Shared {
+            context: self.context.clone(),
+            dead_letters: self.dead_letters.clone(),
+            consumer: info.name.clone(),
+            keep_alive,
+        });
         let messages = self
             .consumer
             .stream()
@@ -166,13 +177,7 @@ impl JetStreamSource {
             .await
             .map_err(|e| Error::Unavailable(Box::new(e)))?;
         Ok(messages.map(move |m| match m {
-            Ok(msg) => Ok(JetStreamDelivery::new(
-                msg,
-                context.clone(),
-                dead_letters.clone(),
-                consumer.clone(),
-                keep_alive,
-            )),
+            Ok(msg) => JetStreamDelivery::new(msg, shared.clone()),
             Err(e) => Err(Box::new(e) as BoxError),
         }))
     }
@@ -250,16 +255,22 @@ impl StreamFacts {
     }
 }
 
-/// One JetStream message, as the runner handles it.
-pub struct JetStreamDelivery {
-    msg: jetstream::Message,
+/// What every delivery of one source shares.
+struct Shared {
     context: jetstream::Context,
     dead_letters: String,
     consumer: String,
-    key: Result<String, String>,
+    keep_alive: Duration,
+}
+
+/// One JetStream message, as the runner handles it.
+pub struct JetStreamDelivery {
+    msg: jetstream::Message,
+    shared: Arc<Shared>,
+    key: String,
+    /// `<stream>:<sequence>`, as dead letters say where they came from.
     origin: String,
     delivered: u32,
-    keep_alive: Duration,
 }
 
 impl fmt::Debug for JetStreamDelivery {
@@ -274,42 +285,36 @@ impl fmt::Debug for JetStreamDelivery {
 }
 
 impl JetStreamDelivery {
-    fn new(
-        msg: jetstream::Message,
-        context: jetstream::Context,
-        dead_letters: String,
-        consumer: String,
-        keep_alive: Duration,
-    ) -> Self {
-        let (origin, delivered) = match msg.info() {
+    /// A delivery of `msg`; an error when it carries no JetStream metadata (then it cannot be
+    /// acknowledged either).
+    fn new(msg: jetstream::Message, shared: Arc<Shared>) -> Result<Self, BoxError> {
+        let (stream, sequence, delivered) = match msg.info() {
             Ok(info) => (
-                format!("{}:{}", info.stream, info.stream_sequence),
+                info.stream.to_owned(),
+                info.stream_sequence,
                 u32::try_from(info.delivered).unwrap_or(1).max(1),
             ),
-            Err(_) => (String::new(), 1),
+            Err(e) => return Err(format!("a JetStream message without metadata: {e}").into()),
         };
-        let header = msg
+        let stored_at = msg.reply.as_deref().and_then(stored_at).ok_or_else(|| {
+            format!(
+                "a JetStream message without the time it was stored: {:?}",
+                msg.reply
+            )
+        })?;
+        let place = place_key(&stream, sequence, stored_at);
+        let key = msg
             .headers
             .as_ref()
             .and_then(|h| h.get(MSG_ID))
-            .map(|v| v.as_str().to_owned());
-        let key = match header {
-            Some(id) => Ok(id),
-            None if !origin.is_empty() => Ok(origin.clone()),
-            None => {
-                Err("the message has neither a Nats-Msg-Id header nor JetStream metadata".into())
-            }
-        };
-        JetStreamDelivery {
+            .map_or(place, |id| id.as_str().to_owned());
+        Ok(JetStreamDelivery {
             msg,
-            context,
-            dead_letters,
-            consumer,
+            shared,
             key,
-            origin,
+            origin: format!("{stream}:{sequence}"),
             delivered,
-            keep_alive,
-        }
+        })
     }
 
     /// The message as the client received it.
@@ -325,12 +330,33 @@ fn header_value(s: &str) -> String {
         .collect()
 }
 
+/// When the server stored the message, in nanoseconds since 1970, as its ack subject says
+/// (`$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>`, or
+/// with the domain and account hash before the stream): read as text, so the key does not depend
+/// on the date type the client is built with.
+fn stored_at(reply: &str) -> Option<&str> {
+    let tokens: Vec<&str> = reply.strip_prefix("$JS.ACK.")?.split('.').collect();
+    let time = match tokens.len() {
+        7 => tokens[5],
+        n if n >= 9 => tokens[7],
+        _ => return None,
+    };
+    (!time.is_empty() && time.bytes().all(|b| b.is_ascii_digit())).then_some(time)
+}
+
+/// `<stream>:<sequence>:<timestamp>`, or `stream-<digest of the stream>:<sequence>:<timestamp>`
+/// when the stream's name makes the first no key.
+fn place_key(stream: &str, sequence: u64, stored_at: &str) -> String {
+    let readable = format!("{stream}:{sequence}:{stored_at}");
+    if Key::parse(&readable).is_ok() {
+        return readable;
+    }
+    format!("stream-{}:{sequence}:{stored_at}", digest(&[stream]))
+}
+
 impl Delivery for JetStreamDelivery {
     fn key(&self) -> Result<Key, String> {
-        match &self.key {
-            Ok(raw) => Key::parse(raw).map_err(|e| format!("unusable message id {raw:?}: {e}")),
-            Err(why) => Err(why.clone()),
-        }
+        Key::parse(&self.key).map_err(|e| format!("unusable message id {:?}: {e}", self.key))
     }
 
     fn payload(&self) -> Bytes {
@@ -346,7 +372,7 @@ impl Delivery for JetStreamDelivery {
     }
 
     fn keep_alive_every(&self) -> Option<Duration> {
-        Some(self.keep_alive)
+        Some(self.shared.keep_alive)
     }
 
     async fn ack(&self) -> Result<(), BoxError> {
@@ -358,10 +384,6 @@ impl Delivery for JetStreamDelivery {
     }
 
     async fn dead_letter(&self, reason: &str) -> Result<(), BoxError> {
-        let key = match &self.key {
-            Ok(k) => k.clone(),
-            Err(_) => self.origin.clone(),
-        };
         let mut headers = HeaderMap::new();
         if let Some(original) = &self.msg.headers {
             for (name, values) in original.iter() {
@@ -372,17 +394,23 @@ impl Delivery for JetStreamDelivery {
                 }
             }
         }
+        let consumer = &self.shared.consumer;
         headers.insert(REASON, header_value(reason).as_str());
-        headers.insert(CONSUMER, header_value(&self.consumer).as_str());
-        headers.insert(KEY, header_value(&key).as_str());
+        headers.insert(CONSUMER, header_value(consumer).as_str());
+        headers.insert(KEY, header_value(&self.key).as_str());
         headers.insert(ORIGINAL_SUBJECT, self.msg.subject.as_str());
         headers.insert(ORIGINAL_SEQUENCE, self.origin.as_str());
         headers.insert(
             MSG_ID,
-            header_value(&format!("dead-letter:{}:{key}", self.consumer)).as_str(),
+            header_value(&format!("dead-letter:{consumer}:{}", self.key)).as_str(),
         );
-        self.context
-            .publish_with_headers(self.dead_letters.clone(), headers, self.msg.payload.clone())
+        self.shared
+            .context
+            .publish_with_headers(
+                self.shared.dead_letters.clone(),
+                headers,
+                self.msg.payload.clone(),
+            )
             .await?
             .await?;
         self.msg.ack_with(AckKind::Term).await
@@ -427,5 +455,60 @@ impl crate::outbox::Publisher for JetStreamPublisher {
             .await?
             .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: &str = "1764602200435496733";
+
+    #[test]
+    fn a_place_names_the_stream_the_sequence_and_when_it_was_stored() {
+        assert_eq!(place_key("ORDERS", 42, T), format!("ORDERS:42:{T}"));
+        // The same sequence stored again (a recreated or restored stream) is another message.
+        assert_ne!(
+            place_key("ORDERS", 42, T),
+            place_key("ORDERS", 42, "1764602200435496734")
+        );
+    }
+
+    #[test]
+    fn the_time_a_message_was_stored_is_read_from_its_ack_subject() {
+        assert_eq!(
+            stored_at(&format!("$JS.ACK.ORDERS.fulfilment.1.42.7.{T}.0")),
+            Some(T)
+        );
+        assert_eq!(
+            stored_at(&format!(
+                "$JS.ACK._.ACCHASH.ORDERS.fulfilment.1.42.7.{T}.0.TOKEN"
+            )),
+            Some(T)
+        );
+        assert_eq!(
+            stored_at(&format!(
+                "$JS.ACK.hub.ACCHASH.ORDERS.fulfilment.1.42.7.{T}.0"
+            )),
+            Some(T)
+        );
+        assert_eq!(stored_at("$JS.ACK.ORDERS.fulfilment.1.42.7.x.0"), None);
+        assert_eq!(stored_at("$JS.ACK.ORDERS.fulfilment.1.42"), None);
+        assert_eq!(stored_at("_INBOX.abc"), None);
+    }
+
+    #[test]
+    fn a_stream_name_that_makes_no_key_is_named_by_a_digest() {
+        // Stream names may be up to 255 characters and need not be ASCII.
+        for stream in ["S".repeat(255), "commandes-é".to_owned()] {
+            let key = place_key(&stream, 7, T);
+            assert!(Key::parse(&key).is_ok(), "{key}");
+            assert!(
+                key.starts_with("stream-") && key.ends_with(&format!(":7:{T}")),
+                "{key}"
+            );
+        }
+        let long = place_key(&"S".repeat(255), 7, T);
+        assert_ne!(long, place_key(&"S".repeat(254), 7, T));
     }
 }
