@@ -18,7 +18,7 @@ use async_nats::jetstream::consumer::{PullConsumer, pull};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream;
 use bytes::Bytes;
-use idem::consumer::nats::{JetStreamSource, KEY, REASON};
+use idem::consumer::nats::{JetStreamSource, KEY, ORIGINAL_SUBJECT, REASON};
 use idem::consumer::{Backoff, Consumer, Delivery, Handler, HandlerError, Message};
 use idem::{BoxError, Key, MemoryStore, SqliteStore, idempotent};
 
@@ -632,4 +632,143 @@ async fn a_recreated_stream_does_not_reuse_the_keys_of_the_one_it_replaced() {
         keys.iter().all(|k| k.starts_with(&format!("{name}:1:"))),
         "{keys:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_dead_letter_leaves_the_control_headers_behind_and_writes_clean_values() {
+    let streams = JsStreams::new(&common::nats_url()).await;
+    let (stream, root) = streams
+        .stream_with(
+            "orders",
+            stream::Config {
+                allow_rollup: true,
+                max_age: Duration::from_secs(3600),
+                ..Default::default()
+            },
+        )
+        .await;
+    // A dead-letter stream that allows no rollups, and is not the stream the publisher expected.
+    let (dlq, dlq_root) = streams.stream("dlq", Duration::from_secs(60)).await;
+    let name = streams.stream_name("orders");
+    publish_with(
+        &streams.js,
+        &format!("{root}.paid"),
+        &[
+            ("Nats-Msg-Id", "m-1"),
+            ("Nats-Expected-Stream", &name),
+            ("Nats-Expected-Last-Sequence", "0"),
+            ("Nats-Expected-Last-Subject-Sequence", "0"),
+            ("Nats-Rollup", "sub"),
+            ("Nats-TTL", "1h"),
+            ("Trace-Id", "t-1"),
+        ],
+        "poison",
+    )
+    .await;
+    let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(60), -1).await;
+    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{dlq_root}.fulfilment"));
+    let consumer = quick(Consumer::new(source.consumer_name(), MemoryStore::new()).unwrap());
+    // A reason with a line break (a header injection, were it written as it is) and text
+    // that is not ASCII.
+    let handler = poisoned(
+        &consumer,
+        "no such order\r\nX-Injected: yes — commande introuvable",
+    );
+    let landed = running(
+        &consumer,
+        &source,
+        handler,
+        holds(&dlq, 1, Duration::from_secs(10)),
+    )
+    .await;
+    assert!(landed, "{:?}", consumer.stats());
+    assert_eq!(outstanding(&stream, "fulfilment").await, (0, 0));
+    let letter = dlq.get_raw_message(1).await.unwrap();
+    let headers = &letter.headers;
+    for control in [
+        "Nats-Expected-Stream",
+        "Nats-Expected-Last-Sequence",
+        "Nats-Expected-Last-Subject-Sequence",
+        "Nats-Rollup",
+        "Nats-TTL",
+    ] {
+        assert!(
+            headers.get(control).is_none(),
+            "{control} copied: {headers:?}"
+        );
+    }
+    assert_eq!(headers.get("Trace-Id").unwrap().as_str(), "t-1");
+    assert_eq!(headers.get(KEY).unwrap().as_str(), "m-1");
+    assert!(headers.get("X-Injected").is_none(), "{headers:?}");
+    // The line break is spaces; the rest arrives as it was written.
+    assert_eq!(
+        headers.get(REASON).unwrap().as_str(),
+        "no such order  X-Injected: yes — commande introuvable"
+    );
+}
+
+/// Re-drives the dead letter at `seq` of `dlq` as the README says: its payload and headers
+/// published again to the subject it came from, then removed from the dead letters.
+async fn redrive(js: &async_nats::jetstream::Context, dlq: &stream::Stream, seq: u64) {
+    redrive_as(js, dlq, seq, false).await
+}
+
+/// [`redrive`]; with `original_id`, the copy is published with its original message id as its
+/// `Nats-Msg-Id`, as an operator might.
+async fn redrive_as(
+    js: &async_nats::jetstream::Context,
+    dlq: &stream::Stream,
+    seq: u64,
+    original_id: bool,
+) {
+    let letter = dlq.get_raw_message(seq).await.expect("the dead letter");
+    let subject = letter
+        .headers
+        .get(ORIGINAL_SUBJECT)
+        .expect("its original subject")
+        .as_str()
+        .to_owned();
+    let mut headers = letter.headers.clone();
+    if original_id {
+        let key = headers.get(KEY).expect("its key").clone();
+        headers.insert("Nats-Msg-Id", key);
+    }
+    js.publish_with_headers(subject, headers, letter.payload.clone())
+        .await
+        .expect("publish")
+        .await
+        .expect("the server confirmed");
+    dlq.delete_message(seq).await.expect("removed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_redriven_message_that_fails_again_is_dead_lettered_again() {
+    let streams = JsStreams::new(&common::nats_url()).await;
+    let window = Duration::from_secs(1);
+    let (stream, root) = streams.stream("orders", window).await;
+    let (dlq, dlq_root) = streams.stream("dlq", Duration::from_secs(60)).await;
+    publish(&streams.js, &format!("{root}.paid"), "m-1", "poison").await;
+    let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(60), -1).await;
+    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{dlq_root}.fulfilment"));
+    let consumer = quick(Consumer::new(source.consumer_name(), MemoryStore::new()).unwrap());
+    let handler = poisoned(&consumer, "no such order");
+    let landed = running(&consumer, &source, handler, async {
+        let mut landed = vec![holds(&dlq, 1, Duration::from_secs(10)).await];
+        // An operator re-drives it within the dead-letter stream's duplicate window, and it
+        // fails again: its second dead letter must not be taken for a duplicate of the first.
+        // Once as the README says, once under its original id (past the orders stream's own
+        // duplicate window, which would drop it).
+        for (seq, original_id) in [(1, false), (2, true)] {
+            tokio::time::sleep(window).await;
+            redrive_as(&streams.js, &dlq, seq, original_id).await;
+            landed.push(holds(&dlq, 1, Duration::from_secs(10)).await);
+        }
+        landed
+    })
+    .await;
+    assert_eq!(landed, [true; 3], "{:?}", consumer.stats());
+    assert_eq!(consumer.stats().dead_lettered, 3);
+    assert_eq!(outstanding(&stream, "fulfilment").await, (0, 0));
 }

@@ -15,9 +15,17 @@
 //! - **Retry later**: a `-NAK` with the delay. **Still working**: `+WPI`, every third of the
 //!   consumer's ack wait.
 //! - **Dead letter**: the message is published through JetStream to the subject you name (a
-//!   stream must capture it), with the reason and its origin in headers and a `Nats-Msg-Id` of
-//!   `dead-letter:<consumer>:<key>` so a repeated dead-lettering is deduplicated; once the server
-//!   confirmed, the original is terminated (`+TERM`).
+//!   stream must capture it), with its payload and headers except JetStream's own (`Nats-…`:
+//!   expectations such as `Nats-Expected-Stream`, `Nats-Rollup`, `Nats-TTL`, which would make
+//!   the dead-letter stream refuse or roll up the copy), and with the reason, the consumer, the
+//!   key and its origin in `Idem-…` headers. Its `Nats-Msg-Id` is
+//!   `dead-letter:<consumer>:<stream>:<sequence>:<timestamp>`, one per stored message and
+//!   consumer, so a repeated dead-lettering of the same message is deduplicated (the server
+//!   says `duplicate`, and the first copy stands) while a re-driven copy that fails again is a
+//!   new dead letter. Once the server confirmed, the original is terminated (`+TERM`). A dead
+//!   letter that cannot be published (no stream captures the subject, the stream refuses it)
+//!   leaves the original in place: the runner asks for it again after its backoff, and
+//!   dead-letters it then.
 //!
 //! [`JetStreamSource::deliveries`] refuses, with [`Error::Config`], consumers and streams on
 //! which the runner cannot keep its promises:
@@ -54,10 +62,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer};
 use async_nats::jetstream::response::Response;
 use async_nats::jetstream::{self, AckKind};
+use async_nats::{HeaderMap, HeaderValue};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde::Deserialize;
@@ -79,6 +87,9 @@ pub const KEY: &str = "Idem-Key";
 pub const ORIGINAL_SUBJECT: &str = "Idem-Original-Subject";
 /// Header of a dead letter: the stream and stream sequence it came from, `<stream>:<seq>`.
 pub const ORIGINAL_SEQUENCE: &str = "Idem-Original-Sequence";
+
+/// The prefix of JetStream's own headers: none is copied into a dead letter.
+const JETSTREAM_HEADERS: &str = "Nats-";
 
 /// A pull consumer, with where its dead letters go.
 #[derive(Clone)]
@@ -270,6 +281,8 @@ pub struct JetStreamDelivery {
     key: String,
     /// `<stream>:<sequence>`, as dead letters say where they came from.
     origin: String,
+    /// `<stream>:<sequence>:<timestamp>` (or its digest form): this stored message.
+    place: String,
     delivered: u32,
 }
 
@@ -307,12 +320,13 @@ impl JetStreamDelivery {
             .headers
             .as_ref()
             .and_then(|h| h.get(MSG_ID))
-            .map_or(place, |id| id.as_str().to_owned());
+            .map_or_else(|| place.clone(), |id| id.as_str().to_owned());
         Ok(JetStreamDelivery {
             msg,
             shared,
             key,
             origin: format!("{stream}:{sequence}"),
+            place,
             delivered,
         })
     }
@@ -321,13 +335,38 @@ impl JetStreamDelivery {
     pub fn message(&self) -> &jetstream::Message {
         &self.msg
     }
-}
 
-/// A header value without line breaks or other control characters.
-fn header_value(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
+    /// The headers of this message's dead letter.
+    fn dead_letter_headers(&self, reason: &str) -> Result<HeaderMap, BoxError> {
+        let mut headers = HeaderMap::new();
+        if let Some(original) = &self.msg.headers {
+            for (name, values) in original.iter() {
+                let name_str: &str = name.as_ref();
+                let control = name_str
+                    .get(..JETSTREAM_HEADERS.len())
+                    .is_some_and(|p| p.eq_ignore_ascii_case(JETSTREAM_HEADERS));
+                if !control {
+                    for v in values {
+                        headers.append(name.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        headers.insert(REASON, text_value(reason));
+        headers.insert(CONSUMER, text_value(&self.shared.consumer));
+        headers.insert(KEY, exact_value(KEY, &self.key)?);
+        headers.insert(
+            ORIGINAL_SUBJECT,
+            exact_value(ORIGINAL_SUBJECT, &self.msg.subject)?,
+        );
+        headers.insert(
+            ORIGINAL_SEQUENCE,
+            exact_value(ORIGINAL_SEQUENCE, &self.origin)?,
+        );
+        let id = dead_letter_id(&self.shared.consumer, &self.place);
+        headers.insert(MSG_ID, exact_value(MSG_ID, &id)?);
+        Ok(headers)
+    }
 }
 
 /// When the server stored the message, in nanoseconds since 1970, as its ack subject says
@@ -352,6 +391,34 @@ fn place_key(stream: &str, sequence: u64, stored_at: &str) -> String {
         return readable;
     }
     format!("stream-{}:{sequence}:{stored_at}", digest(&[stream]))
+}
+
+/// The `Nats-Msg-Id` of the dead letter `consumer` writes for the stored message at `place`:
+/// `dead-letter:<consumer>:<place>`, or its digest form when that is no key.
+fn dead_letter_id(consumer: &str, place: &str) -> String {
+    let readable = format!("dead-letter:{consumer}:{place}");
+    if Key::parse(&readable).is_ok() {
+        return readable;
+    }
+    format!("dead-letter:{}", digest(&[consumer, place]))
+}
+
+/// Free text (a reason) as a header value: line breaks and other control characters become
+/// spaces, so nothing in it can end the header or start another.
+fn text_value(s: &str) -> HeaderValue {
+    let clean: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    // Nothing left that a header value refuses.
+    clean.parse().unwrap_or_default()
+}
+
+/// A value that must be written exactly (a key, a subject): an error, never a changed value,
+/// when a header cannot carry it.
+fn exact_value(name: &str, s: &str) -> Result<HeaderValue, BoxError> {
+    s.parse()
+        .map_err(|_| format!("the {name} header cannot carry {s:?}").into())
 }
 
 impl Delivery for JetStreamDelivery {
@@ -384,27 +451,9 @@ impl Delivery for JetStreamDelivery {
     }
 
     async fn dead_letter(&self, reason: &str) -> Result<(), BoxError> {
-        let mut headers = HeaderMap::new();
-        if let Some(original) = &self.msg.headers {
-            for (name, values) in original.iter() {
-                if !AsRef::<str>::as_ref(name).eq_ignore_ascii_case(MSG_ID) {
-                    for v in values {
-                        headers.append(name.clone(), v.clone());
-                    }
-                }
-            }
-        }
-        let consumer = &self.shared.consumer;
-        headers.insert(REASON, header_value(reason).as_str());
-        headers.insert(CONSUMER, header_value(consumer).as_str());
-        headers.insert(KEY, header_value(&self.key).as_str());
-        headers.insert(ORIGINAL_SUBJECT, self.msg.subject.as_str());
-        headers.insert(ORIGINAL_SEQUENCE, self.origin.as_str());
-        headers.insert(
-            MSG_ID,
-            header_value(&format!("dead-letter:{consumer}:{}", self.key)).as_str(),
-        );
-        self.shared
+        let headers = self.dead_letter_headers(reason)?;
+        let ack = self
+            .shared
             .context
             .publish_with_headers(
                 self.shared.dead_letters.clone(),
@@ -413,6 +462,11 @@ impl Delivery for JetStreamDelivery {
             )
             .await?
             .await?;
+        if ack.duplicate {
+            // This consumer dead-lettered this very message before (its termination did not
+            // reach the server): the first copy is the dead letter.
+            tracing::info!(target: "idem", consumer = %self.shared.consumer, origin = %self.origin, stream = %ack.stream, sequence = ack.sequence, "the message was dead-lettered before; terminating it");
+        }
         self.msg.ack_with(AckKind::Term).await
     }
 
@@ -507,8 +561,33 @@ mod tests {
                 key.starts_with("stream-") && key.ends_with(&format!(":7:{T}")),
                 "{key}"
             );
+            let id = dead_letter_id("fulfilment", &key);
+            assert!(Key::parse(&id).is_ok(), "{id}");
         }
         let long = place_key(&"S".repeat(255), 7, T);
         assert_ne!(long, place_key(&"S".repeat(254), 7, T));
+        let id = dead_letter_id(&"c".repeat(250), &long);
+        assert!(
+            id.starts_with("dead-letter:") && Key::parse(&id).is_ok(),
+            "{id}"
+        );
+        assert_eq!(
+            dead_letter_id("fulfilment", "ORDERS:42:7"),
+            "dead-letter:fulfilment:ORDERS:42:7"
+        );
+    }
+
+    #[test]
+    fn header_values_are_written_clean_or_refused() {
+        assert_eq!(
+            text_value("no such order\r\nX-Injected: yes\u{7}").as_str(),
+            "no such order  X-Injected: yes "
+        );
+        assert_eq!(
+            text_value("commande introuvable — é").as_str(),
+            "commande introuvable — é"
+        );
+        assert!(exact_value(KEY, "m-1\r\nX: y").is_err());
+        assert_eq!(exact_value(KEY, "m-1").unwrap().as_str(), "m-1");
     }
 }
