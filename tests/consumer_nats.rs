@@ -772,3 +772,98 @@ async fn a_redriven_message_that_fails_again_is_dead_lettered_again() {
     assert_eq!(consumer.stats().dead_lettered, 3);
     assert_eq!(outstanding(&stream, "fulfilment").await, (0, 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_redriven_dead_letter_is_processed_under_its_original_key() {
+    let streams = JsStreams::new(&common::nats_url()).await;
+    let (stream, root) = streams.stream("orders", Duration::from_secs(60)).await;
+    let (dlq, dlq_root) = streams.stream("dlq", Duration::from_secs(60)).await;
+    // One message with an id, one without (keyed by the stored message's identity).
+    publish(&streams.js, &format!("{root}.paid"), "m-1", "a").await;
+    publish_with(&streams.js, &format!("{root}.paid"), &[], "b").await;
+    let store = MemoryStore::new();
+    // Two consumers of the stream: `audit` processes both, `fulfilment` gives up on them
+    // until the warehouse is fixed.
+    let fixed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let keys = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let audit_runs = Arc::new(AtomicUsize::new(0));
+    let audit_pull = pull_consumer(&stream, "audit", Duration::from_secs(60), -1).await;
+    let audit_source =
+        JetStreamSource::new(streams.js.clone(), audit_pull, format!("{dlq_root}.audit"));
+    let audit = quick(Consumer::new("audit", store.clone()).unwrap());
+    let runs = audit_runs.clone();
+    let audit_handler = audit.guarded(move |_msg: Message, _claim| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, HandlerError>(()) }
+    });
+    let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(60), -1).await;
+    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{dlq_root}.fulfilment"));
+    let fulfilment = quick(Consumer::new("fulfilment", store.clone()).unwrap());
+    let (f, k) = (fixed.clone(), keys.clone());
+    let handler = fulfilment.guarded(move |msg: Message, _claim| {
+        let fixed = f.load(Ordering::SeqCst);
+        if fixed {
+            k.lock().unwrap().push(msg.key.to_string());
+        }
+        async move {
+            if fixed {
+                Ok(())
+            } else {
+                Err(HandlerError::permanent("the warehouse rejects it"))
+            }
+        }
+    });
+    let work = async {
+        assert!(until(Duration::from_secs(10), || audit.stats().completed == 2).await);
+        assert!(holds(&dlq, 2, Duration::from_secs(10)).await);
+        fixed.store(true, Ordering::SeqCst);
+        let first = dlq.get_raw_message(1).await.unwrap();
+        let second = dlq.get_raw_message(2).await.unwrap();
+        let original_keys = [
+            first.headers.get(KEY).unwrap().as_str().to_owned(),
+            second.headers.get(KEY).unwrap().as_str().to_owned(),
+        ];
+        redrive(&streams.js, &dlq, 1).await;
+        redrive(&streams.js, &dlq, 2).await;
+        let done = until(Duration::from_secs(10), || {
+            fulfilment.stats().completed == 2 && audit.stats().replayed == 2
+        })
+        .await;
+        (done, original_keys)
+    };
+    let ((done, original_keys), ()) =
+        tokio::join!(running(&fulfilment, &source, handler, work), async {
+            let deliveries = audit_source.deliveries().await.unwrap();
+            let stop = until(Duration::from_secs(30), || {
+                fulfilment.stats().completed == 2 && audit.stats().replayed == 2
+            });
+            audit
+                .run_until(deliveries, audit_handler, 4, async {
+                    stop.await;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                })
+                .await
+        });
+    assert!(
+        done,
+        "fulfilment {:?}, audit {:?}",
+        fulfilment.stats(),
+        audit.stats()
+    );
+    // The re-driven copies came back under the keys of the messages they copy: `fulfilment`
+    // ran them as those messages, and `audit`, which had processed them, replayed.
+    let mut expected = original_keys.to_vec();
+    expected.sort();
+    let place = format!("{}:2:", streams.stream_name("orders"));
+    assert!(
+        expected[0].starts_with(&place) && expected[1] == "m-1",
+        "{expected:?}"
+    );
+    let mut ran = keys.lock().unwrap().clone();
+    ran.sort();
+    assert_eq!(ran, expected);
+    assert_eq!(audit_runs.load(Ordering::SeqCst), 2, "{:?}", audit.stats());
+    assert_eq!(outstanding(&stream, "audit").await, (0, 0));
+    assert_eq!(outstanding(&stream, "fulfilment").await, (0, 0));
+}

@@ -8,7 +8,9 @@
 //!   stream's creation time, so that cannot tell them apart); the timestamp does not repeat, and
 //!   a restored message keeps its own. Never the consumer sequence, which differs per consumer
 //!   and per redelivery. A stream whose name makes that longer than a key may be is named by a
-//!   digest instead (`stream-<32 hex digits>:<sequence>:<timestamp>`).
+//!   digest instead (`stream-<32 hex digits>:<sequence>:<timestamp>`). A dead letter published
+//!   again to the subject it came from (a re-drive, see below) is keyed by the key it was
+//!   dead-lettered under, its `Idem-Key` header.
 //! - **Ack**: a double ack, which returns once the server confirmed it. JetStream can accept an
 //!   ack that comes after the ack wait and still redeliver the message: the record, not the ack,
 //!   is what stops the second execution, and the redelivery is answered by a replay.
@@ -39,6 +41,12 @@
 //!   one than [`JetStreamSource::retain`], by default [`DEFAULT_RETAIN`]): a message redelivered
 //!   or replayed after its record expired would run again.
 //!
+//! **Re-driving a dead letter** (once its cause is fixed): publish its payload with its headers
+//! to the subject in its `Idem-Original-Subject` header, then delete it from the dead-letter
+//! stream. Back on its subject, its `Idem-Key` is its key, so consumers that processed the
+//! message replay it and the one that gave up runs it; publishing the same dead letter twice is
+//! deduplicated by the original stream's duplicate window (its `Nats-Msg-Id` comes with it).
+//!
 //! ```no_run
 //! # async fn f() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! use idem::consumer::{nats::JetStreamSource, Consumer, HandlerError, Message};
@@ -55,6 +63,22 @@
 //!     Ok::<_, HandlerError>(msg.payload.len())
 //! });
 //! consumer.run(source.deliveries().await?, handler, 32).await;
+//! # Ok(()) }
+//! ```
+//!
+//! Re-driving, with the client:
+//!
+//! ```no_run
+//! # async fn f(js: async_nats::jetstream::Context, seq: u64) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use idem::consumer::nats::ORIGINAL_SUBJECT;
+//!
+//! let dead_letters = js.get_stream("ORDERS_DLQ").await?;
+//! let letter = dead_letters.get_raw_message(seq).await?;
+//! let subject = letter.headers.get(ORIGINAL_SUBJECT).ok_or("not a dead letter")?.to_string();
+//! js.publish_with_headers(subject, letter.headers.clone(), letter.payload.clone())
+//!     .await?
+//!     .await?;
+//! dead_letters.delete_message(seq).await?;
 //! # Ok(()) }
 //! ```
 
@@ -81,7 +105,8 @@ pub const MSG_ID: &str = "Nats-Msg-Id";
 pub const REASON: &str = "Idem-Dead-Letter-Reason";
 /// Header of a dead letter: the consumer that gave it up.
 pub const CONSUMER: &str = "Idem-Consumer";
-/// Header of a dead letter: the message's key.
+/// Header of a dead letter: the message's key. Published again to its original subject (a
+/// re-drive), the dead letter is keyed by it.
 pub const KEY: &str = "Idem-Key";
 /// Header of a dead letter: the subject it was published to.
 pub const ORIGINAL_SUBJECT: &str = "Idem-Original-Subject";
@@ -316,11 +341,8 @@ impl JetStreamDelivery {
             )
         })?;
         let place = place_key(&stream, sequence, stored_at);
-        let key = msg
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(MSG_ID))
-            .map_or_else(|| place.clone(), |id| id.as_str().to_owned());
+        let key = message_key(msg.headers.as_ref(), msg.subject.as_str())
+            .unwrap_or_else(|| place.clone());
         Ok(JetStreamDelivery {
             msg,
             shared,
@@ -367,6 +389,19 @@ impl JetStreamDelivery {
         headers.insert(MSG_ID, exact_value(MSG_ID, &id)?);
         Ok(headers)
     }
+}
+
+/// The key a message names itself: a re-driven dead letter's original key, else its
+/// `Nats-Msg-Id`.
+fn message_key(headers: Option<&HeaderMap>, subject: &str) -> Option<String> {
+    let headers = headers?;
+    let redriven = headers
+        .get(ORIGINAL_SUBJECT)
+        .is_some_and(|s| s.as_str() == subject);
+    if redriven && let Some(original) = headers.get(KEY) {
+        return Some(original.as_str().to_owned());
+    }
+    headers.get(MSG_ID).map(|v| v.as_str().to_owned())
 }
 
 /// When the server stored the message, in nanoseconds since 1970, as its ack subject says
@@ -575,6 +610,30 @@ mod tests {
             dead_letter_id("fulfilment", "ORDERS:42:7"),
             "dead-letter:fulfilment:ORDERS:42:7"
         );
+    }
+
+    #[test]
+    fn a_dead_letter_back_on_its_subject_is_keyed_by_its_original_key() {
+        let mut headers = HeaderMap::new();
+        headers.insert(MSG_ID, "dead-letter:fulfilment:ORDERS:42:7");
+        headers.insert(KEY, "m-1");
+        headers.insert(ORIGINAL_SUBJECT, "order.paid");
+        assert_eq!(
+            message_key(Some(&headers), "order.paid").as_deref(),
+            Some("m-1")
+        );
+        // In the dead-letter stream it is a dead letter: its own id, one per consumer.
+        assert_eq!(
+            message_key(Some(&headers), "dlq.fulfilment").as_deref(),
+            Some("dead-letter:fulfilment:ORDERS:42:7")
+        );
+        let mut plain = HeaderMap::new();
+        plain.insert(MSG_ID, "m-2");
+        assert_eq!(
+            message_key(Some(&plain), "order.paid").as_deref(),
+            Some("m-2")
+        );
+        assert_eq!(message_key(None, "order.paid"), None);
     }
 
     #[test]
