@@ -460,3 +460,150 @@ async fn a_dead_letter_the_broker_does_not_take_is_retried_not_dropped() {
         Settlement::DeadLetter("no such order".into())
     );
 }
+
+/// A nested step with a lease much shorter than the consumer's (five minutes): renewed only at
+/// the consumer's pace, it would run out while the step works.
+#[idempotent(scope = "short-lease:<msg.consumer>", key = msg.key, store = store, lease = "1s", skip(runs))]
+async fn short_lease_step(
+    store: &MemoryStore,
+    runs: &AtomicUsize,
+    msg: Message,
+) -> Result<usize, HandlerError> {
+    let n = runs.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    Ok(n + msg.payload.len())
+}
+
+#[tokio::test]
+async fn a_nested_claim_with_a_shorter_lease_is_renewed_in_time() {
+    let store = MemoryStore::new();
+    let c = consumer(store.clone());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (s, r) = (store.clone(), runs.clone());
+    let h = move |msg: Message| {
+        let (s, r) = (s.clone(), r.clone());
+        async move { short_lease_step(&s, &r, msg).await }
+    };
+    let first = TestDelivery::new("m-short", "x");
+    let (settled, second) = tokio::join!(c.handle(&first, &h), async {
+        // Past the step's one-second lease: a redelivery now takes over an unrenewed claim.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        c.handle(&TestDelivery::new("m-short", "x").delivered(2), &h)
+            .await
+    });
+    assert_eq!(settled, Settlement::Completed);
+    assert!(matches!(second, Settlement::InProgress(_)), "{second:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the step ran twice");
+}
+
+#[tokio::test]
+async fn a_handler_learns_its_claim_was_taken_over_and_is_not_acked() {
+    let clock = idem::ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let c = consumer(store.clone())
+        .lease(Duration::from_secs(10))
+        .keep_alive(Duration::from_millis(50));
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+    let gate = std::sync::Mutex::new(Some(entered_tx));
+    let learnt = Arc::new(AtomicUsize::new(0));
+    let l = learnt.clone();
+    let h = c.guarded(move |_msg: Message, claim: ClaimInfo| {
+        let first = gate.lock().unwrap().take();
+        let learnt = l.clone();
+        async move {
+            if let Some(entered) = first {
+                let _ = entered.send(());
+                // Works until told its claim is gone (or 5 s pass).
+                if tokio::time::timeout(Duration::from_secs(5), claim.lost())
+                    .await
+                    .is_ok()
+                {
+                    assert!(claim.is_lost());
+                    learnt.fetch_add(1, Ordering::SeqCst);
+                }
+                return Ok::<_, HandlerError>(1u8);
+            }
+            Ok(2)
+        }
+    });
+    let first = TestDelivery::new("m-lost", "x");
+    let started = std::time::Instant::now();
+    let (settled, second) = tokio::join!(c.handle(&first, &h), async {
+        entered_rx.await.unwrap();
+        // The first attempt's lease runs out (its process stalled, say) and a redelivery takes
+        // the record over.
+        clock.advance(Duration::from_secs(11));
+        c.handle(&TestDelivery::new("m-lost", "x").delivered(2), &h)
+            .await
+    });
+    assert_eq!(second, Settlement::Completed);
+    assert_eq!(
+        learnt.load(Ordering::SeqCst),
+        1,
+        "the first attempt was told"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "told at the next renewal"
+    );
+    assert!(matches!(settled, Settlement::Retry(_)), "{settled:?}");
+    assert!(!first.said().contains(&Said::Ack), "{:?}", first.said());
+    // The redelivery of the first is answered by the record of the second.
+    let again = TestDelivery::new("m-lost", "x").delivered(3);
+    assert_eq!(c.handle(&again, &h).await, Settlement::Replayed);
+}
+
+/// A step that works 500 ms on its first run, and reports when it started.
+#[idempotent(scope = "step:<msg.consumer>", key = msg.key, store = store, skip(entered))]
+async fn slow_step(
+    store: &MemoryStore,
+    entered: Option<tokio::sync::oneshot::Sender<()>>,
+    msg: Message,
+) -> Result<usize, HandlerError> {
+    if let Some(entered) = entered {
+        let _ = entered.send(());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(msg.payload.len())
+}
+
+#[tokio::test]
+async fn a_handler_that_swallows_the_loss_of_its_claim_is_not_acked() {
+    let clock = idem::ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let c = consumer(store.clone())
+        .lease(Duration::from_secs(10))
+        .keep_alive(Duration::from_millis(50));
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+    let gate = Arc::new(std::sync::Mutex::new(Some(entered_tx)));
+    let s = store.clone();
+    // It ignores what its step says: the runner must look at the claims itself.
+    let h = move |msg: Message| {
+        let (s, entered) = (s.clone(), gate.lock().unwrap().take());
+        async move {
+            let _ = slow_step(&s, entered, msg).await;
+            Ok::<_, HandlerError>(())
+        }
+    };
+    let first = TestDelivery::new("m-swallow", "x");
+    let (settled, ()) = tokio::join!(c.handle(&first, &h), async {
+        entered_rx.await.unwrap();
+        clock.advance(Duration::from_secs(11));
+        // Another worker takes the step over and completes it.
+        let msg = Message {
+            key: idem::Key::parse("m-swallow").unwrap(),
+            payload: b"x".to_vec().into(),
+            consumer: "fulfilment".into(),
+            subject: "test".into(),
+            delivered: 2,
+        };
+        idem::flow::with_default_policy(
+            idem::Policy::DEFAULT.lease(Duration::from_secs(10)),
+            slow_step(&store, None, msg),
+        )
+        .await
+        .unwrap();
+    });
+    assert!(matches!(settled, Settlement::Retry(_)), "{settled:?}");
+    assert!(!first.said().contains(&Said::Ack), "{:?}", first.said());
+}

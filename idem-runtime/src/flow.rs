@@ -716,7 +716,14 @@ tokio::task_local! {
 /// The claims that guarded calls took while a future ran, readable while it runs: see
 /// [`watch_claims`]. Clones share the same list.
 #[derive(Debug, Clone, Default)]
-pub struct ClaimWatch(Arc<Mutex<Vec<WatchedClaim>>>);
+pub struct ClaimWatch(Arc<Watched>);
+
+#[derive(Debug, Default)]
+struct Watched {
+    claims: Mutex<Vec<WatchedClaim>>,
+    /// Woken when a claim is added.
+    added: tokio::sync::Notify,
+}
 
 /// A claim seen by a [`ClaimWatch`], with the lease its call runs under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -736,15 +743,25 @@ impl ClaimWatch {
     /// The claims taken so far, oldest first. A claim stays listed after it ended; a renewal of
     /// an ended claim is refused by the store's fence check and changes nothing.
     pub fn claims(&self) -> Vec<WatchedClaim> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.0
+            .claims
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Forgets `claim`: it ended, or was taken over.
     pub fn forget(&self, claim: &ClaimInfo) {
         self.0
+            .claims
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|w| w.claim != *claim);
+    }
+
+    /// Completes when a claim is added after this was first polled (or enabled).
+    pub(crate) fn added(&self) -> tokio::sync::futures::Notified<'_> {
+        self.0.added.notified()
     }
 }
 
@@ -763,12 +780,14 @@ pub async fn watch_claims<F: Future>(watch: &ClaimWatch, fut: F) -> F::Output {
 /// Tells the [`watch_claims`] on this task, if any, that a call holds `claim`.
 fn note_claim(claim: &ClaimInfo, lease: Duration) {
     let _ = CLAIMS.try_with(|w| {
-        w.0.lock()
+        w.0.claims
+            .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(WatchedClaim {
                 claim: claim.clone(),
                 lease,
-            })
+            });
+        w.0.added.notify_waiters();
     });
 }
 

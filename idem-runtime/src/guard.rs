@@ -31,6 +31,8 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -45,7 +47,11 @@ pub use crate::flow::{Begun, begin};
 
 /// What a guarded body knows about its claim: `#[idempotent(…, claim = c)]` hands it to the body
 /// as `c`, and [`Guard::info`] gives it by hand.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Clones share what is learnt about the claim while it runs: whether it was lost
+/// ([`ClaimInfo::lost`]). Two `ClaimInfo`s are equal when they name the same claim (scope, key,
+/// fence and what the store said of it).
+#[derive(Debug, Clone)]
 pub struct ClaimInfo {
     scope: String,
     key: Key,
@@ -53,6 +59,48 @@ pub struct ClaimInfo {
     reclaimed: bool,
     recovery_point: Option<Vec<u8>>,
     attempt: u32,
+    state: Arc<ClaimState>,
+}
+
+impl PartialEq for ClaimInfo {
+    fn eq(&self, other: &Self) -> bool {
+        self.scope == other.scope
+            && self.key == other.key
+            && self.fence == other.fence
+            && self.reclaimed == other.reclaimed
+            && self.recovery_point == other.recovery_point
+            && self.attempt == other.attempt
+    }
+}
+
+impl Eq for ClaimInfo {}
+
+/// What the holders of one claim (its guard, the body's [`ClaimInfo`], a consumer renewing its
+/// lease) learn about it while it runs.
+#[derive(Debug, Default)]
+pub(crate) struct ClaimState {
+    /// How the claim ended, an [`End`].
+    end: AtomicU8,
+    /// Whether the record is known to be someone else's now.
+    lost: AtomicBool,
+    lost_notify: tokio::sync::Notify,
+}
+
+/// How a claim ended, as far as its holders know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum End {
+    /// The body runs.
+    Running = 0,
+    /// The body ended; its completion or release is in flight.
+    Finishing = 1,
+    /// The answer is stored.
+    Completed = 2,
+    /// Released (an error, a dropped body), or lost to a newer attempt: nothing is stored.
+    Released = 3,
+    /// The effect happened but its answer could not be stored: the record stays claimed until
+    /// its lease runs out, then a later attempt re-claims it.
+    Unrecorded = 4,
 }
 
 impl ClaimInfo {
@@ -65,6 +113,7 @@ impl ClaimInfo {
             reclaimed: claimed.reclaimed,
             recovery_point: claimed.recovery_point,
             attempt: claimed.attempt,
+            state: Arc::default(),
         }
     }
 
@@ -109,6 +158,66 @@ impl ClaimInfo {
     /// idempotency key, so a call that a take-over repeats is deduplicated there.
     pub fn downstream_key(&self, step: &str) -> String {
         downstream_key(&self.scope, self.key.as_str(), step)
+    }
+
+    /// Whether this claim is known to be lost: a renewal of its lease, a checkpoint or its
+    /// completion found the record taken over by a newer attempt (its lease had run out). Its
+    /// body's work will not be recorded; the newer attempt's will.
+    pub fn is_lost(&self) -> bool {
+        self.state.lost.load(Ordering::Acquire)
+    }
+
+    /// Completes when this claim is known to be lost (see [`ClaimInfo::is_lost`]); never, while
+    /// it is held. A body that runs long can race its work against it and stop early:
+    ///
+    /// ```
+    /// # async fn work() {}
+    /// # async fn f(claim: idem::ClaimInfo) -> Result<(), &'static str> {
+    /// tokio::select! {
+    ///     () = work() => Ok(()),
+    ///     () = claim.lost() => Err("taken over: another attempt does this work now"),
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// What learns of the loss: the message consumer, which renews the lease of the claims its
+    /// handler holds, and [`Guard::renew`], [`Guard::checkpoint`] and [`Guard::complete`].
+    /// Under the consumer the delivery of a handler whose claim was lost is not acked: it is
+    /// retried, and answered by the newer attempt's record.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        let state = self.state.clone();
+        async move {
+            loop {
+                let notified = state.lost_notify.notified();
+                let mut notified = std::pin::pin!(notified);
+                notified.as_mut().enable();
+                if state.lost.load(Ordering::Acquire) {
+                    return;
+                }
+                notified.await;
+            }
+        }
+    }
+
+    /// Records that the claim was taken over.
+    pub(crate) fn mark_lost(&self) {
+        self.state.lost.store(true, Ordering::Release);
+        self.state.lost_notify.notify_waiters();
+    }
+
+    /// How the claim ended, as far as this process knows.
+    pub(crate) fn end(&self) -> End {
+        match self.state.end.load(Ordering::Acquire) {
+            0 => End::Running,
+            1 => End::Finishing,
+            2 => End::Completed,
+            3 => End::Released,
+            _ => End::Unrecorded,
+        }
+    }
+
+    fn set_end(&self, end: End) {
+        self.state.end.store(end as u8, Ordering::Release);
     }
 
     /// The identity and fence, as presented to the store's fenced writes.
@@ -206,11 +315,7 @@ impl<'s, S: Store> Guard<'s, S> {
             .store
             .checkpoint(self.claim.claim_ref(), recovery_point, self.policy.lease)
             .await;
-        if let Err(Error::FenceLost { .. }) = result {
-            // The record is someone else's now: there is nothing left to release.
-            self.armed = false;
-            self.claim.observe(Outcome::FenceLost);
-        }
+        self.renewal(&result);
         result
     }
 
@@ -221,11 +326,23 @@ impl<'s, S: Store> Guard<'s, S> {
             .store
             .renew(self.claim.claim_ref(), self.policy.lease)
             .await;
-        if let Err(Error::FenceLost { .. }) = result {
-            self.armed = false;
-            self.claim.observe(Outcome::FenceLost);
-        }
+        self.renewal(&result);
         result
+    }
+
+    /// What a renewal of the lease (a renewal or a checkpoint) tells about the claim.
+    fn renewal(&mut self, result: &Result<()>) {
+        match result {
+            Ok(()) => {}
+            Err(Error::FenceLost { .. }) => {
+                // The record is someone else's now: there is nothing left to release.
+                self.armed = false;
+                self.claim.set_end(End::Released);
+                self.claim.mark_lost();
+                self.claim.observe(Outcome::FenceLost);
+            }
+            Err(_) => {}
+        }
     }
 
     /// Stores `response` for replay and ends the claim.
@@ -243,11 +360,20 @@ impl<'s, S: Store> Guard<'s, S> {
     pub(crate) async fn finish(&mut self, response: &StoredResponse) -> Result<()> {
         // Armed while the write is in flight: a caller dropped mid-completion releases, as it
         // would mid-body.
+        self.claim.set_end(End::Finishing);
         let mut result = self.store.complete(self.claim.claim_ref(), response).await;
         if let Err(Error::Unavailable(_)) = result {
             result = retry_complete(self.store, self.claim.claim_ref(), response).await;
         }
         self.armed = false;
+        match &result {
+            Ok(()) => self.claim.set_end(End::Completed),
+            Err(Error::FenceLost { .. }) => {
+                self.claim.set_end(End::Released);
+                self.claim.mark_lost();
+            }
+            Err(_) => self.claim.set_end(End::Unrecorded),
+        }
         self.claim.observe(match &result {
             Ok(()) => Outcome::Completed,
             Err(Error::FenceLost { .. }) => Outcome::FenceLost,
@@ -264,8 +390,13 @@ impl<'s, S: Store> Guard<'s, S> {
 
     /// [`Guard::release`], borrowing the guard; see [`Guard::finish`].
     pub(crate) async fn give_up(&mut self) -> Result<()> {
+        self.claim.set_end(End::Finishing);
         let result = self.store.release(self.claim.claim_ref()).await;
         self.armed = false;
+        self.claim.set_end(End::Released);
+        if let Err(Error::FenceLost { .. }) = result {
+            self.claim.mark_lost();
+        }
         self.claim.observe(match &result {
             Ok(()) => Outcome::Released,
             Err(Error::FenceLost { .. }) => Outcome::FenceLost,
@@ -279,6 +410,7 @@ impl<'s, S: Store> Guard<'s, S> {
     /// before the lease says the owner is gone.
     pub(crate) fn keep_claimed(mut self) {
         self.armed = false;
+        self.claim.set_end(End::Unrecorded);
     }
 }
 
@@ -306,6 +438,7 @@ fn retry_complete<'a, S: Store>(
 impl<S: Store> Drop for Guard<'_, S> {
     fn drop(&mut self) {
         if self.armed {
+            self.claim.set_end(End::Released);
             self.claim.observe(Outcome::Released);
             self.store.release_in_background(
                 std::mem::take(&mut self.claim.scope),

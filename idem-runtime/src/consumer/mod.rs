@@ -65,7 +65,7 @@ use serde::{Serialize, Serializer};
 use crate::error::{BoxError, Error};
 use crate::fingerprint::Fingerprint;
 use crate::flow::{self, ClaimWatch, Prepared, RetryHint, WithClaim};
-use crate::guard::ClaimInfo;
+use crate::guard::{ClaimInfo, End};
 use crate::key::Key;
 use crate::record::Policy;
 use crate::replay::marker;
@@ -552,7 +552,9 @@ impl<S: Store> Consumer<S> {
     }
 
     /// How often a running handler's delivery is kept alive and its claims renewed (default: a
-    /// third of the lease, at most 10 s, and as often as the broker needs).
+    /// third of the lease, at most 10 s, and as often as the broker needs). While the handler
+    /// holds a claim with a shorter lease (an `#[idempotent(lease = …)]` function it calls), a
+    /// third of that lease.
     pub fn keep_alive(mut self, every: Duration) -> Self {
         self.keep_alive = Some(every.max(Duration::from_millis(10)));
         self
@@ -634,11 +636,21 @@ impl<S: Store> Consumer<S> {
                 )),
             );
             let (result, replays) = self.while_alive(delivery, &watch, every, call).await;
-            let ran = match &result {
-                Ok(()) => Ran::Done {
+            // An `Ok` is acked only if every claim the handler took was recorded.
+            let unrecorded = result.as_ref().ok().and_then(|()| unrecorded(&watch));
+            let ran = match (&result, &unrecorded) {
+                (Ok(()), Some(e)) => {
+                    tracing::warn!(target: "idem", consumer = %self.name, key = %msg.key, error = %e, "the handler succeeded but its work was not recorded: not acking it");
+                    Ran::Failed {
+                        idem: Some(e),
+                        is_final: false,
+                        reason: e.to_string(),
+                    }
+                }
+                (Ok(()), None) => Ran::Done {
                     replayed: !replays.is_empty(),
                 },
-                Err(e) => Ran::Failed {
+                (Err(e), _) => Ran::Failed {
                     idem: e.as_idem(),
                     is_final: e.is_final(),
                     reason: e.to_string(),
@@ -719,7 +731,8 @@ impl<S: Store> Consumer<S> {
         every.max(Duration::from_millis(10))
     }
 
-    /// Awaits `fut`, keeping `delivery` alive and renewing the claims in `watch` every `every`.
+    /// Awaits `fut`, keeping `delivery` alive and renewing the claims in `watch`: every `every`,
+    /// and more often while a claim in `watch` has a shorter lease ([`renew_every`]).
     async fn while_alive<D: Delivery, F: Future>(
         &self,
         delivery: &D,
@@ -728,30 +741,48 @@ impl<S: Store> Consumer<S> {
         fut: F,
     ) -> F::Output {
         let mut fut = std::pin::pin!(fut);
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next = tokio::time::Instant::now() + every;
         loop {
+            // Listening before reading the claims: one taken meanwhile is not missed.
+            let added = watch.added();
+            let mut added = std::pin::pin!(added);
+            added.as_mut().enable();
+            next = next.min(tokio::time::Instant::now() + renew_every(every, watch));
             tokio::select! {
                 biased;
                 out = &mut fut => return out,
-                _ = tick.tick() => self.keep_alive_now(delivery, watch).await,
+                () = tokio::time::sleep_until(next) => {
+                    self.keep_alive_now(delivery, watch).await;
+                    next = tokio::time::Instant::now() + renew_every(every, watch);
+                }
+                () = &mut added => {}
             }
         }
     }
 
+    /// Says "still working" to the broker and renews the lease of every claim the handler
+    /// holds. A claim found taken over is marked lost (its body learns it through
+    /// [`ClaimInfo::lost`], and the delivery is not acked); every other failure is logged.
     async fn keep_alive_now<D: Delivery>(&self, delivery: &D, watch: &ClaimWatch) {
         if let Err(e) = delivery.keep_alive().await {
             tracing::warn!(target: "idem", consumer = %self.name, error = %e, "could not keep a delivery alive");
         }
         for w in watch.claims() {
+            if !held(&w.claim) {
+                continue;
+            }
             match self.store.renew(w.claim.claim_ref(), w.lease).await {
                 Ok(()) => {
                     self.counters.renewals.fetch_add(1, Ordering::Relaxed);
                 }
-                // Ended (completed, released) or taken over: nothing left to renew.
-                Err(Error::FenceLost { .. }) => watch.forget(&w.claim),
+                Err(Error::FenceLost { .. }) if w.claim.end() == End::Running => {
+                    w.claim.mark_lost();
+                    tracing::warn!(target: "idem", consumer = %self.name, scope = w.claim.scope(), key = %w.claim.key(), fence = w.claim.fence(), "a running handler's claim was taken over (its lease ran out): the handler is told, and its delivery will not be acked");
+                }
+                // It ended while the renewal was on its way: nothing left to renew.
+                Err(Error::FenceLost { .. }) => {}
                 Err(e) => {
-                    tracing::warn!(target: "idem", consumer = %self.name, key = %w.claim.key(), error = %e, "could not renew a running handler's lease");
+                    tracing::warn!(target: "idem", consumer = %self.name, scope = w.claim.scope(), key = %w.claim.key(), error = %e, "could not renew a running handler's lease");
                 }
             }
         }
@@ -781,6 +812,35 @@ impl<S: Store> Consumer<S> {
         }
         s
     }
+}
+
+/// Whether a claim is still held by its body or its completion, and not known lost: one to
+/// renew.
+fn held(claim: &ClaimInfo) -> bool {
+    matches!(claim.end(), End::Running | End::Finishing) && !claim.is_lost()
+}
+
+/// How often the claims in `watch` need renewing: `every`, or a third of the shortest lease of a
+/// claim still held, whichever is sooner (at least every 10 ms).
+fn renew_every(every: Duration, watch: &ClaimWatch) -> Duration {
+    watch
+        .claims()
+        .iter()
+        .filter(|w| held(&w.claim))
+        .map(|w| w.lease / 3)
+        .fold(every, Duration::min)
+        .max(Duration::from_millis(10))
+}
+
+/// Why the handler's work is not recorded, when it is not: a claim it took was lost to a newer
+/// attempt. Its delivery is then retried, never acked: the redelivery is answered by the newer
+/// attempt's record.
+fn unrecorded(watch: &ClaimWatch) -> Option<Error> {
+    watch.claims().into_iter().find_map(|w| {
+        (w.claim.is_lost() && w.claim.end() != End::Completed).then(|| Error::FenceLost {
+            fence: w.claim.fence(),
+        })
+    })
 }
 
 impl<S: Store> Consumer<S> {
