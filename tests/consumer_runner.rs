@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use idem::consumer::testing::{Said, TestDelivery};
 use idem::consumer::{Backoff, Consumer, HandlerError, Message, Settlement};
-use idem::{ClaimInfo, MemoryStore, SqliteStore, idempotent};
+use idem::{ClaimInfo, MemoryStore, SqliteStore, Store, idempotent};
 
 fn consumer(store: MemoryStore) -> Consumer<MemoryStore> {
     Consumer::new("fulfilment", store)
@@ -606,4 +606,132 @@ async fn a_handler_that_swallows_the_loss_of_its_claim_is_not_acked() {
     });
     assert!(matches!(settled, Settlement::Retry(_)), "{settled:?}");
     assert!(!first.said().contains(&Said::Ack), "{:?}", first.said());
+}
+
+/// A store whose completions fail as unavailable while it is "down"; everything else works.
+#[derive(Clone)]
+struct CompletionsDown {
+    inner: MemoryStore,
+    down: Arc<std::sync::atomic::AtomicBool>,
+    refused: Arc<AtomicUsize>,
+}
+
+impl CompletionsDown {
+    fn new() -> Self {
+        CompletionsDown {
+            inner: MemoryStore::new(),
+            down: Arc::default(),
+            refused: Arc::default(),
+        }
+    }
+
+    fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+}
+
+impl idem::Store for CompletionsDown {
+    async fn begin(&self, req: idem::BeginRequest<'_>) -> idem::Result<idem::BeginOutcome> {
+        self.inner.begin(req).await
+    }
+    async fn complete(
+        &self,
+        claim: idem::ClaimRef<'_>,
+        response: &idem::StoredResponse,
+    ) -> idem::Result<()> {
+        if self.down.load(Ordering::SeqCst) {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+            return Err(idem::Error::Unavailable("the store is down".into()));
+        }
+        self.inner.complete(claim, response).await
+    }
+    async fn release(&self, claim: idem::ClaimRef<'_>) -> idem::Result<()> {
+        self.inner.release(claim).await
+    }
+    async fn checkpoint(
+        &self,
+        claim: idem::ClaimRef<'_>,
+        recovery_point: &[u8],
+        lease: Duration,
+    ) -> idem::Result<()> {
+        self.inner.checkpoint(claim, recovery_point, lease).await
+    }
+    async fn renew(&self, claim: idem::ClaimRef<'_>, lease: Duration) -> idem::Result<()> {
+        self.inner.renew(claim, lease).await
+    }
+    async fn lookup(&self, scope: &str, key: &str) -> idem::Result<Option<idem::Record>> {
+        self.inner.lookup(scope, key).await
+    }
+    async fn purge_expired(&self) -> idem::Result<u64> {
+        self.inner.purge_expired().await
+    }
+    fn release_in_background(&self, scope: String, key: String, fence: u64) {
+        self.inner.release_in_background(scope, key, fence)
+    }
+}
+
+#[tokio::test]
+async fn a_completion_the_store_refused_is_retried_while_the_lease_lives() {
+    let store = CompletionsDown::new();
+    let c = Consumer::new("fulfilment", store.clone())
+        .unwrap()
+        .lease(Duration::from_secs(3));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let h = c.guarded(counting(&runs));
+    store.set_down(true);
+    let d = TestDelivery::new("m-1", "hello");
+    let (settled, ()) = tokio::join!(c.handle(&d, &h), async {
+        // Down for a second and a half: longer than a brief retry, shorter than the lease.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        store.set_down(false);
+    });
+    assert_eq!(settled, Settlement::Completed);
+    assert_eq!(d.said().last(), Some(&Said::Ack));
+    assert!(store.refused.load(Ordering::SeqCst) > 3);
+    let record = store.lookup(c.scope(), "m-1").await.unwrap().unwrap();
+    assert_eq!(record.state, idem::RecordState::Completed);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_completion_that_could_not_be_stored_is_not_acked_and_runs_again_after_the_lease() {
+    let store = CompletionsDown::new();
+    let c = Consumer::new("fulfilment", store.clone())
+        .unwrap()
+        .lease(Duration::from_secs(1))
+        .backoff(Backoff {
+            initial: Duration::from_millis(50),
+            max: Duration::from_secs(2),
+        });
+    let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let a = attempts.clone();
+    let h = c.guarded(move |_msg: Message, claim: ClaimInfo| {
+        a.lock().unwrap().push(claim.attempt());
+        async { Ok::<_, HandlerError>(7u8) }
+    });
+    store.set_down(true);
+    let d = TestDelivery::new("m-1", "hello");
+    let started = std::time::Instant::now();
+    let settled = c.handle(&d, &h).await;
+    // Retried for the lease's life (a second), then given up: never acked.
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(settled, Settlement::Retry(Duration::from_millis(50)));
+    assert!(!d.said().contains(&Said::Ack), "{:?}", d.said());
+    store.set_down(false);
+    // The redelivery re-claims once the claim's lease ran out, and this time it is recorded.
+    let mut n = 2;
+    let settled = loop {
+        let again = TestDelivery::new("m-1", "hello").delivered(n);
+        match c.handle(&again, &h).await {
+            Settlement::InProgress(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            other => break other,
+        }
+        n += 1;
+    };
+    assert_eq!(settled, Settlement::Completed);
+    assert_eq!(*attempts.lock().unwrap(), vec![1, 2]);
 }

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::guard::{ClaimInfo, Guard};
+use crate::guard::{ClaimInfo, Guard, Patience};
 use crate::key::Key;
 use crate::observe::{self, Outcome};
 use crate::record::{BeginOutcome, BeginRequest, Claimed, Policy, StoredResponse};
@@ -283,8 +283,8 @@ pub async fn begin<S: Store>(
     Ok(match started(&scope, &key, outcome, None)? {
         Started::Claimed(c) => {
             let claim = ClaimInfo::new(scope, key, c);
-            note_claim(&claim, policy.lease);
-            Begun::Claimed(Guard::new(store, claim, policy))
+            let patience = note_claim(&claim, policy.lease);
+            Begun::Claimed(Guard::new(store, claim, policy).patience(patience))
         }
         Started::Replay(stored) => Begun::Replay(stored),
     })
@@ -510,8 +510,8 @@ where
     let mut guard = match started(&scope, &key, outcome, timing) {
         Ok(Started::Claimed(c)) => {
             let claim = ClaimInfo::new(scope, key, c);
-            note_claim(&claim, policy.lease);
-            Guard::new(store, claim, policy)
+            let patience = note_claim(&claim, policy.lease);
+            Guard::new(store, claim, policy).patience(patience)
         }
         Ok(Started::Replay(stored)) => return replay::<R, M>(stored, &errors),
         Err(e) => return errors.fail(e),
@@ -554,7 +554,7 @@ where
         // A newer attempt owns the record; its answer is the one that will be replayed.
         (Err(e @ Error::FenceLost { .. }), Ok(_)) => errors.fail(e),
         // The effect happened and this is its answer: hand it back. The record stays claimed
-        // until its lease runs out (see Guard::complete).
+        // until its lease runs out (see Guard::complete); a message consumer does not ack it.
         (Err(e), Ok(v)) => {
             tracing::error!(target: "idem", error = %e, "could not store the response; returning it unstored");
             R::from_ok(v)
@@ -777,9 +777,11 @@ pub async fn watch_claims<F: Future>(watch: &ClaimWatch, fut: F) -> F::Output {
     CLAIMS.scope(watch.clone(), fut).await
 }
 
-/// Tells the [`watch_claims`] on this task, if any, that a call holds `claim`.
-fn note_claim(claim: &ClaimInfo, lease: Duration) {
-    let _ = CLAIMS.try_with(|w| {
+/// Tells the [`watch_claims`] on this task, if any, that a call holds `claim`. How patiently
+/// the claim's completion is retried follows: while its lease lives when a watcher (a message
+/// consumer) keeps it alive, briefly when a caller waits on a connection.
+fn note_claim(claim: &ClaimInfo, lease: Duration) -> Patience {
+    let watched = CLAIMS.try_with(|w| {
         w.0.claims
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -789,6 +791,10 @@ fn note_claim(claim: &ClaimInfo, lease: Duration) {
             });
         w.0.added.notify_waiters();
     });
+    match watched {
+        Ok(()) => Patience::WhileLeased,
+        Err(_) => Patience::Brief,
+    }
 }
 
 /// The transactional flow of `#[idempotent(…, transaction = tx)]`: claim, body and completion in

@@ -31,9 +31,9 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
@@ -84,6 +84,9 @@ pub(crate) struct ClaimState {
     /// Whether the record is known to be someone else's now.
     lost: AtomicBool,
     lost_notify: tokio::sync::Notify,
+    /// Until when the lease is known to run, by this process's clock: from the claim, or the
+    /// last renewal, plus the lease.
+    lease_until: Mutex<Option<Instant>>,
 }
 
 /// How a claim ended, as far as its holders know.
@@ -220,6 +223,25 @@ impl ClaimInfo {
         self.state.end.store(end as u8, Ordering::Release);
     }
 
+    /// The lease was granted or renewed just now, for `lease`.
+    pub(crate) fn renewed(&self, lease: Duration) {
+        let until = Instant::now().checked_add(lease);
+        *self
+            .state
+            .lease_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = until;
+    }
+
+    /// Until when the lease is known to run, once it was granted through a [`Guard`].
+    pub(crate) fn lease_until(&self) -> Option<Instant> {
+        *self
+            .state
+            .lease_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The identity and fence, as presented to the store's fenced writes.
     pub(crate) fn claim_ref(&self) -> ClaimRef<'_> {
         ClaimRef {
@@ -243,6 +265,7 @@ pub struct Guard<'s, S: Store> {
     store: &'s S,
     claim: ClaimInfo,
     policy: Policy,
+    patience: Patience,
     armed: bool,
 }
 
@@ -259,12 +282,20 @@ impl<S: Store> fmt::Debug for Guard<'_, S> {
 
 impl<'s, S: Store> Guard<'s, S> {
     pub(crate) fn new(store: &'s S, claim: ClaimInfo, policy: Policy) -> Self {
+        claim.renewed(policy.lease);
         Guard {
             store,
             claim,
             policy,
+            patience: Patience::Brief,
             armed: true,
         }
+    }
+
+    /// How long a completion lost to an unavailable store is retried.
+    pub(crate) fn patience(mut self, patience: Patience) -> Self {
+        self.patience = patience;
+        self
     }
 
     /// The scope.
@@ -333,7 +364,7 @@ impl<'s, S: Store> Guard<'s, S> {
     /// What a renewal of the lease (a renewal or a checkpoint) tells about the claim.
     fn renewal(&mut self, result: &Result<()>) {
         match result {
-            Ok(()) => {}
+            Ok(()) => self.claim.renewed(self.policy.lease),
             Err(Error::FenceLost { .. }) => {
                 // The record is someone else's now: there is nothing left to release.
                 self.armed = false;
@@ -348,7 +379,8 @@ impl<'s, S: Store> Guard<'s, S> {
     /// Stores `response` for replay and ends the claim.
     ///
     /// [`Error::FenceLost`] means a newer attempt took the record over: nothing was written.
-    /// A completion lost to an unavailable store is retried briefly. Any other error leaves the
+    /// A completion lost to an unavailable store is retried: briefly, or, under a message
+    /// consumer, while the claim's lease lives (see `retry_complete`). Any other error leaves the
     /// claim in place (not released: the side effect happened, so a retry must not run it
     /// again); it is re-claimed when its lease runs out.
     pub async fn complete(mut self, response: &StoredResponse) -> Result<()> {
@@ -363,7 +395,14 @@ impl<'s, S: Store> Guard<'s, S> {
         self.claim.set_end(End::Finishing);
         let mut result = self.store.complete(self.claim.claim_ref(), response).await;
         if let Err(Error::Unavailable(_)) = result {
-            result = retry_complete(self.store, self.claim.claim_ref(), response).await;
+            result = retry_complete(
+                self.store,
+                &self.claim,
+                response,
+                self.policy.lease,
+                self.patience,
+            )
+            .await;
         }
         self.armed = false;
         match &result {
@@ -414,22 +453,70 @@ impl<'s, S: Store> Guard<'s, S> {
     }
 }
 
-/// A completion lost to a dropped connection is retried briefly: the side effect has happened,
-/// and the alternative is a claim that waits out its lease. Boxed: it is rare, and keeping it out
-/// of line keeps the common path's future small.
+/// How long a completion lost to an unavailable store is retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Patience {
+    /// Three tries within about half a second: a client waits on its connection for the answer,
+    /// and gets it unstored rather than after its own timeout.
+    Brief,
+    /// While the claim's lease lives (at most one lease from the first failure), renewing the
+    /// lease before each try: nobody waits on a connection (a message consumer keeps its
+    /// delivery alive meanwhile), and an answer left unstored means the work runs again.
+    WhileLeased,
+}
+
+/// The completion policy: a completion lost to an unavailable store (a dropped connection, a
+/// failover) is tried again, with a growing pause, for as long as `patience` says. The side
+/// effect has happened; the alternative is a claim that waits out its lease and a second run of
+/// the work. Boxed: it is rare, and keeping it out of line keeps the common path's future small.
 fn retry_complete<'a, S: Store>(
     store: &'a S,
-    claim: ClaimRef<'a>,
+    claim: &'a ClaimInfo,
     response: &'a StoredResponse,
+    lease: Duration,
+    patience: Patience,
 ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>> {
     Box::pin(async move {
+        const BRIEF_MS: [u64; 3] = [20, 100, 400];
+        let first_failure = Instant::now();
+        tracing::warn!(target: "idem", scope = claim.scope(), key = %claim.key(), ?patience, "could not store the answer: the store is unavailable; trying again");
         let mut result = Err(Error::Unavailable("not attempted".into()));
-        for backoff_ms in [20, 100, 400] {
-            tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
-            result = store.complete(claim, response).await;
+        let mut pause = Duration::from_millis(20);
+        for tries in 0usize.. {
+            match patience {
+                Patience::Brief => match BRIEF_MS.get(tries) {
+                    Some(ms) => pause = Duration::from_millis(*ms),
+                    None => break,
+                },
+                Patience::WhileLeased => {
+                    let until = [first_failure.checked_add(lease), claim.lease_until()]
+                        .into_iter()
+                        .flatten()
+                        .min();
+                    if let Some(until) = until {
+                        let now = Instant::now();
+                        if now >= until {
+                            break;
+                        }
+                        pause = pause.min(until - now);
+                    }
+                }
+            }
+            tokio::time::sleep(pause).await;
+            if patience == Patience::WhileLeased {
+                pause = (pause * 2).min(Duration::from_secs(1));
+                // Keep the record ours while the store comes back.
+                match store.renew(claim.claim_ref(), lease).await {
+                    Ok(()) => claim.renewed(lease),
+                    Err(e @ Error::FenceLost { .. }) => return Err(e),
+                    Err(_) => {}
+                }
+            }
+            result = store.complete(claim.claim_ref(), response).await;
             if !matches!(result, Err(Error::Unavailable(_))) {
                 break;
             }
+            tracing::debug!(target: "idem", scope = claim.scope(), key = %claim.key(), tries = tries + 1, "could not store the answer yet");
         }
         result
     })

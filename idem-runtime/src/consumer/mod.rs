@@ -773,6 +773,7 @@ impl<S: Store> Consumer<S> {
             }
             match self.store.renew(w.claim.claim_ref(), w.lease).await {
                 Ok(()) => {
+                    w.claim.renewed(w.lease);
                     self.counters.renewals.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(Error::FenceLost { .. }) if w.claim.end() == End::Running => {
@@ -833,13 +834,27 @@ fn renew_every(every: Duration, watch: &ClaimWatch) -> Duration {
 }
 
 /// Why the handler's work is not recorded, when it is not: a claim it took was lost to a newer
-/// attempt. Its delivery is then retried, never acked: the redelivery is answered by the newer
-/// attempt's record.
+/// attempt, or its answer could not be stored. Its delivery is then retried, never acked: the
+/// redelivery is answered by the newer attempt's record, or re-claims the record once its lease
+/// ran out.
 fn unrecorded(watch: &ClaimWatch) -> Option<Error> {
     watch.claims().into_iter().find_map(|w| {
-        (w.claim.is_lost() && w.claim.end() != End::Completed).then(|| Error::FenceLost {
-            fence: w.claim.fence(),
-        })
+        let end = w.claim.end();
+        if w.claim.is_lost() && end != End::Completed {
+            Some(Error::FenceLost {
+                fence: w.claim.fence(),
+            })
+        } else if end == End::Unrecorded {
+            Some(Error::Unavailable(
+                format!(
+                    "the answer of a guarded call on {:?} was not stored: its record stays claimed until its lease runs out",
+                    w.claim.key().as_str()
+                )
+                .into(),
+            ))
+        } else {
+            None
+        }
     })
 }
 
