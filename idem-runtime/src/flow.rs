@@ -770,7 +770,9 @@ impl ClaimWatch {
 /// long ([`Store::renew`]) without the core naming it.
 ///
 /// Claims of the separate-commits flow ([`begin`], and `#[idempotent]` without `transaction`)
-/// are listed. A transactional claim is not: its record is not visible outside its transaction
+/// are listed. Their holders expect the watcher to keep them alive, and nobody waits on a
+/// connection: a completion the store refuses as unavailable is retried while the claim's lease
+/// lives, not briefly. A transactional claim is not: its record is not visible outside its transaction
 /// until it commits, and a duplicate waits for that commit rather than for a lease. As with
 /// [`watch_replays`], only calls awaited on the same task are seen.
 pub async fn watch_claims<F: Future>(watch: &ClaimWatch, fut: F) -> F::Output {

@@ -13,12 +13,22 @@
 //! | a replay of a completed delivery | `Replayed` | ack; the handler's effect does not run again |
 //! | another consumer holds a live claim | `InProgress(d)` | retry after `d`, the claim's remaining lease |
 //! | a retryable error (the claim was released) | `Retry(d)` | retry after an exponential backoff |
+//! | the handler returned `Ok`, but a claim it took was lost to a newer attempt, or an answer could not be stored | `Retry(d)` | retry after the backoff, never ack: the redelivery is answered by the record |
 //! | a final error, the same id with another payload, no usable id, or the delivery limit reached | `DeadLetter(reason)` | dead-letter with the reason, logged |
+//! | … and the broker did not take the dead letter | `Retry(d)` | retry after the backoff, dead-lettered when it comes back |
 //!
 //! While a handler runs, the runner tells the broker it is still working and renews the lease of
 //! every claim the handler holds ([`Store::renew`]), so a long handler is neither redelivered
-//! elsewhere nor taken over. At the delivery limit, a message another consumer is still working
-//! on is waited for here (kept alive) rather than dead-lettered.
+//! elsewhere nor taken over: every third of the consumer's lease (at most 10 s, and as often as
+//! the broker needs), and every third of a shorter lease a claim of the handler has (an
+//! `#[idempotent(lease = …)]` function it calls). A renewal that finds a claim taken over (its
+//! lease ran out: a stalled process, a store out of reach) tells the handler through
+//! [`ClaimInfo::lost`], and the delivery is not acked; every failed renewal is logged. A
+//! completion the store refused as unavailable is retried while the claim's lease lives
+//! (renewing it), rather than briefly as for a client waiting on a connection; if it still
+//! cannot be stored, the delivery is not acked, and its redelivery re-claims the record once the
+//! lease ran out. At the delivery limit, a message another consumer is still working on is
+//! waited for here (kept alive) rather than dead-lettered.
 //!
 //! Handlers are `#[idempotent]` functions (key = the message's key, scope naming the consumer)
 //! or closures guarded by the runner itself ([`Consumer::guarded`]):
