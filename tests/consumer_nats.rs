@@ -8,15 +8,18 @@
 
 mod common;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::AckPolicy;
 use async_nats::jetstream::consumer::{PullConsumer, pull};
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream;
 use bytes::Bytes;
-use idem::consumer::nats::{JetStreamSource, KEY, REASON};
-use idem::consumer::{Consumer, Delivery, HandlerError, Message};
+use idem::consumer::nats::{JetStreamSource, KEY, ORIGINAL_SUBJECT, REASON};
+use idem::consumer::{Backoff, Consumer, Delivery, Handler, HandlerError, Message};
 use idem::{BoxError, Key, MemoryStore, SqliteStore, idempotent};
 
 use common::JsStreams;
@@ -44,6 +47,28 @@ async fn publish(js: &async_nats::jetstream::Context, subject: &str, id: &str, p
         PublishMessage::build()
             .payload(Bytes::copy_from_slice(payload.as_bytes()))
             .message_id(id),
+    )
+    .await
+    .expect("publish")
+    .await
+    .expect("the server confirmed");
+}
+
+/// Publishes `payload` to `subject` with `headers`, and waits for the server to store it.
+async fn publish_with(
+    js: &async_nats::jetstream::Context,
+    subject: &str,
+    headers: &[(&str, &str)],
+    payload: &str,
+) {
+    let mut map = async_nats::HeaderMap::new();
+    for (name, value) in headers {
+        map.insert(*name, *value);
+    }
+    js.publish_with_headers(
+        subject.to_owned(),
+        map,
+        Bytes::copy_from_slice(payload.as_bytes()),
     )
     .await
     .expect("publish")
@@ -170,6 +195,64 @@ async fn published_three_times_and_redelivered_after_a_crash_has_one_effect() {
     assert_eq!(shipments, vec![("order-paid-ORD-1".to_owned(),)]);
 }
 
+/// Waits until `stream` holds `n` messages, at most `limit`.
+async fn holds(stream: &async_nats::jetstream::stream::Stream, n: u64, limit: Duration) -> bool {
+    let mut stream = stream.clone();
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        let messages = stream.info().await.expect("stream info").state.messages;
+        if messages == n {
+            return true;
+        }
+        if tokio::time::Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs `consumer` with `handler` on `source`, four deliveries at a time, while `work` runs;
+/// returns what `work` returned.
+async fn running<S, M, H, T>(
+    consumer: &Consumer<S>,
+    source: &JetStreamSource,
+    handler: H,
+    work: impl Future<Output = T>,
+) -> T
+where
+    S: idem::Store,
+    H: Handler<M>,
+{
+    let deliveries = source.deliveries().await.expect("deliveries");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let ((), out) = tokio::join!(
+        consumer.run_until(deliveries, handler, 4, async {
+            let _ = stop_rx.await;
+        }),
+        async {
+            let out = work.await;
+            let _ = stop_tx.send(());
+            out
+        }
+    );
+    out
+}
+
+/// The consumer's pending and unacknowledged messages: `(0, 0)` once every message was settled.
+async fn outstanding(stream: &async_nats::jetstream::stream::Stream, name: &str) -> (u64, usize) {
+    let mut pull: PullConsumer = stream.get_consumer(name).await.unwrap();
+    let info = pull.info().await.unwrap();
+    (info.num_pending, info.num_ack_pending)
+}
+
+/// A backoff short enough for tests.
+fn quick(consumer: Consumer<MemoryStore>) -> Consumer<MemoryStore> {
+    consumer.backoff(Backoff {
+        initial: Duration::from_millis(50),
+        max: Duration::from_millis(200),
+    })
+}
+
 /// A delivery whose consumer stalls: it never says "still working", so the broker's ack wait
 /// runs out while the handler works.
 struct Stalled<D>(D);
@@ -285,10 +368,12 @@ async fn a_poison_message_is_dead_lettered_after_one_attempt_while_the_stream_fl
         )
         .await;
     }
-    let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(5), 5).await;
+    let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(5), -1).await;
     let source = JetStreamSource::new(streams.js.clone(), pull, format!("{dlq_root}.fulfilment"));
     let attempts = Arc::new(AtomicUsize::new(0));
-    let consumer = Consumer::new(source.consumer_name(), MemoryStore::new()).unwrap();
+    let consumer = Consumer::new(source.consumer_name(), MemoryStore::new())
+        .unwrap()
+        .max_deliveries(5);
     let a = attempts.clone();
     let handler = consumer.guarded(move |msg: Message, _claim| {
         let poison = &msg.payload[..] == b"poison";
@@ -344,4 +429,441 @@ async fn a_poison_message_is_dead_lettered_after_one_attempt_while_the_stream_fl
     assert_eq!(headers.get(KEY).unwrap().as_str(), "m-20");
     letter.ack().await.unwrap();
     assert!(batch.next().await.is_none(), "exactly one dead letter");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn consumers_whose_acks_are_not_explicit_are_refused() {
+    let streams = JsStreams::new(&common::nats_url()).await;
+    let (stream, root) = streams.stream("orders", Duration::from_secs(60)).await;
+    // An ack of message N under `AckPolicy::All` also acks earlier messages still waiting on a
+    // delayed NAK; under `None` nothing is ever redelivered.
+    for (name, policy) in [("all", AckPolicy::All), ("none", AckPolicy::None)] {
+        let pull = match stream
+            .create_consumer(pull::Config {
+                durable_name: Some(name.to_owned()),
+                ack_policy: policy,
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(pull) => pull,
+            // The server itself refuses pull consumers without acks.
+            Err(e) if policy == AckPolicy::None => {
+                assert!(e.to_string().contains("ack"), "{e}");
+                continue;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let source = JetStreamSource::new(streams.js.clone(), pull, format!("{root}.dlq"));
+        let err = source.deliveries().await.err().expect("refused");
+        assert!(
+            matches!(err, idem::Error::Config(_)) && err.to_string().contains("ack policy"),
+            "{err}"
+        );
+    }
+    let pull = pull_consumer(&stream, "explicit", Duration::from_secs(30), -1).await;
+    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{root}.dlq"));
+    assert!(source.deliveries().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_stream_that_keeps_messages_longer_than_the_records_is_refused() {
+    let streams = JsStreams::new(&common::nats_url()).await;
+    const DAY: Duration = Duration::from_secs(86_400);
+    // Records are kept 7 days by default: a message the stream still holds after that would
+    // run again when it is redelivered or the stream is replayed.
+    for (suffix, max_age, accepted) in [
+        ("forever", Duration::ZERO, false),
+        ("eight-days", 8 * DAY, false),
+        ("seven-days", 7 * DAY, true),
+        ("one-hour", Duration::from_secs(3600), true),
+    ] {
+        let (stream, root) = streams
+            .stream_with(
+                suffix,
+                stream::Config {
+                    max_age,
+                    ..Default::default()
+                },
+            )
+            .await;
+        let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(30), -1).await;
+        let source = JetStreamSource::new(streams.js.clone(), pull, format!("{root}.dlq"));
+        match source.deliveries().await {
+            Ok(_) => assert!(accepted, "{suffix} accepted"),
+            Err(e) => {
+                assert!(!accepted, "{suffix} refused: {e}");
+                assert!(
+                    matches!(e, idem::Error::Config(_)) && e.to_string().contains("max_age"),
+                    "{e}"
+                );
+            }
+        }
+        // Records kept 30 days outlive any of these streams but the one without a max_age.
+        let pull = pull_consumer(&stream, "audit", Duration::from_secs(30), -1).await;
+        let source =
+            JetStreamSource::new(streams.js.clone(), pull, format!("{root}.dlq")).retain(30 * DAY);
+        assert_eq!(
+            source.deliveries().await.is_ok(),
+            !max_age.is_zero(),
+            "{suffix} with records of 30 days"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_consumer_that_stops_redelivering_is_refused() {
+    let streams = JsStreams::new(&common::nats_url()).await;
+    let (stream, root) = streams.stream("orders", Duration::from_secs(60)).await;
+    // With `max_deliver` the server stops at the limit: a message whose dead letter could not
+    // be published there would never come back.
+    let pull = pull_consumer(&stream, "limited", Duration::from_secs(30), 5).await;
+    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{root}.dlq"));
+    let err = source.deliveries().await.err().expect("refused");
+    assert!(
+        matches!(err, idem::Error::Config(_)) && err.to_string().contains("max_deliver"),
+        "{err}"
+    );
+    let pull = pull_consumer(&stream, "unlimited", Duration::from_secs(30), -1).await;
+    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{root}.dlq"));
+    assert!(source.deliveries().await.is_ok());
+}
+
+/// A guarded handler that fails for good on every message.
+fn poisoned(
+    consumer: &Consumer<MemoryStore>,
+    reason: &'static str,
+) -> impl Handler<(idem::consumer::GuardedHandler, (), HandlerError)> + use<> {
+    consumer.guarded(move |_msg: Message, _claim| async move {
+        Err::<(), _>(HandlerError::permanent(reason))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_dead_letter_that_cannot_be_published_is_retried_until_it_is() {
+    let streams = JsStreams::new(&common::nats_url()).await;
+    let (stream, root) = streams.stream("orders", Duration::from_secs(60)).await;
+    publish(&streams.js, &format!("{root}.paid"), "m-1", "poison").await;
+    // An ack wait longer than the test: only the runner's own retry brings the message back.
+    let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(60), -1).await;
+    // No stream captures the dead letters' subject yet: publishing them fails.
+    let dlq_subject = format!("{}.late.fulfilment", streams.prefix);
+    let source = JetStreamSource::new(streams.js.clone(), pull, dlq_subject);
+    let consumer = quick(Consumer::new(source.consumer_name(), MemoryStore::new()).unwrap());
+    let handler = poisoned(&consumer, "no such order");
+    let (retried, dlq, landed) = running(&consumer, &source, handler, async {
+        let retried = until(Duration::from_secs(10), || {
+            consumer.stats().ack_failures >= 3
+        })
+        .await;
+        // The dead letters' stream appears: the next attempt lands.
+        let (dlq, _) = streams.stream("late", Duration::from_secs(60)).await;
+        let landed = holds(&dlq, 1, Duration::from_secs(10)).await;
+        (retried, dlq, landed)
+    })
+    .await;
+    assert!(
+        retried,
+        "retried soon, not after the ack wait: {:?}",
+        consumer.stats()
+    );
+    assert!(landed, "{:?}", consumer.stats());
+    let stats = consumer.stats();
+    assert_eq!(stats.dead_lettered, 1, "{stats:?}");
+    assert!(stats.retried >= 3, "{stats:?}");
+    assert_eq!(outstanding(&stream, "fulfilment").await, (0, 0));
+    let letter = dlq.get_raw_message(1).await.unwrap();
+    assert_eq!(&letter.payload[..], b"poison");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_recreated_stream_does_not_reuse_the_keys_of_the_one_it_replaced() {
+    let streams = JsStreams::new(&common::nats_url()).await;
+    let store = MemoryStore::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let keys = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut settled = Vec::new();
+    for incarnation in 0..2 {
+        if incarnation == 1 {
+            streams
+                .js
+                .delete_stream(streams.stream_name("orders"))
+                .await
+                .unwrap();
+        }
+        let (stream, root) = streams.stream("orders", Duration::from_secs(60)).await;
+        // No message id: the key is the stored message's identity, sequence 1 both times.
+        publish_with(&streams.js, &format!("{root}.paid"), &[], "{}").await;
+        let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(60), -1).await;
+        let source = JetStreamSource::new(streams.js.clone(), pull, format!("{root}.dlq"));
+        let consumer = Consumer::new("fulfilment", store.clone()).unwrap();
+        let (r, k) = (runs.clone(), keys.clone());
+        let handler = consumer.guarded(move |msg: Message, _claim| {
+            r.fetch_add(1, Ordering::SeqCst);
+            k.lock().unwrap().push(msg.key.to_string());
+            async { Ok::<_, HandlerError>(()) }
+        });
+        let done = running(&consumer, &source, handler, async {
+            until(Duration::from_secs(10), || {
+                let s = consumer.stats();
+                s.acked() + s.dead_lettered == 1
+            })
+            .await
+        })
+        .await;
+        assert!(done, "{:?}", consumer.stats());
+        settled.push(consumer.stats());
+    }
+    assert_eq!(
+        (settled[1].completed, settled[1].replayed),
+        (1, 0),
+        "the new stream's first message is a new message: {settled:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let keys = keys.lock().unwrap().clone();
+    assert_ne!(keys[0], keys[1]);
+    let name = streams.stream_name("orders");
+    assert!(
+        keys.iter().all(|k| k.starts_with(&format!("{name}:1:"))),
+        "{keys:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_dead_letter_leaves_the_control_headers_behind_and_writes_clean_values() {
+    let streams = JsStreams::new(&common::nats_url()).await;
+    let (stream, root) = streams
+        .stream_with(
+            "orders",
+            stream::Config {
+                allow_rollup: true,
+                max_age: Duration::from_secs(3600),
+                ..Default::default()
+            },
+        )
+        .await;
+    // A dead-letter stream that allows no rollups, and is not the stream the publisher expected.
+    let (dlq, dlq_root) = streams.stream("dlq", Duration::from_secs(60)).await;
+    let name = streams.stream_name("orders");
+    publish_with(
+        &streams.js,
+        &format!("{root}.paid"),
+        &[
+            ("Nats-Msg-Id", "m-1"),
+            ("Nats-Expected-Stream", &name),
+            ("Nats-Expected-Last-Sequence", "0"),
+            ("Nats-Expected-Last-Subject-Sequence", "0"),
+            ("Nats-Rollup", "sub"),
+            ("Nats-TTL", "1h"),
+            ("Trace-Id", "t-1"),
+        ],
+        "poison",
+    )
+    .await;
+    let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(60), -1).await;
+    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{dlq_root}.fulfilment"));
+    let consumer = quick(Consumer::new(source.consumer_name(), MemoryStore::new()).unwrap());
+    // A reason with a line break (a header injection, were it written as it is) and text
+    // that is not ASCII.
+    let handler = poisoned(
+        &consumer,
+        "no such order\r\nX-Injected: yes — commande introuvable",
+    );
+    let landed = running(
+        &consumer,
+        &source,
+        handler,
+        holds(&dlq, 1, Duration::from_secs(10)),
+    )
+    .await;
+    assert!(landed, "{:?}", consumer.stats());
+    assert_eq!(outstanding(&stream, "fulfilment").await, (0, 0));
+    let letter = dlq.get_raw_message(1).await.unwrap();
+    let headers = &letter.headers;
+    for control in [
+        "Nats-Expected-Stream",
+        "Nats-Expected-Last-Sequence",
+        "Nats-Expected-Last-Subject-Sequence",
+        "Nats-Rollup",
+        "Nats-TTL",
+    ] {
+        assert!(
+            headers.get(control).is_none(),
+            "{control} copied: {headers:?}"
+        );
+    }
+    assert_eq!(headers.get("Trace-Id").unwrap().as_str(), "t-1");
+    assert_eq!(headers.get(KEY).unwrap().as_str(), "m-1");
+    assert!(headers.get("X-Injected").is_none(), "{headers:?}");
+    // The line break is spaces; the rest arrives as it was written.
+    assert_eq!(
+        headers.get(REASON).unwrap().as_str(),
+        "no such order  X-Injected: yes — commande introuvable"
+    );
+}
+
+/// Re-drives the dead letter at `seq` of `dlq` as the README says: its payload and headers
+/// published again to the subject it came from, then removed from the dead letters.
+async fn redrive(js: &async_nats::jetstream::Context, dlq: &stream::Stream, seq: u64) {
+    redrive_as(js, dlq, seq, false).await
+}
+
+/// [`redrive`]; with `original_id`, the copy is published with its original message id as its
+/// `Nats-Msg-Id`, as an operator might.
+async fn redrive_as(
+    js: &async_nats::jetstream::Context,
+    dlq: &stream::Stream,
+    seq: u64,
+    original_id: bool,
+) {
+    let letter = dlq.get_raw_message(seq).await.expect("the dead letter");
+    let subject = letter
+        .headers
+        .get(ORIGINAL_SUBJECT)
+        .expect("its original subject")
+        .as_str()
+        .to_owned();
+    let mut headers = letter.headers.clone();
+    if original_id {
+        let key = headers.get(KEY).expect("its key").clone();
+        headers.insert("Nats-Msg-Id", key);
+    }
+    js.publish_with_headers(subject, headers, letter.payload.clone())
+        .await
+        .expect("publish")
+        .await
+        .expect("the server confirmed");
+    dlq.delete_message(seq).await.expect("removed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_redriven_message_that_fails_again_is_dead_lettered_again() {
+    let streams = JsStreams::new(&common::nats_url()).await;
+    let window = Duration::from_secs(1);
+    let (stream, root) = streams.stream("orders", window).await;
+    let (dlq, dlq_root) = streams.stream("dlq", Duration::from_secs(60)).await;
+    publish(&streams.js, &format!("{root}.paid"), "m-1", "poison").await;
+    let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(60), -1).await;
+    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{dlq_root}.fulfilment"));
+    let consumer = quick(Consumer::new(source.consumer_name(), MemoryStore::new()).unwrap());
+    let handler = poisoned(&consumer, "no such order");
+    let landed = running(&consumer, &source, handler, async {
+        let mut landed = vec![holds(&dlq, 1, Duration::from_secs(10)).await];
+        // An operator re-drives it within the dead-letter stream's duplicate window, and it
+        // fails again: its second dead letter must not be taken for a duplicate of the first.
+        // Once as the README says, once under its original id (past the orders stream's own
+        // duplicate window, which would drop it).
+        for (seq, original_id) in [(1, false), (2, true)] {
+            tokio::time::sleep(window).await;
+            redrive_as(&streams.js, &dlq, seq, original_id).await;
+            landed.push(holds(&dlq, 1, Duration::from_secs(10)).await);
+        }
+        landed
+    })
+    .await;
+    assert_eq!(landed, [true; 3], "{:?}", consumer.stats());
+    assert_eq!(consumer.stats().dead_lettered, 3);
+    assert_eq!(outstanding(&stream, "fulfilment").await, (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_redriven_dead_letter_is_processed_under_its_original_key() {
+    let streams = JsStreams::new(&common::nats_url()).await;
+    let (stream, root) = streams.stream("orders", Duration::from_secs(60)).await;
+    let (dlq, dlq_root) = streams.stream("dlq", Duration::from_secs(60)).await;
+    // One message with an id, one without (keyed by the stored message's identity).
+    publish(&streams.js, &format!("{root}.paid"), "m-1", "a").await;
+    publish_with(&streams.js, &format!("{root}.paid"), &[], "b").await;
+    let store = MemoryStore::new();
+    // Two consumers of the stream: `audit` processes both, `fulfilment` gives up on them
+    // until the warehouse is fixed.
+    let fixed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let keys = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let audit_runs = Arc::new(AtomicUsize::new(0));
+    let audit_pull = pull_consumer(&stream, "audit", Duration::from_secs(60), -1).await;
+    let audit_source =
+        JetStreamSource::new(streams.js.clone(), audit_pull, format!("{dlq_root}.audit"));
+    let audit = quick(Consumer::new("audit", store.clone()).unwrap());
+    let runs = audit_runs.clone();
+    let audit_handler = audit.guarded(move |_msg: Message, _claim| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, HandlerError>(()) }
+    });
+    let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(60), -1).await;
+    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{dlq_root}.fulfilment"));
+    let fulfilment = quick(Consumer::new("fulfilment", store.clone()).unwrap());
+    let (f, k) = (fixed.clone(), keys.clone());
+    let handler = fulfilment.guarded(move |msg: Message, _claim| {
+        let fixed = f.load(Ordering::SeqCst);
+        if fixed {
+            k.lock().unwrap().push(msg.key.to_string());
+        }
+        async move {
+            if fixed {
+                Ok(())
+            } else {
+                Err(HandlerError::permanent("the warehouse rejects it"))
+            }
+        }
+    });
+    let work = async {
+        assert!(until(Duration::from_secs(10), || audit.stats().completed == 2).await);
+        assert!(holds(&dlq, 2, Duration::from_secs(10)).await);
+        fixed.store(true, Ordering::SeqCst);
+        let first = dlq.get_raw_message(1).await.unwrap();
+        let second = dlq.get_raw_message(2).await.unwrap();
+        let original_keys = [
+            first.headers.get(KEY).unwrap().as_str().to_owned(),
+            second.headers.get(KEY).unwrap().as_str().to_owned(),
+        ];
+        redrive(&streams.js, &dlq, 1).await;
+        redrive(&streams.js, &dlq, 2).await;
+        let done = until(Duration::from_secs(10), || {
+            fulfilment.stats().completed == 2 && audit.stats().replayed == 2
+        })
+        .await;
+        (done, original_keys)
+    };
+    let ((done, original_keys), ()) =
+        tokio::join!(running(&fulfilment, &source, handler, work), async {
+            let deliveries = audit_source.deliveries().await.unwrap();
+            let stop = until(Duration::from_secs(30), || {
+                fulfilment.stats().completed == 2 && audit.stats().replayed == 2
+            });
+            audit
+                .run_until(deliveries, audit_handler, 4, async {
+                    stop.await;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                })
+                .await
+        });
+    assert!(
+        done,
+        "fulfilment {:?}, audit {:?}",
+        fulfilment.stats(),
+        audit.stats()
+    );
+    // The re-driven copies came back under the keys of the messages they copy: `fulfilment`
+    // ran them as those messages, and `audit`, which had processed them, replayed.
+    let mut expected = original_keys.to_vec();
+    expected.sort();
+    let place = format!("{}:2:", streams.stream_name("orders"));
+    assert!(
+        expected[0].starts_with(&place) && expected[1] == "m-1",
+        "{expected:?}"
+    );
+    let mut ran = keys.lock().unwrap().clone();
+    ran.sort();
+    assert_eq!(ran, expected);
+    assert_eq!(audit_runs.load(Ordering::SeqCst), 2, "{:?}", audit.stats());
+    assert_eq!(outstanding(&stream, "audit").await, (0, 0));
+    assert_eq!(outstanding(&stream, "fulfilment").await, (0, 0));
 }

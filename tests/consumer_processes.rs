@@ -184,6 +184,7 @@ async fn consumer_role(sqlite_url: &str, prefix: &str) {
     let consumer = Consumer::new(source.consumer_name(), store.clone())
         .unwrap()
         .lease(Duration::from_secs(3))
+        .max_deliveries(5)
         .backoff(idem::consumer::Backoff {
             initial: Duration::from_millis(50),
             max: Duration::from_secs(1),
@@ -259,7 +260,6 @@ async fn two_processes_one_thousand_messages() {
         .create_consumer(pull::Config {
             durable_name: Some("fulfilment".into()),
             ack_wait: Duration::from_secs(1),
-            max_deliver: 5,
             ..Default::default()
         })
         .await
@@ -442,7 +442,9 @@ async fn worker_role(broker: &str, pg_url: &str, schema: &str, target: &str) {
             .await
             .unwrap();
         let source = JetStreamSource::new(js, pull, format!("{target}{}", worker::DEAD_LETTERS));
-        let consumer = Consumer::new(source.consumer_name(), store).unwrap();
+        let consumer = Consumer::new(source.consumer_name(), store)
+            .unwrap()
+            .max_deliveries(worker::MAX_DELIVERIES);
         consumer
             .run(source.deliveries().await.unwrap(), handler, 16)
             .await;

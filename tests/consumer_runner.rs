@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use idem::consumer::testing::{Said, TestDelivery};
 use idem::consumer::{Backoff, Consumer, HandlerError, Message, Settlement};
-use idem::{ClaimInfo, MemoryStore, SqliteStore, idempotent};
+use idem::{ClaimInfo, MemoryStore, SqliteStore, Store, idempotent};
 
 fn consumer(store: MemoryStore) -> Consumer<MemoryStore> {
     Consumer::new("fulfilment", store)
@@ -428,4 +428,310 @@ async fn many_tasks_delivering_one_message_run_it_once() {
         assert_eq!(stats.completed, 1);
         assert_eq!(stats.replayed + stats.in_progress, 31);
     }
+}
+
+#[tokio::test]
+async fn a_dead_letter_the_broker_does_not_take_is_retried_not_dropped() {
+    let c = consumer(MemoryStore::new());
+    let h = c.guarded(|_msg: Message, _claim| async {
+        Err::<(), _>(HandlerError::permanent("no such order"))
+    });
+    let d = TestDelivery::new("m-poison", "x").dead_letters_fail();
+    assert_eq!(
+        c.handle(&d, &h).await,
+        Settlement::Retry(Duration::from_millis(50))
+    );
+    // Asked for again, to be dead-lettered when it comes back: never acked, never dropped.
+    assert_eq!(
+        d.said(),
+        vec![
+            Said::DeadLetter("no such order".into()),
+            Said::Retry(Duration::from_millis(50))
+        ]
+    );
+    let stats = c.stats();
+    assert_eq!(
+        (stats.dead_lettered, stats.retried, stats.ack_failures),
+        (0, 1, 1)
+    );
+    let again = TestDelivery::new("m-poison", "x").delivered(2);
+    assert_eq!(
+        c.handle(&again, &h).await,
+        Settlement::DeadLetter("no such order".into())
+    );
+}
+
+/// A nested step with a lease much shorter than the consumer's (five minutes): renewed only at
+/// the consumer's pace, it would run out while the step works.
+#[idempotent(scope = "short-lease:<msg.consumer>", key = msg.key, store = store, lease = "1s", skip(runs))]
+async fn short_lease_step(
+    store: &MemoryStore,
+    runs: &AtomicUsize,
+    msg: Message,
+) -> Result<usize, HandlerError> {
+    let n = runs.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    Ok(n + msg.payload.len())
+}
+
+#[tokio::test]
+async fn a_nested_claim_with_a_shorter_lease_is_renewed_in_time() {
+    let store = MemoryStore::new();
+    let c = consumer(store.clone());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (s, r) = (store.clone(), runs.clone());
+    let h = move |msg: Message| {
+        let (s, r) = (s.clone(), r.clone());
+        async move { short_lease_step(&s, &r, msg).await }
+    };
+    let first = TestDelivery::new("m-short", "x");
+    let (settled, second) = tokio::join!(c.handle(&first, &h), async {
+        // Past the step's one-second lease: a redelivery now takes over an unrenewed claim.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        c.handle(&TestDelivery::new("m-short", "x").delivered(2), &h)
+            .await
+    });
+    assert_eq!(settled, Settlement::Completed);
+    assert!(matches!(second, Settlement::InProgress(_)), "{second:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the step ran twice");
+}
+
+#[tokio::test]
+async fn a_handler_learns_its_claim_was_taken_over_and_is_not_acked() {
+    let clock = idem::ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let c = consumer(store.clone())
+        .lease(Duration::from_secs(10))
+        .keep_alive(Duration::from_millis(50));
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+    let gate = std::sync::Mutex::new(Some(entered_tx));
+    let learnt = Arc::new(AtomicUsize::new(0));
+    let l = learnt.clone();
+    let h = c.guarded(move |_msg: Message, claim: ClaimInfo| {
+        let first = gate.lock().unwrap().take();
+        let learnt = l.clone();
+        async move {
+            if let Some(entered) = first {
+                let _ = entered.send(());
+                // Works until told its claim is gone (or 5 s pass).
+                if tokio::time::timeout(Duration::from_secs(5), claim.lost())
+                    .await
+                    .is_ok()
+                {
+                    assert!(claim.is_lost());
+                    learnt.fetch_add(1, Ordering::SeqCst);
+                }
+                return Ok::<_, HandlerError>(1u8);
+            }
+            Ok(2)
+        }
+    });
+    let first = TestDelivery::new("m-lost", "x");
+    let started = std::time::Instant::now();
+    let (settled, second) = tokio::join!(c.handle(&first, &h), async {
+        entered_rx.await.unwrap();
+        // The first attempt's lease runs out (its process stalled, say) and a redelivery takes
+        // the record over.
+        clock.advance(Duration::from_secs(11));
+        c.handle(&TestDelivery::new("m-lost", "x").delivered(2), &h)
+            .await
+    });
+    assert_eq!(second, Settlement::Completed);
+    assert_eq!(
+        learnt.load(Ordering::SeqCst),
+        1,
+        "the first attempt was told"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "told at the next renewal"
+    );
+    assert!(matches!(settled, Settlement::Retry(_)), "{settled:?}");
+    assert!(!first.said().contains(&Said::Ack), "{:?}", first.said());
+    // The redelivery of the first is answered by the record of the second.
+    let again = TestDelivery::new("m-lost", "x").delivered(3);
+    assert_eq!(c.handle(&again, &h).await, Settlement::Replayed);
+}
+
+/// A step that works 500 ms on its first run, and reports when it started.
+#[idempotent(scope = "step:<msg.consumer>", key = msg.key, store = store, skip(entered))]
+async fn slow_step(
+    store: &MemoryStore,
+    entered: Option<tokio::sync::oneshot::Sender<()>>,
+    msg: Message,
+) -> Result<usize, HandlerError> {
+    if let Some(entered) = entered {
+        let _ = entered.send(());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(msg.payload.len())
+}
+
+#[tokio::test]
+async fn a_handler_that_swallows_the_loss_of_its_claim_is_not_acked() {
+    let clock = idem::ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let c = consumer(store.clone())
+        .lease(Duration::from_secs(10))
+        .keep_alive(Duration::from_millis(50));
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+    let gate = Arc::new(std::sync::Mutex::new(Some(entered_tx)));
+    let s = store.clone();
+    // It ignores what its step says: the runner must look at the claims itself.
+    let h = move |msg: Message| {
+        let (s, entered) = (s.clone(), gate.lock().unwrap().take());
+        async move {
+            let _ = slow_step(&s, entered, msg).await;
+            Ok::<_, HandlerError>(())
+        }
+    };
+    let first = TestDelivery::new("m-swallow", "x");
+    let (settled, ()) = tokio::join!(c.handle(&first, &h), async {
+        entered_rx.await.unwrap();
+        clock.advance(Duration::from_secs(11));
+        // Another worker takes the step over and completes it.
+        let msg = Message {
+            key: idem::Key::parse("m-swallow").unwrap(),
+            payload: b"x".to_vec().into(),
+            consumer: "fulfilment".into(),
+            subject: "test".into(),
+            delivered: 2,
+        };
+        idem::flow::with_default_policy(
+            idem::Policy::DEFAULT.lease(Duration::from_secs(10)),
+            slow_step(&store, None, msg),
+        )
+        .await
+        .unwrap();
+    });
+    assert!(matches!(settled, Settlement::Retry(_)), "{settled:?}");
+    assert!(!first.said().contains(&Said::Ack), "{:?}", first.said());
+}
+
+/// A store whose completions fail as unavailable while it is "down"; everything else works.
+#[derive(Clone)]
+struct CompletionsDown {
+    inner: MemoryStore,
+    down: Arc<std::sync::atomic::AtomicBool>,
+    refused: Arc<AtomicUsize>,
+}
+
+impl CompletionsDown {
+    fn new() -> Self {
+        CompletionsDown {
+            inner: MemoryStore::new(),
+            down: Arc::default(),
+            refused: Arc::default(),
+        }
+    }
+
+    fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+}
+
+impl idem::Store for CompletionsDown {
+    async fn begin(&self, req: idem::BeginRequest<'_>) -> idem::Result<idem::BeginOutcome> {
+        self.inner.begin(req).await
+    }
+    async fn complete(
+        &self,
+        claim: idem::ClaimRef<'_>,
+        response: &idem::StoredResponse,
+    ) -> idem::Result<()> {
+        if self.down.load(Ordering::SeqCst) {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+            return Err(idem::Error::Unavailable("the store is down".into()));
+        }
+        self.inner.complete(claim, response).await
+    }
+    async fn release(&self, claim: idem::ClaimRef<'_>) -> idem::Result<()> {
+        self.inner.release(claim).await
+    }
+    async fn checkpoint(
+        &self,
+        claim: idem::ClaimRef<'_>,
+        recovery_point: &[u8],
+        lease: Duration,
+    ) -> idem::Result<()> {
+        self.inner.checkpoint(claim, recovery_point, lease).await
+    }
+    async fn renew(&self, claim: idem::ClaimRef<'_>, lease: Duration) -> idem::Result<()> {
+        self.inner.renew(claim, lease).await
+    }
+    async fn lookup(&self, scope: &str, key: &str) -> idem::Result<Option<idem::Record>> {
+        self.inner.lookup(scope, key).await
+    }
+    async fn purge_expired(&self) -> idem::Result<u64> {
+        self.inner.purge_expired().await
+    }
+    fn release_in_background(&self, scope: String, key: String, fence: u64) {
+        self.inner.release_in_background(scope, key, fence)
+    }
+}
+
+#[tokio::test]
+async fn a_completion_the_store_refused_is_retried_while_the_lease_lives() {
+    let store = CompletionsDown::new();
+    let c = Consumer::new("fulfilment", store.clone())
+        .unwrap()
+        .lease(Duration::from_secs(3));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let h = c.guarded(counting(&runs));
+    store.set_down(true);
+    let d = TestDelivery::new("m-1", "hello");
+    let (settled, ()) = tokio::join!(c.handle(&d, &h), async {
+        // Down for a second and a half: longer than a brief retry, shorter than the lease.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        store.set_down(false);
+    });
+    assert_eq!(settled, Settlement::Completed);
+    assert_eq!(d.said().last(), Some(&Said::Ack));
+    assert!(store.refused.load(Ordering::SeqCst) > 3);
+    let record = store.lookup(c.scope(), "m-1").await.unwrap().unwrap();
+    assert_eq!(record.state, idem::RecordState::Completed);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_completion_that_could_not_be_stored_is_not_acked_and_runs_again_after_the_lease() {
+    let store = CompletionsDown::new();
+    let c = Consumer::new("fulfilment", store.clone())
+        .unwrap()
+        .lease(Duration::from_secs(1))
+        .backoff(Backoff {
+            initial: Duration::from_millis(50),
+            max: Duration::from_secs(2),
+        });
+    let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let a = attempts.clone();
+    let h = c.guarded(move |_msg: Message, claim: ClaimInfo| {
+        a.lock().unwrap().push(claim.attempt());
+        async { Ok::<_, HandlerError>(7u8) }
+    });
+    store.set_down(true);
+    let d = TestDelivery::new("m-1", "hello");
+    let started = std::time::Instant::now();
+    let settled = c.handle(&d, &h).await;
+    // Retried for the lease's life (a second), then given up: never acked.
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(settled, Settlement::Retry(Duration::from_millis(50)));
+    assert!(!d.said().contains(&Said::Ack), "{:?}", d.said());
+    store.set_down(false);
+    // The redelivery re-claims once the claim's lease ran out, and this time it is recorded.
+    let mut n = 2;
+    let settled = loop {
+        let again = TestDelivery::new("m-1", "hello").delivered(n);
+        match c.handle(&again, &h).await {
+            Settlement::InProgress(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            other => break other,
+        }
+        n += 1;
+    };
+    assert_eq!(settled, Settlement::Completed);
+    assert_eq!(*attempts.lock().unwrap(), vec![1, 2]);
 }

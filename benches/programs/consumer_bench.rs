@@ -92,6 +92,9 @@ impl Bench {
             .create_stream(jetstream::stream::Config {
                 name: stream_name,
                 subjects: vec![subject.clone()],
+                // No longer than the runner's records live: the source refuses a stream that
+                // keeps messages longer.
+                max_age: idem::consumer::DEFAULT_RETAIN,
                 ..Default::default()
             })
             .await?;

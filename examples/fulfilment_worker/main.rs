@@ -74,7 +74,8 @@ async fn main() -> Result<(), BoxError> {
             .execute(store.pool())
             .await?;
         println!("fulfilment_worker consuming order.paid from {nats_url} (PostgreSQL)");
-        let consumer = Consumer::new(source.consumer_name(), store.clone())?;
+        let consumer = Consumer::new(source.consumer_name(), store.clone())?
+            .max_deliveries(worker::MAX_DELIVERIES);
         let handler = move |msg: Message| {
             let store = store.clone();
             async move {
@@ -92,7 +93,8 @@ async fn main() -> Result<(), BoxError> {
             .execute(store.pool())
             .await?;
         println!("fulfilment_worker consuming order.paid from {nats_url} (SQLite {db_url})");
-        let consumer = Consumer::new(source.consumer_name(), store.clone())?;
+        let consumer = Consumer::new(source.consumer_name(), store.clone())?
+            .max_deliveries(worker::MAX_DELIVERIES);
         let handler = move |msg: Message| {
             let store = store.clone();
             async move {

@@ -19,6 +19,12 @@ pub const DEAD_LETTER_STREAM: &str = "ORDERS_DLQ";
 pub const DEAD_LETTERS: &str = "dlq.fulfilment";
 /// The durable consumer: its name is the handler's scope.
 pub const CONSUMER: &str = "fulfilment";
+/// After how many deliveries a message that keeps failing is dead-lettered (by the runner: the
+/// consumer itself redelivers without limit, so a dead letter that fails is not stranded).
+pub const MAX_DELIVERIES: u32 = 5;
+/// How long the order stream keeps messages: as long as the worker keeps its records (the
+/// consumer default, 7 days), so a message redelivered or replayed always finds its record.
+pub const MAX_AGE: Duration = idem::consumer::DEFAULT_RETAIN;
 
 /// `order.paid`, as the refund service publishes it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -54,6 +60,7 @@ pub async fn jetstream_setup(
         .get_or_create_stream(jetstream::stream::Config {
             name: format!("{}{STREAM}", name_prefix(prefix)),
             subjects: vec![format!("{prefix}{SUBJECTS}")],
+            max_age: MAX_AGE,
             ..Default::default()
         })
         .await?;
@@ -73,7 +80,6 @@ pub async fn jetstream_setup(
                 durable_name: Some(CONSUMER.into()),
                 filter_subject: format!("{prefix}order.paid"),
                 ack_wait,
-                max_deliver: 5,
                 ..Default::default()
             },
         )

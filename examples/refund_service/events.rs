@@ -202,6 +202,10 @@ pub async fn start_relay<D: Events>(db: D, url: &str) -> Result<(), Box<dyn std:
     js.get_or_create_stream(async_nats::jetstream::stream::Config {
         name: STREAM.into(),
         subjects: vec![SUBJECTS.into()],
+        // As long as the consumers keep their records (7 days by default): a message the stream
+        // still holds always finds its record (the fulfilment worker refuses a stream that
+        // keeps messages longer).
+        max_age: idem::consumer::DEFAULT_RETAIN,
         ..Default::default()
     })
     .await?;

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::guard::{ClaimInfo, Guard};
+use crate::guard::{ClaimInfo, Guard, Patience};
 use crate::key::Key;
 use crate::observe::{self, Outcome};
 use crate::record::{BeginOutcome, BeginRequest, Claimed, Policy, StoredResponse};
@@ -311,8 +311,8 @@ pub async fn begin<S: Store>(
     Ok(match started(&scope, &key, outcome, None)? {
         Started::Claimed(c) => {
             let claim = ClaimInfo::new(scope, key, c);
-            note_claim(&claim, policy.lease);
-            Begun::Claimed(Guard::new(store, claim, policy))
+            let patience = note_claim(&claim, policy.lease);
+            Begun::Claimed(Guard::new(store, claim, policy).patience(patience))
         }
         Started::Replay(stored) => Begun::Replay(stored),
     })
@@ -538,8 +538,8 @@ where
     let mut guard = match started(&scope, &key, outcome, timing) {
         Ok(Started::Claimed(c)) => {
             let claim = ClaimInfo::new(scope, key, c);
-            note_claim(&claim, policy.lease);
-            Guard::new(store, claim, policy)
+            let patience = note_claim(&claim, policy.lease);
+            Guard::new(store, claim, policy).patience(patience)
         }
         Ok(Started::Replay(stored)) => return replay::<R, M>(stored, &errors),
         Err(e) => return errors.fail(e),
@@ -582,7 +582,7 @@ where
         // A newer attempt owns the record; its answer is the one that will be replayed.
         (Err(e @ Error::FenceLost { .. }), Ok(_)) => errors.fail(e),
         // The effect happened and this is its answer: hand it back. The record stays claimed
-        // until its lease runs out (see Guard::complete).
+        // until its lease runs out (see Guard::complete); a message consumer does not ack it.
         (Err(e), Ok(v)) => {
             tracing::error!(target: "idem", error = %e, "could not store the response; returning it unstored");
             R::from_ok(v)
@@ -744,7 +744,14 @@ tokio::task_local! {
 /// The claims that guarded calls took while a future ran, readable while it runs: see
 /// [`watch_claims`]. Clones share the same list.
 #[derive(Debug, Clone, Default)]
-pub struct ClaimWatch(Arc<Mutex<Vec<WatchedClaim>>>);
+pub struct ClaimWatch(Arc<Watched>);
+
+#[derive(Debug, Default)]
+struct Watched {
+    claims: Mutex<Vec<WatchedClaim>>,
+    /// Woken when a claim is added.
+    added: tokio::sync::Notify,
+}
 
 /// A claim seen by a [`ClaimWatch`], with the lease its call runs under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -764,15 +771,25 @@ impl ClaimWatch {
     /// The claims taken so far, oldest first. A claim stays listed after it ended; a renewal of
     /// an ended claim is refused by the store's fence check and changes nothing.
     pub fn claims(&self) -> Vec<WatchedClaim> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.0
+            .claims
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Forgets `claim`: it ended, or was taken over.
     pub fn forget(&self, claim: &ClaimInfo) {
         self.0
+            .claims
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|w| w.claim != *claim);
+    }
+
+    /// Completes when a claim is added after this was first polled (or enabled).
+    pub(crate) fn added(&self) -> tokio::sync::futures::Notified<'_> {
+        self.0.added.notified()
     }
 }
 
@@ -781,23 +798,33 @@ impl ClaimWatch {
 /// long ([`Store::renew`]) without the core naming it.
 ///
 /// Claims of the separate-commits flow ([`begin`], and `#[idempotent]` without `transaction`)
-/// are listed. A transactional claim is not: its record is not visible outside its transaction
+/// are listed. Their holders expect the watcher to keep them alive, and nobody waits on a
+/// connection: a completion the store refuses as unavailable is retried while the claim's lease
+/// lives, not briefly. A transactional claim is not: its record is not visible outside its transaction
 /// until it commits, and a duplicate waits for that commit rather than for a lease. As with
 /// [`watch_replays`], only calls awaited on the same task are seen.
 pub async fn watch_claims<F: Future>(watch: &ClaimWatch, fut: F) -> F::Output {
     CLAIMS.scope(watch.clone(), fut).await
 }
 
-/// Tells the [`watch_claims`] on this task, if any, that a call holds `claim`.
-fn note_claim(claim: &ClaimInfo, lease: Duration) {
-    let _ = CLAIMS.try_with(|w| {
-        w.0.lock()
+/// Tells the [`watch_claims`] on this task, if any, that a call holds `claim`. How patiently
+/// the claim's completion is retried follows: while its lease lives when a watcher (a message
+/// consumer) keeps it alive, briefly when a caller waits on a connection.
+fn note_claim(claim: &ClaimInfo, lease: Duration) -> Patience {
+    let watched = CLAIMS.try_with(|w| {
+        w.0.claims
+            .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(WatchedClaim {
                 claim: claim.clone(),
                 lease,
-            })
+            });
+        w.0.added.notify_waiters();
     });
+    match watched {
+        Ok(()) => Patience::WhileLeased,
+        Err(_) => Patience::Brief,
+    }
 }
 
 /// The transactional flow of `#[idempotent(…, transaction = tx)]`: claim, body and completion in

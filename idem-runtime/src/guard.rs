@@ -31,7 +31,9 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
@@ -45,7 +47,11 @@ pub use crate::flow::{Begun, begin};
 
 /// What a guarded body knows about its claim: `#[idempotent(…, claim = c)]` hands it to the body
 /// as `c`, and [`Guard::info`] gives it by hand.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Clones share what is learnt about the claim while it runs: whether it was lost
+/// ([`ClaimInfo::lost`]). Two `ClaimInfo`s are equal when they name the same claim (scope, key,
+/// fence and what the store said of it).
+#[derive(Debug, Clone)]
 pub struct ClaimInfo {
     scope: String,
     key: Key,
@@ -53,6 +59,51 @@ pub struct ClaimInfo {
     reclaimed: bool,
     recovery_point: Option<Vec<u8>>,
     attempt: u32,
+    state: Arc<ClaimState>,
+}
+
+impl PartialEq for ClaimInfo {
+    fn eq(&self, other: &Self) -> bool {
+        self.scope == other.scope
+            && self.key == other.key
+            && self.fence == other.fence
+            && self.reclaimed == other.reclaimed
+            && self.recovery_point == other.recovery_point
+            && self.attempt == other.attempt
+    }
+}
+
+impl Eq for ClaimInfo {}
+
+/// What the holders of one claim (its guard, the body's [`ClaimInfo`], a consumer renewing its
+/// lease) learn about it while it runs.
+#[derive(Debug, Default)]
+pub(crate) struct ClaimState {
+    /// How the claim ended, an [`End`].
+    end: AtomicU8,
+    /// Whether the record is known to be someone else's now.
+    lost: AtomicBool,
+    lost_notify: tokio::sync::Notify,
+    /// Until when the lease is known to run, by this process's clock: from the claim, or the
+    /// last renewal, plus the lease.
+    lease_until: Mutex<Option<Instant>>,
+}
+
+/// How a claim ended, as far as its holders know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum End {
+    /// The body runs.
+    Running = 0,
+    /// The body ended; its completion or release is in flight.
+    Finishing = 1,
+    /// The answer is stored.
+    Completed = 2,
+    /// Released (an error, a dropped body), or lost to a newer attempt: nothing is stored.
+    Released = 3,
+    /// The effect happened but its answer could not be stored: the record stays claimed until
+    /// its lease runs out, then a later attempt re-claims it.
+    Unrecorded = 4,
 }
 
 impl ClaimInfo {
@@ -65,6 +116,7 @@ impl ClaimInfo {
             reclaimed: claimed.reclaimed,
             recovery_point: claimed.recovery_point,
             attempt: claimed.attempt,
+            state: Arc::default(),
         }
     }
 
@@ -111,6 +163,85 @@ impl ClaimInfo {
         downstream_key(&self.scope, self.key.as_str(), step)
     }
 
+    /// Whether this claim is known to be lost: a renewal of its lease, a checkpoint or its
+    /// completion found the record taken over by a newer attempt (its lease had run out). Its
+    /// body's work will not be recorded; the newer attempt's will.
+    pub fn is_lost(&self) -> bool {
+        self.state.lost.load(Ordering::Acquire)
+    }
+
+    /// Completes when this claim is known to be lost (see [`ClaimInfo::is_lost`]); never, while
+    /// it is held. A body that runs long can race its work against it and stop early:
+    ///
+    /// ```
+    /// # async fn work() {}
+    /// # async fn f(claim: idem::ClaimInfo) -> Result<(), &'static str> {
+    /// tokio::select! {
+    ///     () = work() => Ok(()),
+    ///     () = claim.lost() => Err("taken over: another attempt does this work now"),
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// What learns of the loss: the message consumer, which renews the lease of the claims its
+    /// handler holds, and [`Guard::renew`], [`Guard::checkpoint`] and [`Guard::complete`].
+    /// Under the consumer the delivery of a handler whose claim was lost is not acked: it is
+    /// retried, and answered by the newer attempt's record.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        let state = self.state.clone();
+        async move {
+            loop {
+                let notified = state.lost_notify.notified();
+                let mut notified = std::pin::pin!(notified);
+                notified.as_mut().enable();
+                if state.lost.load(Ordering::Acquire) {
+                    return;
+                }
+                notified.await;
+            }
+        }
+    }
+
+    /// Records that the claim was taken over.
+    pub(crate) fn mark_lost(&self) {
+        self.state.lost.store(true, Ordering::Release);
+        self.state.lost_notify.notify_waiters();
+    }
+
+    /// How the claim ended, as far as this process knows.
+    pub(crate) fn end(&self) -> End {
+        match self.state.end.load(Ordering::Acquire) {
+            0 => End::Running,
+            1 => End::Finishing,
+            2 => End::Completed,
+            3 => End::Released,
+            _ => End::Unrecorded,
+        }
+    }
+
+    fn set_end(&self, end: End) {
+        self.state.end.store(end as u8, Ordering::Release);
+    }
+
+    /// The lease was granted or renewed just now, for `lease`.
+    pub(crate) fn renewed(&self, lease: Duration) {
+        let until = Instant::now().checked_add(lease);
+        *self
+            .state
+            .lease_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = until;
+    }
+
+    /// Until when the lease is known to run, once it was granted through a [`Guard`].
+    pub(crate) fn lease_until(&self) -> Option<Instant> {
+        *self
+            .state
+            .lease_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The identity and fence, as presented to the store's fenced writes.
     pub(crate) fn claim_ref(&self) -> ClaimRef<'_> {
         ClaimRef {
@@ -134,6 +265,7 @@ pub struct Guard<'s, S: Store> {
     store: &'s S,
     claim: ClaimInfo,
     policy: Policy,
+    patience: Patience,
     armed: bool,
 }
 
@@ -150,12 +282,20 @@ impl<S: Store> fmt::Debug for Guard<'_, S> {
 
 impl<'s, S: Store> Guard<'s, S> {
     pub(crate) fn new(store: &'s S, claim: ClaimInfo, policy: Policy) -> Self {
+        claim.renewed(policy.lease);
         Guard {
             store,
             claim,
             policy,
+            patience: Patience::Brief,
             armed: true,
         }
+    }
+
+    /// How long a completion lost to an unavailable store is retried.
+    pub(crate) fn patience(mut self, patience: Patience) -> Self {
+        self.patience = patience;
+        self
     }
 
     /// The scope.
@@ -206,11 +346,7 @@ impl<'s, S: Store> Guard<'s, S> {
             .store
             .checkpoint(self.claim.claim_ref(), recovery_point, self.policy.lease)
             .await;
-        if let Err(Error::FenceLost { .. }) = result {
-            // The record is someone else's now: there is nothing left to release.
-            self.armed = false;
-            self.claim.observe(Outcome::FenceLost);
-        }
+        self.renewal(&result);
         result
     }
 
@@ -221,17 +357,30 @@ impl<'s, S: Store> Guard<'s, S> {
             .store
             .renew(self.claim.claim_ref(), self.policy.lease)
             .await;
-        if let Err(Error::FenceLost { .. }) = result {
-            self.armed = false;
-            self.claim.observe(Outcome::FenceLost);
-        }
+        self.renewal(&result);
         result
+    }
+
+    /// What a renewal of the lease (a renewal or a checkpoint) tells about the claim.
+    fn renewal(&mut self, result: &Result<()>) {
+        match result {
+            Ok(()) => self.claim.renewed(self.policy.lease),
+            Err(Error::FenceLost { .. }) => {
+                // The record is someone else's now: there is nothing left to release.
+                self.armed = false;
+                self.claim.set_end(End::Released);
+                self.claim.mark_lost();
+                self.claim.observe(Outcome::FenceLost);
+            }
+            Err(_) => {}
+        }
     }
 
     /// Stores `response` for replay and ends the claim.
     ///
     /// [`Error::FenceLost`] means a newer attempt took the record over: nothing was written.
-    /// A completion lost to an unavailable store is retried briefly. Any other error leaves the
+    /// A completion lost to an unavailable store is retried: briefly, or, under a message
+    /// consumer, while the claim's lease lives (see `retry_complete`). Any other error leaves the
     /// claim in place (not released: the side effect happened, so a retry must not run it
     /// again); it is re-claimed when its lease runs out.
     pub async fn complete(mut self, response: &StoredResponse) -> Result<()> {
@@ -243,11 +392,27 @@ impl<'s, S: Store> Guard<'s, S> {
     pub(crate) async fn finish(&mut self, response: &StoredResponse) -> Result<()> {
         // Armed while the write is in flight: a caller dropped mid-completion releases, as it
         // would mid-body.
+        self.claim.set_end(End::Finishing);
         let mut result = self.store.complete(self.claim.claim_ref(), response).await;
         if let Err(Error::Unavailable(_)) = result {
-            result = retry_complete(self.store, self.claim.claim_ref(), response).await;
+            result = retry_complete(
+                self.store,
+                &self.claim,
+                response,
+                self.policy.lease,
+                self.patience,
+            )
+            .await;
         }
         self.armed = false;
+        match &result {
+            Ok(()) => self.claim.set_end(End::Completed),
+            Err(Error::FenceLost { .. }) => {
+                self.claim.set_end(End::Released);
+                self.claim.mark_lost();
+            }
+            Err(_) => self.claim.set_end(End::Unrecorded),
+        }
         self.claim.observe(match &result {
             Ok(()) => Outcome::Completed,
             Err(Error::FenceLost { .. }) => Outcome::FenceLost,
@@ -264,8 +429,13 @@ impl<'s, S: Store> Guard<'s, S> {
 
     /// [`Guard::release`], borrowing the guard; see [`Guard::finish`].
     pub(crate) async fn give_up(&mut self) -> Result<()> {
+        self.claim.set_end(End::Finishing);
         let result = self.store.release(self.claim.claim_ref()).await;
         self.armed = false;
+        self.claim.set_end(End::Released);
+        if let Err(Error::FenceLost { .. }) = result {
+            self.claim.mark_lost();
+        }
         self.claim.observe(match &result {
             Ok(()) => Outcome::Released,
             Err(Error::FenceLost { .. }) => Outcome::FenceLost,
@@ -279,25 +449,74 @@ impl<'s, S: Store> Guard<'s, S> {
     /// before the lease says the owner is gone.
     pub(crate) fn keep_claimed(mut self) {
         self.armed = false;
+        self.claim.set_end(End::Unrecorded);
     }
 }
 
-/// A completion lost to a dropped connection is retried briefly: the side effect has happened,
-/// and the alternative is a claim that waits out its lease. Boxed: it is rare, and keeping it out
-/// of line keeps the common path's future small.
+/// How long a completion lost to an unavailable store is retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Patience {
+    /// Three tries within about half a second: a client waits on its connection for the answer,
+    /// and gets it unstored rather than after its own timeout.
+    Brief,
+    /// While the claim's lease lives (at most one lease from the first failure), renewing the
+    /// lease before each try: nobody waits on a connection (a message consumer keeps its
+    /// delivery alive meanwhile), and an answer left unstored means the work runs again.
+    WhileLeased,
+}
+
+/// The completion policy: a completion lost to an unavailable store (a dropped connection, a
+/// failover) is tried again, with a growing pause, for as long as `patience` says. The side
+/// effect has happened; the alternative is a claim that waits out its lease and a second run of
+/// the work. Boxed: it is rare, and keeping it out of line keeps the common path's future small.
 fn retry_complete<'a, S: Store>(
     store: &'a S,
-    claim: ClaimRef<'a>,
+    claim: &'a ClaimInfo,
     response: &'a StoredResponse,
+    lease: Duration,
+    patience: Patience,
 ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>> {
     Box::pin(async move {
+        const BRIEF_MS: [u64; 3] = [20, 100, 400];
+        let first_failure = Instant::now();
+        tracing::warn!(target: "idem", scope = claim.scope(), key = %claim.key(), ?patience, "could not store the answer: the store is unavailable; trying again");
         let mut result = Err(Error::Unavailable("not attempted".into()));
-        for backoff_ms in [20, 100, 400] {
-            tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
-            result = store.complete(claim, response).await;
+        let mut pause = Duration::from_millis(20);
+        for tries in 0usize.. {
+            match patience {
+                Patience::Brief => match BRIEF_MS.get(tries) {
+                    Some(ms) => pause = Duration::from_millis(*ms),
+                    None => break,
+                },
+                Patience::WhileLeased => {
+                    let until = [first_failure.checked_add(lease), claim.lease_until()]
+                        .into_iter()
+                        .flatten()
+                        .min();
+                    if let Some(until) = until {
+                        let now = Instant::now();
+                        if now >= until {
+                            break;
+                        }
+                        pause = pause.min(until - now);
+                    }
+                }
+            }
+            tokio::time::sleep(pause).await;
+            if patience == Patience::WhileLeased {
+                pause = (pause * 2).min(Duration::from_secs(1));
+                // Keep the record ours while the store comes back.
+                match store.renew(claim.claim_ref(), lease).await {
+                    Ok(()) => claim.renewed(lease),
+                    Err(e @ Error::FenceLost { .. }) => return Err(e),
+                    Err(_) => {}
+                }
+            }
+            result = store.complete(claim.claim_ref(), response).await;
             if !matches!(result, Err(Error::Unavailable(_))) {
                 break;
             }
+            tracing::debug!(target: "idem", scope = claim.scope(), key = %claim.key(), tries = tries + 1, "could not store the answer yet");
         }
         result
     })
@@ -306,6 +525,7 @@ fn retry_complete<'a, S: Store>(
 impl<S: Store> Drop for Guard<'_, S> {
     fn drop(&mut self) {
         if self.armed {
+            self.claim.set_end(End::Released);
             self.claim.observe(Outcome::Released);
             self.store.release_in_background(
                 std::mem::take(&mut self.claim.scope),
@@ -318,14 +538,19 @@ impl<S: Store> Drop for Guard<'_, S> {
 
 /// The downstream key for `(scope, key, step)`; see [`ClaimInfo::downstream_key`].
 pub fn downstream_key(scope: &str, key: &str, step: &str) -> String {
+    format!("idem-{}", digest(&[scope, key, step]))
+}
+
+/// 32 hex digits naming `parts`: the first 16 bytes of the sha256 over the parts, each preceded
+/// by its length (8 bytes, little-endian), so that different splits never share a digest.
+pub(crate) fn digest(parts: &[&str]) -> String {
     let mut h = Sha256::new();
-    for part in [scope, key, step] {
+    for part in parts {
         h.update((part.len() as u64).to_le_bytes());
         h.update(part.as_bytes());
     }
     let digest = h.finalize();
-    let mut out = String::with_capacity(37);
-    out.push_str("idem-");
+    let mut out = String::with_capacity(32);
     for b in &digest[..16] {
         out.push_str(&format!("{b:02x}"));
     }

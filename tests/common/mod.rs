@@ -286,27 +286,48 @@ impl JsStreams {
         }
     }
 
-    /// A stream of this test capturing `<prefix>.<suffix>.>`; returns its name and subject
-    /// root.
+    /// A stream of this test capturing `<prefix>.<suffix>.>`, keeping messages an hour (less
+    /// than consumers keep their records); returns its name and subject root.
     pub async fn stream(
         &self,
         suffix: &str,
         duplicate_window: Duration,
     ) -> (async_nats::jetstream::stream::Stream, String) {
-        let name = format!("{}_{suffix}", self.prefix).replace(['.', '-'], "_");
+        self.stream_with(
+            suffix,
+            async_nats::jetstream::stream::Config {
+                duplicate_window,
+                max_age: Duration::from_secs(3600),
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
+    /// [`JsStreams::stream`] with the rest of its configuration from `config`.
+    pub async fn stream_with(
+        &self,
+        suffix: &str,
+        config: async_nats::jetstream::stream::Config,
+    ) -> (async_nats::jetstream::stream::Stream, String) {
+        let name = self.stream_name(suffix);
         let root = format!("{}.{suffix}", self.prefix);
         let stream = self
             .js
             .create_stream(async_nats::jetstream::stream::Config {
                 name: name.clone(),
                 subjects: vec![format!("{root}.>")],
-                duplicate_window,
-                ..Default::default()
+                ..config
             })
             .await
             .expect("create a stream");
         self.names.lock().unwrap().push(name);
         (stream, root)
+    }
+
+    /// The name of the stream [`JsStreams::stream`] makes for `suffix`.
+    pub fn stream_name(&self, suffix: &str) -> String {
+        format!("{}_{suffix}", self.prefix).replace(['.', '-'], "_")
     }
 }
 

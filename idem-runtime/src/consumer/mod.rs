@@ -13,12 +13,22 @@
 //! | a replay of a completed delivery | `Replayed` | ack; the handler's effect does not run again |
 //! | another consumer holds a live claim | `InProgress(d)` | retry after `d`, the claim's remaining lease |
 //! | a retryable error (the claim was released) | `Retry(d)` | retry after an exponential backoff |
+//! | the handler returned `Ok`, but a claim it took was lost to a newer attempt, or an answer could not be stored | `Retry(d)` | retry after the backoff, never ack: the redelivery is answered by the record |
 //! | a final error, the same id with another payload, no usable id, or the delivery limit reached | `DeadLetter(reason)` | dead-letter with the reason, logged |
+//! | … and the broker did not take the dead letter | `Retry(d)` | retry after the backoff, dead-lettered when it comes back |
 //!
 //! While a handler runs, the runner tells the broker it is still working and renews the lease of
 //! every claim the handler holds ([`Store::renew`]), so a long handler is neither redelivered
-//! elsewhere nor taken over. At the delivery limit, a message another consumer is still working
-//! on is waited for here (kept alive) rather than dead-lettered.
+//! elsewhere nor taken over: every third of the consumer's lease (at most 10 s, and as often as
+//! the broker needs), and every third of a shorter lease a claim of the handler has (an
+//! `#[idempotent(lease = …)]` function it calls). A renewal that finds a claim taken over (its
+//! lease ran out: a stalled process, a store out of reach) tells the handler through
+//! [`ClaimInfo::lost`], and the delivery is not acked; every failed renewal is logged. A
+//! completion the store refused as unavailable is retried while the claim's lease lives
+//! (renewing it), rather than briefly as for a client waiting on a connection; if it still
+//! cannot be stored, the delivery is not acked, and its redelivery re-claims the record once the
+//! lease ran out. At the delivery limit, a message another consumer is still working on is
+//! waited for here (kept alive) rather than dead-lettered.
 //!
 //! Handlers are `#[idempotent]` functions (key = the message's key, scope naming the consumer)
 //! or closures guarded by the runner itself ([`Consumer::guarded`]):
@@ -65,7 +75,7 @@ use serde::{Serialize, Serializer};
 use crate::error::{BoxError, Error};
 use crate::fingerprint::Fingerprint;
 use crate::flow::{self, ClaimWatch, Prepared, RetryHint, WithClaim};
-use crate::guard::ClaimInfo;
+use crate::guard::{ClaimInfo, End};
 use crate::key::Key;
 use crate::record::Policy;
 use crate::replay::marker;
@@ -537,7 +547,9 @@ impl<S: Store> Consumer<S> {
     }
 
     /// After how many deliveries a message that keeps failing is dead-lettered, when the broker
-    /// does not say (a JetStream consumer's `max_deliver` is read from each delivery).
+    /// does not say. JetStream consumers must leave their own `max_deliver` unlimited (the
+    /// server would stop redelivering a message whose dead letter failed at the limit): this is
+    /// their limit.
     pub fn max_deliveries(mut self, max: u32) -> Self {
         self.max_deliveries = Some(max.max(1));
         self
@@ -550,7 +562,9 @@ impl<S: Store> Consumer<S> {
     }
 
     /// How often a running handler's delivery is kept alive and its claims renewed (default: a
-    /// third of the lease, at most 10 s, and as often as the broker needs).
+    /// third of the lease, at most 10 s, and as often as the broker needs). While the handler
+    /// holds a claim with a shorter lease (an `#[idempotent(lease = …)]` function it calls), a
+    /// third of that lease.
     pub fn keep_alive(mut self, every: Duration) -> Self {
         self.keep_alive = Some(every.max(Duration::from_millis(10)));
         self
@@ -632,11 +646,21 @@ impl<S: Store> Consumer<S> {
                 )),
             );
             let (result, replays) = self.while_alive(delivery, &watch, every, call).await;
-            let ran = match &result {
-                Ok(()) => Ran::Done {
+            // An `Ok` is acked only if every claim the handler took was recorded.
+            let unrecorded = result.as_ref().ok().and_then(|()| unrecorded(&watch));
+            let ran = match (&result, &unrecorded) {
+                (Ok(()), Some(e)) => {
+                    tracing::warn!(target: "idem", consumer = %self.name, key = %msg.key, error = %e, "the handler succeeded but its work was not recorded: not acking it");
+                    Ran::Failed {
+                        idem: Some(e),
+                        is_final: false,
+                        reason: e.to_string(),
+                    }
+                }
+                (Ok(()), None) => Ran::Done {
                     replayed: !replays.is_empty(),
                 },
-                Err(e) => Ran::Failed {
+                (Err(e), _) => Ran::Failed {
                     idem: e.as_idem(),
                     is_final: e.is_final(),
                     reason: e.to_string(),
@@ -717,7 +741,8 @@ impl<S: Store> Consumer<S> {
         every.max(Duration::from_millis(10))
     }
 
-    /// Awaits `fut`, keeping `delivery` alive and renewing the claims in `watch` every `every`.
+    /// Awaits `fut`, keeping `delivery` alive and renewing the claims in `watch`: every `every`,
+    /// and more often while a claim in `watch` has a shorter lease ([`renew_every`]).
     async fn while_alive<D: Delivery, F: Future>(
         &self,
         delivery: &D,
@@ -726,30 +751,49 @@ impl<S: Store> Consumer<S> {
         fut: F,
     ) -> F::Output {
         let mut fut = std::pin::pin!(fut);
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next = tokio::time::Instant::now() + every;
         loop {
+            // Listening before reading the claims: one taken meanwhile is not missed.
+            let added = watch.added();
+            let mut added = std::pin::pin!(added);
+            added.as_mut().enable();
+            next = next.min(tokio::time::Instant::now() + renew_every(every, watch));
             tokio::select! {
                 biased;
                 out = &mut fut => return out,
-                _ = tick.tick() => self.keep_alive_now(delivery, watch).await,
+                () = tokio::time::sleep_until(next) => {
+                    self.keep_alive_now(delivery, watch).await;
+                    next = tokio::time::Instant::now() + renew_every(every, watch);
+                }
+                () = &mut added => {}
             }
         }
     }
 
+    /// Says "still working" to the broker and renews the lease of every claim the handler
+    /// holds. A claim found taken over is marked lost (its body learns it through
+    /// [`ClaimInfo::lost`], and the delivery is not acked); every other failure is logged.
     async fn keep_alive_now<D: Delivery>(&self, delivery: &D, watch: &ClaimWatch) {
         if let Err(e) = delivery.keep_alive().await {
             tracing::warn!(target: "idem", consumer = %self.name, error = %e, "could not keep a delivery alive");
         }
         for w in watch.claims() {
+            if !held(&w.claim) {
+                continue;
+            }
             match self.store.renew(w.claim.claim_ref(), w.lease).await {
                 Ok(()) => {
+                    w.claim.renewed(w.lease);
                     self.counters.renewals.fetch_add(1, Ordering::Relaxed);
                 }
-                // Ended (completed, released) or taken over: nothing left to renew.
-                Err(Error::FenceLost { .. }) => watch.forget(&w.claim),
+                Err(Error::FenceLost { .. }) if w.claim.end() == End::Running => {
+                    w.claim.mark_lost();
+                    tracing::warn!(target: "idem", consumer = %self.name, scope = w.claim.scope(), key = %w.claim.key(), fence = w.claim.fence(), "a running handler's claim was taken over (its lease ran out): the handler is told, and its delivery will not be acked");
+                }
+                // It ended while the renewal was on its way: nothing left to renew.
+                Err(Error::FenceLost { .. }) => {}
                 Err(e) => {
-                    tracing::warn!(target: "idem", consumer = %self.name, key = %w.claim.key(), error = %e, "could not renew a running handler's lease");
+                    tracing::warn!(target: "idem", consumer = %self.name, scope = w.claim.scope(), key = %w.claim.key(), error = %e, "could not renew a running handler's lease");
                 }
             }
         }
@@ -768,8 +812,7 @@ impl<S: Store> Consumer<S> {
                 delivery.retry(*delay).await
             }
             Settlement::DeadLetter(reason) => {
-                tracing::error!(target: "idem", consumer = %self.name, key, subject = delivery.subject(), reason = %reason, "dead-lettering a message");
-                delivery.dead_letter(reason).await
+                return self.dead_letter(delivery, key, reason.clone()).await;
             }
         };
         tracing::debug!(target: "idem", consumer = %self.name, key, settlement = ?s, "settled a delivery");
@@ -777,6 +820,79 @@ impl<S: Store> Consumer<S> {
         if let Err(e) = result {
             self.counters.ack_failures.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(target: "idem", consumer = %self.name, key, error = %e, settlement = ?s, "the broker did not confirm; it redelivers, and the record answers the redelivery");
+        }
+        s
+    }
+}
+
+/// Whether a claim is still held by its body or its completion, and not known lost: one to
+/// renew.
+fn held(claim: &ClaimInfo) -> bool {
+    matches!(claim.end(), End::Running | End::Finishing) && !claim.is_lost()
+}
+
+/// How often the claims in `watch` need renewing: `every`, or a third of the shortest lease of a
+/// claim still held, whichever is sooner (at least every 10 ms).
+fn renew_every(every: Duration, watch: &ClaimWatch) -> Duration {
+    watch
+        .claims()
+        .iter()
+        .filter(|w| held(&w.claim))
+        .map(|w| w.lease / 3)
+        .fold(every, Duration::min)
+        .max(Duration::from_millis(10))
+}
+
+/// Why the handler's work is not recorded, when it is not: a claim it took was lost to a newer
+/// attempt, or its answer could not be stored. Its delivery is then retried, never acked: the
+/// redelivery is answered by the newer attempt's record, or re-claims the record once its lease
+/// ran out.
+fn unrecorded(watch: &ClaimWatch) -> Option<Error> {
+    watch.claims().into_iter().find_map(|w| {
+        let end = w.claim.end();
+        if w.claim.is_lost() && end != End::Completed {
+            Some(Error::FenceLost {
+                fence: w.claim.fence(),
+            })
+        } else if end == End::Unrecorded {
+            Some(Error::Unavailable(
+                format!(
+                    "the answer of a guarded call on {:?} was not stored: its record stays claimed until its lease runs out",
+                    w.claim.key().as_str()
+                )
+                .into(),
+            ))
+        } else {
+            None
+        }
+    })
+}
+
+impl<S: Store> Consumer<S> {
+    /// Dead-letters `delivery`. A dead letter the broker did not take (no queue or stream
+    /// receives it, the broker refused it) leaves the message with the broker: it is asked for
+    /// again after the backoff, and dead-lettered then, never dropped.
+    async fn dead_letter<D: Delivery>(
+        &self,
+        delivery: &D,
+        key: &str,
+        reason: String,
+    ) -> Settlement {
+        tracing::error!(target: "idem", consumer = %self.name, key, subject = delivery.subject(), reason = %reason, "dead-lettering a message");
+        let Err(e) = delivery.dead_letter(&reason).await else {
+            tracing::debug!(target: "idem", consumer = %self.name, key, "settled a delivery: dead-lettered");
+            let s = Settlement::DeadLetter(reason);
+            self.counters.settled(&s);
+            return s;
+        };
+        self.counters.ack_failures.fetch_add(1, Ordering::Relaxed);
+        let delay = self.backoff.delay(delivery.delivered().max(1));
+        tracing::error!(target: "idem", consumer = %self.name, key, error = %e, ?delay, "the dead letter was not taken; the message stays with the broker and is dead-lettered when it comes back");
+        let s = Settlement::Retry(delay);
+        self.counters.settled(&s);
+        if let Err(e) = delivery.retry(delay).await {
+            self.counters.ack_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(target: "idem", consumer = %self.name, key, error = %e, "the broker did not confirm the retry; it redelivers after its own timeout");
         }
         s
     }

@@ -1,18 +1,51 @@
 //! NATS JetStream: pull consumers as [`Delivery`] streams, and a publisher for the outbox relay.
 //!
 //! - **Key**: the `Nats-Msg-Id` header when present (the id the publisher deduplicates with),
-//!   else `<stream>:<stream sequence>` (never the consumer sequence, which differs per consumer
-//!   and per redelivery).
+//!   else the stored message's identity, `<stream>:<stream sequence>:<timestamp>`, the
+//!   timestamp being when the server stored it (nanoseconds since 1970). A sequence alone
+//!   repeats: a stream deleted and created again starts over at 1, and one restored from an
+//!   older backup hands out again the sequences stored after that backup (restoring keeps the
+//!   stream's creation time, so that cannot tell them apart); the timestamp does not repeat, and
+//!   a restored message keeps its own. Never the consumer sequence, which differs per consumer
+//!   and per redelivery. A stream whose name makes that longer than a key may be is named by a
+//!   digest instead (`stream-<32 hex digits>:<sequence>:<timestamp>`). A dead letter published
+//!   again to the subject it came from (a re-drive, see below) is keyed by the key it was
+//!   dead-lettered under, its `Idem-Key` header.
 //! - **Ack**: a double ack, which returns once the server confirmed it. JetStream can accept an
 //!   ack that comes after the ack wait and still redeliver the message: the record, not the ack,
 //!   is what stops the second execution, and the redelivery is answered by a replay.
 //! - **Retry later**: a `-NAK` with the delay. **Still working**: `+WPI`, every third of the
-//!   consumer's ack wait. **Delivery limit**: the consumer's `max_deliver`, with the delivery
-//!   count from the message's metadata.
+//!   consumer's ack wait.
 //! - **Dead letter**: the message is published through JetStream to the subject you name (a
-//!   stream must capture it), with the reason and its origin in headers and a `Nats-Msg-Id` of
-//!   `dead-letter:<consumer>:<key>` so a repeated dead-lettering is deduplicated; once the server
-//!   confirmed, the original is terminated (`+TERM`).
+//!   stream must capture it), with its payload and headers except JetStream's own (`Nats-…`:
+//!   expectations such as `Nats-Expected-Stream`, `Nats-Rollup`, `Nats-TTL`, which would make
+//!   the dead-letter stream refuse or roll up the copy), and with the reason, the consumer, the
+//!   key and its origin in `Idem-…` headers. Its `Nats-Msg-Id` is
+//!   `dead-letter:<consumer>:<stream>:<sequence>:<timestamp>`, one per stored message and
+//!   consumer, so a repeated dead-lettering of the same message is deduplicated (the server
+//!   says `duplicate`, and the first copy stands) while a re-driven copy that fails again is a
+//!   new dead letter. Once the server confirmed, the original is terminated (`+TERM`). A dead
+//!   letter that cannot be published (no stream captures the subject, the stream refuses it)
+//!   leaves the original in place: the runner asks for it again after its backoff, and
+//!   dead-letters it then.
+//!
+//! [`JetStreamSource::deliveries`] refuses, with [`Error::Config`], consumers and streams on
+//! which the runner cannot keep its promises:
+//!
+//! - an ack policy other than explicit (`AckPolicy::All` acks earlier messages still waiting on
+//!   a delayed NAK; `None` never redelivers);
+//! - a `max_deliver` limit: the server stops redelivering there, so a message whose dead letter
+//!   could not be published at the limit would never come back. Leave it unlimited and give the
+//!   runner its limit with [`Consumer::max_deliveries`](crate::consumer::Consumer::max_deliveries);
+//! - a stream that keeps messages longer than the records are kept (no `max_age`, or a longer
+//!   one than [`JetStreamSource::retain`], by default [`DEFAULT_RETAIN`]): a message redelivered
+//!   or replayed after its record expired would run again.
+//!
+//! **Re-driving a dead letter** (once its cause is fixed): publish its payload with its headers
+//! to the subject in its `Idem-Original-Subject` header, then delete it from the dead-letter
+//! stream. Back on its subject, its `Idem-Key` is its key, so consumers that processed the
+//! message replay it and the one that gave up runs it; publishing the same dead letter twice is
+//! deduplicated by the original stream's duplicate window (its `Nats-Msg-Id` comes with it).
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -24,25 +57,46 @@
 //! let pull: async_nats::jetstream::consumer::PullConsumer =
 //!     stream.get_consumer("fulfilment").await?;
 //! let source = JetStreamSource::new(js, pull, "ORDERS_DLQ.fulfilment");
-//! let consumer = Consumer::new(source.consumer_name(), idem::MemoryStore::new())?;
+//! let consumer = Consumer::new(source.consumer_name(), idem::MemoryStore::new())?
+//!     .max_deliveries(5);
 //! let handler = consumer.guarded(|msg: Message, _claim| async move {
 //!     Ok::<_, HandlerError>(msg.payload.len())
 //! });
 //! consumer.run(source.deliveries().await?, handler, 32).await;
 //! # Ok(()) }
 //! ```
+//!
+//! Re-driving, with the client:
+//!
+//! ```no_run
+//! # async fn f(js: async_nats::jetstream::Context, seq: u64) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use idem::consumer::nats::ORIGINAL_SUBJECT;
+//!
+//! let dead_letters = js.get_stream("ORDERS_DLQ").await?;
+//! let letter = dead_letters.get_raw_message(seq).await?;
+//! let subject = letter.headers.get(ORIGINAL_SUBJECT).ok_or("not a dead letter")?.to_string();
+//! js.publish_with_headers(subject, letter.headers.clone(), letter.payload.clone())
+//!     .await?
+//!     .await?;
+//! dead_letters.delete_message(seq).await?;
+//! # Ok(()) }
+//! ```
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::HeaderMap;
-use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::consumer::{AckPolicy, PullConsumer};
+use async_nats::jetstream::response::Response;
 use async_nats::jetstream::{self, AckKind};
+use async_nats::{HeaderMap, HeaderValue};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
+use serde::Deserialize;
 
-use crate::consumer::Delivery;
+use crate::consumer::{DEFAULT_RETAIN, Delivery};
 use crate::error::{BoxError, Error};
+use crate::guard::digest;
 use crate::key::Key;
 
 /// The header JetStream deduplicates publishes by, and the key of a delivery that carries it.
@@ -51,12 +105,16 @@ pub const MSG_ID: &str = "Nats-Msg-Id";
 pub const REASON: &str = "Idem-Dead-Letter-Reason";
 /// Header of a dead letter: the consumer that gave it up.
 pub const CONSUMER: &str = "Idem-Consumer";
-/// Header of a dead letter: the message's key.
+/// Header of a dead letter: the message's key. Published again to its original subject (a
+/// re-drive), the dead letter is keyed by it.
 pub const KEY: &str = "Idem-Key";
 /// Header of a dead letter: the subject it was published to.
 pub const ORIGINAL_SUBJECT: &str = "Idem-Original-Subject";
 /// Header of a dead letter: the stream and stream sequence it came from, `<stream>:<seq>`.
 pub const ORIGINAL_SEQUENCE: &str = "Idem-Original-Sequence";
+
+/// The prefix of JetStream's own headers: none is copied into a dead letter.
+const JETSTREAM_HEADERS: &str = "Nats-";
 
 /// A pull consumer, with where its dead letters go.
 #[derive(Clone)]
@@ -65,6 +123,7 @@ pub struct JetStreamSource {
     consumer: PullConsumer,
     dead_letters: String,
     batch: usize,
+    retain: Duration,
 }
 
 impl fmt::Debug for JetStreamSource {
@@ -73,6 +132,7 @@ impl fmt::Debug for JetStreamSource {
             .field("consumer", &self.consumer_name())
             .field("dead_letters", &self.dead_letters)
             .field("batch", &self.batch)
+            .field("retain", &self.retain)
             .finish_non_exhaustive()
     }
 }
@@ -90,6 +150,7 @@ impl JetStreamSource {
             consumer,
             dead_letters: dead_letter_subject.into(),
             batch: 32,
+            retain: DEFAULT_RETAIN,
         }
     }
 
@@ -101,6 +162,16 @@ impl JetStreamSource {
         self
     }
 
+    /// How long the handler's records are kept (default [`DEFAULT_RETAIN`], the consumer's
+    /// default): the shortest retention of the records the handler relies on, its consumer's
+    /// ([`Consumer::retain`](crate::consumer::Consumer::retain)) and that of the
+    /// `#[idempotent]` functions it calls with a `retain` of their own.
+    /// [`JetStreamSource::deliveries`] refuses a stream that keeps messages longer.
+    pub fn retain(mut self, retain: Duration) -> Self {
+        self.retain = retain;
+        self
+    }
+
     /// The consumer's name (its durable name): put it in the handler's scope.
     pub fn consumer_name(&self) -> &str {
         &self.consumer.cached_info().name
@@ -108,15 +179,31 @@ impl JetStreamSource {
 
     /// The deliveries, as they are pulled. The stream's errors (a missed heartbeat, a
     /// reconnect) are items of their own, which the runner logs and skips.
+    ///
+    /// Refused with [`Error::Config`] when the consumer's ack policy is not explicit, when it
+    /// has a `max_deliver` limit, or when its stream keeps messages longer than the records are
+    /// kept (see the [module](self) documentation); [`Error::Unavailable`] when the server could
+    /// not be asked.
     pub async fn deliveries(
         &self,
     ) -> Result<impl Stream<Item = Result<JetStreamDelivery, BoxError>> + use<>, Error> {
-        let config = &self.consumer.cached_info().config;
-        let max_deliver = u32::try_from(config.max_deliver).ok().filter(|m| *m > 0);
-        let keep_alive = (config.ack_wait / 3).max(Duration::from_millis(10));
-        let context = self.context.clone();
-        let dead_letters = self.dead_letters.clone();
-        let consumer = self.consumer_name().to_owned();
+        let mut consumer = self.consumer.clone();
+        let info = consumer
+            .info()
+            .await
+            .map_err(|e| Error::Unavailable(Box::new(e)))?
+            .clone();
+        check_consumer(&info.name, &info.config)?;
+        StreamFacts::fetch(&self.context, &info.stream_name)
+            .await?
+            .check_retention(self.retain)?;
+        let keep_alive = (info.config.ack_wait / 3).max(Duration::from_millis(10));
+        let shared = Arc::new(Shared {
+            context: self.context.clone(),
+            dead_letters: self.dead_letters.clone(),
+            consumer: info.name.clone(),
+            keep_alive,
+        });
         let messages = self
             .consumer
             .stream()
@@ -126,30 +213,102 @@ impl JetStreamSource {
             .await
             .map_err(|e| Error::Unavailable(Box::new(e)))?;
         Ok(messages.map(move |m| match m {
-            Ok(msg) => Ok(JetStreamDelivery::new(
-                msg,
-                context.clone(),
-                dead_letters.clone(),
-                consumer.clone(),
-                max_deliver,
-                keep_alive,
-            )),
+            Ok(msg) => JetStreamDelivery::new(msg, shared.clone()),
             Err(e) => Err(Box::new(e) as BoxError),
         }))
     }
 }
 
-/// One JetStream message, as the runner handles it.
-pub struct JetStreamDelivery {
-    msg: jetstream::Message,
+/// Refuses a consumer whose acknowledgements the runner cannot rely on.
+fn check_consumer(name: &str, config: &jetstream::consumer::Config) -> Result<(), Error> {
+    if config.ack_policy != AckPolicy::Explicit {
+        return Err(Error::Config(format!(
+            "the JetStream consumer {name:?} has the ack policy {:?}: the runner needs explicit acks (with `All`, an ack of one message acks earlier ones still waiting to be retried; with `None`, nothing is redelivered)",
+            config.ack_policy
+        )));
+    }
+    if config.max_deliver > 0 {
+        return Err(Error::Config(format!(
+            "the JetStream consumer {name:?} has max_deliver = {}: the server stops redelivering there, so a message whose dead letter could not be published at the limit would never come back. Leave max_deliver unlimited (-1) and give the runner its limit with Consumer::max_deliveries({})",
+            config.max_deliver, config.max_deliver
+        )));
+    }
+    Ok(())
+}
+
+/// How long the consumer's stream keeps messages.
+#[derive(Debug)]
+struct StreamFacts {
+    stream: String,
+    max_age: Duration,
+}
+
+/// The part of the server's stream info the adapter reads.
+#[derive(Deserialize)]
+struct RawStreamInfo {
+    config: RawStreamConfig,
+}
+
+#[derive(Deserialize)]
+struct RawStreamConfig {
+    /// Nanoseconds; 0 when messages never expire.
+    #[serde(default)]
+    max_age: u64,
+}
+
+impl StreamFacts {
+    async fn fetch(context: &jetstream::Context, stream: &str) -> Result<StreamFacts, Error> {
+        let response: Response<RawStreamInfo> = context
+            .request(format!("STREAM.INFO.{stream}"), &serde_json::json!({}))
+            .await
+            .map_err(|e| Error::Unavailable(Box::new(e)))?;
+        match response {
+            Response::Ok(info) => Ok(StreamFacts {
+                stream: stream.to_owned(),
+                max_age: Duration::from_nanos(info.config.max_age),
+            }),
+            Response::Err { error } => Err(Error::Unavailable(
+                format!("the info of JetStream stream {stream:?}: {error}").into(),
+            )),
+        }
+    }
+
+    /// Refuses a stream that keeps messages longer than records are kept.
+    fn check_retention(&self, retain: Duration) -> Result<(), Error> {
+        let stream = &self.stream;
+        if self.max_age.is_zero() {
+            return Err(Error::Config(format!(
+                "the JetStream stream {stream:?} has no max_age and keeps its messages forever, while the handler's records are kept {retain:?}: a message redelivered or replayed after that would run again. Give the stream a max_age of at most {retain:?}, or keep the records longer (JetStreamSource::retain, Consumer::retain)"
+            )));
+        }
+        if self.max_age > retain {
+            return Err(Error::Config(format!(
+                "the JetStream stream {stream:?} keeps messages {:?} (max_age), longer than the handler's records are kept ({retain:?}): a message redelivered or replayed after that would run again. Give the stream a max_age of at most {retain:?}, or keep the records longer (JetStreamSource::retain, Consumer::retain)",
+                self.max_age
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What every delivery of one source shares.
+struct Shared {
     context: jetstream::Context,
     dead_letters: String,
     consumer: String,
-    key: Result<String, String>,
-    origin: String,
-    delivered: u32,
-    max_deliver: Option<u32>,
     keep_alive: Duration,
+}
+
+/// One JetStream message, as the runner handles it.
+pub struct JetStreamDelivery {
+    msg: jetstream::Message,
+    shared: Arc<Shared>,
+    key: String,
+    /// `<stream>:<sequence>`, as dead letters say where they came from.
+    origin: String,
+    /// `<stream>:<sequence>:<timestamp>` (or its digest form): this stored message.
+    place: String,
+    delivered: u32,
 }
 
 impl fmt::Debug for JetStreamDelivery {
@@ -164,65 +323,142 @@ impl fmt::Debug for JetStreamDelivery {
 }
 
 impl JetStreamDelivery {
-    fn new(
-        msg: jetstream::Message,
-        context: jetstream::Context,
-        dead_letters: String,
-        consumer: String,
-        max_deliver: Option<u32>,
-        keep_alive: Duration,
-    ) -> Self {
-        let (origin, delivered) = match msg.info() {
+    /// A delivery of `msg`; an error when it carries no JetStream metadata (then it cannot be
+    /// acknowledged either).
+    fn new(msg: jetstream::Message, shared: Arc<Shared>) -> Result<Self, BoxError> {
+        let (stream, sequence, delivered) = match msg.info() {
             Ok(info) => (
-                format!("{}:{}", info.stream, info.stream_sequence),
+                info.stream.to_owned(),
+                info.stream_sequence,
                 u32::try_from(info.delivered).unwrap_or(1).max(1),
             ),
-            Err(_) => (String::new(), 1),
+            Err(e) => return Err(format!("a JetStream message without metadata: {e}").into()),
         };
-        let header = msg
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(MSG_ID))
-            .map(|v| v.as_str().to_owned());
-        let key = match header {
-            Some(id) => Ok(id),
-            None if !origin.is_empty() => Ok(origin.clone()),
-            None => {
-                Err("the message has neither a Nats-Msg-Id header nor JetStream metadata".into())
-            }
-        };
-        JetStreamDelivery {
+        let stored_at = msg.reply.as_deref().and_then(stored_at).ok_or_else(|| {
+            format!(
+                "a JetStream message without the time it was stored: {:?}",
+                msg.reply
+            )
+        })?;
+        let place = place_key(&stream, sequence, stored_at);
+        let key = message_key(msg.headers.as_ref(), msg.subject.as_str())
+            .unwrap_or_else(|| place.clone());
+        Ok(JetStreamDelivery {
             msg,
-            context,
-            dead_letters,
-            consumer,
+            shared,
             key,
-            origin,
+            origin: format!("{stream}:{sequence}"),
+            place,
             delivered,
-            max_deliver,
-            keep_alive,
-        }
+        })
     }
 
     /// The message as the client received it.
     pub fn message(&self) -> &jetstream::Message {
         &self.msg
     }
+
+    /// The headers of this message's dead letter.
+    fn dead_letter_headers(&self, reason: &str) -> Result<HeaderMap, BoxError> {
+        let mut headers = HeaderMap::new();
+        if let Some(original) = &self.msg.headers {
+            for (name, values) in original.iter() {
+                let name_str: &str = name.as_ref();
+                let control = name_str
+                    .get(..JETSTREAM_HEADERS.len())
+                    .is_some_and(|p| p.eq_ignore_ascii_case(JETSTREAM_HEADERS));
+                if !control {
+                    for v in values {
+                        headers.append(name.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        headers.insert(REASON, text_value(reason));
+        headers.insert(CONSUMER, text_value(&self.shared.consumer));
+        headers.insert(KEY, exact_value(KEY, &self.key)?);
+        headers.insert(
+            ORIGINAL_SUBJECT,
+            exact_value(ORIGINAL_SUBJECT, &self.msg.subject)?,
+        );
+        headers.insert(
+            ORIGINAL_SEQUENCE,
+            exact_value(ORIGINAL_SEQUENCE, &self.origin)?,
+        );
+        let id = dead_letter_id(&self.shared.consumer, &self.place);
+        headers.insert(MSG_ID, exact_value(MSG_ID, &id)?);
+        Ok(headers)
+    }
 }
 
-/// A header value without line breaks or other control characters.
-fn header_value(s: &str) -> String {
-    s.chars()
+/// The key a message names itself: a re-driven dead letter's original key, else its
+/// `Nats-Msg-Id`.
+fn message_key(headers: Option<&HeaderMap>, subject: &str) -> Option<String> {
+    let headers = headers?;
+    let redriven = headers
+        .get(ORIGINAL_SUBJECT)
+        .is_some_and(|s| s.as_str() == subject);
+    if redriven && let Some(original) = headers.get(KEY) {
+        return Some(original.as_str().to_owned());
+    }
+    headers.get(MSG_ID).map(|v| v.as_str().to_owned())
+}
+
+/// When the server stored the message, in nanoseconds since 1970, as its ack subject says
+/// (`$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>`, or
+/// with the domain and account hash before the stream): read as text, so the key does not depend
+/// on the date type the client is built with.
+fn stored_at(reply: &str) -> Option<&str> {
+    let tokens: Vec<&str> = reply.strip_prefix("$JS.ACK.")?.split('.').collect();
+    let time = match tokens.len() {
+        7 => tokens[5],
+        n if n >= 9 => tokens[7],
+        _ => return None,
+    };
+    (!time.is_empty() && time.bytes().all(|b| b.is_ascii_digit())).then_some(time)
+}
+
+/// `<stream>:<sequence>:<timestamp>`, or `stream-<digest of the stream>:<sequence>:<timestamp>`
+/// when the stream's name makes the first no key.
+fn place_key(stream: &str, sequence: u64, stored_at: &str) -> String {
+    let readable = format!("{stream}:{sequence}:{stored_at}");
+    if Key::parse(&readable).is_ok() {
+        return readable;
+    }
+    format!("stream-{}:{sequence}:{stored_at}", digest(&[stream]))
+}
+
+/// The `Nats-Msg-Id` of the dead letter `consumer` writes for the stored message at `place`:
+/// `dead-letter:<consumer>:<place>`, or its digest form when that is no key.
+fn dead_letter_id(consumer: &str, place: &str) -> String {
+    let readable = format!("dead-letter:{consumer}:{place}");
+    if Key::parse(&readable).is_ok() {
+        return readable;
+    }
+    format!("dead-letter:{}", digest(&[consumer, place]))
+}
+
+/// Free text (a reason) as a header value: line breaks and other control characters become
+/// spaces, so nothing in it can end the header or start another.
+fn text_value(s: &str) -> HeaderValue {
+    let clean: String = s
+        .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
+        .collect();
+    // Nothing left that a header value refuses.
+    clean.parse().unwrap_or_default()
+}
+
+/// A value that must be written exactly (a key, a subject): an error, never a changed value,
+/// when a header cannot carry it.
+fn exact_value(name: &str, s: &str) -> Result<HeaderValue, BoxError> {
+    s.parse()
+        .map_err(|_| format!("the {name} header cannot carry {s:?}").into())
 }
 
 impl Delivery for JetStreamDelivery {
     fn key(&self) -> Result<Key, String> {
-        match &self.key {
-            Ok(raw) => Key::parse(raw).map_err(|e| format!("unusable message id {raw:?}: {e}")),
-            Err(why) => Err(why.clone()),
-        }
+        Key::parse(&self.key).map_err(|e| format!("unusable message id {:?}: {e}", self.key))
     }
 
     fn payload(&self) -> Bytes {
@@ -237,12 +473,8 @@ impl Delivery for JetStreamDelivery {
         self.delivered
     }
 
-    fn max_deliveries(&self) -> Option<u32> {
-        self.max_deliver
-    }
-
     fn keep_alive_every(&self) -> Option<Duration> {
-        Some(self.keep_alive)
+        Some(self.shared.keep_alive)
     }
 
     async fn ack(&self) -> Result<(), BoxError> {
@@ -254,33 +486,22 @@ impl Delivery for JetStreamDelivery {
     }
 
     async fn dead_letter(&self, reason: &str) -> Result<(), BoxError> {
-        let key = match &self.key {
-            Ok(k) => k.clone(),
-            Err(_) => self.origin.clone(),
-        };
-        let mut headers = HeaderMap::new();
-        if let Some(original) = &self.msg.headers {
-            for (name, values) in original.iter() {
-                if !AsRef::<str>::as_ref(name).eq_ignore_ascii_case(MSG_ID) {
-                    for v in values {
-                        headers.append(name.clone(), v.clone());
-                    }
-                }
-            }
-        }
-        headers.insert(REASON, header_value(reason).as_str());
-        headers.insert(CONSUMER, header_value(&self.consumer).as_str());
-        headers.insert(KEY, header_value(&key).as_str());
-        headers.insert(ORIGINAL_SUBJECT, self.msg.subject.as_str());
-        headers.insert(ORIGINAL_SEQUENCE, self.origin.as_str());
-        headers.insert(
-            MSG_ID,
-            header_value(&format!("dead-letter:{}:{key}", self.consumer)).as_str(),
-        );
-        self.context
-            .publish_with_headers(self.dead_letters.clone(), headers, self.msg.payload.clone())
+        let headers = self.dead_letter_headers(reason)?;
+        let ack = self
+            .shared
+            .context
+            .publish_with_headers(
+                self.shared.dead_letters.clone(),
+                headers,
+                self.msg.payload.clone(),
+            )
             .await?
             .await?;
+        if ack.duplicate {
+            // This consumer dead-lettered this very message before (its termination did not
+            // reach the server): the first copy is the dead letter.
+            tracing::info!(target: "idem", consumer = %self.shared.consumer, origin = %self.origin, stream = %ack.stream, sequence = ack.sequence, "the message was dead-lettered before; terminating it");
+        }
         self.msg.ack_with(AckKind::Term).await
     }
 
@@ -323,5 +544,109 @@ impl crate::outbox::Publisher for JetStreamPublisher {
             .await?
             .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: &str = "1764602200435496733";
+
+    #[test]
+    fn a_place_names_the_stream_the_sequence_and_when_it_was_stored() {
+        assert_eq!(place_key("ORDERS", 42, T), format!("ORDERS:42:{T}"));
+        // The same sequence stored again (a recreated or restored stream) is another message.
+        assert_ne!(
+            place_key("ORDERS", 42, T),
+            place_key("ORDERS", 42, "1764602200435496734")
+        );
+    }
+
+    #[test]
+    fn the_time_a_message_was_stored_is_read_from_its_ack_subject() {
+        assert_eq!(
+            stored_at(&format!("$JS.ACK.ORDERS.fulfilment.1.42.7.{T}.0")),
+            Some(T)
+        );
+        assert_eq!(
+            stored_at(&format!(
+                "$JS.ACK._.ACCHASH.ORDERS.fulfilment.1.42.7.{T}.0.TOKEN"
+            )),
+            Some(T)
+        );
+        assert_eq!(
+            stored_at(&format!(
+                "$JS.ACK.hub.ACCHASH.ORDERS.fulfilment.1.42.7.{T}.0"
+            )),
+            Some(T)
+        );
+        assert_eq!(stored_at("$JS.ACK.ORDERS.fulfilment.1.42.7.x.0"), None);
+        assert_eq!(stored_at("$JS.ACK.ORDERS.fulfilment.1.42"), None);
+        assert_eq!(stored_at("_INBOX.abc"), None);
+    }
+
+    #[test]
+    fn a_stream_name_that_makes_no_key_is_named_by_a_digest() {
+        // Stream names may be up to 255 characters and need not be ASCII.
+        for stream in ["S".repeat(255), "commandes-é".to_owned()] {
+            let key = place_key(&stream, 7, T);
+            assert!(Key::parse(&key).is_ok(), "{key}");
+            assert!(
+                key.starts_with("stream-") && key.ends_with(&format!(":7:{T}")),
+                "{key}"
+            );
+            let id = dead_letter_id("fulfilment", &key);
+            assert!(Key::parse(&id).is_ok(), "{id}");
+        }
+        let long = place_key(&"S".repeat(255), 7, T);
+        assert_ne!(long, place_key(&"S".repeat(254), 7, T));
+        let id = dead_letter_id(&"c".repeat(250), &long);
+        assert!(
+            id.starts_with("dead-letter:") && Key::parse(&id).is_ok(),
+            "{id}"
+        );
+        assert_eq!(
+            dead_letter_id("fulfilment", "ORDERS:42:7"),
+            "dead-letter:fulfilment:ORDERS:42:7"
+        );
+    }
+
+    #[test]
+    fn a_dead_letter_back_on_its_subject_is_keyed_by_its_original_key() {
+        let mut headers = HeaderMap::new();
+        headers.insert(MSG_ID, "dead-letter:fulfilment:ORDERS:42:7");
+        headers.insert(KEY, "m-1");
+        headers.insert(ORIGINAL_SUBJECT, "order.paid");
+        assert_eq!(
+            message_key(Some(&headers), "order.paid").as_deref(),
+            Some("m-1")
+        );
+        // In the dead-letter stream it is a dead letter: its own id, one per consumer.
+        assert_eq!(
+            message_key(Some(&headers), "dlq.fulfilment").as_deref(),
+            Some("dead-letter:fulfilment:ORDERS:42:7")
+        );
+        let mut plain = HeaderMap::new();
+        plain.insert(MSG_ID, "m-2");
+        assert_eq!(
+            message_key(Some(&plain), "order.paid").as_deref(),
+            Some("m-2")
+        );
+        assert_eq!(message_key(None, "order.paid"), None);
+    }
+
+    #[test]
+    fn header_values_are_written_clean_or_refused() {
+        assert_eq!(
+            text_value("no such order\r\nX-Injected: yes\u{7}").as_str(),
+            "no such order  X-Injected: yes "
+        );
+        assert_eq!(
+            text_value("commande introuvable — é").as_str(),
+            "commande introuvable — é"
+        );
+        assert!(exact_value(KEY, "m-1\r\nX: y").is_err());
+        assert_eq!(exact_value(KEY, "m-1").unwrap().as_str(), "m-1");
     }
 }

@@ -51,6 +51,7 @@ pub struct TestDelivery {
     delivered: u32,
     max: Option<u32>,
     keep_alive_every: Option<Duration>,
+    dead_letters_fail: bool,
     said: Arc<Mutex<Vec<Said>>>,
 }
 
@@ -64,6 +65,7 @@ impl TestDelivery {
             delivered: 1,
             max: None,
             keep_alive_every: None,
+            dead_letters_fail: false,
             said: Arc::default(),
         }
     }
@@ -91,6 +93,13 @@ impl TestDelivery {
     /// How often the broker needs to hear "still working".
     pub fn keep_alive_every(mut self, every: Duration) -> Self {
         self.keep_alive_every = Some(every);
+        self
+    }
+
+    /// A broker that does not take dead letters (no queue or stream receives them): each one is
+    /// recorded as said, and fails.
+    pub fn dead_letters_fail(mut self) -> Self {
+        self.dead_letters_fail = true;
         self
     }
 
@@ -137,7 +146,11 @@ impl Delivery for TestDelivery {
         self.say(Said::Retry(delay))
     }
     async fn dead_letter(&self, reason: &str) -> Result<(), BoxError> {
-        self.say(Said::DeadLetter(reason.to_owned()))
+        self.say(Said::DeadLetter(reason.to_owned()))?;
+        if self.dead_letters_fail {
+            return Err("no stream captures the dead letters' subject".into());
+        }
+        Ok(())
     }
     async fn keep_alive(&self) -> Result<(), BoxError> {
         self.say(Said::KeepAlive)
