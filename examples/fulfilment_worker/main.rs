@@ -5,6 +5,7 @@
 //! NATS_URL=nats://127.0.0.1:4222 cargo run --example fulfilment_worker          # SQLite fulfilment_worker.db
 //! NATS_URL=… DATABASE_URL=postgres://postgres@127.0.0.1/test cargo run --example fulfilment_worker
 //! cargo run --example fulfilment_worker -- --replay    # consume the stream again from its start
+//! cargo run --example fulfilment_worker -- --reset     # delete the streams, for a clean start
 //! ```
 //!
 //! Its handler is a transactional `#[idempotent]` function (`worker.rs`): the claim on the
@@ -60,6 +61,13 @@ async fn main() -> Result<(), BoxError> {
 
     let client = async_nats::connect(&nats_url).await?;
     let js = async_nats::jetstream::new(client);
+    if std::env::args().any(|a| a == "--reset") {
+        // A clean start: the streams go (the service recreates them empty when it starts);
+        // the databases are files to delete, or tables to drop, and are the user's to remove.
+        let deleted = worker::reset_streams(&js, &prefix).await?;
+        println!("deleted the streams {deleted:?} from {nats_url}");
+        return Ok(());
+    }
     let replay = std::env::args().any(|a| a == "--replay");
     let pull = worker::jetstream_setup(&js, &prefix, ack_wait, replay).await?;
     let source = JetStreamSource::new(js, pull, format!("{prefix}{}", worker::DEAD_LETTERS));

@@ -87,6 +87,30 @@ pub async fn jetstream_setup(
     Ok(consumer)
 }
 
+/// Deletes the order stream and the dead-letter stream under `prefix` (with the worker's durable
+/// consumer), for a clean start: the next run of the service creates them empty. Returns the
+/// names of the streams it deleted; a stream that does not exist is not an error.
+pub async fn reset_streams(
+    js: &jetstream::Context,
+    prefix: &str,
+) -> Result<Vec<String>, Box<dyn std::error::Error + Send + Sync>> {
+    let mut deleted = Vec::new();
+    for stream in [STREAM, DEAD_LETTER_STREAM] {
+        let name = format!("{}{stream}", name_prefix(prefix));
+        match js.delete_stream(&name).await {
+            Ok(_) => deleted.push(name),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    jetstream::context::DeleteStreamErrorKind::JetStream(js_error)
+                        if js_error.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+                ) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(deleted)
+}
+
 /// A stream-name prefix from a subject prefix (`t1.` → `T1_`).
 pub fn name_prefix(prefix: &str) -> String {
     prefix
