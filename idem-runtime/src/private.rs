@@ -103,33 +103,49 @@ pub enum Direct {}
 #[derive(Debug)]
 pub enum Pointer {}
 
-/// Declares a trait for "a value that gives a store with this capability": the store itself, or
-/// a smart pointer to one (`Arc<PgStore>`), told apart by the marker `M`. A value that is
-/// neither matches no implementation, so its handle is an error type after one error, spanned on
-/// the argument, and nothing downstream reports the same mistake again.
+#[derive(Debug)]
+pub enum PointerToPointer {}
+
+/// Declares a trait for "a value that gives a store with this capability": the store itself, a
+/// smart pointer to one (`Arc<PgStore>`, `&MemoryStore`) or a reference to such a pointer
+/// (`&Arc<PgStore>`), told apart by the marker `M`. A value that is none of these matches no
+/// implementation, so its handle is an error type after one error, spanned on the argument, and
+/// nothing downstream reports the same mistake again.
 macro_rules! store_argument {
     ($(#[$doc:meta])* $name:ident: $bound:path) => {
         $(#[$doc])*
-        pub trait $name<M> {
-            type Handle: $bound + Clone;
-            fn into_handle(self) -> Self::Handle;
+        pub trait $name<'a, M> {
+            type Handle: $bound;
+            fn handle(&'a self) -> &'a Self::Handle;
         }
 
-        impl<S: $bound + Clone> $name<Direct> for S {
+        impl<'a, S: $bound> $name<'a, Direct> for S {
             type Handle = S;
-            fn into_handle(self) -> S {
+            fn handle(&'a self) -> &'a S {
                 self
             }
         }
 
-        impl<P, S> $name<Pointer> for P
+        impl<'a, P, S> $name<'a, Pointer> for P
         where
-            P: std::ops::Deref<Target = S>,
-            S: $bound + Clone,
+            P: std::ops::Deref<Target = S> + 'a,
+            S: $bound,
         {
             type Handle = S;
-            fn into_handle(self) -> S {
-                (*self).clone()
+            fn handle(&'a self) -> &'a S {
+                self
+            }
+        }
+
+        impl<'a, P, Q, S> $name<'a, PointerToPointer> for P
+        where
+            P: std::ops::Deref<Target = Q> + 'a,
+            Q: std::ops::Deref<Target = S> + 'a,
+            S: $bound,
+        {
+            type Handle = S;
+            fn handle(&'a self) -> &'a S {
+                self
             }
         }
     };
@@ -145,8 +161,14 @@ store_argument!(
     IsStore: Store
 );
 
-pub fn store<S: IsStore<M>, M>(s: S) -> S::Handle {
-    s.into_handle()
+/// The store `store = …` names: a clone of its handle, which is cheap. `Clone` is a bound of
+/// its own, so a store that is not `Clone` (a generic `S: Store`) is told that, not that it is
+/// no store.
+pub fn store<'a, S: IsStore<'a, M>, M>(s: &'a S) -> S::Handle
+where
+    S::Handle: Clone,
+{
+    s.handle().clone()
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -161,8 +183,11 @@ store_argument!(
 );
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub fn tx_store<S: IsTxStore<M>, M>(s: S) -> S::Handle {
-    s.into_handle()
+pub fn tx_store<'a, S: IsTxStore<'a, M>, M>(s: &'a S) -> S::Handle
+where
+    S::Handle: Clone,
+{
+    s.handle().clone()
 }
 
 /// Errors release the claim.

@@ -7,7 +7,7 @@ use syn::spanned::Spanned;
 use syn::{Ident, ItemFn, LitStr, Stmt, Type};
 
 use super::valid::Model;
-use crate::types;
+use crate::{spans, types};
 
 /// Names and spans shared by the pieces of the expansion.
 struct Gen<'a> {
@@ -101,9 +101,15 @@ fn prelude(g: &Gen<'_>) -> TokenStream {
         quote!(store)
     };
     let p_store = g.private_at(store_span);
+    // By reference, and cloned by the shim: a value that is no store is told so, not that it
+    // has no `clone` method. Reported over the whole expression (`self.idem`).
     let store_init = match &m.store {
-        Some(e) => quote_spanned!(store_span=> #p_store::#checked_store((#e).clone())),
-        None => quote_spanned!(store_span=> #p_store::#checked_store(#p_store::DefaultStore)),
+        Some(e) => {
+            let (first, last) = spans::ends(e);
+            let arg = spans::parens_at(quote!(#e), last);
+            quote_spanned!(first=> #p_store::#checked_store(&#arg))
+        }
+        None => quote_spanned!(store_span=> #p_store::#checked_store(&#p_store::DefaultStore)),
     };
     let errors_fn = if m.policy.store_final {
         quote!(errors_final)
