@@ -4,7 +4,7 @@
 //! Only shims live here: each property of the user's code is required by exactly one generated
 //! call, spanned on the tokens it is about, so that a mistake produces one error in the right
 //! place — the store (`store`, `tx_store`), the `Ok` type (`run`, `tx_finish`), the error
-//! type ([`errors`], [`errors_final`]), the key ([`key`]), each fingerprinted argument
+//! type ([`ErrorType`], [`FinalErrorType`]), the key ([`key`]), each fingerprinted argument
 //! ([`Fingerprintable`]). The lifecycle itself is [`crate::flow`].
 
 #![allow(missing_docs)]
@@ -190,26 +190,64 @@ where
     s.handle().clone()
 }
 
-/// Errors release the claim.
-pub fn errors<E: From<Error>, M>() -> ErrorOps<E, M> {
-    ErrorOps {
-        from_idem: E::from,
-        finals: None,
-        replay: PhantomData,
+/// The error type of a guarded function: idem's own failures become it.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be the error type of an #[idempotent] function: it has no `From<idem::Error>`",
+    label = "idem's own errors are returned as this type",
+    note = "idem returns its own failures (a store that is down, a key reused with another request, a call still in progress) as the function's error type: implement `From<idem::Error>` for it, e.g. with a variant that wraps `idem::Error`",
+    note = "a type of another crate (`std::io::Error`, `String`) cannot be given that impl here: return an error type of your own that wraps it, or `idem::Error`, or `Box<dyn std::error::Error + Send + Sync>`"
+)]
+pub trait ErrorType: Sized {
+    /// Errors release the claim.
+    fn errors<M>() -> ErrorOps<Self, M>;
+}
+
+#[diagnostic::do_not_recommend]
+impl<E: From<Error>> ErrorType for E {
+    fn errors<M>() -> ErrorOps<E, M> {
+        ErrorOps {
+            from_idem: E::from,
+            finals: None,
+            replay: PhantomData,
+        }
     }
 }
 
-/// Final errors are stored and replayed; the others release the claim.
-pub fn errors_final<E: From<Error> + FinalError, M>() -> ErrorOps<E, M> {
-    ErrorOps {
-        from_idem: E::from,
-        finals: Some(FinalOps {
-            is_final: E::is_final,
-            encode: encode_final::<E>,
-            decode: decode_final::<E>,
-        }),
-        replay: PhantomData,
+/// The error type of a function with `on_error = "store_final"`: it says which of its errors
+/// are final, and they can be stored.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not say which of its errors are final",
+    label = "`on_error = \"store_final\"` stores this type's final errors",
+    note = "implement `idem::FinalError` for it (`is_final`; the type must be `Serialize` and `Deserialize`, as a final error is stored and replayed), or leave out `on_error` so that every error releases the claim"
+)]
+pub trait FinalErrorType: Sized {
+    /// Final errors are stored and replayed; the others release the claim.
+    fn with_finals<M>(ops: ErrorOps<Self, M>) -> ErrorOps<Self, M>;
+}
+
+#[diagnostic::do_not_recommend]
+impl<E: FinalError> FinalErrorType for E {
+    fn with_finals<M>(ops: ErrorOps<E, M>) -> ErrorOps<E, M> {
+        ErrorOps {
+            finals: Some(FinalOps {
+                is_final: E::is_final,
+                encode: encode_final::<E>,
+                decode: decode_final::<E>,
+            }),
+            ..ops
+        }
     }
+}
+
+/// Errors release the claim: for an error type not written in the signature (`AppResult<T>`).
+pub fn errors<E: ErrorType, M>() -> ErrorOps<E, M> {
+    E::errors()
+}
+
+/// Final errors are stored and replayed; the others release the claim: for an error type not
+/// written in the signature.
+pub fn errors_final<E: ErrorType + FinalErrorType, M>() -> ErrorOps<E, M> {
+    E::with_finals(E::errors())
 }
 
 /// The replay marker of an `Ok` type, as a value ([`ErrorOps::replayed_as`]).

@@ -111,18 +111,30 @@ fn prelude(g: &Gen<'_>) -> TokenStream {
         }
         None => quote_spanned!(store_span=> #p_store::#checked_store(&#p_store::DefaultStore)),
     };
-    let errors_fn = if m.policy.store_final {
-        quote!(errors_final)
-    } else {
-        quote!(errors)
-    };
     let errors_init = match g.err {
+        // Named through its trait, `<E as ErrorType>`: an error type without the impl is
+        // reported on `E` with the trait's message, and no generated function is quoted.
         Some((span, err)) => {
             let p = g.private_at(span);
-            quote_spanned!(span=> #p::#errors_fn::<#err, _>())
+            let ops = Gen::local_at("errors", span);
+            let finals = m.policy.store_final.then(|| {
+                quote_spanned!(span=> let #ops = <#err as #p::FinalErrorType>::with_finals(#ops);)
+            });
+            quote_spanned! {span=> {
+                let #ops = <#err as #p::ErrorType>::errors();
+                #finals
+                #ops
+            }}
         }
+        // Written through an alias (`AppResult<T>`): inferred, and reported on the return type.
         None => {
             let p = g.private_at(g.ret_span);
+            let (_, last) = spans::ends(&m.ret);
+            let errors_fn = if m.policy.store_final {
+                Ident::new("errors_final", last)
+            } else {
+                Ident::new("errors", last)
+            };
             quote_spanned!(g.ret_span=> #p::#errors_fn())
         }
     };
