@@ -150,3 +150,45 @@ pub(crate) fn borrows(ty: &Type) -> bool {
     f.visit_type(ty);
     f.0
 }
+
+/// Whether a type returns a future: `impl Future<…>`, `Pin<Box<dyn Future<…> + Send>>`,
+/// `BoxFuture<'_, …>`. What an `async fn` becomes when another attribute (`#[async_trait]`)
+/// rewrote it first.
+pub(crate) fn is_future(ty: &Type) -> bool {
+    struct Finder(bool);
+    impl<'ast> Visit<'ast> for Finder {
+        fn visit_trait_bound(&mut self, b: &'ast syn::TraitBound) {
+            self.0 |= b.path.segments.last().is_some_and(|s| s.ident == "Future");
+        }
+        fn visit_type_path(&mut self, p: &'ast syn::TypePath) {
+            let last = p.path.segments.last();
+            if last.is_some_and(|s| s.ident == "BoxFuture" || s.ident == "LocalBoxFuture") {
+                self.0 = true;
+            }
+            syn::visit::visit_type_path(self, p);
+        }
+    }
+    let mut f = Finder(false);
+    f.visit_type(ty);
+    f.0
+}
+
+#[cfg(test)]
+mod tests {
+    use syn::{Type, parse_quote};
+
+    use super::is_future;
+
+    #[test]
+    fn futures_written_by_hand_or_by_another_attribute() {
+        for ty in [
+            parse_quote!(Pin<Box<dyn Future<Output = Result<u64, Error>> + Send + 'a>>),
+            parse_quote!(impl std::future::Future<Output = u64>),
+            parse_quote!(BoxFuture<'static, u64>),
+        ] {
+            let ty: Type = ty;
+            assert!(is_future(&ty), "{}", quote::quote!(#ty));
+        }
+        assert!(!is_future(&parse_quote!(Result<u64, Error>)));
+    }
+}

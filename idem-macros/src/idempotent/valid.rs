@@ -62,13 +62,29 @@ pub(super) fn validate(
             "#[idempotent] is given twice: the inner one would find the outer one's claim and refuse every call as in progress. Keep one",
         );
     }
-    if sig.asyncness.is_none() {
+    // What an `async fn` becomes when an attribute on its `impl` or `trait` (`#[async_trait]`)
+    // rewrote it first: a function returning a future. Its return type is not the answer.
+    let rewritten = sig.asyncness.is_none()
+        && matches!(&sig.output, ReturnType::Type(_, ty) if types::is_future(ty));
+    if rewritten {
+        let (fn_token, name) = (&sig.fn_token, &sig.ident);
+        cx.spanned(
+            quote::quote!(#fn_token #name),
+            format_args!(
+                "`{name}` returns a future, but #[idempotent] needs an `async fn`, whose body it rewrites. If it was written `async fn`, an attribute on its `impl` or `trait` (such as `#[async_trait]`) rewrote it before #[idempotent] saw it: declare the method `async fn` in the trait without that attribute, or put #[idempotent] on an inherent `async fn` that the trait method calls"
+            ),
+        );
+    } else if sig.asyncness.is_none() {
         cx.at(
             sig.fn_token.span,
             "#[idempotent] needs an `async fn`: the claim is taken before the body and completed after it, across `.await`s",
         );
     }
-    let ret = return_type(sig, cx);
+    let ret = if rewritten {
+        None
+    } else {
+        return_type(sig, cx)
+    };
     let mut params = bindings::params(sig);
     for (p, skip) in params.iter_mut().zip(skipped) {
         p.skipped |= skip.is_some();
