@@ -151,6 +151,39 @@ pub(crate) fn borrows(ty: &Type) -> bool {
     f.0
 }
 
+/// The first part of `ty` that borrows, for a value that is rebuilt from stored bytes: a
+/// reference (`&str`, `&'static str` too), or a type with a lifetime other than `'static`
+/// (`Order<'a>`, `Cow<'_, str>`).
+pub(crate) fn borrowed_part(ty: &Type) -> Option<&Type> {
+    struct Finder<'ast>(Option<&'ast Type>);
+    impl<'ast> Visit<'ast> for Finder<'ast> {
+        fn visit_type(&mut self, ty: &'ast Type) {
+            if self.0.is_some() {
+                return;
+            }
+            let borrows = match ty {
+                Type::Reference(_) => true,
+                Type::Path(p) => p.path.segments.iter().any(|s| match &s.arguments {
+                    PathArguments::AngleBracketed(a) => a
+                        .args
+                        .iter()
+                        .any(|a| matches!(a, GenericArgument::Lifetime(l) if l.ident != "static")),
+                    _ => false,
+                }),
+                _ => false,
+            };
+            if borrows {
+                self.0 = Some(ty);
+            } else {
+                syn::visit::visit_type(self, ty);
+            }
+        }
+    }
+    let mut f = Finder(None);
+    f.visit_type(ty);
+    f.0
+}
+
 /// Whether a type returns a future: `impl Future<…>`, `Pin<Box<dyn Future<…> + Send>>`,
 /// `BoxFuture<'_, …>`. What an `async fn` becomes when another attribute (`#[async_trait]`)
 /// rewrote it first.
@@ -177,7 +210,30 @@ pub(crate) fn is_future(ty: &Type) -> bool {
 mod tests {
     use syn::{Type, parse_quote};
 
-    use super::is_future;
+    use super::{borrowed_part, is_future};
+
+    #[test]
+    fn borrowed_answers_are_found_and_owned_ones_pass() {
+        for (ty, part) in [
+            (parse_quote!(&str), "& str"),
+            (parse_quote!(&'static str), "& 'static str"),
+            (parse_quote!(Cow<'a, str>), "Cow < 'a , str >"),
+            (parse_quote!(Json<Order<'_>>), "Order < '_ >"),
+            (parse_quote!(Vec<&'a [u8]>), "& 'a [u8]"),
+        ] {
+            let ty: Type = ty;
+            let found = borrowed_part(&ty).map(|t| quote::quote!(#t).to_string());
+            assert_eq!(found.as_deref(), Some(part), "{}", quote::quote!(#ty));
+        }
+        for ty in [
+            parse_quote!(String),
+            parse_quote!(Cow<'static, str>),
+            parse_quote!((StatusCode, Json<Order>)),
+        ] {
+            let ty: Type = ty;
+            assert!(borrowed_part(&ty).is_none(), "{}", quote::quote!(#ty));
+        }
+    }
 
     #[test]
     fn futures_written_by_hand_or_by_another_attribute() {

@@ -85,6 +85,9 @@ pub(super) fn validate(
     } else {
         return_type(sig, cx)
     };
+    if let Some(ret) = &ret {
+        owned(ret, cx);
+    }
     let mut params = bindings::params(sig);
     for (p, skip) in params.iter_mut().zip(skipped) {
         p.skipped |= skip.is_some();
@@ -209,6 +212,24 @@ fn return_type(sig: &Signature, cx: &mut Ctxt) -> Option<Type> {
             );
             None
         }
+    }
+}
+
+/// The answer owns its data: a replay rebuilds it from the stored bytes. Otherwise serde's
+/// lifetime error, on the whole attribute. (A final error cannot borrow either, but
+/// `FinalError`'s own bounds already say so, at its impl.)
+fn owned(ret: &Type, cx: &mut Ctxt) {
+    let Some((ok, _)) = types::result_args(ret) else {
+        return;
+    };
+    if let Some(part) = types::borrowed_part(ok) {
+        cx.spanned(
+            part,
+            format_args!(
+                "`{}` borrows, but the answer of an #[idempotent] function is rebuilt from stored bytes when a retry is replayed, so it must own its data: return an owned type (`String` for `&str`, `Vec<T>` for `&[T]`, `Cow<'static, str>`, a struct without a lifetime)",
+                types::display(part)
+            ),
+        );
     }
 }
 
