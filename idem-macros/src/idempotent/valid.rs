@@ -136,6 +136,38 @@ pub(super) fn validate(
     })
 }
 
+/// The names the attribute gives the body (`tx`, `claim`) that the body uses although no
+/// argument binds them, each with its message: the first use is bound to that error, so the
+/// compiler says it once, there, and not "cannot find value".
+pub(super) fn unbound_names(args: &Args, func: &ItemFn) -> Vec<(Ident, String)> {
+    let introduced = [
+        ("tx", "transaction", &args.transaction),
+        ("claim", "claim", &args.claim),
+    ];
+    let mut out = Vec::new();
+    for (name, arg, given) in introduced {
+        if given.as_ref().is_some_and(|g| g == name) {
+            continue;
+        }
+        let Some(used) = bindings::unbound_use(func, name) else {
+            continue;
+        };
+        let msg = match given {
+            Some(other) => format!(
+                "the body uses `{name}`, but `{arg} = {other}` names it `{other}`: use `{other}`, or write `{arg} = {name}`"
+            ),
+            None if arg == "transaction" => format!(
+                "the body uses `{name}`, which #[idempotent] gives only in transactional mode: add `transaction = {name}` to run the body in the claim's database transaction (`{name}: &mut sqlx::Transaction<'static, DB>`, with a `SqliteStore` or `PgStore`)"
+            ),
+            None => format!(
+                "the body uses `{name}`, which #[idempotent] gives only when asked: add `claim = {name}` for this call's `idem::ClaimInfo` (its attempt number, whether it took over an abandoned claim, `downstream_key`)"
+            ),
+        };
+        out.push((used, msg));
+    }
+    out
+}
+
 /// `#[idempotent]` or `#[idem::idempotent]`.
 fn is_idempotent(path: &syn::Path) -> bool {
     path.segments
