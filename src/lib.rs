@@ -176,9 +176,12 @@
 ///
 /// The function must return `Result<T, E>` where `T` can be stored and replayed ([`Replay`]:
 /// serde types, [`Idempotent<T>`], and with the `axum` feature `Json<T>` and
-/// `(StatusCode, Json<T>)`) and `E: From<idem::Error>`. Its signature, attributes, docs and
-/// generics stay as written; only the body is rewritten, and the future stays `Send` when the
-/// body is.
+/// `(StatusCode, Json<T>)`) and `E: From<idem::Error>`. `T` owns its data (no `&str`, no
+/// lifetime but `'static`): a replay rebuilds it from the stored bytes. A type parameter as
+/// `T` needs `T: Serialize + DeserializeOwned`, as `E` needs `E: From<idem::Error>`, and a
+/// fingerprinted argument of a type parameter or `impl Trait` needs `Serialize`; the compile
+/// error names the bound that is missing. Its signature, attributes, docs and generics stay as
+/// written; only the body is rewritten, and the future stays `Send` when the body is.
 ///
 /// # Arguments
 ///
@@ -186,7 +189,7 @@
 /// |---|---|
 /// | `scope = "refund:<order_no>"` | **required.** What the operation acts on: the operation's name as literal text (two functions with the same template would share their records, so a scope of placeholders alone is refused), then `<placeholders>` naming arguments (bound by their patterns: `Path(order_no)` binds `order_no`) or field paths of them (`<user.id>`), each rendered with `Display`. Values are percent-encoded so different values never give the same scope. Two placeholders need a delimiter such as `:` between them. |
 /// | `key = <expr>` | **required.** The idempotency key, read from the request: anything [`ToKey`]: a `&str` or `String` (validated with [`KeyPolicy::DEFAULT`]), an integer message id, a [`Key`], the HTTP extractor. A bad key is rejected before the store is touched; a literal is refused at compile time (every call would share it). |
-/// | `store = <expr>` | The store, by place (`app.idem`, `self.store`, a `&MemoryStore` argument): it is cloned, which is cheap. Without it, the store installed with [`set_default_store`]. |
+/// | `store = <expr>` | The store, by place (`app.idem`, `self.store`, a `&MemoryStore` or `&Arc<PgStore>` argument): it is cloned, which is cheap, so a generic store needs `S: Store + Clone`. Without it, the store installed with [`set_default_store`]. |
 /// | `fingerprint(a, b.c)` | Fingerprint exactly these arguments, or fields of them (`req.cents`). Not empty: a retry with other arguments must be refused, not answered. |
 /// | `skip(a, b)` | Fingerprint every argument but these (names, not fields). `#[idem(skip)]` on a parameter does the same, and cannot be combined with `fingerprint(…)` listing it. By default every argument is fingerprinted except `self`, the key when it is an argument itself (`key = key`), and the store or the argument it is read from (`app` in `store = app.idem`: application state is not part of the request). An argument that `key = …` only reads (`headers` in `key = headers.key`) is fingerprinted. An argument that is not `Serialize` is a compile error pointing at it. |
 /// | `lease = "30s"` | How long a claim lives before it is presumed abandoned (default `"5m"`), at least `"1s"`: a claim that runs out while the body runs lets a retry run it again. Units `ms`, `s`, `m`, `h`, `d`; checked at compile time. |
@@ -194,8 +197,8 @@
 /// | `on_error = "release"` | `"release"` (default): an `Err` frees the key so a retry runs the body again. `"store_final"`: errors for which [`FinalError::is_final`] holds are stored and replayed like successes. |
 /// | `on_expired_lease = "reclaim"` | `"reclaim"` (default): an abandoned claim is taken over (fence + 1, with its recovery point). `"fail_closed"`: keep answering "in progress". |
 /// | `on_cancel = "release"` | What a dropped call (a client that hung up, a timeout) does to a body still running. `"release"` (default): the body stops at its next `.await` and the claim is freed at once, so a retry runs it again. `"finish"`: the claim, the body and the completion run to their end on a task of their own, and a retry gets "in progress", then the stored answer; choose it when the body calls the outside world and must not be cut halfway. The body must then be `Send` and own its arguments (no `&` parameters, `&self` included); not with `transaction`, where a dropped call rolls everything back. |
-/// | `transaction = tx` | Transactional mode ([`TxStore`]: SQLite or PostgreSQL): the body gets `tx: &mut sqlx::Transaction<'static, DB>`; the claim, the body's SQL and the completion commit together, and an `Err` or a panic rolls all of them back. |
-/// | `claim = c` | The body gets `c: `[`ClaimInfo`]: its fence, whether it took over an abandoned claim, the recovery point, and [`ClaimInfo::downstream_key`] for calls to the outside world. |
+/// | `transaction = tx` | Transactional mode ([`TxStore`]: SQLite or PostgreSQL): the body gets `tx: &mut sqlx::Transaction<'static, DB>`; the claim, the body's SQL and the completion commit together, and an `Err` or a panic rolls all of them back. A body that uses `tx` without this argument (and binds no `tx` of its own) is a compile error at that use, which says to add it. |
+/// | `claim = c` | The body gets `c: `[`ClaimInfo`]: its fence, whether it took over an abandoned claim, the recovery point, and [`ClaimInfo::downstream_key`] for calls to the outside world. Likewise, a body that uses `claim` without `claim = claim` is told to add it. |
 /// | `crate = "path::to::idem"` | Where idem is, when it is re-exported under another path. Without it, a crate whose `Cargo.toml` renames the dependency, or does not depend on idem at all, gets one error that says so. |
 ///
 /// Where the attribute gives no `lease`, `retain` or `on_expired_lease`, the call takes them
@@ -204,7 +207,11 @@
 /// keeps its own (7 days by default), as long as redeliveries can come.
 ///
 /// `#[idempotent]` is given once per function, on a function with a body: on a trait method,
-/// put it on the method in each `impl` block.
+/// put it on the method in each `impl` block, or on the trait's default body. It needs the
+/// `async fn` itself: under `#[async_trait]`, which turns the methods of an `impl` into
+/// functions returning a boxed future before `#[idempotent]` sees them, declare the method
+/// `async fn` in the trait instead, or annotate an inherent `async fn` the method calls. Beside
+/// `#[tracing::instrument]` it may come first or second.
 ///
 /// # Examples
 ///
@@ -267,8 +274,8 @@
 ///
 /// ```text
 /// pub async fn refund(&self, order_no: String, key: &str, cents: u64) -> Result<Refund, Error> {
-///     let store = idem::__private::store((self.idem).clone());      // checks: a store
-///     let errors = idem::__private::errors::<Error>();              // checks: From<idem::Error>
+///     let store = idem::__private::store(&(self.idem));             // checks: a store, Clone
+///     let errors = <Error as idem::__private::ErrorType>::errors(); // checks: From<idem::Error>
 ///     let policy = idem::__private::Policy::DEFAULT;                // .lease(..) .retain(..)
 ///     let result = idem::__private::run(&store, idem::__private::Prepared {
 ///         key: idem::__private::key(&(key)),                        // checks: ToKey

@@ -21,3 +21,20 @@ pub(crate) fn respan(tokens: TokenStream, span: Span) -> TokenStream {
         })
         .collect()
 }
+
+/// The spans of the first and last tokens of `tokens`: generated code that starts with one and
+/// ends with the other is reported over all of them (`self.idem`, `std::io::Result<u64>`), not
+/// only under their first token.
+pub(crate) fn ends(tokens: &impl quote::ToTokens) -> (Span, Span) {
+    let mut all = tokens.to_token_stream().into_iter();
+    let first = all.next().map_or_else(Span::call_site, |t| t.span());
+    let last = all.last().map_or(first, |t| t.span());
+    (first, last)
+}
+
+/// `tokens` in parentheses that end where `last` is.
+pub(crate) fn parens_at(tokens: TokenStream, last: Span) -> Group {
+    let mut group = Group::new(proc_macro2::Delimiter::Parenthesis, tokens);
+    group.set_span(last);
+    group
+}

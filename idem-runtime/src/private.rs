@@ -4,7 +4,7 @@
 //! Only shims live here: each property of the user's code is required by exactly one generated
 //! call, spanned on the tokens it is about, so that a mistake produces one error in the right
 //! place — the store (`store`, `tx_store`), the `Ok` type (`run`, `tx_finish`), the error
-//! type ([`errors`], [`errors_final`]), the key ([`key`]), each fingerprinted argument
+//! type ([`ErrorType`], [`FinalErrorType`]), the key ([`key`]), each fingerprinted argument
 //! ([`Fingerprintable`]). The lifecycle itself is [`crate::flow`].
 
 #![allow(missing_docs)]
@@ -103,33 +103,49 @@ pub enum Direct {}
 #[derive(Debug)]
 pub enum Pointer {}
 
-/// Declares a trait for "a value that gives a store with this capability": the store itself, or
-/// a smart pointer to one (`Arc<PgStore>`), told apart by the marker `M`. A value that is
-/// neither matches no implementation, so its handle is an error type after one error, spanned on
-/// the argument, and nothing downstream reports the same mistake again.
+#[derive(Debug)]
+pub enum PointerToPointer {}
+
+/// Declares a trait for "a value that gives a store with this capability": the store itself, a
+/// smart pointer to one (`Arc<PgStore>`, `&MemoryStore`) or a reference to such a pointer
+/// (`&Arc<PgStore>`), told apart by the marker `M`. A value that is none of these matches no
+/// implementation, so its handle is an error type after one error, spanned on the argument, and
+/// nothing downstream reports the same mistake again.
 macro_rules! store_argument {
     ($(#[$doc:meta])* $name:ident: $bound:path) => {
         $(#[$doc])*
-        pub trait $name<M> {
-            type Handle: $bound + Clone;
-            fn into_handle(self) -> Self::Handle;
+        pub trait $name<'a, M> {
+            type Handle: $bound;
+            fn handle(&'a self) -> &'a Self::Handle;
         }
 
-        impl<S: $bound + Clone> $name<Direct> for S {
+        impl<'a, S: $bound> $name<'a, Direct> for S {
             type Handle = S;
-            fn into_handle(self) -> S {
+            fn handle(&'a self) -> &'a S {
                 self
             }
         }
 
-        impl<P, S> $name<Pointer> for P
+        impl<'a, P, S> $name<'a, Pointer> for P
         where
-            P: std::ops::Deref<Target = S>,
-            S: $bound + Clone,
+            P: std::ops::Deref<Target = S> + 'a,
+            S: $bound,
         {
             type Handle = S;
-            fn into_handle(self) -> S {
-                (*self).clone()
+            fn handle(&'a self) -> &'a S {
+                self
+            }
+        }
+
+        impl<'a, P, Q, S> $name<'a, PointerToPointer> for P
+        where
+            P: std::ops::Deref<Target = Q> + 'a,
+            Q: std::ops::Deref<Target = S> + 'a,
+            S: $bound,
+        {
+            type Handle = S;
+            fn handle(&'a self) -> &'a S {
+                self
             }
         }
     };
@@ -145,8 +161,14 @@ store_argument!(
     IsStore: Store
 );
 
-pub fn store<S: IsStore<M>, M>(s: S) -> S::Handle {
-    s.into_handle()
+/// The store `store = …` names: a clone of its handle, which is cheap. `Clone` is a bound of
+/// its own, so a store that is not `Clone` (a generic `S: Store`) is told that, not that it is
+/// no store.
+pub fn store<'a, S: IsStore<'a, M>, M>(s: &'a S) -> S::Handle
+where
+    S::Handle: Clone,
+{
+    s.handle().clone()
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -161,30 +183,71 @@ store_argument!(
 );
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub fn tx_store<S: IsTxStore<M>, M>(s: S) -> S::Handle {
-    s.into_handle()
+pub fn tx_store<'a, S: IsTxStore<'a, M>, M>(s: &'a S) -> S::Handle
+where
+    S::Handle: Clone,
+{
+    s.handle().clone()
 }
 
-/// Errors release the claim.
-pub fn errors<E: From<Error>, M>() -> ErrorOps<E, M> {
-    ErrorOps {
-        from_idem: E::from,
-        finals: None,
-        replay: PhantomData,
+/// The error type of a guarded function: idem's own failures become it.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be the error type of an #[idempotent] function: it has no `From<idem::Error>`",
+    label = "idem's own errors are returned as this type",
+    note = "idem returns its own failures (a store that is down, a key reused with another request, a call still in progress) as the function's error type: implement `From<idem::Error>` for it, e.g. with a variant that wraps `idem::Error`",
+    note = "a type of another crate (`std::io::Error`, `String`) cannot be given that impl here: return an error type of your own that wraps it, or `idem::Error`, or `Box<dyn std::error::Error + Send + Sync>`"
+)]
+pub trait ErrorType: Sized {
+    /// Errors release the claim.
+    fn errors<M>() -> ErrorOps<Self, M>;
+}
+
+#[diagnostic::do_not_recommend]
+impl<E: From<Error>> ErrorType for E {
+    fn errors<M>() -> ErrorOps<E, M> {
+        ErrorOps {
+            from_idem: E::from,
+            finals: None,
+            replay: PhantomData,
+        }
     }
 }
 
-/// Final errors are stored and replayed; the others release the claim.
-pub fn errors_final<E: From<Error> + FinalError, M>() -> ErrorOps<E, M> {
-    ErrorOps {
-        from_idem: E::from,
-        finals: Some(FinalOps {
-            is_final: E::is_final,
-            encode: encode_final::<E>,
-            decode: decode_final::<E>,
-        }),
-        replay: PhantomData,
+/// The error type of a function with `on_error = "store_final"`: it says which of its errors
+/// are final, and they can be stored.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not say which of its errors are final",
+    label = "`on_error = \"store_final\"` stores this type's final errors",
+    note = "implement `idem::FinalError` for it (`is_final`; the type must be `Serialize` and `Deserialize`, as a final error is stored and replayed), or leave out `on_error` so that every error releases the claim"
+)]
+pub trait FinalErrorType: Sized {
+    /// Final errors are stored and replayed; the others release the claim.
+    fn with_finals<M>(ops: ErrorOps<Self, M>) -> ErrorOps<Self, M>;
+}
+
+#[diagnostic::do_not_recommend]
+impl<E: FinalError> FinalErrorType for E {
+    fn with_finals<M>(ops: ErrorOps<E, M>) -> ErrorOps<E, M> {
+        ErrorOps {
+            finals: Some(FinalOps {
+                is_final: E::is_final,
+                encode: encode_final::<E>,
+                decode: decode_final::<E>,
+            }),
+            ..ops
+        }
     }
+}
+
+/// Errors release the claim: for an error type not written in the signature (`AppResult<T>`).
+pub fn errors<E: ErrorType, M>() -> ErrorOps<E, M> {
+    E::errors()
+}
+
+/// Final errors are stored and replayed; the others release the claim: for an error type not
+/// written in the signature.
+pub fn errors_final<E: ErrorType + FinalErrorType, M>() -> ErrorOps<E, M> {
+    E::with_finals(E::errors())
 }
 
 /// The replay marker of an `Ok` type, as a value ([`ErrorOps::replayed_as`]).

@@ -7,7 +7,7 @@ use syn::spanned::Spanned;
 use syn::{Ident, ItemFn, LitStr, Stmt, Type};
 
 use super::valid::Model;
-use crate::types;
+use crate::{spans, types};
 
 /// Names and spans shared by the pieces of the expansion.
 struct Gen<'a> {
@@ -101,22 +101,40 @@ fn prelude(g: &Gen<'_>) -> TokenStream {
         quote!(store)
     };
     let p_store = g.private_at(store_span);
+    // By reference, and cloned by the shim: a value that is no store is told so, not that it
+    // has no `clone` method. Reported over the whole expression (`self.idem`).
     let store_init = match &m.store {
-        Some(e) => quote_spanned!(store_span=> #p_store::#checked_store((#e).clone())),
-        None => quote_spanned!(store_span=> #p_store::#checked_store(#p_store::DefaultStore)),
-    };
-    let errors_fn = if m.policy.store_final {
-        quote!(errors_final)
-    } else {
-        quote!(errors)
+        Some(e) => {
+            let (first, last) = spans::ends(e);
+            let arg = spans::parens_at(quote!(#e), last);
+            quote_spanned!(first=> #p_store::#checked_store(&#arg))
+        }
+        None => quote_spanned!(store_span=> #p_store::#checked_store(&#p_store::DefaultStore)),
     };
     let errors_init = match g.err {
+        // Named through its trait, `<E as ErrorType>`: an error type without the impl is
+        // reported on `E` with the trait's message, and no generated function is quoted.
         Some((span, err)) => {
             let p = g.private_at(span);
-            quote_spanned!(span=> #p::#errors_fn::<#err, _>())
+            let ops = Gen::local_at("errors", span);
+            let finals = m.policy.store_final.then(|| {
+                quote_spanned!(span=> let #ops = <#err as #p::FinalErrorType>::with_finals(#ops);)
+            });
+            quote_spanned! {span=> {
+                let #ops = <#err as #p::ErrorType>::errors();
+                #finals
+                #ops
+            }}
         }
+        // Written through an alias (`AppResult<T>`): inferred, and reported on the return type.
         None => {
             let p = g.private_at(g.ret_span);
+            let (_, last) = spans::ends(&m.ret);
+            let errors_fn = if m.policy.store_final {
+                Ident::new("errors_final", last)
+            } else {
+                Ident::new("errors", last)
+            };
             quote_spanned!(g.ret_span=> #p::#errors_fn())
         }
     };

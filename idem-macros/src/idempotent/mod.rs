@@ -36,6 +36,15 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut cx = Ctxt::default();
     let skipped = ast::strip_param_attrs(&mut func, &mut cx);
     let args = ast::Args::parse(args, &mut cx);
+    // A name the attribute introduces, used without the argument that binds it: bound to its
+    // error at its first use, so the compiler reports that, once, and nothing else about it.
+    for (name, msg) in valid::unbound_names(&args, &func) {
+        let span = name.span();
+        func.block.stmts.insert(
+            0,
+            syn::parse_quote_spanned!(span=> let #name = ::core::compile_error!(#msg);),
+        );
+    }
     let model = valid::validate(args, &func, &skipped, &mut cx);
     match cx.finish(model, "idempotent") {
         Ok(model) => expand::rewrite(model, func),

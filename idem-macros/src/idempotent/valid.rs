@@ -12,7 +12,7 @@ use crate::bindings::{self, Param};
 use crate::ctxt::Ctxt;
 use crate::krate::{Krate, Site};
 use crate::template::{self, Part, Template};
-use crate::types;
+use crate::types::{self, Bounded};
 
 /// Everything the expansion needs, checked.
 pub(super) struct Model {
@@ -62,13 +62,32 @@ pub(super) fn validate(
             "#[idempotent] is given twice: the inner one would find the outer one's claim and refuse every call as in progress. Keep one",
         );
     }
-    if sig.asyncness.is_none() {
+    // What an `async fn` becomes when an attribute on its `impl` or `trait` (`#[async_trait]`)
+    // rewrote it first: a function returning a future. Its return type is not the answer.
+    let rewritten = sig.asyncness.is_none()
+        && matches!(&sig.output, ReturnType::Type(_, ty) if types::is_future(ty));
+    if rewritten {
+        let (fn_token, name) = (&sig.fn_token, &sig.ident);
+        cx.spanned(
+            quote::quote!(#fn_token #name),
+            format_args!(
+                "`{name}` returns a future, but #[idempotent] needs an `async fn`, whose body it rewrites. If it was written `async fn`, an attribute on its `impl` or `trait` (such as `#[async_trait]`) rewrote it before #[idempotent] saw it: declare the method `async fn` in the trait without that attribute, or put #[idempotent] on an inherent `async fn` that the trait method calls"
+            ),
+        );
+    } else if sig.asyncness.is_none() {
         cx.at(
             sig.fn_token.span,
             "#[idempotent] needs an `async fn`: the claim is taken before the body and completed after it, across `.await`s",
         );
     }
-    let ret = return_type(sig, cx);
+    let ret = if rewritten {
+        None
+    } else {
+        return_type(sig, cx)
+    };
+    if let Some(ret) = &ret {
+        owned(ret, cx);
+    }
     let mut params = bindings::params(sig);
     for (p, skip) in params.iter_mut().zip(skipped) {
         p.skipped |= skip.is_some();
@@ -76,7 +95,13 @@ pub(super) fn validate(
     let template = scope(&args, &params, sig, cx);
     key(&args, cx);
     let fingerprinted = fingerprinted(&args, &params, skipped, sig, cx);
+    if let Some(list) = &fingerprinted {
+        fingerprintable(list, sig, cx);
+    }
     let policy = policy(&args, cx);
+    if let Some(ret) = &ret {
+        bounded(ret, sig, policy.store_final, cx);
+    }
     detachable(&args, sig, policy.finish_on_cancel, cx);
     let krate = Krate::new(args.krate.as_ref(), Site::Attribute, cx);
     for name in [&args.transaction, &args.claim].into_iter().flatten() {
@@ -109,6 +134,38 @@ pub(super) fn validate(
         claim: args.claim,
         ret: ret?,
     })
+}
+
+/// The names the attribute gives the body (`tx`, `claim`) that the body uses although no
+/// argument binds them, each with its message: the first use is bound to that error, so the
+/// compiler says it once, there, and not "cannot find value".
+pub(super) fn unbound_names(args: &Args, func: &ItemFn) -> Vec<(Ident, String)> {
+    let introduced = [
+        ("tx", "transaction", &args.transaction),
+        ("claim", "claim", &args.claim),
+    ];
+    let mut out = Vec::new();
+    for (name, arg, given) in introduced {
+        if given.as_ref().is_some_and(|g| g == name) {
+            continue;
+        }
+        let Some(used) = bindings::unbound_use(func, name) else {
+            continue;
+        };
+        let msg = match given {
+            Some(other) => format!(
+                "the body uses `{name}`, but `{arg} = {other}` names it `{other}`: use `{other}`, or write `{arg} = {name}`"
+            ),
+            None if arg == "transaction" => format!(
+                "the body uses `{name}`, which #[idempotent] gives only in transactional mode: add `transaction = {name}` to run the body in the claim's database transaction (`{name}: &mut sqlx::Transaction<'static, DB>`, with a `SqliteStore` or `PgStore`)"
+            ),
+            None => format!(
+                "the body uses `{name}`, which #[idempotent] gives only when asked: add `claim = {name}` for this call's `idem::ClaimInfo` (its attempt number, whether it took over an abandoned claim, `downstream_key`)"
+            ),
+        };
+        out.push((used, msg));
+    }
+    out
 }
 
 /// `#[idempotent]` or `#[idem::idempotent]`.
@@ -195,6 +252,74 @@ fn return_type(sig: &Signature, cx: &mut Ctxt) -> Option<Type> {
         }
     }
 }
+
+/// `T` and `E` of a return type written `Result<T, E>`, when it has no `impl Trait`: that one is
+/// refused on its own ([`return_type`]).
+fn concrete_result(ret: &Type) -> Option<(&Type, &Type)> {
+    types::result_args(ret).filter(|_| types::impl_trait(ret).is_none())
+}
+
+/// The answer owns its data: a replay rebuilds it from the stored bytes. Otherwise serde's
+/// lifetime error, on the whole attribute. (A final error cannot borrow either, but
+/// `FinalError`'s own bounds already say so, at its impl.)
+fn owned(ret: &Type, cx: &mut Ctxt) {
+    let Some((ok, _)) = concrete_result(ret) else {
+        return;
+    };
+    if let Some(part) = types::borrowed_part(ok) {
+        cx.spanned(
+            part,
+            format_args!(
+                "`{}` borrows, but the answer of an #[idempotent] function is rebuilt from stored bytes when a retry is replayed, so it must own its data: return an owned type (`String` for `&str`, `Vec<T>` for `&[T]`, `Cow<'static, str>`, a struct without a lifetime)",
+                types::display(part)
+            ),
+        );
+    }
+}
+
+/// A type parameter of the function as the answer (or the body of a `Json` answer) or the error
+/// type has the bounds they need. Otherwise the compiler would name a bound of idem's own,
+/// and suggest it.
+fn bounded(ret: &Type, sig: &Signature, store_final: bool, cx: &mut Ctxt) {
+    let Some((ok, err)) = concrete_result(ret) else {
+        return;
+    };
+    let generics = &sig.generics;
+    let body = types::json_body(ok).unwrap_or(ok);
+    if types::bounded_by(body, generics, REPLAYABLE) == Bounded::No {
+        let t = types::display(body);
+        cx.spanned(
+            body,
+            format_args!(
+                "the answer `{t}` is a type parameter without the bounds a replay needs: it is stored, and rebuilt from the stored bytes, so add `{t}: serde::Serialize + serde::de::DeserializeOwned` (or `{t}: idem::replay::ReplayBytes` for an encoding of your own)"
+            ),
+        );
+    }
+    let mut missing = Vec::new();
+    if types::bounded_by(err, generics, &["From"]) == Bounded::No {
+        missing.push("From<idem::Error>");
+    }
+    if store_final && types::bounded_by(err, generics, &["FinalError"]) == Bounded::No {
+        missing.push("idem::FinalError");
+    }
+    if !missing.is_empty() {
+        let (e, missing) = (types::display(err), missing.join(" + "));
+        let why = if store_final {
+            "idem returns its own failures (a store that is down, a key reused with another request, a call still in progress) as the error type, and `on_error = \"store_final\"` asks it which errors are final"
+        } else {
+            "idem returns its own failures (a store that is down, a key reused with another request, a call still in progress) as the error type"
+        };
+        cx.spanned(
+            err,
+            format_args!(
+                "the error type `{e}` is a type parameter without `{missing}`: {why}, so add `{e}: {missing}`"
+            ),
+        );
+    }
+}
+
+/// The traits that can make an answer replayable, by name.
+const REPLAYABLE: &[&str] = &["Deserialize", "DeserializeOwned", "Replay", "ReplayBytes"];
 
 /// The scope template, with every placeholder naming an argument.
 fn scope(args: &Args, params: &[Param], sig: &Signature, cx: &mut Ctxt) -> Option<Template> {
@@ -283,6 +408,42 @@ fn fingerprinted(
         all_but(args, params, skip)
     };
     ok.then_some(out)
+}
+
+/// A fingerprinted argument whose type is a type parameter or an `impl Trait` without
+/// `Serialize`: the fix is a bound, which the compiler would word as a bound of idem's own.
+fn fingerprintable(list: &[Fingerprinted], sig: &Signature, cx: &mut Ctxt) {
+    for f in list.iter().filter(|f| f.path.fields.is_empty()) {
+        let Some(ty) = sig.inputs.iter().find_map(|arg| match arg {
+            FnArg::Typed(t) if matches!(&*t.pat, syn::Pat::Ident(p) if p.ident == f.path.root) => {
+                Some(&*t.ty)
+            }
+            _ => None,
+        }) else {
+            continue;
+        };
+        let bare = types::unreferenced(ty);
+        if types::bounded_by(bare, &sig.generics, &["Serialize"]) != Bounded::No {
+            continue;
+        }
+        let shown = types::display(bare);
+        let fix = match bare {
+            Type::ImplTrait(_) => format!("`{shown} + serde::Serialize`"),
+            _ => format!("`{shown}: serde::Serialize`"),
+        };
+        let why = if f.read_by_key {
+            "`key = …` reads it, so it is part of the request fingerprint"
+        } else {
+            "it is part of the request fingerprint"
+        };
+        cx.spanned(
+            bare,
+            format_args!(
+                "`{}` cannot be fingerprinted: {why}, and its type `{shown}` is not known to be `serde::Serialize`. Add the bound, {fix}, or leave the argument out with `#[idem(skip)]`",
+                f.path.root
+            ),
+        );
+    }
 }
 
 /// `fingerprint(…)` names something, and nothing twice or also skipped.
