@@ -315,3 +315,63 @@ async fn poison_and_anonymous_messages_are_dead_lettered_while_the_rest_flow() {
     );
     q.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn names_over_255_bytes_are_errors_not_panics() {
+    let q = Queues::new().await;
+    let long = "x".repeat(300);
+    assert!(matches!(
+        AmqpPublisher::new(q.conn.create_channel().await.unwrap(), long.as_str()).await,
+        Err(idem::Error::Config(_))
+    ));
+    let publisher = AmqpPublisher::new(q.conn.create_channel().await.unwrap(), "")
+        .await
+        .unwrap();
+    for bad in [
+        Event::new(long.as_str(), q.work.as_str(), "p", "{}"),
+        Event::new("evt-1", long.as_str(), "p", "{}"),
+        Event::new("evt-2", q.work.as_str(), "p\r\n", "{}"),
+    ] {
+        let err = publisher.publish(&bad).await.unwrap_err();
+        assert!(err.to_string().contains("cannot be published"), "{err}");
+    }
+    let source = AmqpSource::new(q.conn.create_channel().await.unwrap(), long.as_str());
+    assert!(matches!(
+        source.deliveries("worker").await.err(),
+        Some(idem::Error::Config(_))
+    ));
+    let source = AmqpSource::new(q.conn.create_channel().await.unwrap(), q.work.as_str());
+    assert!(matches!(
+        source.deliveries(&long).await.err(),
+        Some(idem::Error::Config(_))
+    ));
+    // The publisher still works, and nothing invalid reached the queue.
+    publisher
+        .publish(&Event::new("evt-3", q.work.as_str(), "p", "{}"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let got = q
+        .channel
+        .basic_get(q.work.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+        .expect("the valid event");
+    assert_eq!(
+        got.delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.as_str()),
+        Some("evt-3")
+    );
+    assert!(
+        q.channel
+            .basic_get(q.work.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+            .is_none()
+    );
+    q.cleanup().await;
+}

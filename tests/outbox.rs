@@ -108,6 +108,65 @@ async fn events_commit_and_roll_back_with_the_state_change() {
 }
 
 #[tokio::test]
+async fn an_event_no_broker_can_take_is_refused_at_enqueue_and_nothing_is_written() {
+    let (store, outbox, _file) = sqlite_outbox().await;
+    let mut tx = store.pool().begin().await.unwrap();
+    for bad in [
+        Event::new(
+            "evt-1\r\nNats-Expected-Stream: x",
+            "order.paid",
+            "ORD-1",
+            "{}",
+        ),
+        Event::new("", "order.paid", "ORD-1", "{}"),
+        Event::new("evt-2", "order paid", "ORD-1", "{}"),
+        Event::new("evt-3", "x".repeat(300), "ORD-1", "{}"),
+        Event::new("evt-4", "order.paid", "ORD\n1", "{}"),
+    ] {
+        match outbox.enqueue(&mut tx, &bad).await {
+            Err(idem::Error::Config(msg)) => {
+                assert!(msg.contains("cannot be published"), "{msg}")
+            }
+            other => panic!("{bad:?} was not refused: {other:?}"),
+        }
+    }
+    assert!(outbox.enqueue(&mut tx, &event("ORD-1", 0)).await.unwrap());
+    tx.commit().await.unwrap();
+    let pending = outbox.pending(10).await.unwrap();
+    assert_eq!(pending.len(), 1, "only the valid event: {pending:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn the_jetstream_publisher_refuses_a_line_break_in_an_event_id_instead_of_panicking() {
+    use idem::consumer::nats::JetStreamPublisher;
+    let streams = common::JsStreams::new(&common::nats_url()).await;
+    let (mut stream, root) = streams.stream("invalid", Duration::from_secs(120)).await;
+    let publisher = JetStreamPublisher::new(streams.js.clone());
+    let subject = format!("{root}.order.paid");
+    // An id that would smuggle a header into the message, and a partition key with a line
+    // break: errors, and nothing reaches the stream.
+    for bad in [
+        Event::new(
+            "evt-1\r\nNats-Expected-Stream: other",
+            subject.as_str(),
+            "ORD-1",
+            "{}",
+        ),
+        Event::new("evt-2", subject.as_str(), "ORD\r\n2", "{}"),
+    ] {
+        let err = publisher.publish(&bad).await.unwrap_err();
+        assert!(err.to_string().contains("cannot be published"), "{err}");
+    }
+    assert_eq!(stream.info().await.unwrap().state.messages, 0);
+    publisher
+        .publish(&Event::new("evt-3", subject.as_str(), "ORD-3", "{}"))
+        .await
+        .unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 1);
+}
+
+#[tokio::test]
 async fn a_failing_publish_blocks_only_its_partition_and_keeps_its_order() {
     let (store, outbox, _file) = sqlite_outbox().await;
     let mut tx = store.pool().begin().await.unwrap();

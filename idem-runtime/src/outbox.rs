@@ -14,6 +14,9 @@
 //! - **Ids are deterministic**: [`Event::for_claim`] derives the id from the guarded call's scope,
 //!   key and a step name, so a retried request enqueues the same id (and the outbox keeps one), and
 //!   the broker's message id (`Nats-Msg-Id`, AMQP `message_id`) is the same on every publish.
+//! - **Checked before it is kept**: an id, topic or partition key that a broker could not take
+//!   (a line break in a header, a routing key over 255 bytes) is refused by `enqueue` and by
+//!   every publisher with an error ([`Event::validate`]), never a panic inside a client.
 //! - **Order per partition**: the relay publishes a partition's events one at a time, lowest
 //!   sequence first, and the next only once the previous is sent. Sequences follow the order in
 //!   which enqueuing transactions reach the outbox; transactions that enqueue for one partition
@@ -37,8 +40,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::future::join_all;
 
-use crate::error::{BoxError, Result};
+use crate::error::{BoxError, Error, Result};
 use crate::guard::{ClaimInfo, downstream_key};
+use crate::key::Key;
+
+/// The longest topic and partition key an event may have, in bytes: an AMQP routing key is a
+/// short string of at most 255 bytes, and a partition key travels in a header.
+pub const MAX_NAME_LEN: usize = 255;
 
 /// An event to publish.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +76,57 @@ impl Event {
             partition_key: partition_key.into(),
             payload: payload.into(),
         }
+    }
+
+    /// Checks that the event can be published by every publisher, as the outbox and the
+    /// publishers do before they take it: an error ([`Error::Config`]) that names what is wrong,
+    /// never a panic inside a broker's client.
+    ///
+    /// - the id is what a consumer takes as its idempotency key: 1–255 bytes of visible ASCII
+    ///   (the default [`KeyPolicy`](crate::KeyPolicy)), so no line break can reach a header;
+    /// - the topic is 1–255 bytes without whitespace or control characters (a NATS subject, an
+    ///   AMQP routing key);
+    /// - the partition key is at most 255 bytes without control characters (it travels in the
+    ///   `Idem-Partition-Key` header).
+    pub fn validate(&self) -> Result<()> {
+        let refuse = |what: String| {
+            Err(Error::Config(format!(
+                "outbox event {:?} cannot be published: {what}",
+                self.id
+            )))
+        };
+        if let Err(e) = Key::parse(&self.id) {
+            return refuse(format!("its id is not a valid idempotency key ({e})"));
+        }
+        if self.topic.is_empty() || self.topic.len() > MAX_NAME_LEN {
+            return refuse(format!(
+                "its topic is {} bytes long, not 1 to {MAX_NAME_LEN}",
+                self.topic.len()
+            ));
+        }
+        if self
+            .topic
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return refuse(format!(
+                "its topic {:?} holds whitespace or a control character",
+                self.topic
+            ));
+        }
+        if self.partition_key.len() > MAX_NAME_LEN {
+            return refuse(format!(
+                "its partition key is {} bytes long, more than {MAX_NAME_LEN}",
+                self.partition_key.len()
+            ));
+        }
+        if self.partition_key.chars().any(char::is_control) {
+            return refuse(format!(
+                "its partition key {:?} holds a control character",
+                self.partition_key
+            ));
+        }
+        Ok(())
     }
 
     /// An event of a guarded call: its id is derived from the call's scope, key and `step`, the
@@ -357,5 +416,61 @@ mod tests {
         assert_ne!(a, event_id("order:2", "k", "paid"));
         assert_ne!(a, downstream_key("order:1", "k", "paid"));
         assert!(a.starts_with("idem-") && a.len() == 37, "{a}");
+    }
+
+    #[test]
+    fn events_that_no_broker_can_take_are_refused_by_name() {
+        let ok = Event::new("evt-1", "order.paid", "ORD-1", "{}");
+        assert!(ok.validate().is_ok());
+        assert!(
+            Event::new("evt-1", "order.paid", "", "{}")
+                .validate()
+                .is_ok()
+        );
+        let long = "x".repeat(MAX_NAME_LEN + 1);
+        for (bad, expected) in [
+            (
+                Event::new("a\r\nb", "t", "p", ""),
+                "its id is not a valid idempotency key",
+            ),
+            (
+                Event::new("", "t", "p", ""),
+                "its id is not a valid idempotency key",
+            ),
+            (
+                Event::new("é", "t", "p", ""),
+                "its id is not a valid idempotency key",
+            ),
+            (
+                Event::new(long.as_str(), "t", "p", ""),
+                "its id is not a valid idempotency key",
+            ),
+            (Event::new("e", "", "p", ""), "its topic is 0 bytes long"),
+            (
+                Event::new("e", long.as_str(), "p", ""),
+                "its topic is 256 bytes long",
+            ),
+            (
+                Event::new("e", "order paid", "p", ""),
+                "whitespace or a control character",
+            ),
+            (
+                Event::new("e", "order\npaid", "p", ""),
+                "whitespace or a control character",
+            ),
+            (
+                Event::new("e", "t", long.as_str(), ""),
+                "its partition key is 256 bytes long",
+            ),
+            (
+                Event::new("e", "t", "ORD\r\n1", ""),
+                "its partition key \"ORD\\r\\n1\" holds a control",
+            ),
+        ] {
+            match bad.validate() {
+                Err(Error::Config(msg)) => assert!(msg.contains(expected), "{msg}"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
     }
 }

@@ -35,7 +35,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicRejectOptions};
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 use crate::consumer::Delivery;
 use crate::error::{BoxError, Error};
@@ -79,8 +79,8 @@ impl AmqpSource {
         let consumer = self
             .channel
             .basic_consume(
-                self.queue.as_str().into(),
-                consumer_tag.into(),
+                short_string("queue name", &self.queue)?,
+                short_string("consumer tag", consumer_tag)?,
                 BasicConsumeOptions::default(),
                 FieldTable::default(),
             )
@@ -91,6 +91,12 @@ impl AmqpSource {
             Err(e) => Err(Box::new(e) as BoxError),
         }))
     }
+}
+
+/// `s` as an AMQP short string (at most 255 bytes), or an error saying which `what` is too long.
+fn short_string(what: &str, s: &str) -> Result<ShortString, Error> {
+    ShortString::try_new(s)
+        .map_err(|e| Error::Config(format!("the {what} {s:?} is not an AMQP short string: {e}")))
 }
 
 /// One RabbitMQ delivery, as the runner handles it.
@@ -218,28 +224,29 @@ impl AmqpPublisher {
     /// Puts `channel` in confirm mode and publishes to `exchange` (`""`: the default exchange,
     /// routing to the queue named by the topic).
     pub async fn new(channel: lapin::Channel, exchange: impl Into<String>) -> Result<Self, Error> {
+        let exchange = exchange.into();
+        short_string("exchange name", &exchange)?;
         channel
             .confirm_select(lapin::options::ConfirmSelectOptions::default())
             .await
             .map_err(|e| Error::Unavailable(Box::new(e)))?;
-        Ok(AmqpPublisher {
-            channel,
-            exchange: exchange.into(),
-        })
+        Ok(AmqpPublisher { channel, exchange })
     }
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl crate::outbox::Publisher for AmqpPublisher {
     async fn publish(&self, event: &crate::outbox::Event) -> Result<(), BoxError> {
+        // The id and topic become short strings, whose conversion panics past 255 bytes.
+        event.validate()?;
         let properties = lapin::BasicProperties::default()
-            .with_message_id(event.id.as_str().into())
+            .with_message_id(short_string("event id", &event.id)?)
             .with_delivery_mode(2);
         let confirm = self
             .channel
             .basic_publish(
-                self.exchange.as_str().into(),
-                event.topic.as_str().into(),
+                short_string("exchange name", &self.exchange)?,
+                short_string("topic", &event.topic)?,
                 lapin::options::BasicPublishOptions::default(),
                 &event.payload,
                 properties,

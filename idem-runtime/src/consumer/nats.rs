@@ -316,6 +316,8 @@ impl JetStreamPublisher {
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl crate::outbox::Publisher for JetStreamPublisher {
     async fn publish(&self, event: &crate::outbox::Event) -> Result<(), BoxError> {
+        // A header value with a line break would panic inside the client: refuse it first.
+        event.validate()?;
         let mut headers = HeaderMap::new();
         headers.insert(MSG_ID, event.id.as_str());
         self.context

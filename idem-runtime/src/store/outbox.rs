@@ -232,8 +232,11 @@ macro_rules! outbox_backend {
             /// Enqueues `event` on `conn`: inside the caller's transaction, so that it commits
             /// or rolls back with the state change it announces. An event whose id is already
             /// in the outbox is not enqueued again (`false`): a deterministic id makes a
-            /// repeated transaction enqueue nothing new.
+            /// repeated transaction enqueue nothing new. An event no broker could take (see
+            /// [`Event::validate`]) is refused with [`Error::Config`](crate::Error::Config), and
+            /// nothing is written.
             pub async fn enqueue(&self, conn: &mut $conn, event: &Event) -> Result<bool> {
+                event.validate()?;
                 let row = sqlx::query(self.sql.enqueue.clone())
                     .bind(event.id.as_str())
                     .bind(event.topic.as_str())
