@@ -15,7 +15,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use idem::consumer::amqp::{AmqpPublisher, AmqpSource};
 use idem::consumer::{Consumer, HandlerError, Message};
-use idem::outbox::{Event, Publisher};
+use idem::outbox::{Event, Publisher, Relay};
+use idem::store::outbox::SqliteOutbox;
 use idem::{MemoryStore, SqliteStore, idempotent};
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ExchangeDeclareOptions, QueueDeclareOptions,
@@ -33,8 +34,22 @@ struct Queues {
     exchange: String,
 }
 
+/// Which kind of queue the work queue is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A classic queue: no `x-delivery-count`, every redelivery says only `redelivered`.
+    Classic,
+    /// A quorum queue (durable, replicated): counts deliveries in `x-delivery-count`.
+    Quorum,
+}
+
 impl Queues {
     async fn new() -> Queues {
+        Queues::of(Kind::Classic, FieldTable::default()).await
+    }
+
+    /// A work queue of `kind`, with `args` added to its arguments.
+    async fn of(kind: Kind, mut args: FieldTable) -> Queues {
         let conn = Connection::connect(&common::amqp_url(), Default::default())
             .await
             .expect("connect to RabbitMQ");
@@ -72,13 +87,22 @@ impl Queues {
             )
             .await
             .unwrap();
-        let mut args = FieldTable::default();
         args.insert(
             "x-dead-letter-exchange".into(),
             AMQPValue::LongString(exchange.as_str().into()),
         );
+        if kind == Kind::Quorum {
+            args.insert(
+                "x-queue-type".into(),
+                AMQPValue::LongString("quorum".into()),
+            );
+        }
+        let options = QueueDeclareOptions {
+            durable: kind == Kind::Quorum,
+            ..QueueDeclareOptions::default()
+        };
         channel
-            .queue_declare(work.as_str().into(), QueueDeclareOptions::default(), args)
+            .queue_declare(work.as_str().into(), options, args)
             .await
             .unwrap();
         Queues {
@@ -374,4 +398,98 @@ async fn names_over_255_bytes_are_errors_not_panics() {
             .is_none()
     );
     q.cleanup().await;
+}
+
+/// A SQLite outbox of its own.
+async fn sqlite_outbox() -> (SqliteStore, SqliteOutbox, common::SqliteFile) {
+    let file = common::SqliteFile::new();
+    let store = SqliteStore::connect(&file.url).await.unwrap();
+    let outbox = SqliteOutbox::new(store.pool().clone());
+    outbox.migrate().await.unwrap();
+    (store, outbox, file)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn an_unroutable_event_is_not_marked_sent() {
+    let q = Queues::new().await;
+    let publisher = AmqpPublisher::new(q.conn.create_channel().await.unwrap(), "")
+        .await
+        .unwrap();
+    // The default exchange routes by queue name: no queue has this one (a mistyped topic, a
+    // queue not declared yet). The broker confirms the publish and returns the message.
+    let nowhere = format!("{}.nowhere", q.work);
+    let err = publisher
+        .publish(&Event::new("evt-nowhere", nowhere.as_str(), "ORD-1", "{}"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("could not route"), "{err}");
+
+    // Through the relay: the unroutable event stays pending with the reason, the routable one
+    // of another partition is sent.
+    let (store, outbox, _file) = sqlite_outbox().await;
+    let mut tx = store.pool().begin().await.unwrap();
+    outbox
+        .enqueue(
+            &mut tx,
+            &Event::new("evt-a", nowhere.as_str(), "ORD-1", "{}"),
+        )
+        .await
+        .unwrap();
+    outbox
+        .enqueue(
+            &mut tx,
+            &Event::new("evt-b", q.work.as_str(), "ORD-2", "{}"),
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let relay = Relay::new(outbox.clone(), publisher);
+    assert_eq!(relay.run_once().await.unwrap(), 1);
+    let pending = outbox.pending(10).await.unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0].event.id, "evt-a");
+    let reason = pending[0].last_error.as_deref().unwrap_or("");
+    assert!(reason.contains("could not route"), "{reason}");
+    q.cleanup().await;
+}
+
+/// A queue of `kind` that holds one message and refuses more: its publisher is nacked, and the
+/// publish is an error.
+async fn a_full_queue_nacks_and_the_event_is_not_sent(kind: Kind) {
+    let mut args = FieldTable::default();
+    args.insert("x-max-length".into(), AMQPValue::LongInt(1));
+    args.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    let q = Queues::of(kind, args).await;
+    let publisher = AmqpPublisher::new(q.conn.create_channel().await.unwrap(), "")
+        .await
+        .unwrap();
+    // A classic queue refuses the second; a quorum queue takes one over its limit before it
+    // refuses.
+    for n in 0..2 {
+        let _ = publisher
+            .publish(&Event::new(format!("evt-{n}"), q.work.as_str(), "p", "{}"))
+            .await;
+    }
+    let err = publisher
+        .publish(&Event::new("evt-2", q.work.as_str(), "p", "{}"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("refused"), "{err}");
+    q.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn a_full_classic_queue_nacks_and_the_event_is_not_sent() {
+    a_full_queue_nacks_and_the_event_is_not_sent(Kind::Classic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn a_full_quorum_queue_nacks_and_the_event_is_not_sent() {
+    a_full_queue_nacks_and_the_event_is_not_sent(Kind::Quorum).await;
 }

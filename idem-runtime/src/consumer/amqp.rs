@@ -202,7 +202,11 @@ impl Delivery for AmqpDelivery {
 
 /// Publishes outbox events to an exchange with publisher confirms: the event's id as the
 /// `message_id` property (what [`AmqpDelivery`]'s key is), its topic as the routing key,
-/// persistent; returns once the broker confirmed it.
+/// persistent and mandatory; returns once the broker confirmed it.
+///
+/// A publish succeeds only when the broker acked it and did not return it: a message that no
+/// queue takes (no binding matches its routing key) is returned and is an error, as is a nack
+/// (a queue over its length limit with `reject-publish`), so the outbox keeps the event.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[derive(Clone)]
 pub struct AmqpPublisher {
@@ -247,15 +251,45 @@ impl crate::outbox::Publisher for AmqpPublisher {
             .basic_publish(
                 short_string("exchange name", &self.exchange)?,
                 short_string("topic", &event.topic)?,
-                lapin::options::BasicPublishOptions::default(),
+                // Mandatory: a message no queue takes comes back, instead of being dropped.
+                lapin::options::BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
                 &event.payload,
                 properties,
             )
             .await?
             .await?;
-        if confirm.is_nack() {
-            return Err(format!("the broker refused event {}", event.id).into());
-        }
-        Ok(())
+        confirmed(&self.exchange, event, confirm)
+    }
+}
+
+/// What the broker's confirmation of `event` says: only an ack without a returned message means
+/// a queue holds it.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn confirmed(
+    exchange: &str,
+    event: &crate::outbox::Event,
+    confirm: lapin::Confirmation,
+) -> Result<(), BoxError> {
+    use lapin::Confirmation;
+    match confirm {
+        Confirmation::Ack(None) => Ok(()),
+        // Acked and returned: routed to no queue (a topic no binding matches, a queue not
+        // declared yet). The broker dropped it.
+        Confirmation::Ack(Some(returned)) => Err(format!(
+            "the broker could not route event {} (exchange {exchange:?}, routing key {:?}): {} {}",
+            event.id, event.topic, returned.reply_code, returned.reply_text
+        )
+        .into()),
+        Confirmation::Nack(_) => Err(format!(
+            "the broker refused event {} (a queue over its length limit, an internal error)",
+            event.id
+        )
+        .into()),
+        Confirmation::NotRequested => Err(
+            "the channel is not in confirm mode: the broker never said it took the event".into(),
+        ),
     }
 }
