@@ -493,3 +493,78 @@ async fn a_full_classic_queue_nacks_and_the_event_is_not_sent() {
 async fn a_full_quorum_queue_nacks_and_the_event_is_not_sent() {
     a_full_queue_nacks_and_the_event_is_not_sent(Kind::Quorum).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn an_ack_the_closed_channel_never_sent_is_a_failure_not_a_completion() {
+    let q = Queues::new().await;
+    let publisher = AmqpPublisher::new(q.conn.create_channel().await.unwrap(), "")
+        .await
+        .unwrap();
+    publisher
+        .publish(&Event::new("m-1", q.work.as_str(), "p", "{}"))
+        .await
+        .unwrap();
+    let store = MemoryStore::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+
+    // The handler completes after its channel closed: lapin answers the ack with `Ok(false)`,
+    // it never reaches the broker, and RabbitMQ requeues the message.
+    let channel = q.conn.create_channel().await.unwrap();
+    let consumer = Consumer::new("fulfilment", store.clone()).unwrap();
+    let (entered_tx, mut entered_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let go = Arc::new(tokio::sync::Mutex::new(Some(go_rx)));
+    let r = runs.clone();
+    let handler = consumer.guarded(move |_msg: Message, _claim| {
+        r.fetch_add(1, Ordering::SeqCst);
+        let (entered, go) = (entered_tx.clone(), go.clone());
+        async move {
+            let _ = entered.send(());
+            if let Some(go) = go.lock().await.take() {
+                let _ = go.await;
+            }
+            Ok::<_, HandlerError>(())
+        }
+    });
+    let deliveries = AmqpSource::new(channel.clone(), q.work.as_str())
+        .deliveries("closing")
+        .await
+        .unwrap();
+    let c = consumer.clone();
+    let run = tokio::spawn(async move { c.run(deliveries, handler, 1).await });
+    entered_rx.recv().await.unwrap();
+    channel.close(200, "going away".into()).await.unwrap();
+    go_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("the runner ends with its channel")
+        .unwrap();
+    let stats = consumer.stats();
+    assert_eq!((stats.completed, stats.ack_failures), (0, 1), "{stats:?}");
+
+    // The broker redelivers it; the record replays it.
+    let again = Consumer::new("fulfilment", store.clone()).unwrap();
+    let handler = again.guarded(|_msg: Message, _claim| async { Ok::<_, HandlerError>(()) });
+    let deliveries = AmqpSource::new(q.conn.create_channel().await.unwrap(), q.work.as_str())
+        .deliveries("survivor")
+        .await
+        .unwrap();
+    let a = again.clone();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(async move {
+        a.run_until(deliveries, handler, 1, async {
+            let _ = stop_rx.await;
+        })
+        .await
+    });
+    assert!(
+        until(Duration::from_secs(10), || again.stats().replayed == 1).await,
+        "{:?}",
+        again.stats()
+    );
+    let _ = stop_tx.send(());
+    run.await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    q.cleanup().await;
+}

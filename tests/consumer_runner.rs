@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use idem::consumer::testing::{Said, TestDelivery};
 use idem::consumer::{Backoff, Consumer, HandlerError, Message, Settlement};
-use idem::{ClaimInfo, MemoryStore, SqliteStore, idempotent};
+use idem::{
+    BeginOutcome, BeginRequest, ClaimInfo, ClaimRef, MemoryStore, Record, SqliteStore, Store,
+    StoredResponse, idempotent,
+};
 
 fn consumer(store: MemoryStore) -> Consumer<MemoryStore> {
     Consumer::new("fulfilment", store)
@@ -428,4 +431,96 @@ async fn many_tasks_delivering_one_message_run_it_once() {
         assert_eq!(stats.completed, 1);
         assert_eq!(stats.replayed + stats.in_progress, 31);
     }
+}
+
+/// A memory store whose releases fail: the connection went away between a body and its
+/// release.
+#[derive(Clone)]
+struct ReleaseFails(MemoryStore);
+
+impl Store for ReleaseFails {
+    async fn begin(&self, req: BeginRequest<'_>) -> idem::Result<BeginOutcome> {
+        self.0.begin(req).await
+    }
+    async fn complete(&self, c: ClaimRef<'_>, r: &StoredResponse) -> idem::Result<()> {
+        self.0.complete(c, r).await
+    }
+    async fn release(&self, _: ClaimRef<'_>) -> idem::Result<()> {
+        Err(idem::Error::Unavailable("connection reset by peer".into()))
+    }
+    async fn checkpoint(&self, c: ClaimRef<'_>, p: &[u8], d: Duration) -> idem::Result<()> {
+        self.0.checkpoint(c, p, d).await
+    }
+    async fn renew(&self, c: ClaimRef<'_>, d: Duration) -> idem::Result<()> {
+        self.0.renew(c, d).await
+    }
+    async fn lookup(&self, s: &str, k: &str) -> idem::Result<Option<Record>> {
+        self.0.lookup(s, k).await
+    }
+    async fn purge_expired(&self) -> idem::Result<u64> {
+        self.0.purge_expired().await
+    }
+    fn release_in_background(&self, s: String, k: String, f: u64) {
+        self.0.release_in_background(s, k, f)
+    }
+}
+
+/// What a test's tracing subscriber wrote.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+    fn make_writer(&'a self) -> Logs {
+        self.clone()
+    }
+}
+
+#[tokio::test]
+async fn a_release_that_fails_after_an_error_is_logged_with_its_error() {
+    let logs = Logs::default();
+    let _logging = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_ansi(false)
+            .finish(),
+    );
+    let c = Consumer::new("fulfilment", ReleaseFails(MemoryStore::new()))
+        .unwrap()
+        .lease(Duration::from_secs(30));
+    let h = c.guarded(|_msg: Message, _claim| async {
+        Err::<(), _>(HandlerError::transient("the warehouse API timed out"))
+    });
+    assert!(matches!(
+        c.handle(&TestDelivery::new("m-1", "x"), &h).await,
+        Settlement::Retry(_)
+    ));
+    let text = logs.text();
+    assert!(
+        text.contains("could not release a claim after its body failed")
+            && text.contains("connection reset by peer")
+            && text.contains("m-1"),
+        "{text}"
+    );
+    // What it costs: the claim stays, and the redelivery waits for its lease.
+    assert!(matches!(
+        c.handle(&TestDelivery::new("m-1", "x").delivered(2), &h).await,
+        Settlement::InProgress(d) if d > Duration::from_secs(25)
+    ));
 }

@@ -533,13 +533,13 @@ where
             Some(Ok(stored)) => (stored, Err(e)),
             Some(Err(enc)) => {
                 tracing::error!(target: "idem", error = %enc, "cannot store a final error; releasing the claim instead");
-                let _ = guard.give_up().await;
+                guard.give_up_or_log().await;
                 return R::from_err(e);
             }
             None => {
                 // Only successes (and final errors) are worth replaying: free the key for a
                 // real retry.
-                let _ = guard.give_up().await;
+                guard.give_up_or_log().await;
                 return R::from_err(e);
             }
         },
@@ -927,8 +927,9 @@ mod transactional {
                         policy,
                     )
                     .await
+                    && let Err(not_stored) = guard.complete(&stored).await
                 {
-                    let _ = guard.complete(&stored).await;
+                    tracing::warn!(target: "idem", scope = claim.scope(), key = %claim.key(), error = %not_stored, "could not store a final error after its transaction rolled back: a retry runs the body again");
                 }
                 R::from_err(e)
             }

@@ -2,7 +2,10 @@
 //!
 //! - **Key**: the `message_id` property. A delivery without one is dead-lettered with that reason,
 //!   never processed unguarded.
-//! - **Ack**: `basic.ack` after the handler committed.
+//! - **Ack**: `basic.ack` after the handler committed. An ack, nack or reject that lapin did not
+//!   send (`Ok(false)`: the channel closed, and RabbitMQ requeues the delivery) is an error,
+//!   which the runner logs and counts in
+//!   [`Stats::ack_failures`](crate::consumer::Stats::ack_failures), never as a success.
 //! - **Retry later**: the delivery is held (unacked, so no other consumer gets it) for the delay,
 //!   then `basic.nack` with requeue. RabbitMQ has no delayed redelivery of its own.
 //! - **Dead letter**: `basic.reject` without requeue, into the queue's dead-letter exchange
@@ -145,6 +148,24 @@ impl AmqpDelivery {
     pub fn delivery(&self) -> &lapin::message::Delivery {
         &self.delivery
     }
+
+    /// What lapin's `Ok(sent)` for `method` means: `false` is an acknowledgement never sent,
+    /// because the channel closed (RabbitMQ requeues the delivery) or it was settled already.
+    fn sent(&self, method: &str, sent: bool) -> Result<(), BoxError> {
+        if sent {
+            return Ok(());
+        }
+        let why = if self.delivery.acker.poisoned() {
+            "its channel closed, and the broker requeues it"
+        } else {
+            "it was settled already"
+        };
+        Err(format!(
+            "{method} of delivery {} was not sent: {why}",
+            self.delivery.delivery_tag
+        )
+        .into())
+    }
 }
 
 impl Delivery for AmqpDelivery {
@@ -169,30 +190,32 @@ impl Delivery for AmqpDelivery {
     }
 
     async fn ack(&self) -> Result<(), BoxError> {
-        self.delivery.acker.ack(BasicAckOptions::default()).await?;
-        Ok(())
+        let sent = self.delivery.acker.ack(BasicAckOptions::default()).await?;
+        self.sent("basic.ack", sent)
     }
 
     async fn retry(&self, delay: Duration) -> Result<(), BoxError> {
         tokio::time::sleep(delay).await;
-        self.delivery
+        let sent = self
+            .delivery
             .acker
             .nack(BasicNackOptions {
                 requeue: true,
                 ..BasicNackOptions::default()
             })
             .await?;
-        Ok(())
+        self.sent("basic.nack", sent)
     }
 
     async fn dead_letter(&self, _reason: &str) -> Result<(), BoxError> {
         // The reason is logged by the runner; the dead-letter exchange records `rejected` in
         // the message's `x-death` header.
-        self.delivery
+        let sent = self
+            .delivery
             .acker
             .reject(BasicRejectOptions { requeue: false })
             .await?;
-        Ok(())
+        self.sent("basic.reject", sent)
     }
 
     async fn keep_alive(&self) -> Result<(), BoxError> {

@@ -331,13 +331,14 @@ fn decide(ran: Ran<'_>, delivered: u32, max: Option<u32>, backoff: &Backoff) -> 
     Step::Settle(Settlement::Retry(backoff.delay(delivered)))
 }
 
-/// Counts of how deliveries were settled, since the consumer was built.
+/// Counts of how deliveries were settled, since the consumer was built. A settlement is counted
+/// under its kind only once the broker took it; one it did not take is an `ack_failures`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
-    /// Handlers that ran and committed (acked).
+    /// Handlers that ran and committed, acked.
     pub completed: u64,
-    /// Deliveries of processed messages, replayed (acked).
+    /// Deliveries of processed messages, replayed and acked.
     pub replayed: u64,
     /// Retried because another consumer held a live claim.
     pub in_progress: u64,
@@ -345,7 +346,9 @@ pub struct Stats {
     pub retried: u64,
     /// Dead-lettered.
     pub dead_lettered: u64,
-    /// Acknowledgements the broker did not confirm (it redelivers, and the record replays).
+    /// Settlements (acks, retries, dead letters) the broker did not take: the call failed, or
+    /// was never sent because the channel had closed. Logged, and counted nowhere else: the
+    /// broker redelivers the message, and its record answers the redelivery.
     pub ack_failures: u64,
     /// Lease renewals of running handlers' claims.
     pub renewals: u64,
@@ -772,11 +775,16 @@ impl<S: Store> Consumer<S> {
                 delivery.dead_letter(reason).await
             }
         };
-        tracing::debug!(target: "idem", consumer = %self.name, key, settlement = ?s, "settled a delivery");
-        self.counters.settled(&s);
-        if let Err(e) = result {
-            self.counters.ack_failures.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(target: "idem", consumer = %self.name, key, error = %e, settlement = ?s, "the broker did not confirm; it redelivers, and the record answers the redelivery");
+        match result {
+            Ok(()) => {
+                tracing::debug!(target: "idem", consumer = %self.name, key, settlement = ?s, "settled a delivery");
+                self.counters.settled(&s);
+            }
+            // Not a success of any kind: the broker still holds the message as delivered.
+            Err(e) => {
+                self.counters.ack_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(target: "idem", consumer = %self.name, key, error = %e, settlement = ?s, "the broker did not take the settlement; it redelivers the message, and the record answers the redelivery");
+            }
         }
         s
     }

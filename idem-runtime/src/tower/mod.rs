@@ -571,7 +571,7 @@ where
     let resp = match inner.call(req).await {
         Ok(resp) => resp,
         Err(e) => {
-            let _ = guard.release().await;
+            guard.release_or_log().await;
             return Err(e);
         }
     };
@@ -580,7 +580,7 @@ where
         Ok(read) => read,
         Err(e) => {
             // Nothing complete was answered: free the key, and fail the body for the client.
-            let _ = guard.release().await;
+            guard.release_or_log().await;
             return Ok(Response::from_parts(
                 head,
                 GuardBody::failed(e.into_error()),
@@ -593,7 +593,7 @@ where
         trailers: trailers.as_ref(),
     };
     if !(config.store_if)(&answer) {
-        let _ = guard.release().await;
+        guard.release_or_log().await;
         return Ok(Response::from_parts(
             head,
             GuardBody::buffered(data, trailers),
