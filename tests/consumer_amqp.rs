@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use idem::consumer::amqp::{AmqpPublisher, AmqpSource};
-use idem::consumer::{Consumer, HandlerError, Message};
+use idem::consumer::{Backoff, Consumer, HandlerError, Message};
 use idem::outbox::{Event, Publisher, Relay};
 use idem::store::outbox::SqliteOutbox;
 use idem::{MemoryStore, SqliteStore, idempotent};
@@ -567,4 +567,114 @@ async fn an_ack_the_closed_channel_never_sent_is_a_failure_not_a_completion() {
     run.await.unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     q.cleanup().await;
+}
+
+#[idempotent(scope = "flaky:<msg.consumer>", key = msg.key, store = store, transaction = tx, skip(runs), retain = "7d")]
+async fn always_fails_in_its_transaction(
+    store: &SqliteStore,
+    runs: &AtomicUsize,
+    msg: Message,
+) -> Result<(), HandlerError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    sqlx::query("INSERT INTO shipments (msg) VALUES ($1)")
+        .bind(msg.key.as_str())
+        .execute(&mut **tx)
+        .await
+        .map_err(HandlerError::transient)?;
+    Err(HandlerError::transient("the warehouse API timed out"))
+}
+
+/// A message that fails for now on every delivery, on a queue of `kind`: dead-lettered once
+/// its third attempt fails, whether the handler releases its claim (separate commits) or rolls
+/// it back with everything (transactional), and whether or not the queue counts deliveries.
+async fn the_delivery_limit_fires(kind: Kind, transactional: bool) {
+    let q = Queues::of(kind, FieldTable::default()).await;
+    let publisher = AmqpPublisher::new(q.conn.create_channel().await.unwrap(), "")
+        .await
+        .unwrap();
+    publisher
+        .publish(&Event::new("m-flaky", q.work.as_str(), "p", "{}"))
+        .await
+        .unwrap();
+    let file = common::SqliteFile::new();
+    let store = SqliteStore::connect(&file.url).await.unwrap();
+    sqlx::query("CREATE TABLE shipments (msg TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let consumer = Consumer::new("fulfilment", store.clone())
+        .unwrap()
+        .max_deliveries(3)
+        .backoff(Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(50),
+        });
+    let runs = Arc::new(AtomicUsize::new(0));
+    let deliveries = AmqpSource::new(q.conn.create_channel().await.unwrap(), q.work.as_str())
+        .deliveries("worker")
+        .await
+        .unwrap();
+    let (c, r) = (consumer.clone(), runs.clone());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let stop = async {
+        let _ = stop_rx.await;
+    };
+    let run = tokio::spawn(async move {
+        if transactional {
+            let handler = move |msg: Message| {
+                let (s, r) = (store.clone(), r.clone());
+                async move { always_fails_in_its_transaction(&s, &r, msg).await }
+            };
+            c.run_until(deliveries, handler, 1, stop).await
+        } else {
+            let handler = c.guarded(move |_msg: Message, _claim| {
+                r.fetch_add(1, Ordering::SeqCst);
+                async { Err::<(), _>(HandlerError::transient("the warehouse API timed out")) }
+            });
+            c.run_until(deliveries, handler, 1, stop).await
+        }
+    });
+    let limited = until(Duration::from_secs(10), || {
+        consumer.stats().dead_lettered == 1
+    })
+    .await;
+    let _ = stop_tx.send(());
+    run.await.unwrap();
+    assert!(limited, "never dead-lettered: {:?}", consumer.stats());
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "three attempts, then the limit"
+    );
+    assert_eq!(consumer.stats().retried, 2, "{:?}", consumer.stats());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        q.dead_letters().await,
+        vec![(Some("m-flaky".to_owned()), b"{}".to_vec())]
+    );
+    q.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn the_delivery_limit_fires_on_a_classic_queue() {
+    the_delivery_limit_fires(Kind::Classic, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn the_delivery_limit_fires_on_a_classic_queue_for_a_transactional_handler() {
+    the_delivery_limit_fires(Kind::Classic, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn the_delivery_limit_fires_on_a_quorum_queue() {
+    the_delivery_limit_fires(Kind::Quorum, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn the_delivery_limit_fires_on_a_quorum_queue_for_a_transactional_handler() {
+    the_delivery_limit_fires(Kind::Quorum, true).await;
 }

@@ -368,6 +368,69 @@ async fn book(store: &SqliteStore, msg: Message) -> Result<i64, HandlerError> {
     Ok(cents)
 }
 
+/// Fails for now, inside its transaction, and says which attempt it was.
+#[idempotent(scope = "flaky:<msg.consumer>", key = msg.key, store = store, transaction = tx, claim = claim, skip(attempts), retain = "7d")]
+async fn book_fails(
+    store: &SqliteStore,
+    attempts: &std::sync::Mutex<Vec<u32>>,
+    msg: Message,
+) -> Result<(), HandlerError> {
+    attempts.lock().unwrap().push(claim.attempt());
+    sqlx::query("INSERT INTO ledger (msg, cents) VALUES ($1, 1)")
+        .bind(msg.key.as_str())
+        .execute(&mut **tx)
+        .await
+        .map_err(HandlerError::transient)?;
+    Err(HandlerError::transient("the bank is down"))
+}
+
+#[tokio::test]
+async fn the_record_counts_attempts_where_the_broker_cannot() {
+    // Every delivery says it is the first: the limit is reached by the record's count, in
+    // separate commits (the claim is released) and in a transaction (rolled back).
+    let c = consumer(MemoryStore::new()).max_deliveries(3);
+    let h = c.guarded(|_msg: Message, _claim| async {
+        Err::<(), _>(HandlerError::transient("the warehouse API timed out"))
+    });
+    for _ in 0..2 {
+        let d = TestDelivery::new("m-1", "x");
+        assert!(matches!(c.handle(&d, &h).await, Settlement::Retry(_)));
+    }
+    match c.handle(&TestDelivery::new("m-1", "x"), &h).await {
+        Settlement::DeadLetter(r) => assert!(r.contains("(3 of 3)"), "{r}"),
+        other => panic!("{other:?}"),
+    }
+
+    let store = SqliteStore::in_memory().await.unwrap();
+    sqlx::query("CREATE TABLE ledger (msg TEXT PRIMARY KEY, cents INTEGER NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let c = Consumer::new("ledger", store.clone())
+        .unwrap()
+        .max_deliveries(3);
+    let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (s, a) = (store.clone(), attempts.clone());
+    let h = move |msg: Message| {
+        let (s, a) = (s.clone(), a.clone());
+        async move { book_fails(&s, &a, msg).await }
+    };
+    let mut settled = Vec::new();
+    for _ in 0..3 {
+        settled.push(c.handle(&TestDelivery::new("pay-1", "1"), &h).await);
+    }
+    assert!(
+        matches!(&settled[..], [Settlement::Retry(_), Settlement::Retry(_), Settlement::DeadLetter(r)] if r.contains("(3 of 3)")),
+        "{settled:?}"
+    );
+    assert_eq!(*attempts.lock().unwrap(), [1, 2, 3]);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "every attempt rolled back");
+}
+
 #[tokio::test]
 async fn transactional_handlers_ack_after_commit_and_roll_back_failures() {
     let store = SqliteStore::in_memory().await.unwrap();

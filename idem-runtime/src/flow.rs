@@ -27,7 +27,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -716,7 +716,14 @@ tokio::task_local! {
 /// The claims that guarded calls took while a future ran, readable while it runs: see
 /// [`watch_claims`]. Clones share the same list.
 #[derive(Debug, Clone, Default)]
-pub struct ClaimWatch(Arc<Mutex<Vec<WatchedClaim>>>);
+pub struct ClaimWatch(Arc<Watched>);
+
+#[derive(Debug, Default)]
+struct Watched {
+    claims: Mutex<Vec<WatchedClaim>>,
+    /// The highest attempt number of any claim taken, transactional ones included.
+    attempt: AtomicU32,
+}
 
 /// A claim seen by a [`ClaimWatch`], with the lease its call runs under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -736,15 +743,32 @@ impl ClaimWatch {
     /// The claims taken so far, oldest first. A claim stays listed after it ended; a renewal of
     /// an ended claim is refused by the store's fence check and changes nothing.
     pub fn claims(&self) -> Vec<WatchedClaim> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.0
+            .claims
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Forgets `claim`: it ended, or was taken over.
     pub fn forget(&self, claim: &ClaimInfo) {
         self.0
+            .claims
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|w| w.claim != *claim);
+    }
+
+    /// The highest attempt number ([`ClaimInfo::attempt`]) of the claims taken so far, in
+    /// either mode (a transactional claim is counted here, though not listed), forgotten ones
+    /// included; 0 when none was taken. How many times the record saw this request begin: a
+    /// count a broker that cannot count redeliveries lacks.
+    pub fn attempt(&self) -> u32 {
+        self.0.attempt.load(Ordering::Relaxed)
+    }
+
+    fn saw_attempt(&self, attempt: u32) {
+        self.0.attempt.fetch_max(attempt, Ordering::Relaxed);
     }
 }
 
@@ -754,7 +778,8 @@ impl ClaimWatch {
 ///
 /// Claims of the separate-commits flow ([`begin`], and `#[idempotent]` without `transaction`)
 /// are listed. A transactional claim is not: its record is not visible outside its transaction
-/// until it commits, and a duplicate waits for that commit rather than for a lease. As with
+/// until it commits, and a duplicate waits for that commit rather than for a lease; only its
+/// attempt number is counted ([`ClaimWatch::attempt`]). As with
 /// [`watch_replays`], only calls awaited on the same task are seen.
 pub async fn watch_claims<F: Future>(watch: &ClaimWatch, fut: F) -> F::Output {
     CLAIMS.scope(watch.clone(), fut).await
@@ -763,13 +788,23 @@ pub async fn watch_claims<F: Future>(watch: &ClaimWatch, fut: F) -> F::Output {
 /// Tells the [`watch_claims`] on this task, if any, that a call holds `claim`.
 fn note_claim(claim: &ClaimInfo, lease: Duration) {
     let _ = CLAIMS.try_with(|w| {
-        w.0.lock()
+        w.saw_attempt(claim.attempt());
+        w.0.claims
+            .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(WatchedClaim {
                 claim: claim.clone(),
                 lease,
             })
     });
+}
+
+/// Tells the [`watch_claims`] on this task, if any, the attempt number of a transactional
+/// claim: counted, not listed for renewal (a renewal from outside its transaction would wait on
+/// the transaction's row lock).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn note_tx_attempt(claim: &ClaimInfo) {
+    let _ = CLAIMS.try_with(|w| w.saw_attempt(claim.attempt()));
 }
 
 /// The transactional flow of `#[idempotent(…, transaction = tx)]`: claim, body and completion in
@@ -866,13 +901,17 @@ mod transactional {
             .begin_in(&mut tx, request(&scope, &key, &fingerprint, &policy))
             .await;
         match started(&scope, &key, outcome, timing)? {
-            Started::Claimed(c) => Ok(Ok(TxClaim {
-                tx,
-                claim: ClaimInfo::new(scope, key, c),
-                fingerprint,
-                policy,
-                timing: timing.and_then(|t| Some((t, t.start()?))),
-            })),
+            Started::Claimed(c) => {
+                let claim = ClaimInfo::new(scope, key, c);
+                note_tx_attempt(&claim);
+                Ok(Ok(TxClaim {
+                    tx,
+                    claim,
+                    fingerprint,
+                    policy,
+                    timing: timing.and_then(|t| Some((t, t.start()?))),
+                }))
+            }
             Started::Replay(stored) => {
                 // Nothing was written: ending the transaction either way costs the same.
                 tx.commit().await.map_err(map_err)?;
@@ -883,9 +922,9 @@ mod transactional {
 
     #[doc(hidden)]
     /// The function's return value. For a claim, with the body's `out`: completes and commits
-    /// on `Ok`; on `Err` rolls back, then records a final error on its own if the function
-    /// stores final errors and the identity is still free. Otherwise the replay, or the
-    /// refusal.
+    /// on `Ok`; on `Err` rolls back, then, if the identity is still free, records a final error
+    /// on its own (when the function stores final errors) or leaves the record released, one
+    /// attempt on. Otherwise the replay, or the refusal.
     pub async fn tx_finish<S, R, M>(
         store: &S,
         start: TxStart<Tx<S>>,
@@ -918,18 +957,30 @@ mod transactional {
                     ..
                 } = claim;
                 rollback(tx, &claim).await;
-                if let Some(Ok(stored)) = errors.stored_final(&e)
-                    && let Ok(Begun::Claimed(guard)) = begin(
-                        store,
-                        claim.scope().to_owned(),
-                        claim.key().clone(),
-                        fingerprint,
-                        policy,
-                    )
-                    .await
-                    && let Err(not_stored) = guard.complete(&stored).await
+                // The rollback took the claim with it. Outside the transaction, the record is
+                // left as the error means for the next attempt: a final error stored, to be
+                // replayed; any other error released, as in separate commits, so the next
+                // claim knows it is one more attempt (`ClaimInfo::attempt`: what a consumer's
+                // delivery limit counts when its broker cannot). Unless the identity was taken
+                // meanwhile.
+                let stored = errors.stored_final(&e).and_then(Result::ok);
+                if let Ok(Begun::Claimed(mut guard)) = begin(
+                    store,
+                    claim.scope().to_owned(),
+                    claim.key().clone(),
+                    fingerprint,
+                    policy,
+                )
+                .await
                 {
-                    tracing::warn!(target: "idem", scope = claim.scope(), key = %claim.key(), error = %not_stored, "could not store a final error after its transaction rolled back: a retry runs the body again");
+                    match stored {
+                        Some(stored) => {
+                            if let Err(not_stored) = guard.complete(&stored).await {
+                                tracing::warn!(target: "idem", scope = claim.scope(), key = %claim.key(), error = %not_stored, "could not store a final error after its transaction rolled back: a retry runs the body again");
+                            }
+                        }
+                        None => guard.give_up_or_log().await,
+                    }
                 }
                 R::from_err(e)
             }

@@ -11,9 +11,10 @@
 //! - **Dead letter**: `basic.reject` without requeue, into the queue's dead-letter exchange
 //!   (declare the queue with `x-dead-letter-exchange`); the runner logs the reason.
 //! - **Delivery count**: the `x-delivery-count` header of quorum queues, else the `redelivered`
-//!   flag: hints only. The record decides what runs; give the runner a limit with
-//!   [`Consumer::max_deliveries`](crate::consumer::Consumer::max_deliveries) for messages that
-//!   keep failing.
+//!   flag (2 for every redelivery on a classic queue). The runner counts with the record's
+//!   attempt number as well, the higher of the two, so a limit set with
+//!   [`Consumer::max_deliveries`](crate::consumer::Consumer::max_deliveries) dead-letters a
+//!   message that keeps failing on classic and quorum queues alike.
 //! - **Still working**: nothing to say; RabbitMQ holds an unacked delivery for its consumer until
 //!   the channel closes (or its `consumer_timeout`).
 //!

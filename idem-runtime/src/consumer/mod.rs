@@ -13,7 +13,7 @@
 //! | a replay of a completed delivery | `Replayed` | ack; the handler's effect does not run again |
 //! | another consumer holds a live claim | `InProgress(d)` | retry after `d`, the claim's remaining lease |
 //! | a retryable error (the claim was released) | `Retry(d)` | retry after an exponential backoff |
-//! | a final error, the same id with another payload, no usable id, or the delivery limit reached | `DeadLetter(reason)` | dead-letter with the reason, logged |
+//! | a final error, the same id with another payload, no usable id, or the delivery limit reached (the broker's count or the record's, the higher) | `DeadLetter(reason)` | dead-letter with the reason, logged |
 //!
 //! While a handler runs, the runner tells the broker it is still working and renews the lease of
 //! every claim the handler holds ([`Store::renew`]), so a long handler is neither redelivered
@@ -108,8 +108,8 @@ pub struct Message {
     pub consumer: String,
     /// Where it was published (a NATS subject, an AMQP routing key).
     pub subject: String,
-    /// Which delivery this is, from 1, as far as the broker says (a hint: RabbitMQ often cannot
-    /// tell).
+    /// Which delivery this is, from 1, as far as the broker says (a hint: a classic RabbitMQ
+    /// queue cannot tell; the runner's delivery limit also counts the record's attempts).
     pub delivered: u32,
 }
 
@@ -331,6 +331,15 @@ fn decide(ran: Ran<'_>, delivered: u32, max: Option<u32>, backoff: &Backoff) -> 
     Step::Settle(Settlement::Retry(backoff.delay(delivered)))
 }
 
+/// Which attempt at a message this delivery is, for its delivery limit and backoff: the
+/// broker's count, or the record's own when that is higher. The record counts every claim of
+/// the message that continued an unfinished one (a release after an error, a take-over after a
+/// crash: [`ClaimInfo::attempt`]), whichever broker delivered it; a classic RabbitMQ queue
+/// reports every redelivery as the second.
+fn attempts(delivered: u32, watch: &ClaimWatch) -> u32 {
+    delivered.max(watch.attempt())
+}
+
 /// Counts of how deliveries were settled, since the consumer was built. A settlement is counted
 /// under its kind only once the broker took it; one it did not take is an `ack_failures`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -541,6 +550,13 @@ impl<S: Store> Consumer<S> {
 
     /// After how many deliveries a message that keeps failing is dead-lettered, when the broker
     /// does not say (a JetStream consumer's `max_deliver` is read from each delivery).
+    ///
+    /// Deliveries are counted by the broker, or by the record when its count is higher: every
+    /// claim of the message that continues an unfinished one (after an error released it, or
+    /// a crash abandoned it) is one more attempt, whatever the broker reports (a classic
+    /// RabbitMQ queue says 2 for every redelivery). The record remembers: a dead letter sent
+    /// back to the queue within the record's retention is on its last attempt already, and is
+    /// dead-lettered again at its first failure.
     pub fn max_deliveries(mut self, max: u32) -> Self {
         self.max_deliveries = Some(max.max(1));
         self
@@ -645,7 +661,7 @@ impl<S: Store> Consumer<S> {
                     reason: e.to_string(),
                 },
             };
-            match decide(ran, msg.delivered, max, &self.backoff) {
+            match decide(ran, attempts(msg.delivered, &watch), max, &self.backoff) {
                 Step::Settle(s) => return self.settle(delivery, Some(&msg.key), s).await,
                 Step::Wait(delay) if waits < MAX_WAITS => {
                     waits += 1;
