@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::proxy::{Fault, Rule};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -15,7 +17,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use idem::consumer::amqp::{AmqpPublisher, AmqpSource};
 use idem::consumer::{Backoff, Consumer, HandlerError, Message};
-use idem::outbox::{Event, Publisher, Relay};
+use idem::outbox::{Event, OutboxBackend, Publisher, Relay, Unreachable};
 use idem::store::outbox::SqliteOutbox;
 use idem::{MemoryStore, SqliteStore, idempotent};
 use lapin::options::{
@@ -183,7 +185,7 @@ async fn ship(
 #[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
 async fn published_three_times_and_redelivered_after_a_crash_has_one_effect() {
     let q = Queues::new().await;
-    let publisher = AmqpPublisher::new(q.conn.create_channel().await.unwrap(), "")
+    let publisher = AmqpPublisher::connect(&common::amqp_url(), "")
         .await
         .unwrap();
     for _ in 0..3 {
@@ -264,7 +266,7 @@ async fn published_three_times_and_redelivered_after_a_crash_has_one_effect() {
 #[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
 async fn poison_and_anonymous_messages_are_dead_lettered_while_the_rest_flow() {
     let q = Queues::new().await;
-    let publisher = AmqpPublisher::new(q.conn.create_channel().await.unwrap(), "")
+    let publisher = AmqpPublisher::connect(&common::amqp_url(), "")
         .await
         .unwrap();
     for n in 0..30 {
@@ -346,10 +348,10 @@ async fn names_over_255_bytes_are_errors_not_panics() {
     let q = Queues::new().await;
     let long = "x".repeat(300);
     assert!(matches!(
-        AmqpPublisher::new(q.conn.create_channel().await.unwrap(), long.as_str()).await,
+        AmqpPublisher::connect(&common::amqp_url(), long.as_str()).await,
         Err(idem::Error::Config(_))
     ));
-    let publisher = AmqpPublisher::new(q.conn.create_channel().await.unwrap(), "")
+    let publisher = AmqpPublisher::connect(&common::amqp_url(), "")
         .await
         .unwrap();
     for bad in [
@@ -413,7 +415,7 @@ async fn sqlite_outbox() -> (SqliteStore, SqliteOutbox, common::SqliteFile) {
 #[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
 async fn an_unroutable_event_is_not_marked_sent() {
     let q = Queues::new().await;
-    let publisher = AmqpPublisher::new(q.conn.create_channel().await.unwrap(), "")
+    let publisher = AmqpPublisher::connect(&common::amqp_url(), "")
         .await
         .unwrap();
     // The default exchange routes by queue name: no queue has this one (a mistyped topic, a
@@ -464,7 +466,7 @@ async fn a_full_queue_nacks_and_the_event_is_not_sent(kind: Kind) {
         AMQPValue::LongString("reject-publish".into()),
     );
     let q = Queues::of(kind, args).await;
-    let publisher = AmqpPublisher::new(q.conn.create_channel().await.unwrap(), "")
+    let publisher = AmqpPublisher::connect(&common::amqp_url(), "")
         .await
         .unwrap();
     // A classic queue refuses the second; a quorum queue takes one over its limit before it
@@ -498,7 +500,7 @@ async fn a_full_quorum_queue_nacks_and_the_event_is_not_sent() {
 #[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
 async fn an_ack_the_closed_channel_never_sent_is_a_failure_not_a_completion() {
     let q = Queues::new().await;
-    let publisher = AmqpPublisher::new(q.conn.create_channel().await.unwrap(), "")
+    let publisher = AmqpPublisher::connect(&common::amqp_url(), "")
         .await
         .unwrap();
     publisher
@@ -589,7 +591,7 @@ async fn always_fails_in_its_transaction(
 /// it back with everything (transactional), and whether or not the queue counts deliveries.
 async fn the_delivery_limit_fires(kind: Kind, transactional: bool) {
     let q = Queues::of(kind, FieldTable::default()).await;
-    let publisher = AmqpPublisher::new(q.conn.create_channel().await.unwrap(), "")
+    let publisher = AmqpPublisher::connect(&common::amqp_url(), "")
         .await
         .unwrap();
     publisher
@@ -677,4 +679,156 @@ async fn the_delivery_limit_fires_on_a_quorum_queue() {
 #[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
 async fn the_delivery_limit_fires_on_a_quorum_queue_for_a_transactional_handler() {
     the_delivery_limit_fires(Kind::Quorum, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn a_channel_the_broker_closed_is_reopened() {
+    let q = Queues::new().await;
+    // An exchange not declared yet: the broker closes the publisher's channel.
+    let exchange = format!("{}.events", q.work);
+    let publisher = AmqpPublisher::connect(&common::amqp_url(), exchange.as_str())
+        .await
+        .unwrap();
+    let e = Event::new("evt-1", "order.paid", "p", "{}");
+    let err = publisher.publish(&e).await.unwrap_err();
+    assert!(err.to_string().contains("NOT_FOUND"), "{err}");
+    // A refusal of this publish, not a broker out of reach: it counts toward parking.
+    assert!(!Unreachable::is(&err), "{err:?}");
+    q.channel
+        .exchange_declare(
+            exchange.as_str().into(),
+            ExchangeKind::Direct,
+            ExchangeDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    q.channel
+        .queue_bind(
+            q.work.as_str().into(),
+            exchange.as_str().into(),
+            "order.paid".into(),
+            Default::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let published = publisher.publish(&e).await;
+    let _ = q
+        .channel
+        .exchange_delete(exchange.as_str().into(), Default::default())
+        .await;
+    published.expect("published on a new channel");
+    let got = q
+        .channel
+        .basic_get(q.work.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+        .expect("the event");
+    assert_eq!(
+        got.delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.as_str()),
+        Some("evt-1")
+    );
+    q.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn a_confirmation_that_does_not_come_in_time_is_an_error_and_the_next_publish_goes_through() {
+    let q = Queues::new().await;
+    let url = common::amqp_url();
+    let proxy = common::proxy::Proxy::amqp(&url).await;
+    let publisher = AmqpPublisher::connect(&proxy.url(&url), "")
+        .await
+        .unwrap()
+        .confirm_timeout(Duration::from_millis(500));
+    // The broker's side of the publish is held for 3 s: no confirmation within the timeout.
+    proxy.inject(Rule::first(
+        &[b"evt-stalled"],
+        Fault::Stall(Duration::from_secs(3)),
+    ));
+    let started = tokio::time::Instant::now();
+    let err = publisher
+        .publish(&Event::new("evt-stalled", q.work.as_str(), "p", "{}"))
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(proxy.fired().len(), 1);
+    // The broker was slow, not refusing: this never counts toward parking.
+    assert!(Unreachable::is(&err), "{err:?}");
+    assert!(err.to_string().contains("did not confirm"), "{err}");
+    // Once the stall is over, a publish on a new channel is confirmed.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    publisher
+        .publish(&Event::new("evt-after", q.work.as_str(), "p", "{}"))
+        .await
+        .unwrap();
+    q.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn an_unroutable_event_is_parked_and_its_partition_goes_on() {
+    let q = Queues::new().await;
+    let publisher = AmqpPublisher::connect(&common::amqp_url(), "")
+        .await
+        .unwrap();
+    let (store, outbox, _file) = sqlite_outbox().await;
+    let mut tx = store.pool().begin().await.unwrap();
+    let nowhere = format!("{}.nowhere", q.work);
+    for e in [
+        Event::new("evt-lost", nowhere.as_str(), "ORD-1", "{}"),
+        Event::new("evt-next", q.work.as_str(), "ORD-1", "{}"),
+    ] {
+        outbox.enqueue(&mut tx, &e).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let relay = Relay::new(outbox.clone(), publisher).park_after(2);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while outbox.counts().await.unwrap().sent == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "evt-next never went"
+        );
+        relay.run_once().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let parked = outbox.parked(10).await.unwrap();
+    assert_eq!(parked.len(), 1);
+    assert_eq!(
+        (parked[0].event.id.as_str(), parked[0].failures),
+        ("evt-lost", 2)
+    );
+    assert!(
+        parked[0]
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("could not route")),
+        "{parked:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let got = q
+        .channel
+        .basic_get(q.work.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+        .expect("evt-next");
+    assert_eq!(
+        got.delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.as_str()),
+        Some("evt-next")
+    );
+    q.cleanup().await;
 }

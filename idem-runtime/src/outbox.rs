@@ -29,6 +29,22 @@
 //!   safety net (and SQLite's only way).
 //! - **Retention**: sent events are purged after [`Relay::retain_sent`] (default 7 days).
 //!
+//! # Parking
+//!
+//! An event the broker keeps refusing (no queue or stream for its topic, a payload over the
+//! broker's limit) would otherwise hold back its partition forever. After
+//! [`Relay::park_after`] refusals (default 20, about six minutes) the relay parks it: logged
+//! as an error, counted in `idem_outbox_parked_total` (feature `metrics`), kept in the outbox
+//! with the error, and no longer published. A broker out of reach is not a refusal: events wait
+//! for it however long it takes. An event that no broker can take ([`Event::validate`]) is
+//! parked at once.
+//!
+//! **What parking means for order**: the partition's later events go on without it, so a
+//! consumer can see `order.refunded` of a partition whose `order.paid` is parked. That is the
+//! price of not stopping the partition; the parked event is the alert. Sent back with `unpark`
+//! (or `unpark_all`, once the cause is fixed), it is published next in its partition: before
+//! the partition's events still waiting, after the ones sent while it was parked.
+//!
 //! Backends: [`PgOutbox`](crate::store::outbox::PgOutbox) and
 //! [`SqliteOutbox`](crate::store::outbox::SqliteOutbox). Publishers: `JetStreamPublisher`
 //! (feature `nats`) and `AmqpPublisher` (feature `amqp`), or any [`Publisher`].
@@ -159,36 +175,43 @@ pub struct ClaimedEvent {
     pub seq: i64,
     /// How many times a relay claimed it, this time included.
     pub attempts: u32,
+    /// How many of its publishes the broker refused (failures of a broker out of reach are not
+    /// counted): what [`Relay::park_after`] compares.
+    pub failures: u32,
     /// The event.
     pub event: Event,
 }
 
-/// An event waiting to be published.
+/// An event waiting to be published, or parked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingEvent {
     /// Its place in the outbox.
     pub seq: i64,
     /// How many times a relay claimed it.
     pub attempts: u32,
+    /// How many of its publishes the broker refused (see [`ClaimedEvent::failures`]).
+    pub failures: u32,
     /// The event.
     pub event: Event,
-    /// Why its last publish failed, if it did.
+    /// Why its last publish failed (for a parked event: why it was parked), if it did.
     pub last_error: Option<String>,
 }
 
 /// How many events an outbox holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OutboxCounts {
-    /// Not yet sent.
+    /// Waiting to be published: not sent, not parked.
     pub pending: u64,
+    /// Parked: given up on by a relay until an operator sends them back.
+    pub parked: u64,
     /// Sent, not yet purged.
     pub sent: u64,
 }
 
 /// Where a relay takes events from: an outbox table.
 pub trait OutboxBackend: Send + Sync {
-    /// Claims up to `limit` events for `owner` for `lease`: only the first unsent event of each
-    /// partition, and only if no other relay holds it.
+    /// Claims up to `limit` events for `owner` for `lease`: only the first event of each
+    /// partition still waiting (unsent, not parked), and only if no other relay holds it.
     fn claim(
         &self,
         owner: &str,
@@ -197,24 +220,56 @@ pub trait OutboxBackend: Send + Sync {
     ) -> impl Future<Output = Result<Vec<ClaimedEvent>>> + Send;
     /// Marks the event sent: call only after the broker confirmed it.
     fn mark_sent(&self, seq: i64) -> impl Future<Output = Result<()>> + Send;
-    /// Gives the event back, to be claimed again after `delay`.
+    /// Gives the event back, to be claimed again after `delay`, with the `error` of its
+    /// publish; `refused` counts it as one more of the event's failures (the broker said no),
+    /// otherwise the broker was out of reach.
     fn retry_later(
         &self,
         seq: i64,
         delay: Duration,
         error: &str,
+        refused: bool,
     ) -> impl Future<Output = Result<()>> + Send;
-    /// How many events are pending and sent.
+    /// Parks the event with the `error` that made the relay give up: no relay claims it, and
+    /// it no longer holds back its partition, until an operator sends it back.
+    fn park(&self, seq: i64, error: &str) -> impl Future<Output = Result<()>> + Send;
+    /// How many events are pending, parked and sent.
     fn counts(&self) -> impl Future<Output = Result<OutboxCounts>> + Send;
     /// Deletes events sent longer ago than `older_than`; returns how many.
     fn purge_sent(&self, older_than: Duration) -> impl Future<Output = Result<u64>> + Send;
 }
 
 /// Publishes an event and returns once the broker confirmed it (stored it, or deduplicated it).
+///
+/// An error tells the relay whose failure it was: [`Unreachable`] (boxed) when the broker could
+/// not be reached or did not answer in time, which the relay retries for as long as it takes;
+/// any other error is the broker refusing this event (no queue or stream for its topic, a
+/// payload over its limit), which counts toward parking it ([`Relay::park_after`]).
 pub trait Publisher: Send + Sync {
     /// Publishes `event` with `event.id` as the broker's message id.
     fn publish(&self, event: &Event) -> impl Future<Output = Result<(), BoxError>> + Send;
 }
+
+/// A publisher's error saying the broker was out of reach or did not answer in time, not that
+/// it refused the event: the relay retries it without counting it toward parking.
+#[derive(Debug, thiserror::Error)]
+#[error("the broker is out of reach: {0}")]
+pub struct Unreachable(#[source] pub BoxError);
+
+impl Unreachable {
+    /// `e`, as a broker out of reach.
+    pub fn new(e: impl Into<BoxError>) -> Self {
+        Unreachable(e.into())
+    }
+
+    /// Whether `e` is one.
+    pub fn is(e: &BoxError) -> bool {
+        e.downcast_ref::<Unreachable>().is_some()
+    }
+}
+
+/// The default of [`Relay::park_after`].
+pub const DEFAULT_PARK_AFTER: u32 = 20;
 
 /// A relay: claims pending events, publishes them, marks them sent.
 pub struct Relay<O, P> {
@@ -226,6 +281,7 @@ pub struct Relay<O, P> {
     poll: Duration,
     retain_sent: Duration,
     backoff_max: Duration,
+    park_after: u32,
 }
 
 impl<O, P> fmt::Debug for Relay<O, P> {
@@ -235,13 +291,15 @@ impl<O, P> fmt::Debug for Relay<O, P> {
             .field("batch", &self.batch)
             .field("lease", &self.lease)
             .field("poll", &self.poll)
+            .field("park_after", &self.park_after)
             .finish_non_exhaustive()
     }
 }
 
 impl<O: OutboxBackend, P: Publisher> Relay<O, P> {
     /// A relay from `outbox` to `publisher`: batches of 64, a 30-second lease, polling every
-    /// second (PostgreSQL relays are woken sooner by `NOTIFY`), sent events kept 7 days.
+    /// second (PostgreSQL relays are woken sooner by `NOTIFY`), sent events kept 7 days, an
+    /// event parked after [`DEFAULT_PARK_AFTER`] refusals.
     pub fn new(outbox: O, publisher: P) -> Self {
         Relay {
             outbox,
@@ -259,6 +317,7 @@ impl<O: OutboxBackend, P: Publisher> Relay<O, P> {
             poll: Duration::from_secs(1),
             retain_sent: crate::consumer::DEFAULT_RETAIN,
             backoff_max: Duration::from_secs(30),
+            park_after: DEFAULT_PARK_AFTER,
         }
     }
 
@@ -287,6 +346,20 @@ impl<O: OutboxBackend, P: Publisher> Relay<O, P> {
         self
     }
 
+    /// After how many refused publishes an event is parked (default
+    /// [`DEFAULT_PARK_AFTER`], 20: with the backoff doubling from 0.2 s to 30 s, about six
+    /// minutes of refusals). A parked event is logged as an error and counted (the counter
+    /// `idem_outbox_parked_total`, feature `metrics`); it stays in the outbox, visible to
+    /// operators, until sent back (`parked`, `unpark` and `unpark_all` on the outbox), and its
+    /// partition's later events are published without it: see the module's "Parking".
+    ///
+    /// Only refusals count: a broker out of reach (a publisher's [`Unreachable`]) never parks
+    /// anything. An event no broker can take ([`Event::validate`]) is parked at once.
+    pub fn park_after(mut self, refusals: u32) -> Self {
+        self.park_after = refusals.max(1);
+        self
+    }
+
     /// The relay's name in the outbox's `lease_owner` column.
     pub fn owner(&self) -> &str {
         &self.owner
@@ -310,6 +383,11 @@ impl<O: OutboxBackend, P: Publisher> Relay<O, P> {
     }
 
     async fn publish_one(&self, claimed: &ClaimedEvent) -> bool {
+        if let Err(e) = claimed.event.validate() {
+            // No broker takes it, however often it is tried.
+            self.park(claimed, &e.to_string()).await;
+            return false;
+        }
         match self.publisher.publish(&claimed.event).await {
             Ok(()) => match self.outbox.mark_sent(claimed.seq).await {
                 Ok(()) => true,
@@ -321,18 +399,37 @@ impl<O: OutboxBackend, P: Publisher> Relay<O, P> {
                 }
             },
             Err(e) => {
+                let refused = !Unreachable::is(&e);
+                let failures = claimed.failures + u32::from(refused);
+                if refused && failures >= self.park_after {
+                    self.park(claimed, &e.to_string()).await;
+                    return false;
+                }
                 let delay = Duration::from_millis(100)
                     .saturating_mul(1 << claimed.attempts.min(16))
                     .min(self.backoff_max);
-                tracing::warn!(target: "idem", id = %claimed.event.id, topic = %claimed.event.topic, attempts = claimed.attempts, ?delay, error = %e, "publishing an event failed; retrying");
+                tracing::warn!(target: "idem", id = %claimed.event.id, topic = %claimed.event.topic, attempts = claimed.attempts, refused = failures, park_after = self.park_after, ?delay, error = %e, "publishing an event failed; retrying");
                 if let Err(e) = self
                     .outbox
-                    .retry_later(claimed.seq, delay, &e.to_string())
+                    .retry_later(claimed.seq, delay, &e.to_string(), refused)
                     .await
                 {
                     tracing::warn!(target: "idem", id = %claimed.event.id, error = %e, "could not give an event back; it is claimed again after its lease");
                 }
                 false
+            }
+        }
+    }
+
+    async fn park(&self, claimed: &ClaimedEvent, reason: &str) {
+        let event = &claimed.event;
+        match self.outbox.park(claimed.seq, reason).await {
+            Ok(()) => {
+                tracing::error!(target: "idem", seq = claimed.seq, id = %event.id, topic = %event.topic, partition_key = %event.partition_key, attempts = claimed.attempts, error = %reason, "parked an outbox event that cannot be published: its partition's later events go on without it; list parked events and send them back with `unpark` once the cause is fixed");
+                crate::observe::outbox_parked();
+            }
+            Err(e) => {
+                tracing::warn!(target: "idem", id = %event.id, error = %e, "could not park an outbox event; it is claimed again after its lease");
             }
         }
     }

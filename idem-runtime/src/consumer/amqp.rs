@@ -228,14 +228,36 @@ impl Delivery for AmqpDelivery {
 /// `message_id` property (what [`AmqpDelivery`]'s key is), its topic as the routing key,
 /// persistent and mandatory; returns once the broker confirmed it.
 ///
-/// A publish succeeds only when the broker acked it and did not return it: a message that no
-/// queue takes (no binding matches its routing key) is returned and is an error, as is a nack
-/// (a queue over its length limit with `reject-publish`), so the outbox keeps the event.
+/// - **Confirmed means queued**: a publish succeeds only when the broker acked it and did not
+///   return it. A message that no queue takes (no binding matches its routing key) is returned
+///   and is an error, as is a nack (a queue over its length limit with `reject-publish`), so
+///   the outbox keeps the event.
+/// - **Confirm timeout**: a confirmation that does not come within
+///   [`AmqpPublisher::confirm_timeout`] (default 10 s) is an error, and the channel is given up
+///   for a new one.
+/// - **Recovery**: a channel the broker closed (it does so on a publish to an exchange that
+///   does not exist) is replaced by a new one on the next publish, and a publisher built with
+///   [`AmqpPublisher::connect`] also reconnects a connection that was lost.
+/// - **Whose failure**: the broker refusing the event (returned, nacked, a channel error such
+///   as an unknown exchange) counts toward parking it ([`Relay::park_after`]); the broker out of
+///   reach or slow (a lost connection, a timeout) is [`Unreachable`] and never parks.
+///
+/// [`Relay::park_after`]: crate::outbox::Relay::park_after
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[derive(Clone)]
 pub struct AmqpPublisher {
-    channel: lapin::Channel,
+    link: std::sync::Arc<tokio::sync::Mutex<Link>>,
     exchange: String,
+    confirm_timeout: Duration,
+}
+
+/// How a publisher reaches the broker: its connection (reopened from `uri` when there is one)
+/// and the channel in confirm mode it publishes on, replaced when it closes.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+struct Link {
+    uri: Option<String>,
+    connection: Option<lapin::Connection>,
+    channel: Option<lapin::Channel>,
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -243,22 +265,145 @@ impl fmt::Debug for AmqpPublisher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AmqpPublisher")
             .field("exchange", &self.exchange)
+            .field("confirm_timeout", &self.confirm_timeout)
             .finish_non_exhaustive()
     }
 }
 
+/// The default of [`AmqpPublisher::confirm_timeout`].
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use crate::outbox::Unreachable;
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn unreachable(e: impl Into<BoxError>) -> Unreachable {
+    Unreachable::new(e)
+}
+
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl AmqpPublisher {
-    /// Puts `channel` in confirm mode and publishes to `exchange` (`""`: the default exchange,
-    /// routing to the queue named by the topic).
-    pub async fn new(channel: lapin::Channel, exchange: impl Into<String>) -> Result<Self, Error> {
-        let exchange = exchange.into();
+    /// Publishes to `exchange` (`""`: the default exchange, routing to the queue named by the
+    /// topic) on channels of `connection`: a channel that closes is replaced by a new one. A
+    /// connection that is lost is not reopened (every publish is then
+    /// [`Unreachable`]): [`AmqpPublisher::connect`] reopens its own.
+    pub async fn new(
+        connection: lapin::Connection,
+        exchange: impl Into<String>,
+    ) -> Result<Self, Error> {
+        AmqpPublisher::with_link(None, connection, exchange.into()).await
+    }
+
+    /// Connects to the broker at `uri` (`amqp://user:password@host:5672/%2f`) and publishes to
+    /// `exchange`; a lost connection is reopened, as a closed channel is, on the next publish.
+    pub async fn connect(uri: &str, exchange: impl Into<String>) -> Result<Self, Error> {
+        let connection = lapin::Connection::connect(uri, lapin::ConnectionProperties::default())
+            .await
+            .map_err(|e| Error::Unavailable(Box::new(e)))?;
+        AmqpPublisher::with_link(Some(uri.to_owned()), connection, exchange.into()).await
+    }
+
+    async fn with_link(
+        uri: Option<String>,
+        connection: lapin::Connection,
+        exchange: String,
+    ) -> Result<Self, Error> {
         short_string("exchange name", &exchange)?;
+        let publisher = AmqpPublisher {
+            link: std::sync::Arc::new(tokio::sync::Mutex::new(Link {
+                uri,
+                connection: Some(connection),
+                channel: None,
+            })),
+            exchange,
+            confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
+        };
+        // Opened now, so that a broker that refuses confirm mode says so at start.
+        publisher
+            .channel()
+            .await
+            .map_err(|e| Error::Unavailable(Box::new(e)))?;
+        Ok(publisher)
+    }
+
+    /// How long a publish waits for the broker's confirmation (default
+    /// [`DEFAULT_CONFIRM_TIMEOUT`], 10 s) before it fails as [`Unreachable`] and the
+    /// channel is replaced. Keep it well under the relay's lease, so that a relay gives an
+    /// event back before another relay may take it.
+    pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
+        self.confirm_timeout = timeout;
+        self
+    }
+
+    /// The open channel in confirm mode, or a new one (on a new connection, if the old one is
+    /// gone and the publisher knows where to reconnect).
+    async fn channel(&self) -> Result<lapin::Channel, Unreachable> {
+        let mut link = self.link.lock().await;
+        if let Some(channel) = &link.channel
+            && channel.status().connected()
+        {
+            return Ok(channel.clone());
+        }
+        link.channel = None;
+        tokio::time::timeout(self.confirm_timeout, link.reopen())
+            .await
+            .map_err(|_| {
+                unreachable(format!(
+                    "no channel to the broker within {:?}",
+                    self.confirm_timeout
+                ))
+            })?
+    }
+
+    /// Gives `channel` up (its confirmation never came): closed in the background, and the
+    /// next publish opens another.
+    async fn give_up(&self, channel: &lapin::Channel) {
+        let mut link = self.link.lock().await;
+        if link
+            .channel
+            .as_ref()
+            .is_some_and(|c| c.id() == channel.id())
+        {
+            link.channel = None;
+        }
+        let channel = channel.clone();
+        tokio::spawn(async move {
+            let closing = channel.close(200, "no publisher confirmation in time".into());
+            let _ = tokio::time::timeout(Duration::from_secs(5), closing).await;
+        });
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl Link {
+    async fn reopen(&mut self) -> Result<lapin::Channel, Unreachable> {
+        let connected = self
+            .connection
+            .as_ref()
+            .is_some_and(|c| c.status().connected());
+        if !connected {
+            let Some(uri) = &self.uri else {
+                return Err(unreachable(
+                    "the connection to the broker is closed (a publisher built with `AmqpPublisher::connect` reconnects)",
+                ));
+            };
+            self.connection = Some(
+                lapin::Connection::connect(uri, lapin::ConnectionProperties::default())
+                    .await
+                    .map_err(unreachable)?,
+            );
+        }
+        let Some(connection) = &self.connection else {
+            return Err(unreachable("no connection to the broker"));
+        };
+        let channel = connection.create_channel().await.map_err(unreachable)?;
         channel
             .confirm_select(lapin::options::ConfirmSelectOptions::default())
             .await
-            .map_err(|e| Error::Unavailable(Box::new(e)))?;
-        Ok(AmqpPublisher { channel, exchange })
+            .map_err(unreachable)?;
+        self.channel = Some(channel.clone());
+        Ok(channel)
     }
 }
 
@@ -270,22 +415,52 @@ impl crate::outbox::Publisher for AmqpPublisher {
         let properties = lapin::BasicProperties::default()
             .with_message_id(short_string("event id", &event.id)?)
             .with_delivery_mode(2);
-        let confirm = self
-            .channel
-            .basic_publish(
-                short_string("exchange name", &self.exchange)?,
-                short_string("topic", &event.topic)?,
-                // Mandatory: a message no queue takes comes back, instead of being dropped.
-                lapin::options::BasicPublishOptions {
-                    mandatory: true,
-                    ..Default::default()
-                },
-                &event.payload,
-                properties,
-            )
-            .await?
-            .await?;
-        confirmed(&self.exchange, event, confirm)
+        let (exchange, topic) = (
+            short_string("exchange name", &self.exchange)?,
+            short_string("topic", &event.topic)?,
+        );
+        let channel = self.channel().await?;
+        let confirmation = async {
+            channel
+                .basic_publish(
+                    exchange,
+                    topic,
+                    // Mandatory: a message no queue takes comes back, instead of being dropped.
+                    lapin::options::BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    &event.payload,
+                    properties,
+                )
+                .await?
+                .await
+        };
+        match tokio::time::timeout(self.confirm_timeout, confirmation).await {
+            Ok(Ok(confirm)) => confirmed(&self.exchange, event, confirm),
+            Ok(Err(e)) => Err(whose(e)),
+            Err(_) => {
+                self.give_up(&channel).await;
+                Err(Box::new(unreachable(format!(
+                    "the broker did not confirm event {} within {:?}",
+                    event.id, self.confirm_timeout
+                ))))
+            }
+        }
+    }
+}
+
+/// A publish's error from lapin, as the relay needs to read it: a channel error is the broker
+/// refusing this publish (an unknown exchange, a message over its size limit); anything else
+/// (a lost connection, a channel already closed, a connection error) is the broker out of reach.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn whose(e: lapin::Error) -> BoxError {
+    use lapin::protocol::AMQPErrorKind;
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) if matches!(amqp.kind(), AMQPErrorKind::Soft(_)) => {
+            Box::new(e)
+        }
+        _ => Box::new(unreachable(e)),
     }
 }
 

@@ -291,7 +291,9 @@ impl Delivery for JetStreamDelivery {
 
 /// Publishes outbox events through JetStream: the event's id as `Nats-Msg-Id`, so the stream's
 /// duplicate window drops a second publish of the same event; returns once the server stored
-/// (or deduplicated) it.
+/// (or deduplicated) it. A server out of reach or slow to answer is
+/// [`Unreachable`](crate::outbox::Unreachable); a refusal (no stream captures the topic, a payload over the server's limit) counts toward
+/// parking the event ([`Relay::park_after`](crate::outbox::Relay::park_after)).
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[derive(Clone)]
 pub struct JetStreamPublisher {
@@ -322,8 +324,24 @@ impl crate::outbox::Publisher for JetStreamPublisher {
         headers.insert(MSG_ID, event.id.as_str());
         self.context
             .publish_with_headers(event.topic.clone(), headers, event.payload.clone())
-            .await?
-            .await?;
+            .await
+            .map_err(whose)?
+            .await
+            .map_err(whose)?;
         Ok(())
+    }
+}
+
+/// A publish's error, as the relay needs to read it: the server out of reach or slow is
+/// [`Unreachable`](crate::outbox::Unreachable); anything else (no stream captures the subject, a payload over the
+/// server's limit, a stream that refused the message) is this event refused.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn whose(e: jetstream::context::PublishError) -> BoxError {
+    use jetstream::context::PublishErrorKind;
+    match e.kind() {
+        PublishErrorKind::TimedOut
+        | PublishErrorKind::BrokenPipe
+        | PublishErrorKind::MaxAckPending => Box::new(crate::outbox::Unreachable::new(e)),
+        _ => Box::new(e),
     }
 }
