@@ -832,3 +832,66 @@ async fn an_unroutable_event_is_parked_and_its_partition_goes_on() {
     );
     q.cleanup().await;
 }
+
+/// Events of 4 partitions published by the relay to a queue of `kind`, consumed by 8
+/// concurrent handlers whose first attempt at every third event fails for now: in ordered
+/// mode each partition completes its events one at a time, in the order they were enqueued.
+async fn the_relays_order_survives_consumption(kind: Kind, ordered: bool) {
+    use common::partitions::{PartitionLog, events};
+    const PARTITIONS: usize = 4;
+    const PER: u32 = 12;
+    let q = Queues::of(kind, FieldTable::default()).await;
+    let (store, outbox, _file) = sqlite_outbox().await;
+    let mut tx = store.pool().begin().await.unwrap();
+    for e in events(&q.work, PARTITIONS, PER) {
+        outbox.enqueue(&mut tx, &e).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let publisher = AmqpPublisher::connect(&common::amqp_url(), "")
+        .await
+        .unwrap();
+    let relay = Relay::new(outbox.clone(), publisher);
+    while relay.run_once().await.unwrap() > 0 {}
+    let total = PARTITIONS * PER as usize;
+    assert_eq!(outbox.counts().await.unwrap().sent, total as u64);
+
+    let log = PartitionLog::default();
+    let consumer = Consumer::new("ordered", MemoryStore::new())
+        .unwrap()
+        .ordered(ordered)
+        .backoff(Backoff {
+            initial: Duration::from_millis(30),
+            max: Duration::from_millis(100),
+        });
+    let handler = consumer.guarded(log.handler());
+    let deliveries = AmqpSource::new(q.conn.create_channel().await.unwrap(), q.work.as_str())
+        .deliveries("ordered")
+        .await
+        .unwrap();
+    let l = log.clone();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        consumer.run_until(deliveries, handler, 8, async move {
+            while l.completed() < total {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }),
+    )
+    .await
+    .expect("every event completed");
+    log.check(PARTITIONS, PER).unwrap();
+    assert!(log.most_at_once() > 1, "partitions ran concurrently");
+    q.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn an_ordered_consumer_of_a_classic_queue_completes_each_partition_in_order() {
+    the_relays_order_survives_consumption(Kind::Classic, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn an_ordered_consumer_of_a_quorum_queue_completes_each_partition_in_order() {
+    the_relays_order_survives_consumption(Kind::Quorum, true).await;
+}

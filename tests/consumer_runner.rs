@@ -2,6 +2,8 @@
 //! lease renewed under a long handler, `#[idempotent]` handlers (separate and transactional), and
 //! many tasks delivering one message at once.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -586,4 +588,83 @@ async fn a_release_that_fails_after_an_error_is_logged_with_its_error() {
         c.handle(&TestDelivery::new("m-1", "x").delivered(2), &h).await,
         Settlement::InProgress(d) if d > Duration::from_secs(25)
     ));
+}
+
+fn stream_of(
+    deliveries: &[TestDelivery],
+) -> impl futures_util::Stream<Item = Result<TestDelivery, std::convert::Infallible>> + use<> {
+    let owned: Vec<_> = deliveries.iter().cloned().map(Ok).collect();
+    futures_util::stream::iter(owned)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_mode_runs_a_partition_in_order_and_holds_its_retries_in_place() {
+    use common::partitions::{PartitionLog, events};
+    let log = PartitionLog::default();
+    let c = consumer(MemoryStore::new())
+        .ordered(true)
+        .keep_alive(Duration::from_millis(10));
+    let h = c.guarded(log.handler());
+    let deliveries: Vec<TestDelivery> = events("t", 3, 9)
+        .iter()
+        .map(|e| TestDelivery::new(&e.id, e.payload.clone()).partition(&e.partition_key))
+        .collect();
+    c.run(stream_of(&deliveries), h, 6).await;
+    log.check(3, 9).unwrap();
+    assert!(log.most_at_once() > 1, "partitions ran concurrently");
+    // Every third event failed once: held and run again here, never given back to the broker
+    // (which would let the partition's next delivery overtake it), then acked.
+    for d in &deliveries {
+        let said = d.said();
+        assert!(
+            !said.iter().any(|s| matches!(s, Said::Retry(_))),
+            "{said:?}"
+        );
+        assert_eq!(said.last(), Some(&Said::Ack), "{said:?}");
+    }
+    let stats = c.stats();
+    assert_eq!((stats.completed, stats.retried), (27, 9), "{stats:?}");
+}
+
+#[tokio::test]
+async fn ordered_mode_lets_a_partition_go_on_after_a_dead_letter() {
+    let c = consumer(MemoryStore::new()).ordered(true);
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let o = order.clone();
+    let h = c.guarded(move |msg: Message, _claim| {
+        o.lock().unwrap().push(msg.key.as_str().to_owned());
+        async move {
+            match &msg.payload[..] {
+                b"poison" => Err(HandlerError::permanent("no such order")),
+                _ => Ok(()),
+            }
+        }
+    });
+    let deliveries = [
+        TestDelivery::new("m-0", "poison").partition("P"),
+        TestDelivery::new("m-1", "ok").partition("P"),
+    ];
+    c.run(stream_of(&deliveries), h, 4).await;
+    assert_eq!(*order.lock().unwrap(), ["m-0", "m-1"]);
+    assert!(matches!(deliveries[0].said()[..], [Said::DeadLetter(_)]));
+    assert_eq!(deliveries[1].said(), [Said::Ack]);
+}
+
+#[tokio::test]
+async fn ordered_mode_counts_the_runs_it_holds_toward_the_delivery_limit() {
+    let c = consumer(MemoryStore::new()).ordered(true).max_deliveries(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let h = c.guarded(move |_msg: Message, _claim| {
+        r.fetch_add(1, Ordering::SeqCst);
+        async { Err::<(), _>(HandlerError::transient("down")) }
+    });
+    let d = TestDelivery::new("m-1", "x").partition("P");
+    match c.handle(&d, &h).await {
+        Settlement::DeadLetter(r) => assert!(r.contains("(3 of 3)"), "{r}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    assert!(matches!(d.said().last(), Some(Said::DeadLetter(_))));
+    assert!(!d.said().iter().any(|s| matches!(s, Said::Retry(_))));
 }

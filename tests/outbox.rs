@@ -799,3 +799,70 @@ async fn an_event_for_a_subject_no_stream_captures_is_parked_and_its_partition_g
     );
     assert_eq!(stream.info().await.unwrap().state.messages, 1, "evt-next");
 }
+
+// ---- ordered consumption ----------------------------------------------------------------------
+
+/// Events of 4 partitions published by the relay, consumed by 8 concurrent handlers whose
+/// first attempt at every third event fails for now: in ordered mode each partition completes
+/// its events one at a time, in the order they were enqueued.
+async fn the_relays_order_survives_jetstream_consumption(ordered: bool) {
+    use async_nats::jetstream::consumer::pull;
+    use common::partitions::{PartitionLog, events};
+    use idem::consumer::nats::{JetStreamPublisher, JetStreamSource};
+    use idem::consumer::{Backoff, Consumer};
+    const PARTITIONS: usize = 4;
+    const PER: u32 = 12;
+    let (_store, outbox, _file) = sqlite_outbox().await;
+    let streams = common::JsStreams::new(&common::nats_url()).await;
+    let (stream, root) = streams.stream("ordered", Duration::from_secs(120)).await;
+    outbox
+        .add(&events(&format!("{root}.order"), PARTITIONS, PER))
+        .await;
+    let relay = Relay::new(outbox.clone(), JetStreamPublisher::new(streams.js.clone()));
+    while relay.run_once().await.unwrap() > 0 {}
+    assert_eq!(
+        outbox.counts().await.unwrap().sent,
+        (PARTITIONS as u64) * u64::from(PER)
+    );
+
+    let pull = stream
+        .create_consumer(pull::Config {
+            durable_name: Some("ordered".into()),
+            ack_wait: Duration::from_secs(10),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{root}.dlq"));
+    let log = PartitionLog::default();
+    let consumer = Consumer::new("ordered", idem::MemoryStore::new())
+        .unwrap()
+        .ordered(ordered)
+        .backoff(Backoff {
+            initial: Duration::from_millis(30),
+            max: Duration::from_millis(100),
+        });
+    let handler = consumer.guarded(log.handler());
+    let deliveries = source.deliveries().await.unwrap();
+    let (c, l) = (consumer.clone(), log.clone());
+    let total = PARTITIONS * PER as usize;
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        c.run_until(deliveries, handler, 8, async move {
+            while l.completed() < total {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }),
+    )
+    .await
+    .expect("every event completed");
+    log.check(PARTITIONS, PER).unwrap();
+    assert!(log.most_at_once() > 1, "partitions ran concurrently");
+    assert_eq!(consumer.stats().completed, total as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn an_ordered_jetstream_consumer_completes_each_partition_in_the_relays_order() {
+    the_relays_order_survives_jetstream_consumption(true).await;
+}

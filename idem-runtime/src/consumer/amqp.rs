@@ -41,7 +41,7 @@ use futures_util::{Stream, StreamExt};
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicRejectOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
-use crate::consumer::Delivery;
+use crate::consumer::{Delivery, PARTITION_KEY_HEADER};
 use crate::error::{BoxError, Error};
 use crate::key::Key;
 
@@ -190,6 +190,21 @@ impl Delivery for AmqpDelivery {
         self.delivered
     }
 
+    fn partition_key(&self) -> Option<&str> {
+        match self
+            .delivery
+            .properties
+            .headers()
+            .as_ref()?
+            .inner()
+            .get(PARTITION_KEY_HEADER)?
+        {
+            AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok(),
+            AMQPValue::ShortString(s) => Some(s.as_str()),
+            _ => None,
+        }
+    }
+
     async fn ack(&self) -> Result<(), BoxError> {
         let sent = self.delivery.acker.ack(BasicAckOptions::default()).await?;
         self.sent("basic.ack", sent)
@@ -225,8 +240,10 @@ impl Delivery for AmqpDelivery {
 }
 
 /// Publishes outbox events to an exchange with publisher confirms: the event's id as the
-/// `message_id` property (what [`AmqpDelivery`]'s key is), its topic as the routing key,
-/// persistent and mandatory; returns once the broker confirmed it.
+/// `message_id` property (what [`AmqpDelivery`]'s key is), its topic as the routing key, its
+/// partition key in the `Idem-Partition-Key` header (for
+/// [`Consumer::ordered`](crate::consumer::Consumer::ordered)), persistent and mandatory; returns
+/// once the broker confirmed it.
 ///
 /// - **Confirmed means queued**: a publish succeeds only when the broker acked it and did not
 ///   return it. A message that no queue takes (no binding matches its routing key) is returned
@@ -412,8 +429,14 @@ impl crate::outbox::Publisher for AmqpPublisher {
     async fn publish(&self, event: &crate::outbox::Event) -> Result<(), BoxError> {
         // The id and topic become short strings, whose conversion panics past 255 bytes.
         event.validate()?;
+        let mut headers = FieldTable::default();
+        headers.insert(
+            PARTITION_KEY_HEADER.into(),
+            AMQPValue::LongString(event.partition_key.as_str().into()),
+        );
         let properties = lapin::BasicProperties::default()
             .with_message_id(short_string("event id", &event.id)?)
+            .with_headers(headers)
             .with_delivery_mode(2);
         let (exchange, topic) = (
             short_string("exchange name", &self.exchange)?,

@@ -15,6 +15,9 @@
 //! | a retryable error (the claim was released) | `Retry(d)` | retry after an exponential backoff |
 //! | a final error, the same id with another payload, no usable id, or the delivery limit reached (the broker's count or the record's, the higher) | `DeadLetter(reason)` | dead-letter with the reason, logged |
 //!
+//! In ordered mode ([`Consumer::ordered`]) deliveries that share a partition key are handled one
+//! at a time, in order, and a retry is held by the runner instead of given back to the broker.
+//!
 //! While a handler runs, the runner tells the broker it is still working and renews the lease of
 //! every claim the handler holds ([`Store::renew`]), so a long handler is neither redelivered
 //! elsewhere nor taken over. At the delivery limit, a message another consumer is still working
@@ -78,7 +81,12 @@ pub mod amqp;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
+mod ordered;
 pub mod testing;
+
+/// The header in which the outbox's publishers send an event's partition key, and from which
+/// the runner's ordered mode ([`Consumer::ordered`]) reads it: `Idem-Partition-Key`.
+pub const PARTITION_KEY_HEADER: &str = "Idem-Partition-Key";
 
 /// How long a consumer's records are kept by default: 7 days.
 pub const DEFAULT_RETAIN: Duration = Duration::from_secs(7 * 24 * 60 * 60);
@@ -144,6 +152,11 @@ pub trait Delivery: Send + Sync {
     fn delivered(&self) -> u32;
     /// How many deliveries the broker makes before it stops redelivering, if it has a limit.
     fn max_deliveries(&self) -> Option<u32> {
+        None
+    }
+    /// The partition the message belongs to (its [`PARTITION_KEY_HEADER`]), if it has one:
+    /// in ordered mode, deliveries of one partition are handled one at a time, in order.
+    fn partition_key(&self) -> Option<&str> {
         None
     }
     /// How often the broker needs to hear "still working" to hold the delivery back from others
@@ -240,6 +253,14 @@ impl Settlement {
     /// Whether the broker was told to forget the message because it was processed.
     pub fn is_ack(&self) -> bool {
         matches!(self, Settlement::Completed | Settlement::Replayed)
+    }
+}
+
+/// When `s` asks for the message again: the delay.
+fn retry_delay(s: &Settlement) -> Option<Duration> {
+    match s {
+        Settlement::InProgress(delay) | Settlement::Retry(delay) => Some(*delay),
+        _ => None,
     }
 }
 
@@ -349,9 +370,10 @@ pub struct Stats {
     pub completed: u64,
     /// Deliveries of processed messages, replayed and acked.
     pub replayed: u64,
-    /// Retried because another consumer held a live claim.
+    /// Retried because another consumer held a live claim (in ordered mode: held by the
+    /// runner and run again).
     pub in_progress: u64,
-    /// Retried after a retryable error.
+    /// Retried after a retryable error (in ordered mode: held by the runner and run again).
     pub retried: u64,
     /// Dead-lettered.
     pub dead_lettered: u64,
@@ -494,6 +516,7 @@ pub struct Consumer<S> {
     max_deliveries: Option<u32>,
     backoff: Backoff,
     keep_alive: Option<Duration>,
+    ordered: bool,
     counters: Arc<Counters>,
 }
 
@@ -525,6 +548,7 @@ impl<S: Store> Consumer<S> {
             max_deliveries: None,
             backoff: Backoff::default(),
             keep_alive: None,
+            ordered: false,
             counters: Arc::default(),
         })
     }
@@ -572,6 +596,35 @@ impl<S: Store> Consumer<S> {
     /// third of the lease, at most 10 s, and as often as the broker needs).
     pub fn keep_alive(mut self, every: Duration) -> Self {
         self.keep_alive = Some(every.max(Duration::from_millis(10)));
+        self
+    }
+
+    /// Ordered mode: deliveries with the same partition key ([`PARTITION_KEY_HEADER`], set by
+    /// the outbox's publishers) are handled one at a time, in the order this runner received
+    /// them; deliveries of other partitions, and those without the header, run concurrently.
+    ///
+    /// What "in order" means, precisely:
+    ///
+    /// - **A retry holds its partition.** A delivery to be retried (a retryable error, another
+    ///   consumer's live claim) is not given back to the broker, which would let the
+    ///   partition's next delivery overtake it: the runner keeps it (alive, with the broker's
+    ///   "still working") for the delay and runs it again, counting each run as a delivery for
+    ///   the limit. The partition's later deliveries wait behind it.
+    /// - **A dead letter releases it.** A delivery dead-lettered (a final error, the delivery
+    ///   limit) is gone from the stream: the partition's next delivery runs, and the consumer
+    ///   sees a gap, as it does for an outbox event that was parked.
+    /// - **Per runner.** The order is the order in which this runner received the deliveries.
+    ///   Deliveries of one partition that reach two runners (two processes on one queue or one
+    ///   durable consumer) are handled by each on its own: give a partition one runner
+    ///   (RabbitMQ's single active consumer, one process per JetStream durable consumer, or
+    ///   subjects split by partition). After a crash the broker redelivers what was not acked
+    ///   (JetStream once the ack wait runs out, RabbitMQ to the queue), and the records answer
+    ///   what was done already.
+    ///
+    /// A delivery waiting for its turn is kept alive, and holds one of the `concurrency` slots
+    /// of [`Consumer::run`].
+    pub fn ordered(mut self, ordered: bool) -> Self {
+        self.ordered = ordered;
         self
     }
 
@@ -626,7 +679,7 @@ impl<S: Store> Consumer<S> {
                     .await;
             }
         };
-        let msg = Message {
+        let mut msg = Message {
             key,
             payload: delivery.payload(),
             consumer: self.name.clone(),
@@ -662,6 +715,10 @@ impl<S: Store> Consumer<S> {
                 },
             };
             match decide(ran, attempts(msg.delivered, &watch), max, &self.backoff) {
+                Step::Settle(s) if self.ordered && retry_delay(&s).is_some() => {
+                    self.hold(delivery, &msg.key, every, &s).await;
+                    msg.delivered = msg.delivered.saturating_add(1);
+                }
                 Step::Settle(s) => return self.settle(delivery, Some(&msg.key), s).await,
                 Step::Wait(delay) if waits < MAX_WAITS => {
                     waits += 1;
@@ -712,6 +769,11 @@ impl<S: Store> Consumer<S> {
         H: Handler<M>,
     {
         let handler = &handler;
+        if self.ordered {
+            return self
+                .run_ordered(deliveries, handler, concurrency, shutdown)
+                .await;
+        }
         deliveries
             .take_until(shutdown)
             .for_each_concurrent(concurrency.max(1), |delivery| async move {

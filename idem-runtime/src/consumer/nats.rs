@@ -41,7 +41,7 @@ use async_nats::jetstream::{self, AckKind};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 
-use crate::consumer::Delivery;
+use crate::consumer::{Delivery, PARTITION_KEY_HEADER};
 use crate::error::{BoxError, Error};
 use crate::key::Key;
 
@@ -241,6 +241,11 @@ impl Delivery for JetStreamDelivery {
         self.max_deliver
     }
 
+    fn partition_key(&self) -> Option<&str> {
+        let headers = self.msg.headers.as_ref()?;
+        Some(headers.get(PARTITION_KEY_HEADER)?.as_str())
+    }
+
     fn keep_alive_every(&self) -> Option<Duration> {
         Some(self.keep_alive)
     }
@@ -290,7 +295,8 @@ impl Delivery for JetStreamDelivery {
 }
 
 /// Publishes outbox events through JetStream: the event's id as `Nats-Msg-Id`, so the stream's
-/// duplicate window drops a second publish of the same event; returns once the server stored
+/// duplicate window drops a second publish of the same event, and its partition key as
+/// `Idem-Partition-Key` (for [`Consumer::ordered`](crate::consumer::Consumer::ordered)); returns once the server stored
 /// (or deduplicated) it. A server out of reach or slow to answer is
 /// [`Unreachable`](crate::outbox::Unreachable); a refusal (no stream captures the topic, a payload over the server's limit) counts toward
 /// parking the event ([`Relay::park_after`](crate::outbox::Relay::park_after)).
@@ -322,6 +328,7 @@ impl crate::outbox::Publisher for JetStreamPublisher {
         event.validate()?;
         let mut headers = HeaderMap::new();
         headers.insert(MSG_ID, event.id.as_str());
+        headers.insert(PARTITION_KEY_HEADER, event.partition_key.as_str());
         self.context
             .publish_with_headers(event.topic.clone(), headers, event.payload.clone())
             .await
