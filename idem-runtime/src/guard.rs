@@ -287,11 +287,6 @@ impl<'s, S: Store> Guard<'s, S> {
         }
     }
 
-    /// [`Guard::give_up_or_log`], taking the guard.
-    pub(crate) async fn release_or_log(mut self) {
-        self.give_up_or_log().await
-    }
-
     /// Ends this guard without writing: the claim stays until its lease runs out. For when the
     /// side effect happened but its answer cannot be stored, so a retry must not run it again
     /// before the lease says the owner is gone.
