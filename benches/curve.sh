@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Throughput against concurrency on one store: runs examples/bench.rs once per concurrency with
+# Throughput against concurrency on one store: runs benches/programs/bench.rs once per concurrency with
 # the given variants, prints a CURVE line per variant and concurrency, and plots them.
 #
 #   benches/curve.sh postgres [1,2,4,8,16,32,64,128] [unguarded,separate,handwritten,transactional]

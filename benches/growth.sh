@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Latency against the size of the records table on one store: examples/scale.rs fills the table
+# Latency against the size of the records table on one store: benches/programs/scale.rs fills the table
 # to each size in turn and measures claim + complete and replays there; the GROWTH lines go to
 # benches/results/growth-<store>.txt and the plot to growth-<store>.svg.
 #

@@ -5,7 +5,7 @@
     python3 benches/plot.py growth benches/results/growth-postgres.txt out.svg
 
 `curve` reads CURVE lines (benches/curve.sh): ops/s against concurrent requests, one line per
-variant. `growth` reads GROWTH lines (examples/scale.rs): p50 and p99 latency against the number of
+variant. `growth` reads GROWTH lines (benches/programs/scale.rs): p50 and p99 latency against the number of
 records in the table, one line per operation and percentile. Both x axes are logarithmic.
 """
 

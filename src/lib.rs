@@ -283,9 +283,9 @@
 /// }
 /// ```
 ///
-/// `run` begins (one statement for a new key or a replay on PostgreSQL; on SQLite a `SELECT`, then
-/// an `INSERT` for a new key; one more, a fence-conditional `UPDATE`, to take over an abandoned
-/// claim); a replay decodes the stored answer and never
+/// `run` begins (one statement for a new key or a replay on PostgreSQL; on SQLite an `INSERT … ON
+/// CONFLICT DO NOTHING`, then a `SELECT` when the key exists; one more, a fence-conditional
+/// `UPDATE`, to take over an abandoned claim); a replay decodes the stored answer and never
 /// polls the body; a claim awaits the body in place (no boxing, no spawn), then completes with
 /// the encoded `Ok` or releases on `Err`. A panic or a dropped future releases the claim at
 /// once. In transactional mode the body is awaited between `tx_start` (open, claim) and
@@ -324,7 +324,9 @@ pub mod flow {
 pub use idem_runtime::transition::{Created, StateMachine, Transition, Versioned};
 
 /// Generates the guarded `UPDATE` of a state transition and classifies what happened when it
-/// did not apply: [`Transition`]`::{Applied, AlreadyApplied, GuardMismatch, Illegal, NotFound}`.
+/// did not apply: [`Transition`]`::{Applied, AlreadyApplied, AppliedByAnother, GuardMismatch,
+/// Illegal, NotFound}`. Only `Applied` says this call moved the row; with `owner = …`, a row
+/// already in `to` also says whether this owner or another put it there.
 ///
 /// Declare an `async fn` without a body. Its first argument is the executor: anything
 /// [`sqlx::Acquire`](https://docs.rs/sqlx/latest/sqlx/trait.Acquire.html) for PostgreSQL or SQLite
@@ -349,6 +351,7 @@ pub use idem_runtime::transition::{Created, StateMachine, Transition, Versioned}
 /// | `to = "PAID"` | **required.** The target state; one name, not one of `from`. |
 /// | `state = "status"` | The state column (default `status`); not a key or guard column. |
 /// | `guard = "amount_cents"` | Extra columns that must equal their arguments (not `Option`s, as for keys); not key columns. |
+/// | `owner = "refund_request"` | A column that records who applied the transition: set to the argument of the same name when it applies, and compared with it when the row is already in `to`, so that this owner's earlier transition is `AlreadyApplied` and another's is `AppliedByAnother`. Use it before an irreversible effect: the request that won `PAID → REFUNDING` may refund (and resume after a crash); any other may not. Not the state, a key, a guard or a `set` column; the argument is not an `Option`. |
 /// | `set = "paid_at = now(), paid_by"` | Extra columns to set: from the argument of the same name, or `now()` (the database's clock). Not the state column (the transition sets it to `to`), a key column (the row would move) or a guard column. |
 /// | `returning = Order` | A `sqlx::FromRow` type: the row after the update (`RETURNING *`), or as found. The return type says `Transition<Order, …>`. |
 /// | `machine = OrderStatus` | A [`state_machine!`]: `from` and `to` must be its states and every `from → to` one of its edges, checked at compile time; `Illegal { current }` is then typed. |
@@ -469,8 +472,13 @@ pub use idem_runtime::transition::{Created, StateMachine, Transition, Versioned}
 ///
 /// then: no row → `NotFound`; state `PAID` → `AlreadyApplied(row)` (with a warn event if the
 /// amount differs from this call's); state `PENDING` (so the amount differs) →
-/// `GuardMismatch(row)` and a warn event; any other state → `Illegal { current }`. With a machine, a `const` block in the body checks the edge at
-/// compile time.
+/// `GuardMismatch(row)` and a warn event; any other state → `Illegal { current }`. With a
+/// machine, a `const` block in the body checks the edge at compile time.
+///
+/// With `owner = "refund_request"`, the `UPDATE` also sets `"refund_request" = $n`, and the
+/// `SELECT` reads `COALESCE(("refund_request" = $n), false) AS "__idem_owner_match"`: a row
+/// already in `to` is then `AlreadyApplied(row)` when it matches and `AppliedByAnother(row)`
+/// when it does not.
 #[doc(inline)]
 pub use idem_macros::state_transition;
 

@@ -60,12 +60,17 @@ const SERVICES: &[Service] = &[
     },
 ];
 
-/// Private Redis servers (restarts, settings the shared server must not get) need the binary.
-fn redis_server_runs() -> bool {
-    std::process::Command::new("redis-server")
-        .arg("--version")
+/// Whether `program arg` runs and succeeds.
+fn runs(program: &str, arg: &str) -> bool {
+    std::process::Command::new(program)
+        .arg(arg)
         .output()
         .is_ok_and(|o| o.status.success())
+}
+
+/// Private Redis servers (restarts, settings the shared server must not get) need the binary.
+fn redis_server_runs() -> bool {
+    runs("redis-server", "--version")
 }
 
 fn main() {
@@ -100,6 +105,33 @@ fn main() {
         std::process::exit(1);
     } else {
         skipped.push("a redis-server binary (install Redis)".to_owned());
+    }
+    // The README's walkthrough is run as written: with bash, curl and openssl.
+    println!("cargo::rustc-check-cfg=cfg(idem_walkthrough_tools)");
+    println!("cargo::rerun-if-env-changed=IDEM_REQUIRE_CURL");
+    let tools = [
+        ("bash", "--version"),
+        ("curl", "--version"),
+        ("openssl", "version"),
+    ];
+    let missing: Vec<&str> = tools
+        .iter()
+        .filter(|(tool, arg)| !runs(tool, arg))
+        .map(|(tool, _)| *tool)
+        .collect();
+    if missing.is_empty() {
+        println!("cargo::rustc-cfg=idem_walkthrough_tools");
+    } else if std::env::var("IDEM_REQUIRE_CURL").as_deref() == Ok("1") {
+        eprintln!(
+            "IDEM_REQUIRE_CURL=1 but the README walkthrough's tools are missing: {}",
+            missing.join(", ")
+        );
+        std::process::exit(1);
+    } else {
+        skipped.push(format!(
+            "{} (the README walkthrough)",
+            missing.join(" and ")
+        ));
     }
     if !skipped.is_empty() {
         println!(

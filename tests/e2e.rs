@@ -38,6 +38,29 @@ impl Server {
         format!("{}{path}", self.base)
     }
 
+    /// One text column of one row, through the database the server uses.
+    async fn query_text(&self, sql: &'static str, arg: &str) -> String {
+        if self.db_url.starts_with("postgres") {
+            let pool = sqlx::PgPool::connect(&self.db_url).await.unwrap();
+            let v = sqlx::query_scalar(sql)
+                .bind(arg)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+            v
+        } else {
+            let pool = sqlx::SqlitePool::connect(&self.db_url).await.unwrap();
+            let v = sqlx::query_scalar(sql)
+                .bind(arg)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+            v
+        }
+    }
+
     async fn count_orders(&self) -> i64 {
         if self.db_url.starts_with("postgres") {
             let pool = sqlx::PgPool::connect(&self.db_url).await.unwrap();
@@ -106,16 +129,10 @@ async fn redis() -> Server {
     }
 }
 
-/// `DATABASE_URL` with the test's own schema as the search path.
-fn pg_url_in(url: &str, schema: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}options=-c%20search_path%3D{schema}")
-}
-
 async fn postgres() -> Server {
     let url = common::pg_url();
     let schema = common::PgSchema::create(&url, 2).await;
-    let db_url = pg_url_in(&url, &schema.name);
+    let db_url = schema.scoped_url();
     let base = serve(&db_url).await;
     Server {
         base,
@@ -148,6 +165,76 @@ async fn post_order(
         .await
         .unwrap();
     (r.status(), r.headers().clone(), r.text().await.unwrap())
+}
+
+/// `X-Gateway-Signature` for `body`, as the payment gateway signs its callbacks with the
+/// service's development secret.
+fn signature(body: &str) -> String {
+    common::gateway_signature(app::DEV_WEBHOOK_SECRET.as_bytes(), body)
+}
+
+/// A payment callback for `order_no`, signed as the gateway signs it.
+async fn pay(c: &Client, s: &Server, order_no: &str, amount_cents: i64) -> reqwest::Response {
+    let body = json!({ "orderNo": order_no, "amountCents": amount_cents }).to_string();
+    c.post(s.url("/api/payments/callback"))
+        .header("Content-Type", "application/json")
+        .header("X-Gateway-Signature", signature(&body))
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A new order of `user`, paid: its number and amount.
+async fn paid_order(c: &Client, s: &Server, key: &str) -> (String, i64) {
+    let (st, _, body) = post_order(c, s, key, r#"{"skuId": 42, "qty": 3}"#).await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    let order: Value = serde_json::from_str(&body).unwrap();
+    let no = order["orderNo"].as_str().unwrap().to_owned();
+    let amount = order["amountCents"].as_i64().unwrap();
+    let r = pay(c, s, &no, amount).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    (no, amount)
+}
+
+async fn refund(
+    c: &Client,
+    s: &Server,
+    no: &str,
+    key: &str,
+    gateway: Option<&str>,
+) -> (StatusCode, String) {
+    let mut req = c
+        .post(s.url(&format!("/api/orders/{no}/refunds")))
+        .header("Idempotency-Key", key);
+    if let Some(mode) = gateway {
+        req = req.header("X-Demo-Gateway", mode);
+    }
+    let r = req.send().await.unwrap();
+    (r.status(), r.text().await.unwrap())
+}
+
+/// The money moves of the gateway's ledger for `order_no`.
+async fn moves(c: &Client, s: &Server, order_no: &str) -> usize {
+    let ledger: Value = c
+        .get(s.url("/api/gateway/ledger"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    ledger["moves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["orderNo"] == order_no)
+        .count()
+}
+
+async fn status_of(s: &Server, order_no: &str) -> String {
+    s.query_text("SELECT status FROM orders WHERE order_no = $1", order_no)
+        .await
 }
 
 /// The problem's `code`, or what the body was when it is not a problem.
@@ -191,7 +278,8 @@ macro_rules! e2e {
                 assert_eq!(s.count_orders().await, 1);
 
                 let r = c.get(s.url(&format!("/api/orders/by-key/{key}"))).send().await.unwrap();
-                assert_eq!(r.status(), StatusCode::OK);
+                assert_eq!(r.status(), StatusCode::CREATED, "the status it was first answered with");
+                assert_eq!(r.headers()["cache-control"], "no-store");
                 assert_eq!(r.text().await.unwrap(), first);
                 let r = c.get(s.url("/api/orders/by-key/never-sent")).send().await.unwrap();
                 assert_eq!(r.status(), StatusCode::NOT_FOUND);
@@ -298,30 +386,54 @@ macro_rules! e2e {
                 let (_, _, body) = post_order(&c, &s, "k-pay", r#"{"skuId": 9001, "qty": 2}"#).await;
                 let order: Value = serde_json::from_str(&body).unwrap();
                 let (no, amount) = (order["orderNo"].as_str().unwrap(), order["amountCents"].as_i64().unwrap());
-                let callback = |amount: i64, no: &str| {
-                    c.post(s.url("/api/payments/callback"))
-                        .json(&json!({ "orderNo": no, "amountCents": amount }))
-                        .send()
-                };
-                let r = callback(amount + 1, no).await.unwrap();
+                // Unsigned, signed with another secret, or a signature of another body: 401, and
+                // the order stays PENDING.
+                let right = json!({ "orderNo": no, "amountCents": amount }).to_string();
+                let unsigned = c.post(s.url("/api/payments/callback")).header("Content-Type", "application/json").body(right.clone());
+                let forged = c
+                    .post(s.url("/api/payments/callback"))
+                    .header("X-Gateway-Signature", common::gateway_signature(b"guessed", &right))
+                    .body(right.clone());
+                let other_body = c
+                    .post(s.url("/api/payments/callback"))
+                    .header("X-Gateway-Signature", signature(&json!({ "orderNo": no, "amountCents": 1 }).to_string()))
+                    .body(right.clone());
+                let garbage = c.post(s.url("/api/payments/callback")).header("X-Gateway-Signature", "sha256=zz").body(right.clone());
+                for (what, req) in [("unsigned", unsigned), ("forged", forged), ("other body", other_body), ("garbage", garbage)] {
+                    let r = req.send().await.unwrap();
+                    assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{what}");
+                    assert!(r.headers().contains_key("www-authenticate"), "{what}");
+                    assert_eq!(code(&r.text().await.unwrap()), "INVALID_SIGNATURE", "{what}");
+                }
+                assert_eq!(status_of(&s, no).await, "PENDING");
+                // A wrong amount is refused without saying what the right one is.
+                let r = pay(&c, &s, no, amount + 1).await;
                 assert_eq!(r.status(), StatusCode::CONFLICT);
-                assert_eq!(code(&r.text().await.unwrap()), "AMOUNT_MISMATCH");
-                let r = callback(amount, no).await.unwrap();
+                let text = r.text().await.unwrap();
+                assert_eq!(code(&text), "AMOUNT_MISMATCH");
+                assert!(!text.contains(&amount.to_string()), "the expected amount is not revealed: {text}");
+                let r = pay(&c, &s, no, amount).await;
                 assert_eq!(r.status(), StatusCode::OK);
                 let v: Value = r.json().await.unwrap();
                 assert_eq!((v["duplicated"].as_bool(), v["order"]["status"].as_str()), (Some(false), Some("PAID")));
-                let r = callback(amount, no).await.unwrap();
+                let r = pay(&c, &s, no, amount).await;
                 assert_eq!(r.status(), StatusCode::OK);
                 assert_eq!(r.json::<Value>().await.unwrap()["duplicated"], true);
+                // Another user cannot ship or confirm the order.
+                let r = c.post(s.url(&format!("/api/orders/{no}/ship"))).header("X-User-Id", "2").send().await.unwrap();
+                assert_eq!(r.status(), StatusCode::NOT_FOUND);
+                assert_eq!(status_of(&s, no).await, "PAID");
                 // Ship, then a late callback is an illegal transition; then confirm.
                 let r = c.post(s.url(&format!("/api/orders/{no}/ship"))).send().await.unwrap();
                 assert_eq!(r.status(), StatusCode::OK);
-                let r = callback(amount, no).await.unwrap();
+                let r = pay(&c, &s, no, amount).await;
                 assert_eq!(r.status(), StatusCode::CONFLICT);
                 assert_eq!(code(&r.text().await.unwrap()), "ILLEGAL_TRANSITION");
+                let r = c.post(s.url(&format!("/api/orders/{no}/confirm"))).header("X-User-Id", "3").send().await.unwrap();
+                assert_eq!(r.status(), StatusCode::NOT_FOUND);
                 let r = c.post(s.url(&format!("/api/orders/{no}/confirm"))).send().await.unwrap();
                 assert_eq!(r.json::<Value>().await.unwrap()["order"]["status"], "DONE");
-                let r = callback(1, "ORD-NOPE").await.unwrap();
+                let r = pay(&c, &s, "ORD-NOPE", 1).await;
                 assert_eq!(r.status(), StatusCode::NOT_FOUND);
             }
 
@@ -330,16 +442,7 @@ macro_rules! e2e {
             async fn fifty_duplicate_refunds_move_money_once() {
                 let s = $start().await;
                 let c = client();
-                let (_, _, body) = post_order(&c, &s, "k-refund", r#"{"skuId": 42, "qty": 3}"#).await;
-                let order: Value = serde_json::from_str(&body).unwrap();
-                let no = order["orderNo"].as_str().unwrap().to_owned();
-                let r = c
-                    .post(s.url("/api/payments/callback"))
-                    .json(&json!({ "orderNo": no, "amountCents": order["amountCents"] }))
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(r.status(), StatusCode::OK);
+                let (no, _) = paid_order(&c, &s, "k-refund").await;
                 let mut tasks = Vec::new();
                 for _ in 0..50 {
                     let (c, url) = (c.clone(), s.url(&format!("/api/orders/{no}/refunds")));
@@ -384,16 +487,144 @@ macro_rules! e2e {
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             $(#[$attr])*
+            async fn thirty_refunds_under_thirty_keys_move_money_once() {
+                let s = $start().await;
+                let c = client();
+                for round in 0..3 {
+                    let (no, amount) = paid_order(&c, &s, &format!("k-race-{round}")).await;
+                    let mut tasks = Vec::new();
+                    for i in 0..30 {
+                        let (c, url) = (c.clone(), s.url(&format!("/api/orders/{no}/refunds")));
+                        tasks.push(tokio::spawn(async move {
+                            let r = c.post(url).header("Idempotency-Key", format!("tab-{round}-{i}")).send().await.unwrap();
+                            (r.status(), r.text().await.unwrap())
+                        }));
+                    }
+                    let mut created = Vec::new();
+                    for t in tasks {
+                        let (st, body) = t.await.unwrap();
+                        match st {
+                            StatusCode::CREATED => created.push(body),
+                            StatusCode::CONFLICT => {
+                                let v: Value = serde_json::from_str(&body).unwrap();
+                                let (code, current) = (v["code"].as_str().unwrap(), v["currentStatus"].as_str().unwrap());
+                                assert!(
+                                    matches!((code, current), ("REFUND_IN_PROGRESS", "REFUNDING") | ("ORDER_NOT_REFUNDABLE", "CANCELLED")),
+                                    "a loser is told the order's state: {body}"
+                                );
+                            }
+                            other => panic!("{other}: {body}"),
+                        }
+                    }
+                    assert_eq!(created.len(), 1, "one 201 among thirty keys: {created:?}");
+                    let answer: Value = serde_json::from_str(&created[0]).unwrap();
+                    assert_eq!((answer["amountCents"].as_i64(), answer["status"].as_str()), (Some(amount), Some("CANCELLED")));
+                    assert_eq!(moves(&c, &s, &no).await, 1, "one money move");
+                    assert_eq!(status_of(&s, &no).await, "CANCELLED");
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            $(#[$attr])*
+            async fn a_refund_racing_the_shipment_moves_money_only_when_it_cancels() {
+                let s = $start().await;
+                let c = client();
+                let (mut shipped, mut cancelled) = (0, 0);
+                for round in 0..12 {
+                    let (no, _) = paid_order(&c, &s, &format!("k-ship-{round}")).await;
+                    let mut tasks = Vec::new();
+                    for i in 0..6 {
+                        let (c, base, no) = (c.clone(), s.base.clone(), no.clone());
+                        tasks.push(tokio::spawn(async move {
+                            let r = if i % 2 == 0 {
+                                c.post(format!("{base}/api/orders/{no}/ship")).send().await.unwrap()
+                            } else {
+                                c.post(format!("{base}/api/orders/{no}/refunds")).header("Idempotency-Key", format!("r-{i}")).send().await.unwrap()
+                            };
+                            r.status()
+                        }));
+                    }
+                    for t in tasks {
+                        let st = t.await.unwrap();
+                        assert!(matches!(st, StatusCode::OK | StatusCode::CREATED | StatusCode::CONFLICT), "{st}");
+                    }
+                    let (status, moved) = (status_of(&s, &no).await, moves(&c, &s, &no).await);
+                    match status.as_str() {
+                        "SHIPPED" => {
+                            assert_eq!(moved, 0, "a shipped order was not refunded");
+                            shipped += 1;
+                        }
+                        "CANCELLED" => {
+                            assert_eq!(moved, 1, "a cancelled order was refunded once");
+                            cancelled += 1;
+                        }
+                        other => panic!("the order ended {other} with {moved} money moves"),
+                    }
+                }
+                assert_eq!(shipped + cancelled, 12);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            $(#[$attr])*
+            async fn a_lost_gateway_answer_is_finished_by_the_same_request() {
+                let s = $start().await;
+                let c = client();
+                let (no, _) = paid_order(&c, &s, "k-lost").await;
+                let (st, body) = refund(&c, &s, &no, "lost-1", Some("lose-answer")).await;
+                assert_eq!((st, code(&body).as_str()), (StatusCode::BAD_GATEWAY, "GATEWAY_NO_ANSWER"));
+                assert_eq!(moves(&c, &s, &no).await, 1, "the money moved; the answer was lost");
+                assert_eq!(status_of(&s, &no).await, "REFUNDING");
+                // Nobody else takes over the refund, and the order cannot ship meanwhile.
+                let (st, body) = refund(&c, &s, &no, "lost-2", None).await;
+                assert_eq!((st, code(&body).as_str()), (StatusCode::CONFLICT, "REFUND_IN_PROGRESS"));
+                let r = c.post(s.url(&format!("/api/orders/{no}/ship"))).send().await.unwrap();
+                assert_eq!(r.status(), StatusCode::CONFLICT);
+                // The same request, retried with its key, finishes it without moving money again.
+                let (st, first) = refund(&c, &s, &no, "lost-1", None).await;
+                assert_eq!(st, StatusCode::CREATED, "{first}");
+                assert_eq!(moves(&c, &s, &no).await, 1);
+                assert_eq!(status_of(&s, &no).await, "CANCELLED");
+                let (st, again) = refund(&c, &s, &no, "lost-1", None).await;
+                assert_eq!((st, again), (StatusCode::OK, first));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            $(#[$attr])*
+            async fn a_declined_refund_gives_the_order_back() {
+                let s = $start().await;
+                let c = client();
+                let (no, _) = paid_order(&c, &s, "k-decline").await;
+                let (st, body) = refund(&c, &s, &no, "dec-1", Some("decline")).await;
+                assert_eq!((st, code(&body).as_str()), (StatusCode::PAYMENT_REQUIRED, "REFUND_DECLINED"));
+                assert_eq!((moves(&c, &s, &no).await, status_of(&s, &no).await.as_str()), (0, "PAID"));
+                let (st, body) = refund(&c, &s, &no, "dec-1", Some("maybe")).await;
+                assert_eq!((st, code(&body).as_str()), (StatusCode::BAD_REQUEST, "INVALID_DEMO_GATEWAY"));
+                // Another request may refund it now, once.
+                let (st, body) = refund(&c, &s, &no, "dec-2", None).await;
+                assert_eq!(st, StatusCode::CREATED, "{body}");
+                let (st, body) = refund(&c, &s, &no, "dec-1", None).await;
+                assert_eq!((st, code(&body).as_str()), (StatusCode::CONFLICT, "ORDER_NOT_REFUNDABLE"));
+                assert_eq!((moves(&c, &s, &no).await, status_of(&s, &no).await.as_str()), (1, "CANCELLED"));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            $(#[$attr])*
             async fn profile_updates_are_optimistic() {
                 let s = $start().await;
                 let c = client();
                 let url = s.url("/api/users/2/profile");
-                let p: Value = c.get(&url).send().await.unwrap().json().await.unwrap();
+                let p: Value = c.get(&url).header("X-User-Id", "2").send().await.unwrap().json().await.unwrap();
                 assert_eq!(p["version"], 0);
-                let r = c.patch(&url).json(&json!({ "nickname": "a2", "version": 0 })).send().await.unwrap();
+                // A profile is its owner's alone: another user neither reads nor writes it.
+                let r = c.get(&url).header("X-User-Id", "3").send().await.unwrap();
+                assert_eq!(r.status(), StatusCode::NOT_FOUND);
+                let r = c.patch(&url).json(&json!({ "nickname": "mallory", "version": 0 })).send().await.unwrap();
+                assert_eq!(r.status(), StatusCode::NOT_FOUND);
+                assert_eq!(code(&r.text().await.unwrap()), "USER_NOT_FOUND");
+                let r = c.patch(&url).header("X-User-Id", "2").json(&json!({ "nickname": "a2", "version": 0 })).send().await.unwrap();
                 assert_eq!(r.status(), StatusCode::OK);
                 assert_eq!(r.json::<Value>().await.unwrap()["version"], 1);
-                let r = c.patch(&url).json(&json!({ "nickname": "late", "version": 0 })).send().await.unwrap();
+                let r = c.patch(&url).header("X-User-Id", "2").json(&json!({ "nickname": "late", "version": 0 })).send().await.unwrap();
                 assert_eq!(r.status(), StatusCode::CONFLICT);
                 let v: Value = r.json().await.unwrap();
                 assert_eq!((v["code"].as_str(), v["currentVersion"].as_i64()), (Some("STALE_VERSION"), Some(1)));
@@ -422,7 +653,9 @@ macro_rules! e2e {
                     ("long order number", 404, "ORDER_NOT_FOUND", c.post(s.url(&format!("/api/orders/{}/refunds", "9".repeat(3000)))).header("Idempotency-Key", "k7")),
                     ("unknown order refund", 404, "ORDER_NOT_FOUND", c.post(s.url("/api/orders/ORD-NONE/refunds")).header("Idempotency-Key", "k8")),
                     ("unknown order ship", 404, "ORDER_NOT_FOUND", c.post(s.url("/api/orders/ORD-NONE/ship"))),
-                    ("callback bad JSON", 400, "INVALID_BODY", json(c.post(s.url("/api/payments/callback"))).body("{")),
+                    ("callback unsigned", 401, "INVALID_SIGNATURE", json(c.post(s.url("/api/payments/callback"))).body("{")),
+                    ("callback bad JSON", 400, "INVALID_BODY", json(c.post(s.url("/api/payments/callback"))).header("X-Gateway-Signature", signature("{")).body("{")),
+                    ("callback other JSON", 422, "INVALID_BODY", c.post(s.url("/api/payments/callback")).header("X-Gateway-Signature", signature("[1]")).body("[1]")),
                     ("lookup bad key", 400, "INVALID_IDEMPOTENCY_KEY", c.get(s.url("/api/orders/by-key/%20bad%20"))),
                     ("profile of nobody", 404, "USER_NOT_FOUND", c.get(s.url("/api/users/999/profile"))),
                     ("profile bad id", 400, "INVALID_PATH", c.get(s.url("/api/users/abc/profile"))),
@@ -445,24 +678,6 @@ e2e!(on_sqlite, sqlite);
 e2e!(on_postgres, postgres, #[cfg_attr(not(idem_postgres), ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…")]);
 e2e!(on_redis, redis, #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]);
 
-/// The example's binary, built by `cargo test` (or built here when only this test is run).
-fn example_binary() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let bin = dir
-        .join("examples")
-        .join(format!("refund_service{}", std::env::consts::EXE_SUFFIX));
-    if !bin.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "--example", "refund_service"])
-            .status()
-            .unwrap();
-        assert!(status.success(), "could not build the example");
-    }
-    bin
-}
-
 struct Process(Child);
 
 impl Drop for Process {
@@ -476,11 +691,15 @@ fn spawn_server(database_url: &str) -> (Process, String) {
     spawn_server_with(database_url, &[])
 }
 
+/// The payment gateway's secret of the example processes: set, as in production.
+const PROCESS_SECRET: &str = "e2e-webhook-secret";
+
 /// The example's binary on `database_url`, with more environment (`IDEM_STORE_URL`, …).
 fn spawn_server_with(database_url: &str, env: &[(&str, &str)]) -> (Process, String) {
-    let mut child = Command::new(example_binary())
+    let mut child = Command::new(common::example_binary("refund_service"))
         .env("IDEM_ADDR", "127.0.0.1:0")
         .env("DATABASE_URL", database_url)
+        .env(app::WEBHOOK_SECRET_VAR, PROCESS_SECRET)
         .env("RUST_LOG", "warn")
         // Only what the test asks for: no relay to a broker, no Redis, from CI's environment.
         .env_remove("NATS_URL")
@@ -510,7 +729,7 @@ fn spawn_server_with(database_url: &str, env: &[(&str, &str)]) -> (Process, Stri
 async fn two_server_processes_share_postgres() {
     let url = common::pg_url();
     let schema = common::PgSchema::create(&url, 2).await;
-    let db_url = pg_url_in(&url, &schema.name);
+    let db_url = schema.scoped_url();
     let (_a, base_a) = spawn_server(&db_url);
     let (_b, base_b) = spawn_server(&db_url);
     sixty_posts_make_one_order(&schema, &base_a, &base_b).await;
@@ -527,7 +746,7 @@ async fn two_server_processes_share_a_redis_cluster() {
     let (url, nodes) = (common::pg_url(), common::redis_cluster());
     let keys = common::RedisKeys::new(&nodes);
     let schema = common::PgSchema::create(&url, 2).await;
-    let db_url = pg_url_in(&url, &schema.name);
+    let db_url = schema.scoped_url();
     let env = [
         ("IDEM_STORE_URL", &nodes.join(",")[..]),
         ("IDEM_STORE_PREFIX", &keys.prefix[..]),
@@ -607,11 +826,37 @@ async fn a_restart_keeps_the_ledger_with_the_replays() {
                 .unwrap();
             let order: Value = r.json().await.unwrap();
             let no = order["orderNo"].as_str().unwrap().to_owned();
-            c.post(format!("{base}/api/payments/callback"))
-                .json(&json!({ "orderNo": no, "amountCents": order["amountCents"] }))
+            let callback =
+                json!({ "orderNo": no, "amountCents": order["amountCents"] }).to_string();
+            // PAYMENT_WEBHOOK_SECRET replaces the development secret: a callback signed with
+            // that one is refused.
+            let r = c
+                .post(format!("{base}/api/payments/callback"))
+                .header("Content-Type", "application/json")
+                .header("X-Gateway-Signature", signature(&callback))
+                .body(callback.clone())
                 .send()
                 .await
                 .unwrap();
+            assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+            let r = c
+                .post(format!("{base}/api/payments/callback"))
+                .header("Content-Type", "application/json")
+                .header(
+                    "X-Gateway-Signature",
+                    common::gateway_signature(PROCESS_SECRET.as_bytes(), &callback),
+                )
+                .body(callback)
+                .send()
+                .await
+                .unwrap();
+            // Paid now, or (after the restart) long since refunded: signed either way.
+            assert_ne!(
+                r.status(),
+                StatusCode::UNAUTHORIZED,
+                "{}",
+                r.text().await.unwrap()
+            );
             let r = c
                 .post(format!("{base}/api/orders/{no}/refunds"))
                 .header("Idempotency-Key", "restart-refund")
@@ -657,7 +902,7 @@ async fn logs_to_a_pipe_are_plain_text_with_messages() {
     use std::io::Read;
 
     let file = common::SqliteFile::new();
-    let mut child = Command::new(example_binary())
+    let mut child = Command::new(common::example_binary("refund_service"))
         .env("IDEM_ADDR", "127.0.0.1:0")
         .env("DATABASE_URL", &file.url)
         .env("RUST_LOG", "info")
@@ -698,4 +943,34 @@ async fn logs_to_a_pipe_are_plain_text_with_messages() {
         .find(|l| l.contains("key_reused"))
         .unwrap_or_else(|| panic!("no key reuse logged:\n{log}"));
     assert!(reuse.contains("different fingerprint"), "{reuse}");
+}
+
+/// `--help` prints the settings and serves nothing; an unknown argument is an error, exit 2.
+#[test]
+fn help_prints_the_settings_instead_of_serving() {
+    let bin = common::example_binary("refund_service");
+    let out = Command::new(&bin)
+        .arg("--help")
+        .env("IDEM_ADDR", "127.0.0.1:0")
+        .output()
+        .expect("run the example");
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for setting in [
+        "DATABASE_URL",
+        "IDEM_STORE_URL",
+        "IDEM_ADDR",
+        "NATS_URL",
+        "PAYMENT_WEBHOOK_SECRET",
+    ] {
+        assert!(text.contains(setting), "--help names {setting}: {text}");
+    }
+    assert!(!text.contains("listening"), "--help does not serve: {text}");
+    let out = Command::new(&bin)
+        .arg("--port=80")
+        .env("IDEM_ADDR", "127.0.0.1:0")
+        .output()
+        .expect("run the example");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("takes no arguments"));
 }

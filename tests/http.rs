@@ -165,7 +165,109 @@ async fn idempotent_responses_say_replayed_even_without_the_layer() {
         .await
         .unwrap();
     assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["cache-control"], "no-store");
     assert_eq!(again.text().await.unwrap(), "7");
+}
+
+/// A replay and every answer of the lookup are `Cache-Control: no-store`; the lookup answers a
+/// completed record with the status it was first answered with.
+#[tokio::test]
+async fn replays_and_lookups_are_not_cached_and_lookups_keep_the_stored_status() {
+    let store = MemoryStore::new();
+    let lookup = {
+        let store = store.clone();
+        move |axum::extract::Path((scope, key)): axum::extract::Path<(String, String)>| async move {
+            idem::http::lookup(&store, &scope, &idem::Key::parse(&key).unwrap()).await
+        }
+    };
+    let app = Router::new()
+        .route("/tally", post(tally))
+        .route("/lookup/{scope}/{key}", axum::routing::get(lookup))
+        .layer(IdempotencyLayer::new())
+        .with_state(store.clone());
+    let base = serve(app).await;
+    let c = reqwest::Client::new();
+    let send = || {
+        c.post(format!("{base}/tally"))
+            .header("Idempotency-Key", "k")
+            .json(&["a", "b", "a"])
+            .send()
+    };
+    let first = send().await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(first.headers().get("cache-control").is_none());
+    let first = first.bytes().await.unwrap();
+    let again = send().await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["cache-control"], "no-store");
+
+    // Records completed with a status, with a final error's status, with none, and with one
+    // that is not a status.
+    let fp = idem::Fingerprint::of("x").unwrap();
+    for (key, status, is_error) in [
+        ("conflict", Some(409), true),
+        ("plain", None, false),
+        ("final", None, true),
+        ("corrupt", Some(1000), false),
+    ] {
+        let idem::Begun::Claimed(guard) = idem::begin(
+            &store,
+            "s".into(),
+            idem::Key::parse(key).unwrap(),
+            fp,
+            idem::Policy::DEFAULT,
+        )
+        .await
+        .unwrap() else {
+            panic!("{key} was not claimed")
+        };
+        let answer = idem::StoredResponse {
+            status,
+            is_error,
+            body: bytes::Bytes::from_static(br#"{"answer":1}"#),
+        };
+        guard.complete(&answer).await.unwrap();
+    }
+    let _running = idem::begin(
+        &store,
+        "s".into(),
+        idem::Key::parse("running").unwrap(),
+        fp,
+        idem::Policy::DEFAULT,
+    )
+    .await
+    .unwrap();
+
+    for (path, status, body) in [
+        ("tally/k", StatusCode::CREATED, Some(&first[..])),
+        ("s/conflict", StatusCode::CONFLICT, Some(br#"{"answer":1}"#)),
+        ("s/plain", StatusCode::OK, Some(br#"{"answer":1}"#)),
+        (
+            "s/final",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some(br#"{"answer":1}"#),
+        ),
+        ("s/corrupt", StatusCode::INTERNAL_SERVER_ERROR, None),
+        ("s/running", StatusCode::CONFLICT, None),
+        ("s/never-sent", StatusCode::NOT_FOUND, None),
+    ] {
+        let r = c.get(format!("{base}/lookup/{path}")).send().await.unwrap();
+        assert_eq!(r.status(), status, "{path}");
+        assert_eq!(r.headers()["cache-control"], "no-store", "{path}");
+        match body {
+            Some(body) => {
+                assert_eq!(r.headers()["idempotent-replayed"], "true", "{path}");
+                assert_eq!(&r.bytes().await.unwrap()[..], body, "{path}");
+            }
+            None => {
+                assert_eq!(
+                    r.headers()["content-type"],
+                    "application/problem+json",
+                    "{path}"
+                );
+            }
+        }
+    }
 }
 
 /// A guarded step inside a bigger handler: reserving stock for an order.

@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER};
+use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
@@ -256,7 +256,10 @@ const KEY: &str = "0b2c1c6e-1f7b-4f0f-9d3a-8f2f6f0a1111";
 #[tokio::test]
 async fn the_first_call_runs_and_the_retry_replays_status_chosen_headers_and_bytes() {
     let inner = Inner::orders();
-    let svc = guarded(GuardLayer::new(MemoryStore::new()), &inner);
+    let svc = guarded(
+        GuardLayer::new(MemoryStore::new()).allow_anonymous(),
+        &inner,
+    );
     let first = send(&svc, post("/orders", Some(KEY), r#"{"sku":9001}"#)).await;
     assert_eq!(first.status, StatusCode::CREATED);
     assert!(!first.replayed());
@@ -264,6 +267,7 @@ async fn the_first_call_runs_and_the_retry_replays_status_chosen_headers_and_byt
         first.headers["x-trace"], "trace-1",
         "a first answer keeps every header"
     );
+    assert!(first.headers.get(CACHE_CONTROL).is_none());
     assert_eq!(first.json()["order"], 1);
 
     for _ in 0..3 {
@@ -273,6 +277,10 @@ async fn the_first_call_runs_and_the_retry_replays_status_chosen_headers_and_byt
         assert_eq!(again.body, first.body, "byte for byte");
         assert_eq!(again.headers[CONTENT_TYPE], "application/json");
         assert_eq!(again.headers[LOCATION], "/orders/1");
+        assert_eq!(
+            again.headers[CACHE_CONTROL], "no-store",
+            "one caller's answer, for no cache to share"
+        );
         assert!(
             again.headers.get("x-trace").is_none(),
             "only the chosen headers are stored"
@@ -292,7 +300,9 @@ async fn stored_headers_are_configurable_and_every_value_is_kept() {
             .body(TestBody::full("queued"))
             .unwrap())
     });
-    let layer = GuardLayer::new(MemoryStore::new()).stored_headers([http::header::SET_COOKIE]);
+    let layer = GuardLayer::new(MemoryStore::new())
+        .allow_anonymous()
+        .stored_headers([http::header::SET_COOKIE]);
     let svc = guarded(layer, &inner);
     send(&svc, post("/jobs", Some(KEY), "x")).await;
     let again = send(&svc, post("/jobs", Some(KEY), "x")).await;
@@ -304,10 +314,36 @@ async fn stored_headers_are_configurable_and_every_value_is_kept() {
     assert_eq!(inner.calls(), 1);
 }
 
+/// A stored `Cache-Control` gives way to `no-store` on a replay: a cache may keep the first
+/// answer as the service said, never a replay.
+#[tokio::test]
+async fn a_replay_is_never_cacheable() {
+    let inner = Inner::new(|_, _| {
+        Ok(Response::builder()
+            .status(StatusCode::OK)
+            .header(CACHE_CONTROL, "public, max-age=600")
+            .body(TestBody::full("done"))
+            .unwrap())
+    });
+    let layer = GuardLayer::new(MemoryStore::new())
+        .allow_anonymous()
+        .stored_headers([CACHE_CONTROL]);
+    let svc = guarded(layer, &inner);
+    let first = send(&svc, post("/jobs", Some(KEY), "x")).await;
+    assert_eq!(first.headers[CACHE_CONTROL], "public, max-age=600");
+    let again = send(&svc, post("/jobs", Some(KEY), "x")).await;
+    assert!(again.replayed());
+    let values: Vec<_> = again.headers.get_all(CACHE_CONTROL).iter().collect();
+    assert_eq!(values, ["no-store"]);
+}
+
 #[tokio::test]
 async fn a_key_reused_with_another_body_or_query_is_422() {
     let inner = Inner::orders();
-    let svc = guarded(GuardLayer::new(MemoryStore::new()), &inner);
+    let svc = guarded(
+        GuardLayer::new(MemoryStore::new()).allow_anonymous(),
+        &inner,
+    );
     let first = send(&svc, post("/orders", Some(KEY), r#"{"sku":1}"#)).await;
     assert_eq!(first.status, StatusCode::CREATED);
     for req in [
@@ -324,7 +360,10 @@ async fn a_key_reused_with_another_body_or_query_is_422() {
 #[tokio::test]
 async fn a_guarded_method_without_a_good_key_is_400_and_the_inner_service_never_runs() {
     let inner = Inner::orders();
-    let svc = guarded(GuardLayer::new(MemoryStore::new()), &inner);
+    let svc = guarded(
+        GuardLayer::new(MemoryStore::new()).allow_anonymous(),
+        &inner,
+    );
     let missing = send(&svc, post("/orders", None, "{}")).await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
     assert_eq!(missing.code(), "INVALID_IDEMPOTENCY_KEY");
@@ -357,6 +396,7 @@ async fn a_guarded_method_without_a_good_key_is_400_and_the_inner_service_never_
 async fn the_key_header_and_policy_are_configurable() {
     let inner = Inner::orders();
     let layer = GuardLayer::new(MemoryStore::new())
+        .allow_anonymous()
         .header(http::HeaderName::from_static("x-request-key"))
         .key_policy(KeyPolicy::Uuid);
     let svc = guarded(layer, &inner);
@@ -383,7 +423,12 @@ async fn the_key_header_and_policy_are_configurable() {
 #[tokio::test]
 async fn a_body_over_the_limit_is_413_and_the_inner_service_never_runs() {
     let inner = Inner::orders();
-    let svc = guarded(GuardLayer::new(MemoryStore::new()).body_limit(16), &inner);
+    let svc = guarded(
+        GuardLayer::new(MemoryStore::new())
+            .allow_anonymous()
+            .body_limit(16),
+        &inner,
+    );
     // Announced too long: refused before reading.
     let declared = Request::post("/orders")
         .header("idempotency-key", KEY)
@@ -418,7 +463,10 @@ async fn an_inner_error_releases_the_claim_and_the_retry_runs() {
         1 => Err(io::Error::other("the database went away")),
         _ => Ok(created(n, &body)),
     });
-    let svc = guarded(GuardLayer::new(MemoryStore::new()), &inner);
+    let svc = guarded(
+        GuardLayer::new(MemoryStore::new()).allow_anonymous(),
+        &inner,
+    );
     let err = svc
         .clone()
         .oneshot(post("/orders", Some(KEY), "{}"))
@@ -449,7 +497,10 @@ async fn only_stored_answers_replay_and_the_rule_is_configurable() {
         _ => Ok(created(n, &body)),
     });
     // By default only 2xx is stored: the 503 and the 409 each release the key.
-    let svc = guarded(GuardLayer::new(MemoryStore::new()), &inner);
+    let svc = guarded(
+        GuardLayer::new(MemoryStore::new()).allow_anonymous(),
+        &inner,
+    );
     let statuses = [
         send(&svc, post("/orders", Some(KEY), "{}")).await.status,
         send(&svc, post("/orders", Some(KEY), "{}")).await.status,
@@ -477,6 +528,7 @@ async fn only_stored_answers_replay_and_the_rule_is_configurable() {
             .unwrap())
     });
     let layer = GuardLayer::new(MemoryStore::new())
+        .allow_anonymous()
         .store_if(|a| a.is_success() || a.status() == StatusCode::CONFLICT);
     let svc = guarded(layer, &inner);
     assert_eq!(
@@ -501,7 +553,10 @@ async fn an_answer_body_that_fails_mid_stream_releases_the_claim() {
             .unwrap()),
         _ => Ok(created(n, &body)),
     });
-    let svc = guarded(GuardLayer::new(MemoryStore::new()), &inner);
+    let svc = guarded(
+        GuardLayer::new(MemoryStore::new()).allow_anonymous(),
+        &inner,
+    );
     let resp = svc
         .clone()
         .oneshot(post("/orders", Some(KEY), "{}"))
@@ -523,7 +578,7 @@ async fn an_answer_body_that_fails_mid_stream_releases_the_claim() {
 async fn a_dropped_call_releases_the_claim() {
     let inner = Inner::orders();
     let store = MemoryStore::new();
-    let svc = guarded(GuardLayer::new(store.clone()), &inner);
+    let svc = guarded(GuardLayer::new(store.clone()).allow_anonymous(), &inner);
     // The first call hangs inside the inner service; the client gives up.
     let all = inner.gate.acquire_many(GATE).await.unwrap();
     let gave_up = tokio::time::timeout(
@@ -551,7 +606,10 @@ async fn a_dropped_call_releases_the_claim() {
 #[tokio::test]
 async fn a_concurrent_duplicate_is_409_with_retry_after_then_replays() {
     let inner = Inner::orders();
-    let svc = guarded(GuardLayer::new(MemoryStore::new()), &inner);
+    let svc = guarded(
+        GuardLayer::new(MemoryStore::new()).allow_anonymous(),
+        &inner,
+    );
     let all = inner.gate.acquire_many(GATE).await.unwrap();
     let first = tokio::spawn({
         let svc = svc.clone();
@@ -582,7 +640,9 @@ async fn methods_that_are_not_guarded_pass_through() {
             .body(TestBody::full(format!("call {n}")))
             .unwrap())
     });
-    let layer = GuardLayer::new(MemoryStore::new()).guard_when_keyed([Method::DELETE]);
+    let layer = GuardLayer::new(MemoryStore::new())
+        .allow_anonymous()
+        .guard_when_keyed([Method::DELETE]);
     let svc = guarded(layer, &inner);
     let req = |method: Method, key: Option<&str>| {
         let mut b = Request::builder().method(method).uri("/orders/1");
@@ -621,7 +681,9 @@ async fn methods_that_are_not_guarded_pass_through() {
     assert_eq!(again.body, first.body);
     assert_eq!(inner.calls(), 9);
     // The required methods can be changed too: POST without a key now passes.
-    let layer = GuardLayer::new(MemoryStore::new()).require_key([Method::PUT]);
+    let layer = GuardLayer::new(MemoryStore::new())
+        .allow_anonymous()
+        .require_key([Method::PUT]);
     let svc = guarded(layer, &inner);
     assert_eq!(
         send(&svc, post("/x", None, "")).await.status,
@@ -668,6 +730,60 @@ async fn two_principals_with_one_key_do_not_share_a_record() {
     assert_eq!(inner.calls(), 3);
 }
 
+/// Without a principal the guard fails closed: 401 problem+json, before the store is read and
+/// without calling the inner service, whether the layer has no principal function or its
+/// function finds none. Unguarded requests pass as before.
+#[tokio::test]
+async fn a_guarded_request_without_a_principal_is_refused() {
+    let inner = Inner::orders();
+    let store = MemoryStore::new();
+    let no_function = guarded(GuardLayer::new(store.clone()), &inner);
+    let finds_none = guarded(GuardLayer::new(store.clone()).principal(user_of), &inner);
+    for svc in [&no_function, &finds_none] {
+        let r = send(svc, post("/orders", Some(KEY), r#"{"sku":7}"#)).await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(r.code(), "MISSING_PRINCIPAL");
+        assert!(!r.replayed());
+    }
+    assert_eq!(inner.calls(), 0, "the inner service never ran");
+    assert!(store.is_empty(), "nothing was claimed");
+
+    let get = Request::get("/orders").body(TestBody::full("")).unwrap();
+    assert_eq!(send(&no_function, get).await.status, StatusCode::CREATED);
+    assert_eq!(inner.calls(), 1, "an unguarded method passes through");
+}
+
+/// Built as anonymous, the guard serves callers without a principal in one key space shared
+/// by all of them; a caller with a principal keeps a key space of its own.
+#[tokio::test]
+async fn an_anonymous_layer_guards_callers_without_a_principal_together() {
+    let inner = Inner::orders();
+    let svc = guarded(
+        GuardLayer::new(MemoryStore::new())
+            .principal(user_of)
+            .allow_anonymous(),
+        &inner,
+    );
+    let anonymous = || post("/orders", Some(KEY), r#"{"sku":7}"#);
+    let as_alice = || {
+        Request::post("/orders")
+            .header("idempotency-key", KEY)
+            .header("x-user", "alice")
+            .body(TestBody::full(r#"{"sku":7}"#))
+            .unwrap()
+    };
+    let first = send(&svc, anonymous()).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let again = send(&svc, anonymous()).await;
+    assert!(again.replayed(), "anonymous callers share one key space");
+    assert_eq!(again.body, first.body);
+    let alice = send(&svc, as_alice()).await;
+    assert_eq!(alice.status, StatusCode::CREATED);
+    assert!(!alice.replayed(), "a principal's key space is its own");
+    assert!(send(&svc, as_alice()).await.replayed());
+    assert_eq!(inner.calls(), 2);
+}
+
 #[tokio::test]
 async fn the_scope_is_namespace_method_route_and_principal_each_encoded() {
     let store = MemoryStore::new();
@@ -691,7 +807,7 @@ async fn the_scope_is_namespace_method_route_and_principal_each_encoded() {
     assert_eq!(stored.status, StatusCode::CREATED);
     assert_eq!(stored.headers[LOCATION], "/orders/1");
     // Without a principal the scope has one part fewer.
-    let svc = guarded(GuardLayer::new(store.clone()), &inner);
+    let svc = guarded(GuardLayer::new(store.clone()).allow_anonymous(), &inner);
     assert_eq!(
         send(&svc, post("/orders", Some(KEY), "{}")).await.status,
         StatusCode::CREATED
@@ -738,11 +854,28 @@ async fn a_stored_answer_that_cannot_be_decoded_is_500_never_garbage() {
             .unwrap(),
         Begun::Replay(_) => unreachable!("a new store"),
     }
+    let log = Log::default();
+    let _logging = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer({
+                let log = log.clone();
+                move || log.clone()
+            })
+            .with_ansi(false)
+            .finish(),
+    );
     let inner = Inner::orders();
-    let svc = guarded(GuardLayer::new(store), &inner);
+    let svc = guarded(GuardLayer::new(store).allow_anonymous(), &inner);
     let r = send(&svc, post("/orders", Some(KEY), "{}")).await;
     assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(r.code(), "IDEMPOTENCY_INTERNAL_ERROR");
+    // The log names the record; the client is told no more than that the guard failed.
+    let logged = log.text();
+    assert!(
+        logged.contains("http:POST:%2Forders") && logged.contains(KEY),
+        "{logged}"
+    );
+    assert_eq!(r.json()["detail"], "the idempotency guard failed");
     assert_eq!(
         inner.calls(),
         0,
@@ -751,6 +884,26 @@ async fn a_stored_answer_that_cannot_be_decoded_is_500_never_garbage() {
 }
 
 /// The body's bytes as the guard fingerprints them: one byte string.
+/// A captured log.
+#[derive(Clone, Default)]
+struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Log {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
 fn serde_bytes_like(b: &'static [u8]) -> impl serde::Serialize {
     struct B(&'static [u8]);
     impl serde::Serialize for B {
@@ -776,7 +929,7 @@ async fn the_fingerprint_is_method_path_with_query_and_body() {
     assert_eq!(fp, expected_fingerprint());
     let store = MemoryStore::new();
     let inner = Inner::orders();
-    let svc = guarded(GuardLayer::new(store.clone()), &inner);
+    let svc = guarded(GuardLayer::new(store.clone()).allow_anonymous(), &inner);
     send(&svc, post("/orders?x=1", Some(KEY), "{}")).await;
     let record = store
         .lookup("http:POST:%2Forders", KEY)
@@ -900,7 +1053,10 @@ async fn trailers_are_stored_and_a_failed_grpc_status_is_not() {
             .body(TestBody::full(format!("\0\0\0\0\x01{n}")).with_trailers(trailers(status)))
             .unwrap())
     });
-    let svc = guarded(GuardLayer::new(MemoryStore::new()), &inner);
+    let svc = guarded(
+        GuardLayer::new(MemoryStore::new()).allow_anonymous(),
+        &inner,
+    );
     let call = || post("/shop.Orders/Create", Some(KEY), "\0\0\0\0\x01x");
     let failed = send(&svc, call()).await;
     assert_eq!(failed.trailers.as_ref().unwrap()["grpc-status"], "13");
@@ -923,7 +1079,10 @@ async fn an_unreachable_store_is_503_with_retry_after() {
         .connect_lazy("postgres://postgres@127.0.0.1:1/test")
         .unwrap();
     let inner = Inner::orders();
-    let svc = guarded(GuardLayer::new(PgStore::new(pool)), &inner);
+    let svc = guarded(
+        GuardLayer::new(PgStore::new(pool)).allow_anonymous(),
+        &inner,
+    );
     let r = send(&svc, post("/orders", Some(KEY), "{}")).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(r.headers[RETRY_AFTER], "1");
@@ -980,7 +1139,9 @@ async fn serve_hyper<St: Store + Clone>(layer: GuardLayer<St>, inner: Inner) -> 
 async fn over_hyper_first_call_replay_and_413() {
     let inner = Inner::orders();
     let base = serve_hyper(
-        GuardLayer::new(MemoryStore::new()).body_limit(64),
+        GuardLayer::new(MemoryStore::new())
+            .allow_anonymous()
+            .body_limit(64),
         inner.clone(),
     )
     .await;
@@ -1022,7 +1183,7 @@ async fn over_hyper_first_call_replay_and_413() {
 
 async fn storm<St: Store + Clone>(store: St) {
     let inner = Inner::orders();
-    let base = serve_hyper(GuardLayer::new(store), inner.clone()).await;
+    let base = serve_hyper(GuardLayer::new(store).allow_anonymous(), inner.clone()).await;
     let c = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()
@@ -1161,7 +1322,9 @@ mod over_axum {
     #[tokio::test]
     async fn the_matched_route_scopes_the_key_and_replays_are_exact() {
         let calls = Arc::new(AtomicUsize::new(0));
-        let layer = GuardLayer::new(MemoryStore::new()).route(idem::tower::axum_matched_path);
+        let layer = GuardLayer::new(MemoryStore::new())
+            .allow_anonymous()
+            .route(idem::tower::axum_matched_path);
         let base = serve(router(layer, calls.clone())).await;
         let c = reqwest::Client::new();
         let refund = |order: &str| {
@@ -1198,7 +1361,11 @@ mod over_axum {
     #[tokio::test]
     async fn without_a_route_function_the_path_scopes_the_key() {
         let calls = Arc::new(AtomicUsize::new(0));
-        let base = serve(router(GuardLayer::new(MemoryStore::new()), calls.clone())).await;
+        let base = serve(router(
+            GuardLayer::new(MemoryStore::new()).allow_anonymous(),
+            calls.clone(),
+        ))
+        .await;
         let c = reqwest::Client::new();
         for order in ["ORD-1", "ORD-2"] {
             let r = c
@@ -1224,7 +1391,10 @@ mod over_axum {
     #[tokio::test]
     async fn a_router_called_directly_replays_too() {
         let calls = Arc::new(AtomicUsize::new(0));
-        let app = router(GuardLayer::new(MemoryStore::new()), calls.clone());
+        let app = router(
+            GuardLayer::new(MemoryStore::new()).allow_anonymous(),
+            calls.clone(),
+        );
         let req = || {
             Request::post("/orders/ORD-9/refunds")
                 .header("idempotency-key", KEY)

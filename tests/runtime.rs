@@ -303,6 +303,57 @@ async fn table_names_must_be_identifiers_on_postgres() {
     ));
 }
 
+/// Starting a PostgreSQL store, on a new schema or on one that has the tables, says nothing:
+/// no "column … already exists, skipping" or "relation … already exists" notices in the log.
+#[tokio::test]
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+async fn postgres_stores_start_quietly() {
+    #[derive(Clone, Default)]
+    struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Log {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = Log::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let log = log.clone();
+            move || log.clone()
+        })
+        .with_ansi(false)
+        .with_max_level(tracing::Level::TRACE)
+        .finish();
+    // The test's runtime runs on this thread only: every statement's notice is logged here.
+    let _logging = tracing::subscriber::set_default(subscriber);
+
+    let schema = common::PgSchema::create(&common::pg_url(), 2).await;
+    for _ in 0..2 {
+        idem::PgStore::builder()
+            .build(schema.pool.clone())
+            .await
+            .unwrap();
+        let outbox = idem::store::outbox::PgOutbox::new(schema.pool.clone());
+        outbox.migrate().await.unwrap();
+    }
+    let text = String::from_utf8_lossy(&log.0.lock().unwrap()).into_owned();
+    assert!(
+        text.contains("sqlx::query"),
+        "the statements were logged: {text}"
+    );
+    assert!(
+        !text.contains("sqlx::postgres::notice"),
+        "a notice was logged: {text}"
+    );
+}
+
 #[tokio::test]
 async fn unreachable_store_is_unavailable_not_a_crash() {
     // Nothing listens on port 1.
@@ -506,7 +557,12 @@ fn outcome_events_say_what_happened() {
 #[tokio::test]
 async fn sqlite_purge_lets_live_claims_in_between_batches() {
     let file = common::SqliteFile::new();
-    let store = SqliteStore::connect(&file.url).await.unwrap();
+    // This test purges by itself, and counts what it purged.
+    let store = SqliteStore::builder()
+        .background_purge(false)
+        .connect(&file.url)
+        .await
+        .unwrap();
     // 20,000 records whose retention ended a day ago: twenty batches.
     sqlx::query(
         "WITH RECURSIVE g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i + 1 < 20000) \

@@ -73,6 +73,23 @@ macro_rules! order_functions {
             order_no: &str,
         ) -> Result<Transition, Error>;
 
+        // A refund's first step: one request wins the paid order; `owner` records which.
+        #[idem::state_transition(table = "orders", key = "order_no", from = "PAID", to = "REFUNDING", owner = "refund_request", returning = Order)]
+        pub async fn begin_refund(
+            db: impl sqlx::Acquire<'_, Database = $db>,
+            order_no: &str,
+            refund_request: &str,
+        ) -> Result<Transition<Order>, Error>;
+
+        // The same without a row, and with a guard besides the owner.
+        #[idem::state_transition(table = "orders", key = "order_no", from = "PAID", to = "REFUNDING", guard = "amount_cents", owner = "refund_request")]
+        pub async fn begin_refund_of(
+            db: impl sqlx::Acquire<'_, Database = $db>,
+            order_no: &str,
+            amount_cents: i64,
+            refund_request: &str,
+        ) -> Result<Transition, Error>;
+
         #[idem::versioned_update(table = "user_profile", key = "user_id", set = "nickname, points")]
         pub async fn update_profile(
             db: impl sqlx::Acquire<'_, Database = $db>,
@@ -262,6 +279,75 @@ macro_rules! suite {
 
             #[tokio::test]
             $(#[$attr])*
+            async fn an_owner_tells_its_own_transition_from_another() {
+                let db = $setup().await;
+                let pool = &db.pool;
+                insert_order(pool, "F1", 1, 100).await.unwrap();
+                assert_eq!(begin_refund(pool, "F1", "req-a").await.unwrap(), Transition::Illegal { current: "PENDING".into() });
+                assert!(mark_paid(pool, "F1", 100).await.unwrap().is_applied());
+                match begin_refund(pool, "F1", "req-a").await.unwrap() {
+                    Transition::Applied(o) => assert_eq!(o.status, "REFUNDING"),
+                    other => panic!("{other:?}"),
+                }
+                let owner: String = sqlx::query_scalar("SELECT refund_request FROM orders WHERE order_no = 'F1'")
+                    .fetch_one(pool).await.unwrap();
+                assert_eq!(owner, "req-a", "the winner is recorded");
+                // The same owner again: its own earlier transition, never `Applied` a second time.
+                match begin_refund(pool, "F1", "req-a").await.unwrap() {
+                    Transition::AlreadyApplied(o) => assert_eq!(o.status, "REFUNDING"),
+                    other => panic!("{other:?}"),
+                }
+                // Another owner: applied by another, with the row, and the owner stays.
+                let other = begin_refund(pool, "F1", "req-b").await.unwrap();
+                assert!(matches!(&other, Transition::AppliedByAnother(o) if o.order_no == "F1"), "{other:?}");
+                assert_eq!(other.kind(), "applied_by_another");
+                assert!(!other.is_applied());
+                assert!(other.clone().applied().is_err());
+                let owner: String = sqlx::query_scalar("SELECT refund_request FROM orders WHERE order_no = 'F1'")
+                    .fetch_one(pool).await.unwrap();
+                assert_eq!(owner, "req-a");
+                assert_eq!(begin_refund(pool, "nope", "req-a").await.unwrap(), Transition::NotFound);
+
+                // Without a row, and with a guard: the guard decides in a `from` state, the owner
+                // in `to`.
+                insert_order(pool, "F2", 1, 200).await.unwrap();
+                assert!(mark_paid(pool, "F2", 200).await.unwrap().is_applied());
+                assert_eq!(begin_refund_of(pool, "F2", 999, "req-c").await.unwrap(), Transition::GuardMismatch(()));
+                assert_eq!(begin_refund_of(pool, "F2", 200, "req-c").await.unwrap(), Transition::Applied(()));
+                assert_eq!(begin_refund_of(pool, "F2", 200, "req-c").await.unwrap(), Transition::AlreadyApplied(()));
+                assert_eq!(begin_refund_of(pool, "F2", 200, "req-d").await.unwrap(), Transition::AppliedByAnother(()));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            $(#[$attr])*
+            async fn racing_owners_one_wins() {
+                let db = $setup().await;
+                insert_order(&db.pool, "F3", 1, 500).await.unwrap();
+                assert!(mark_paid(&db.pool, "F3", 500).await.unwrap().is_applied());
+                let mut tasks = Vec::new();
+                for i in 0..32 {
+                    let pool = db.pool.clone();
+                    tasks.push(tokio::spawn(async move {
+                        let owner = format!("req-{i}");
+                        (begin_refund(&pool, "F3", &owner).await.unwrap(), owner)
+                    }));
+                }
+                let (mut winners, mut losers) = (Vec::new(), 0);
+                for t in tasks {
+                    match t.await.unwrap() {
+                        (Transition::Applied(_), owner) => winners.push(owner),
+                        (Transition::AppliedByAnother(_), _) => losers += 1,
+                        (other, _) => panic!("{other:?}"),
+                    }
+                }
+                assert_eq!((winners.len(), losers), (1, 31));
+                let owner: String = sqlx::query_scalar("SELECT refund_request FROM orders WHERE order_no = 'F3'")
+                    .fetch_one(&db.pool).await.unwrap();
+                assert_eq!(owner, winners[0]);
+            }
+
+            #[tokio::test]
+            $(#[$attr])*
             async fn versioned_update_outcomes() {
                 let db = $setup().await;
                 let pool = &db.pool;
@@ -352,7 +438,7 @@ async fn sqlite() -> SqliteDb {
         .unwrap();
     for stmt in [
         "CREATE TABLE orders (id INTEGER PRIMARY KEY, order_no TEXT NOT NULL UNIQUE, user_id INTEGER NOT NULL, \
-         amount_cents INTEGER NOT NULL, status TEXT NOT NULL DEFAULT 'PENDING', paid_at TEXT)",
+         amount_cents INTEGER NOT NULL, status TEXT NOT NULL DEFAULT 'PENDING', paid_at TEXT, refund_request TEXT)",
         "CREATE TABLE user_profile (user_id INTEGER PRIMARY KEY, nickname TEXT NOT NULL, points INTEGER NOT NULL, \
          version INTEGER NOT NULL)",
     ] {
@@ -371,7 +457,7 @@ async fn postgres() -> PgDb {
     let schema = common::PgSchema::create(&url, 40).await;
     for stmt in [
         "CREATE TABLE orders (id bigserial PRIMARY KEY, order_no text NOT NULL UNIQUE, user_id bigint NOT NULL, \
-         amount_cents bigint NOT NULL, status text NOT NULL DEFAULT 'PENDING', paid_at timestamptz)",
+         amount_cents bigint NOT NULL, status text NOT NULL DEFAULT 'PENDING', paid_at timestamptz, refund_request text)",
         "CREATE TABLE user_profile (user_id bigint PRIMARY KEY, nickname text NOT NULL, points bigint NOT NULL, \
          version bigint NOT NULL)",
     ] {

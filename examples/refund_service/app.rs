@@ -1,10 +1,12 @@
 //! The HTTP API: handlers, extractors, errors and the router.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
-use axum::http::StatusCode;
 use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -16,14 +18,68 @@ use serde_json::{Value, json};
 
 use crate::db::{Db, Order, OrderStatus, PgDb, SqliteDb};
 use crate::events::{self, Events};
-use crate::gateway::MoneyMove;
+use crate::gateway::{DemoGateway, GatewayError, MoneyMove};
 
 /// The application state: the database (with the simulated payment gateway's ledger and the
-/// outbox) and the idempotency store (in the same database, or in Redis).
+/// outbox), the idempotency store (in the same database, or in Redis), and the secret the
+/// payment gateway signs its callbacks with.
 #[derive(Clone)]
 pub struct App<D, S> {
     pub db: D,
     pub idem: S,
+    pub webhook_secret: WebhookSecret,
+}
+
+/// The variable that holds the payment gateway's webhook secret.
+pub const WEBHOOK_SECRET_VAR: &str = "PAYMENT_WEBHOOK_SECRET";
+
+/// The secret used when `PAYMENT_WEBHOOK_SECRET` is not set: for development only, since
+/// anyone who reads this file can sign a callback with it.
+pub const DEV_WEBHOOK_SECRET: &str = "dev-webhook-secret";
+
+/// The shared secret of the payment gateway's callbacks (HMAC-SHA256 over the body).
+#[derive(Clone)]
+pub struct WebhookSecret(Arc<[u8]>);
+
+impl WebhookSecret {
+    /// `PAYMENT_WEBHOOK_SECRET`, or the development default when it is unset or empty.
+    pub fn from_env() -> WebhookSecret {
+        match std::env::var(WEBHOOK_SECRET_VAR) {
+            Ok(s) if !s.is_empty() => WebhookSecret(s.into_bytes().into()),
+            _ => WebhookSecret(DEV_WEBHOOK_SECRET.as_bytes().into()),
+        }
+    }
+
+    /// Whether this is the development default.
+    pub fn is_dev(&self) -> bool {
+        &*self.0 == DEV_WEBHOOK_SECRET.as_bytes()
+    }
+
+    /// Whether `signature` (the header's `sha256=<hex>`) signs `body`; compared in constant
+    /// time.
+    pub fn verifies(&self, body: &[u8], signature: &[u8]) -> bool {
+        use hmac::{KeyInit, Mac};
+        let Some(hex) = signature.strip_prefix(b"sha256=") else {
+            return false;
+        };
+        let Some(tag) = decode_hex(hex) else {
+            return false;
+        };
+        let Ok(mut mac) = hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.0) else {
+            return false;
+        };
+        mac.update(body);
+        mac.verify_slice(&tag).is_ok()
+    }
+}
+
+fn decode_hex(hex: &[u8]) -> Option<Vec<u8>> {
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    hex.chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect()
 }
 
 /// Connects to `database_url` (PostgreSQL), or opens the SQLite file it names, and returns the
@@ -54,14 +110,24 @@ async fn with_events<D: Events>(
     if let Some(url) = nats_url {
         events::start_relay(db.clone(), url).await?;
     }
+    let webhook_secret = WebhookSecret::from_env();
     Ok(match redis {
         Some(idem) => (
-            router(App { db, idem }),
+            router(App {
+                db,
+                idem,
+                webhook_secret,
+            }),
             format!("{database}; idempotency records in Redis"),
         ),
         None => {
             let idem = db.store().clone();
-            (router(App { db, idem }), database)
+            let app = App {
+                db,
+                idem,
+                webhook_secret,
+            };
+            (router(app), database)
         }
     })
 }
@@ -115,10 +181,12 @@ pub fn router<D: Events, S: Store + Clone>(app: App<D, S>) -> Router {
 pub enum AppError {
     Idem(idem::Error),
     Problem(Box<Problem>),
+    /// A 401: says how to authenticate (`WWW-Authenticate`), as HTTP requires.
+    Unauthorized(Box<Problem>),
 }
 
 impl AppError {
-    fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
         AppError::Problem(Box::new(Problem::new(status, code, detail)))
     }
 }
@@ -140,6 +208,14 @@ impl IntoResponse for AppError {
         match self {
             AppError::Idem(e) => e.into_response(),
             AppError::Problem(p) => (*p).into_response(),
+            AppError::Unauthorized(p) => {
+                let mut response = (*p).into_response();
+                response.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("HMAC-SHA256 header=\"X-Gateway-Signature\""),
+                );
+                response
+            }
         }
     }
 }
@@ -176,6 +252,39 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Param<T
                 e.body_text(),
             )),
         }
+    }
+}
+
+/// A JSON body signed by the payment gateway: `X-Gateway-Signature: sha256=<hex>`, the
+/// HMAC-SHA256 of the body's exact bytes under the webhook secret. A missing or wrong signature
+/// is 401 (`INVALID_SIGNATURE`), checked before the body is read as JSON.
+pub struct Signed<T>(pub T);
+
+impl<D: Send + Sync, S: Send + Sync, T: DeserializeOwned> FromRequest<App<D, S>> for Signed<T> {
+    type Rejection = AppError;
+
+    async fn from_request(req: Request, app: &App<D, S>) -> Result<Self, AppError> {
+        let signature = req.headers().get("x-gateway-signature").cloned();
+        let body = Bytes::from_request(req, app)
+            .await
+            .map_err(|e| AppError::new(e.status(), "INVALID_BODY", e.body_text()))?;
+        let signed = signature.is_some_and(|s| app.webhook_secret.verifies(&body, s.as_bytes()));
+        if !signed {
+            return Err(AppError::Unauthorized(Box::new(Problem::new(
+                StatusCode::UNAUTHORIZED,
+                "INVALID_SIGNATURE",
+                "the callback must carry X-Gateway-Signature: sha256=<hex>, the HMAC-SHA256 of the body under the gateway's webhook secret",
+            ))));
+        }
+        // As axum's `Json` answers: 400 for text that is not JSON, 422 for JSON of another shape.
+        serde_json::from_slice(&body).map(Signed).map_err(|e| {
+            let status = if e.is_data() {
+                StatusCode::UNPROCESSABLE_ENTITY
+            } else {
+                StatusCode::BAD_REQUEST
+            };
+            AppError::new(status, "INVALID_BODY", e.to_string())
+        })
     }
 }
 
@@ -337,35 +446,42 @@ fn transition_answer(
             duplicated: true,
             order,
         })),
-        Transition::GuardMismatch(order) => Err(Problem::new(
+        // The amount is the order's secret to keep: the caller is told it differs, not what it
+        // should have been.
+        Transition::GuardMismatch(order) => Err(AppError::new(
             StatusCode::CONFLICT,
             "AMOUNT_MISMATCH",
             format!("the {what} does not match order {}", order.order_no),
-        )
-        .with("expectedAmountCents", order.amount_cents)
-        .into()),
-        Transition::Illegal { current } => Err(Problem::new(
-            StatusCode::CONFLICT,
-            "ILLEGAL_TRANSITION",
-            format!("the order is {current}"),
-        )
-        .with("currentStatus", current.as_str())
-        .into()),
-        Transition::NotFound => Err(AppError::new(
-            StatusCode::NOT_FOUND,
-            "ORDER_NOT_FOUND",
-            "no such order",
         )),
+        Transition::AppliedByAnother(order) => Err(illegal(order.status.as_str())),
+        Transition::Illegal { current } => Err(illegal(current.as_str())),
+        Transition::NotFound => Err(order_not_found()),
     }
 }
 
-/// `POST /api/payments/callback`: PENDING → PAID when the amount matches. A duplicate callback
-/// is 200 with `"duplicated": true`; a mismatched amount is 409 and a warning in the log.
+fn illegal(current: &str) -> AppError {
+    Problem::new(
+        StatusCode::CONFLICT,
+        "ILLEGAL_TRANSITION",
+        format!("the order is {current}"),
+    )
+    .with("currentStatus", current)
+    .into()
+}
+
+fn order_not_found() -> AppError {
+    AppError::new(StatusCode::NOT_FOUND, "ORDER_NOT_FOUND", "no such order")
+}
+
+/// `POST /api/payments/callback`: PENDING → PAID when the amount matches. The gateway signs
+/// the body (`X-Gateway-Signature`, HMAC-SHA256 under `PAYMENT_WEBHOOK_SECRET`): an unsigned
+/// or wrongly signed callback is 401 and changes nothing. A duplicate callback is 200 with
+/// `"duplicated": true`; a mismatched amount is 409 and a warning in the log.
 ///
 /// The transition and its `order.paid` event commit together (see `events.rs`).
 pub async fn payment_callback<D: Events, S: Store + Clone>(
     State(app): State<App<D, S>>,
-    Body(cb): Body<PaymentCallback>,
+    Signed(cb): Signed<PaymentCallback>,
 ) -> Result<Json<TransitionAnswer>, AppError> {
     let outcome = app
         .db
@@ -394,7 +510,10 @@ pub struct Refund {
 }
 
 /// The order in the path, when it belongs to the caller. Checked by the extractor, before the
-/// idempotency guard runs: a key can then never replay another user's refund.
+/// idempotency guard or a transition runs: a key can then never replay another user's refund,
+/// and nobody ships or confirms another user's order. Another user's order is 404, as one that
+/// does not exist: its existence is not the caller's to learn. The owner of an order never
+/// changes, so reading it first decides nothing that a concurrent request could change.
 pub struct OwnedOrder {
     pub order_no: String,
 }
@@ -407,59 +526,114 @@ impl<D: Db, S: Store + Clone> FromRequestParts<App<D, S>> for OwnedOrder {
         let user = User::from_request_parts(parts, app).await?;
         match app.db.find_order(&order_no).await? {
             Some(order) if order.user_id == user.id => Ok(OwnedOrder { order_no }),
-            _ => Err(AppError::new(
-                StatusCode::NOT_FOUND,
-                "ORDER_NOT_FOUND",
-                "no such order",
-            )),
+            _ => Err(order_not_found()),
         }
     }
 }
 
-/// `POST /api/orders/{order_no}/refunds`: refunds a paid order through the gateway, once per
-/// (order, key): the gateway call carries the guard's downstream key, so even a take-over of an
-/// abandoned attempt cannot move the money twice. Then PAID → CANCELLED, with its
-/// `order.refunded` event in the same transaction.
-#[idempotent(scope = "refund:<order_no>", key = key, store = app.idem, skip(app), claim = claim)]
+/// `POST /api/orders/{order_no}/refunds`: refunds a paid order, as a sub-flow of the order's
+/// state machine, once per order whatever the number of requests and keys:
+///
+/// 1. The request wins the order before any money moves: PAID → REFUNDING, with the request
+///    recorded as the refund's owner. One request can win; every other one (another key, a
+///    second tab, a support tool) is 409 with the order's state, and moves nothing. This
+///    request's own retry, after a crash or a lost answer, finds itself the owner and resumes.
+/// 2. The gateway moves the money, with an idempotency key derived from the order's refund (the
+///    order and its owner), so a resumed attempt cannot move it twice.
+/// 3. REFUNDING → CANCELLED, by the owner only, with its `order.refunded` event in the same
+///    transaction. When the gateway declined, REFUNDING → PAID instead (nothing moved, the order
+///    can be refunded or shipped again); when its answer was lost, the order stays REFUNDING
+///    and the same request, retried with its key, finishes it.
+///
+/// The idempotency key makes the same request answer the same (the retry replays the 201);
+/// the guarded transition makes different requests unable to refund twice.
+#[idempotent(
+    scope = "refund:<order_no>",
+    key = key,
+    store = app.idem,
+    skip(app, gateway),
+    claim = claim
+)]
 pub async fn refund<D: Events, S: Store + Clone>(
     State(app): State<App<D, S>>,
     OwnedOrder { order_no }: OwnedOrder,
+    gateway: DemoGateway,
     key: IdempotencyKey,
 ) -> Result<(StatusCode, Json<Refund>), AppError> {
-    let Some(order) = app.db.find_order(&order_no).await? else {
-        return Err(AppError::new(
-            StatusCode::NOT_FOUND,
-            "ORDER_NOT_FOUND",
-            "no such order",
-        ));
+    // This request's identity, the same on each of its attempts and unique to it.
+    let request = claim.downstream_key("refund");
+    let order = match app.db.begin_refund(&order_no, &request).await? {
+        // Won by this call, or by an earlier attempt of this same request: carry on.
+        Transition::Applied(order) | Transition::AlreadyApplied(order) => order,
+        Transition::AppliedByAnother(order) => {
+            return Err(Problem::new(
+                StatusCode::CONFLICT,
+                "REFUND_IN_PROGRESS",
+                "another request is refunding this order",
+            )
+            .with("currentStatus", order.status)
+            .into());
+        }
+        Transition::Illegal { current } => {
+            return Err(Problem::new(
+                StatusCode::CONFLICT,
+                "ORDER_NOT_REFUNDABLE",
+                format!("only a PAID order can be refunded; this one is {current}"),
+            )
+            .with("currentStatus", current.as_str())
+            .into());
+        }
+        Transition::GuardMismatch(_) | Transition::NotFound => return Err(order_not_found()),
     };
-    if order.status != OrderStatus::Paid.as_str() {
-        return Err(Problem::new(
-            StatusCode::CONFLICT,
-            "ORDER_NOT_REFUNDABLE",
-            format!(
-                "only a PAID order can be refunded; this one is {}",
-                order.status
-            ),
-        )
-        .with("currentStatus", order.status)
-        .into());
-    }
-    let money = app
+    let gateway_key = idem::downstream_key("order-refund", &order_no, &request);
+    let money = match app
         .db
-        .gateway_refund(
-            &claim.downstream_key("gateway-refund"),
-            &order_no,
-            order.amount_cents,
-        )
-        .await?;
-    let cancelled = app
+        .gateway_refund(&gateway_key, &order_no, order.amount_cents, gateway.0)
+        .await
+    {
+        Ok(money) => money,
+        Err(GatewayError::Declined) => {
+            // Nothing moved: give the order back, so that it can be refunded (or shipped) again.
+            let back = app.db.decline_refund(&order_no, &request).await?;
+            if !back.is_applied() {
+                tracing::error!(
+                    order_no,
+                    outcome = back.kind(),
+                    "refund declined, but the order could not return to PAID"
+                );
+            }
+            return Err(AppError::new(
+                StatusCode::PAYMENT_REQUIRED,
+                "REFUND_DECLINED",
+                "the payment gateway declined the refund; the order is PAID again",
+            ));
+        }
+        Err(GatewayError::AnswerLost) => {
+            // The money may have moved: the order stays REFUNDING, owned by this request, and
+            // its retry with the same key finishes the refund without moving money twice.
+            return Err(AppError::new(
+                StatusCode::BAD_GATEWAY,
+                "GATEWAY_NO_ANSWER",
+                "the payment gateway did not answer; retry with the same Idempotency-Key to finish the refund",
+            ));
+        }
+        Err(GatewayError::Store(e)) => return Err(e.into()),
+    };
+    match app
         .db
-        .cancel_paid_announced(&order_no, &money.id, &claim)
-        .await?;
-    if !cancelled.is_done() {
-        // The money moved but the order changed state meanwhile: say so, do not hide it.
-        tracing::error!(order_no, refund = %money.id, outcome = cancelled.kind(), "refunded, but could not cancel the order");
+        .finish_refund_announced(&order_no, &request, &money.id)
+        .await?
+    {
+        Transition::Applied(_) | Transition::AlreadyApplied(_) => {}
+        other => {
+            // Only the owner moves a REFUNDING order, so this cannot happen: say so loudly.
+            tracing::error!(order_no, refund = %money.id, outcome = other.kind(), "refunded, but could not cancel the order");
+            return Err(AppError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "REFUND_NOT_RECORDED",
+                "the refund moved money but the order could not be cancelled",
+            ));
+        }
     }
     Ok((
         StatusCode::CREATED,
@@ -532,36 +706,57 @@ pub async fn ledger<D: Db, S: Store + Clone>(
 
 // ---- shipping ----------------------------------------------------------------------------------
 
-/// `POST /api/orders/{order_no}/ship`: PAID → SHIPPED.
+/// `POST /api/orders/{order_no}/ship`: PAID → SHIPPED, for the order's owner. A refund that
+/// won the order first leaves it REFUNDING or CANCELLED: 409, nothing shipped.
 pub async fn ship<D: Db, S: Store + Clone>(
     State(app): State<App<D, S>>,
-    Param(order_no): Param<String>,
+    OwnedOrder { order_no }: OwnedOrder,
 ) -> Result<Json<TransitionAnswer>, AppError> {
     transition_answer(app.db.ship(&order_no).await?, "shipment")
 }
 
-/// `POST /api/orders/{order_no}/confirm`: SHIPPED → DONE.
+/// `POST /api/orders/{order_no}/confirm`: SHIPPED → DONE, for the order's owner.
 pub async fn confirm<D: Db, S: Store + Clone>(
     State(app): State<App<D, S>>,
-    Param(order_no): Param<String>,
+    OwnedOrder { order_no }: OwnedOrder,
 ) -> Result<Json<TransitionAnswer>, AppError> {
     transition_answer(app.db.confirm(&order_no).await?, "confirmation")
 }
 
 // ---- profiles ----------------------------------------------------------------------------------
 
-/// `GET /api/users/{user_id}/profile`.
+/// The user in the path, when it is the caller: a profile is its owner's alone. Another user's
+/// is 404, as one that does not exist.
+pub struct OwnProfile {
+    pub user_id: i64,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for OwnProfile {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
+        let Param(user_id) = Param::<i64>::from_request_parts(parts, state).await?;
+        let user = User::from_request_parts(parts, state).await?;
+        if user.id == user_id {
+            Ok(OwnProfile { user_id })
+        } else {
+            Err(user_not_found())
+        }
+    }
+}
+
+fn user_not_found() -> AppError {
+    AppError::new(StatusCode::NOT_FOUND, "USER_NOT_FOUND", "no such user")
+}
+
+/// `GET /api/users/{user_id}/profile`, the caller's own.
 pub async fn profile<D: Db, S: Store + Clone>(
     State(app): State<App<D, S>>,
-    Param(user_id): Param<i64>,
+    OwnProfile { user_id }: OwnProfile,
 ) -> Result<Response, AppError> {
     match app.db.profile(user_id).await? {
         Some(p) => Ok(Json(p).into_response()),
-        None => Err(AppError::new(
-            StatusCode::NOT_FOUND,
-            "USER_NOT_FOUND",
-            "no such user",
-        )),
+        None => Err(user_not_found()),
     }
 }
 
@@ -575,7 +770,7 @@ pub struct ProfileUpdate {
 /// 409 with the latest one when someone updated it first (read again, then retry).
 pub async fn update_profile<D: Db, S: Store + Clone>(
     State(app): State<App<D, S>>,
-    Param(user_id): Param<i64>,
+    OwnProfile { user_id }: OwnProfile,
     Body(update): Body<ProfileUpdate>,
 ) -> Result<Json<Value>, AppError> {
     if update.nickname.is_empty() || update.nickname.len() > 64 {
@@ -600,10 +795,6 @@ pub async fn update_profile<D: Db, S: Store + Clone>(
         )
         .with("currentVersion", current_version)
         .into()),
-        Versioned::NotFound => Err(AppError::new(
-            StatusCode::NOT_FOUND,
-            "USER_NOT_FOUND",
-            "no such user",
-        )),
+        Versioned::NotFound => Err(user_not_found()),
     }
 }

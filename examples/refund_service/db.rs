@@ -13,21 +13,24 @@ use sqlx::{AssertSqlSafe, SqlSafeStr};
 use idem::{Created, Error, Store, Transition, TxStore, Versioned};
 use serde::{Deserialize, Serialize};
 
-use crate::gateway::{MoneyMove, MoveRow};
+use crate::gateway::{GatewayError, GatewayMode, MoneyMove, MoveRow};
 
 idem::state_machine! {
-    /// PENDING → PAID → SHIPPED → DONE, and cancellation (with a refund once paid) before
-    /// shipping.
+    /// PENDING → PAID → SHIPPED → DONE. A paid order is cancelled through the refund sub-flow:
+    /// PAID → REFUNDING (one refund request wins the order before any money moves) →
+    /// CANCELLED once the gateway refunded it, or back to PAID when the gateway declined.
     pub enum OrderStatus {
         Pending = "PENDING",
         Paid = "PAID",
+        Refunding = "REFUNDING",
         Shipped = "SHIPPED",
         Done = "DONE",
         Cancelled = "CANCELLED",
     }
     Pending -> Paid -> Shipped -> Done;
     Pending -> Cancelled;
-    Paid -> Cancelled;
+    Paid -> Refunding -> Cancelled;
+    Refunding -> Paid;
 }
 
 /// An order, as stored and as answered.
@@ -68,15 +71,19 @@ pub trait Db: Clone + Send + Sync + 'static {
         order_no: &str,
     ) -> impl Future<Output = Result<Option<Order>, Error>> + Send;
 
-    fn mark_paid(
+    /// PAID → REFUNDING, won by `refund_request`: `AlreadyApplied` when that request won it
+    /// before (a resumed attempt), `AppliedByAnother` when another did.
+    fn begin_refund(
         &self,
         order_no: &str,
-        amount_cents: i64,
+        refund_request: &str,
     ) -> impl Future<Output = Result<Transition<Order, OrderStatus>, Error>> + Send;
 
-    fn cancel_paid(
+    /// REFUNDING → PAID after the gateway declined, by the request that began the refund.
+    fn decline_refund(
         &self,
         order_no: &str,
+        refund_request: &str,
     ) -> impl Future<Output = Result<Transition<Order, OrderStatus>, Error>> + Send;
 
     fn ship(
@@ -99,13 +106,15 @@ pub trait Db: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Versioned, Error>> + Send;
 
     /// The gateway's refund: moves `amount_cents` once per `idempotency_key`; a key it has seen
-    /// returns the first move and moves nothing.
+    /// returns the first move and moves nothing. `mode` simulates a decline, or an answer lost
+    /// after the money moved.
     fn gateway_refund(
         &self,
         idempotency_key: &str,
         order_no: &str,
         amount_cents: i64,
-    ) -> impl Future<Output = Result<MoneyMove, Error>> + Send;
+        mode: GatewayMode,
+    ) -> impl Future<Output = Result<MoneyMove, GatewayError>> + Send;
 
     /// Every money move of the gateway, in order.
     fn gateway_moves(&self) -> impl Future<Output = Result<Vec<MoneyMove>, Error>> + Send;
@@ -132,6 +141,8 @@ macro_rules! statements {
         ) -> Result<Created<Order>, Error>;
 
         // The payment callback: only a pending order with exactly this amount becomes paid.
+        // It runs on the transaction that enqueues its event (`events.rs`): a connection, since
+        // a future that must be `Send` cannot hold an `impl Acquire` borrowed from a transaction.
         #[idem::state_transition(
             table = "orders",
             key = "order_no",
@@ -144,23 +155,64 @@ macro_rules! statements {
             migrations = $migrations
         )]
         pub async fn mark_paid(
-            db: impl sqlx::Acquire<'_, Database = $db>,
+            db: &mut <$db as sqlx::Database>::Connection,
             order_no: &str,
             amount_cents: i64,
         ) -> Result<Transition<Order, OrderStatus>, Error>;
 
+        // A refund wins the order before any money moves: one request can, and `owner` tells
+        // its own retry (`AlreadyApplied`) from every other request (`AppliedByAnother`).
         #[idem::state_transition(
             table = "orders",
             key = "order_no",
             from = "PAID",
-            to = "CANCELLED",
+            to = "REFUNDING",
+            owner = "refund_request",
             returning = Order,
             machine = OrderStatus,
             migrations = $migrations
         )]
-        pub async fn cancel_paid(
+        pub async fn begin_refund(
             db: impl sqlx::Acquire<'_, Database = $db>,
             order_no: &str,
+            refund_request: &str,
+        ) -> Result<Transition<Order, OrderStatus>, Error>;
+
+        // The money moved: only the request that won the order finishes its refund.
+        #[idem::state_transition(
+            table = "orders",
+            key = "order_no",
+            from = "REFUNDING",
+            to = "CANCELLED",
+            guard = "refund_request",
+            set = "refund_id",
+            returning = Order,
+            machine = OrderStatus,
+            migrations = $migrations
+        )]
+        pub async fn finish_refund(
+            db: &mut <$db as sqlx::Database>::Connection,
+            order_no: &str,
+            refund_request: &str,
+            refund_id: &str,
+        ) -> Result<Transition<Order, OrderStatus>, Error>;
+
+        // The gateway declined (no money moved): the order is PAID again, for the request that
+        // began the refund only.
+        #[idem::state_transition(
+            table = "orders",
+            key = "order_no",
+            from = "REFUNDING",
+            to = "PAID",
+            guard = "refund_request",
+            returning = Order,
+            machine = OrderStatus,
+            migrations = $migrations
+        )]
+        pub async fn decline_refund(
+            db: impl sqlx::Acquire<'_, Database = $db>,
+            order_no: &str,
+            refund_request: &str,
         ) -> Result<Transition<Order, OrderStatus>, Error>;
 
         #[idem::state_transition(
@@ -242,6 +294,11 @@ const SQLITE_MIGRATIONS: &Migrations = &[
         "gateway moves",
         include_str!("migrations/sqlite/20240103000000_gateway_moves.sql"),
     ),
+    (
+        20240104000000,
+        "refunds",
+        include_str!("migrations/sqlite/20240104000000_refunds.sql"),
+    ),
 ];
 
 const POSTGRES_MIGRATIONS: &Migrations = &[
@@ -259,6 +316,11 @@ const POSTGRES_MIGRATIONS: &Migrations = &[
         20240103000000,
         "gateway moves",
         include_str!("migrations/postgres/20240103000000_gateway_moves.sql"),
+    ),
+    (
+        20240104000000,
+        "refunds",
+        include_str!("migrations/postgres/20240104000000_refunds.sql"),
     ),
 ];
 
@@ -328,19 +390,20 @@ macro_rules! database {
                     .map_err(db_error)
             }
 
-            async fn mark_paid(
+            async fn begin_refund(
                 &self,
                 order_no: &str,
-                amount_cents: i64,
+                refund_request: &str,
             ) -> Result<Transition<Order, OrderStatus>, Error> {
-                $module::mark_paid(&self.pool, order_no, amount_cents).await
+                $module::begin_refund(&self.pool, order_no, refund_request).await
             }
 
-            async fn cancel_paid(
+            async fn decline_refund(
                 &self,
                 order_no: &str,
+                refund_request: &str,
             ) -> Result<Transition<Order, OrderStatus>, Error> {
-                $module::cancel_paid(&self.pool, order_no).await
+                $module::decline_refund(&self.pool, order_no, refund_request).await
             }
 
             async fn ship(&self, order_no: &str) -> Result<Transition<Order, OrderStatus>, Error> {
@@ -376,10 +439,17 @@ macro_rules! database {
                 idempotency_key: &str,
                 order_no: &str,
                 amount_cents: i64,
-            ) -> Result<MoneyMove, Error> {
+                mode: GatewayMode,
+            ) -> Result<MoneyMove, GatewayError> {
+                if mode == GatewayMode::Decline {
+                    return Err(GatewayError::Declined);
+                }
                 let created =
                     $module::insert_move(&self.pool, idempotency_key, order_no, amount_cents)
                         .await?;
+                if mode == GatewayMode::LoseAnswer {
+                    return Err(GatewayError::AnswerLost);
+                }
                 Ok(created.into_row().into())
             }
 

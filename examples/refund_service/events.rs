@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use idem::outbox::{Event, OutboxBackend, PendingEvent, Poll, Relay, Wake, event_id};
 use idem::store::outbox::{PgOutbox, SqliteOutbox};
-use idem::{ClaimInfo, Error, Transition};
+use idem::{Error, Transition};
 use serde_json::json;
 
 use crate::db::{Db, Order, OrderStatus, PgDb, SqliteDb};
@@ -44,13 +44,13 @@ pub trait Events: Db {
         amount_cents: i64,
     ) -> impl Future<Output = Result<Transition<Order, OrderStatus>, Error>> + Send;
 
-    /// PAID → CANCELLED after a refund, enqueueing `order.refunded` (its id derived from the
-    /// refund's claim) in the same transaction when it applies.
-    fn cancel_paid_announced(
+    /// REFUNDING → CANCELLED once the gateway moved the money, by the request that began the
+    /// refund, enqueueing `order.refunded` in the same transaction when it applies.
+    fn finish_refund_announced(
         &self,
         order_no: &str,
+        refund_request: &str,
         refund_id: &str,
-        claim: &ClaimInfo,
     ) -> impl Future<Output = Result<Transition<Order, OrderStatus>, Error>> + Send;
 
     /// The oldest events not yet published.
@@ -75,10 +75,11 @@ fn paid_event(order: &Order) -> Event {
     )
 }
 
-fn refunded_event(order: &Order, refund_id: &str, claim: &ClaimInfo) -> Event {
-    Event::for_claim(
-        claim,
-        "refunded",
+/// An order is refunded at most once (CANCELLED is final), so its event id comes from the
+/// order alone.
+fn refunded_event(order: &Order, refund_id: &str) -> Event {
+    Event::new(
+        event_id("order", &order.order_no, "refunded"),
         "order.refunded",
         order.order_no.as_str(),
         json!({
@@ -90,18 +91,10 @@ fn refunded_event(order: &Order, refund_id: &str, claim: &ClaimInfo) -> Event {
     )
 }
 
-/// The applied half of a transition, on the transaction that also enqueues its event: the same
-/// guarded `UPDATE` as the `#[state_transition]` functions in `db.rs`. When it does not apply,
-/// nothing was written, and those functions say why (already applied, a guard mismatch, …).
-const PAY: &str = "UPDATE orders SET status = 'PAID', paid_at = CURRENT_TIMESTAMP \
-     WHERE order_no = $1 AND status = 'PENDING' AND amount_cents = $2 \
-     RETURNING order_no, user_id, sku_id, qty, amount_cents, status";
-const CANCEL_PAID: &str = "UPDATE orders SET status = 'CANCELLED' \
-     WHERE order_no = $1 AND status = 'PAID' \
-     RETURNING order_no, user_id, sku_id, qty, amount_cents, status";
-
+/// The transitions of `db.rs`, run on a transaction that also enqueues their event when they
+/// apply; when they do not, nothing was written and the outcome says why.
 macro_rules! events {
-    ($db:ty, $outbox:ty) => {
+    ($db:ty, $outbox:ty, $module:ident) => {
         impl Events for $db {
             type Outbox = $outbox;
 
@@ -115,41 +108,35 @@ macro_rules! events {
                 amount_cents: i64,
             ) -> Result<Transition<Order, OrderStatus>, Error> {
                 let mut tx = self.pool.begin().await.map_err(db_error)?;
-                let applied: Option<Order> = sqlx::query_as(PAY)
-                    .bind(order_no)
-                    .bind(amount_cents)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(db_error)?;
-                let Some(order) = applied else {
-                    drop(tx);
-                    return self.mark_paid(order_no, amount_cents).await;
-                };
-                self.outbox().enqueue(&mut tx, &paid_event(&order)).await?;
-                tx.commit().await.map_err(db_error)?;
-                Ok(Transition::Applied(order))
+                let outcome =
+                    crate::db::$module::mark_paid(&mut *tx, order_no, amount_cents).await?;
+                if let Transition::Applied(order) = &outcome {
+                    self.outbox().enqueue(&mut tx, &paid_event(order)).await?;
+                    tx.commit().await.map_err(db_error)?;
+                }
+                Ok(outcome)
             }
 
-            async fn cancel_paid_announced(
+            async fn finish_refund_announced(
                 &self,
                 order_no: &str,
+                refund_request: &str,
                 refund_id: &str,
-                claim: &ClaimInfo,
             ) -> Result<Transition<Order, OrderStatus>, Error> {
                 let mut tx = self.pool.begin().await.map_err(db_error)?;
-                let applied: Option<Order> = sqlx::query_as(CANCEL_PAID)
-                    .bind(order_no)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(db_error)?;
-                let Some(order) = applied else {
-                    drop(tx);
-                    return self.cancel_paid(order_no).await;
-                };
-                let event = refunded_event(&order, refund_id, claim);
-                self.outbox().enqueue(&mut tx, &event).await?;
-                tx.commit().await.map_err(db_error)?;
-                Ok(Transition::Applied(order))
+                let outcome = crate::db::$module::finish_refund(
+                    &mut *tx,
+                    order_no,
+                    refund_request,
+                    refund_id,
+                )
+                .await?;
+                if let Transition::Applied(order) = &outcome {
+                    let event = refunded_event(order, refund_id);
+                    self.outbox().enqueue(&mut tx, &event).await?;
+                    tx.commit().await.map_err(db_error)?;
+                }
+                Ok(outcome)
             }
 
             async fn pending_events(&self, limit: u32) -> Result<Vec<PendingEvent>, Error> {
@@ -171,8 +158,8 @@ macro_rules! events {
     };
 }
 
-events!(SqliteDb, SqliteOutbox);
-events!(PgDb, PgOutbox);
+events!(SqliteDb, SqliteOutbox, sqlite);
+events!(PgDb, PgOutbox, postgres);
 
 /// What the two outboxes do their own way: create their table, and wake their relay
 /// (PostgreSQL's `NOTIFY`; SQLite polls).

@@ -8,6 +8,7 @@
 //! IDEM_STORE_PREFIX=staging:idem: …                        # another key prefix (default idem:)
 //! IDEM_ADDR=127.0.0.1:8080 cargo run --example refund_service
 //! NATS_URL=nats://127.0.0.1:4222 cargo run --example refund_service    # publishes its events
+//! PAYMENT_WEBHOOK_SECRET=… cargo run --example refund_service    # the gateway's callback secret
 //! ```
 //!
 //! See the README for a walkthrough with curl.
@@ -21,8 +22,33 @@ use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
+const USAGE: &str = "\
+refund_service: the idem example service (orders, payments, refunds) on 127.0.0.1:3000
+
+usage: cargo run --example refund_service
+
+Configured by the environment:
+  DATABASE_URL            sqlite://FILE (default sqlite://refund_service.db) or postgres://…
+  IDEM_STORE_URL          redis://… (several, comma-separated, for a cluster): keep the
+                          idempotency records in Redis instead of the database
+  IDEM_STORE_PREFIX       the Redis key prefix (default idem:)
+  IDEM_ADDR               the address to listen on (default 127.0.0.1:3000)
+  NATS_URL                nats://…: publish the outbox's events to JetStream
+  PAYMENT_WEBHOOK_SECRET  the secret the payment gateway signs its callbacks with
+                          (default: the development secret dev-webhook-secret)
+  RUST_LOG                the log filter (default info)
+";
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(arg) = std::env::args().nth(1) {
+        if arg == "--help" || arg == "-h" {
+            print!("{USAGE}");
+            return Ok(());
+        }
+        eprint!("refund_service takes no arguments, not {arg:?}\n\n{USAGE}");
+        std::process::exit(2);
+    }
     tracing_subscriber::fmt()
         // Colour only a terminal: logs written to a file or a pipe stay plain text.
         .with_ansi(std::io::stdout().is_terminal())
@@ -62,6 +88,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "refund_service listening on http://{} ({database}); {events}",
         listener.local_addr()?
     );
+    if app::WebhookSecret::from_env().is_dev() {
+        tracing::warn!(
+            "payment callbacks are checked against the development secret {:?}: set {} to the gateway's secret",
+            app::DEV_WEBHOOK_SECRET,
+            app::WEBHOOK_SECRET_VAR
+        );
+    }
     axum::serve(listener, router)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;

@@ -214,7 +214,10 @@ fn ready<F: std::future::Future>(f: F) -> F::Output {
 fuzz_target!(|input: Input| {
     let err = build(&input.error);
     let internal = match &input.error {
-        FuzzError::Unavailable(s) | FuzzError::Store(s) | FuzzError::Config(s) => Some(s.as_str()),
+        FuzzError::Unavailable(s)
+        | FuzzError::Store(s)
+        | FuzzError::Decode(s)
+        | FuzzError::Config(s) => Some(s.as_str()),
         FuzzError::NoDefaultStore => Some(""),
         _ => None,
     };

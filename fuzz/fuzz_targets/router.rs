@@ -3,7 +3,8 @@
 //! (orders and idempotency records), as `examples/refund_service` builds it.
 //!
 //! Properties:
-//! - never a panic, never a 5xx other than 503;
+//! - never a panic, never a 5xx other than 503 (and 502 `GATEWAY_NO_ANSWER`, the refund's
+//!   simulated lost gateway answer);
 //! - an error answer with a body is `application/problem+json` whose `status` member is the
 //!   HTTP status;
 //! - a guarded request (order creation, refund) that succeeded, sent again as it was, is a
@@ -110,6 +111,11 @@ enum FuzzHeader {
     DelayRaw(String),
     Json,
     ContentType(Vec<u8>),
+    /// `X-Gateway-Signature` of the body under the development secret (a payment callback's),
+    /// or of other bytes.
+    Signature { right: bool },
+    /// `X-Demo-Gateway`: `decline`, `lose-answer`, or something else.
+    Gateway(u8),
     Other(String, Vec<u8>),
 }
 
@@ -219,6 +225,16 @@ fn build(w: &World, r: &FuzzRequest) -> Option<Request<Body>> {
                 b"application/json".to_vec(),
             ),
             FuzzHeader::ContentType(v) => (HeaderName::from_static("content-type"), v.clone()),
+            // Signed below, once the body is known.
+            FuzzHeader::Signature { .. } => continue,
+            FuzzHeader::Gateway(i) => (
+                HeaderName::from_static("x-demo-gateway"),
+                match i % 3 {
+                    0 => b"decline".to_vec(),
+                    1 => b"lose-answer".to_vec(),
+                    _ => b"sometimes".to_vec(),
+                },
+            ),
             FuzzHeader::Other(n, v) => {
                 let Ok(n) = HeaderName::from_bytes(n.as_bytes()) else {
                     continue;
@@ -266,7 +282,27 @@ fn build(w: &World, r: &FuzzRequest) -> Option<Request<Body>> {
         }
         FuzzBody::Json(k, v) => serde_json::to_vec(&json!({ k: v })).unwrap(),
     };
+    if let Some(right) = r.headers.iter().take(8).find_map(|h| match h {
+        FuzzHeader::Signature { right } => Some(*right),
+        _ => None,
+    }) {
+        let signed: &[u8] = if right { &body } else { b"other bytes" };
+        req = req.header("x-gateway-signature", signature(signed));
+    }
     req.body(Body::from(body)).ok()
+}
+
+/// `sha256=<hex>` of `body` under the service's development secret.
+fn signature(body: &[u8]) -> String {
+    use hmac::{KeyInit, Mac};
+    let mut mac =
+        hmac::Hmac::<sha2::Sha256>::new_from_slice(app::DEV_WEBHOOK_SECRET.as_bytes()).unwrap();
+    mac.update(body);
+    let tag = mac.finalize().into_bytes();
+    format!(
+        "sha256={}",
+        tag.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    )
 }
 
 /// A request again, for the replay check (a `Request` cannot be cloned).
@@ -313,8 +349,13 @@ async fn send(router: &Router, req: Request<Body>) -> Answer {
 }
 
 fn check(a: &Answer) {
+    let lost_gateway_answer = a.status == StatusCode::BAD_GATEWAY
+        && serde_json::from_slice::<Value>(&a.body)
+            .is_ok_and(|p| p["code"] == "GATEWAY_NO_ANSWER");
     assert!(
-        !a.status.is_server_error() || a.status == StatusCode::SERVICE_UNAVAILABLE,
+        !a.status.is_server_error()
+            || a.status == StatusCode::SERVICE_UNAVAILABLE
+            || lost_gateway_answer,
         "{}: {}",
         a.status,
         String::from_utf8_lossy(&a.body)

@@ -9,11 +9,15 @@
 //! - axum handlers under `#[idempotent]` returning `Json<T>`, `(StatusCode, Json<T>)` and a
 //!   serde type, behind `IdempotencyLayer`: a body that decodes replays the stored bytes exactly
 //!   (when the stored status is the one the handler answers); one that does not is a 500;
-//! - `idem::http::lookup`: 200 with the stored bytes.
+//! - `idem::http::lookup`: the stored bytes with the stored status (200 without one, 422 for a
+//!   final error without one), a 500 problem+json for a stored status that is not one; every
+//!   answer `Cache-Control: no-store`.
 //!
 //! And directly: `StoredHttpResponse::decode` never panics, its result re-encodes to bytes that
 //! decode to the same answer, and an arbitrary answer round-trips through `encode`/`decode`;
-//! `Replay::decode` of the HTTP types re-encodes to an equal value.
+//! an envelope head claiming any header count (the fuzzed status as the count) in front of the
+//! fuzzed bytes decodes or is `Error::Decode`, never a panic or an abort; `Replay::decode` of
+//! the HTTP types re-encodes to an equal value.
 
 #![no_main]
 
@@ -242,7 +246,10 @@ fuzz_target!(|input: Input| {
     let encoded = answer.encode().expect("a small answer encodes");
     assert_eq!(encoded.status, Some(answer.status.as_u16()));
     assert_eq!(encoded.is_error, !answer.status.is_success());
-    assert_eq!(StoredHttpResponse::decode(&encoded).ok().as_ref(), Some(&answer));
+    assert_eq!(
+        StoredHttpResponse::decode(&encoded).ok().as_ref(),
+        Some(&answer)
+    );
 
     let stored = if input.use_answer {
         encoded
@@ -253,6 +260,23 @@ fuzz_target!(|input: Input| {
             body: Bytes::from(input.body.clone()),
         }
     };
+
+    // Any header count, however large, in front of any bytes: an answer or a decoding error.
+    if let Some(count) = input.status {
+        let mut forged = b"idem/http\x01".to_vec();
+        forged.extend_from_slice(&count.to_be_bytes());
+        forged.extend_from_slice(&input.body);
+        let forged = StoredResponse {
+            status: Some(200),
+            is_error: false,
+            body: Bytes::from(forged),
+        };
+        match StoredHttpResponse::decode(&forged) {
+            Ok(d) => assert!(d.headers.len() <= usize::from(count)),
+            Err(Error::Decode(_)) => {}
+            Err(other) => panic!("decode gave {other:?}"),
+        }
+    }
 
     // Decoding is strict and total; what it accepts re-encodes to the same answer.
     let decoded = StoredHttpResponse::decode(&stored);
@@ -296,13 +320,15 @@ fuzz_target!(|input: Input| {
     *w.store.0.lock().unwrap() = Some(stored.clone());
     w.rt.block_on(async {
         // The tower guard.
-        let svc = GuardLayer::new(w.store.clone()).layer(tower::service_fn(
-            |_: Request<GuardBody<Full<Bytes>>>| async {
-                panic!("the inner service ran on a replay");
-                #[allow(unreachable_code)]
-                Ok::<Response<Full<Bytes>>, Infallible>(Response::new(Full::default()))
-            },
-        ));
+        let svc = GuardLayer::new(w.store.clone())
+            .allow_anonymous()
+            .layer(tower::service_fn(
+                |_: Request<GuardBody<Full<Bytes>>>| async {
+                    panic!("the inner service ran on a replay");
+                    #[allow(unreachable_code)]
+                    Ok::<Response<Full<Bytes>>, Infallible>(Response::new(Full::default()))
+                },
+            ));
         let req = Request::post("/orders")
             .header("idempotency-key", "k-1")
             .body(Full::new(Bytes::from_static(b"{}")))
@@ -312,8 +338,9 @@ fuzz_target!(|input: Input| {
             Ok(d) => {
                 assert_eq!(parts.status, d.status);
                 assert_eq!(parts.headers["idempotent-replayed"], "true");
+                assert_eq!(parts.headers["cache-control"], "no-store");
                 for (name, value) in &d.headers {
-                    if name != "idempotent-replayed" {
+                    if name != "idempotent-replayed" && name != "cache-control" {
                         assert!(parts.headers.get_all(name).iter().any(|v| v == value));
                     }
                 }
@@ -369,11 +396,22 @@ fuzz_target!(|input: Input| {
             }
         }
 
-        // The lookup by key: the stored bytes as they are.
+        // The lookup by key: the stored bytes as they are, with the stored status.
         let req = Request::get("/lookup").body(Body::empty()).unwrap();
         let (parts, body, _) = read(w.router.clone().oneshot(req).await.unwrap()).await;
-        assert_eq!(parts.status, StatusCode::OK);
-        assert_eq!(parts.headers["idempotent-replayed"], "true");
-        assert_eq!(body, stored.body);
+        assert_eq!(parts.headers["cache-control"], "no-store");
+        let status = match stored.status {
+            Some(s) => StatusCode::from_u16(s).ok(),
+            None if stored.is_error => Some(StatusCode::UNPROCESSABLE_ENTITY),
+            None => Some(StatusCode::OK),
+        };
+        match status {
+            Some(status) => {
+                assert_eq!(parts.status, status);
+                assert_eq!(parts.headers["idempotent-replayed"], "true");
+                assert_eq!(body, stored.body);
+            }
+            None => assert_internal_error(&parts, &body),
+        }
     });
 });

@@ -13,8 +13,6 @@ mod idempotent;
 mod krate;
 mod machine;
 // The catalog answers more than the macros ask of it yet.
-#[allow(dead_code, unused_imports)]
-mod schema;
 mod scope;
 mod spans;
 mod sql;

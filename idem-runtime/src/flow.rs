@@ -45,8 +45,10 @@ use crate::store::Store;
 /// body that may take 50 ms).
 ///
 /// With [`HintBasis::Observed`] (the default) the hint is the typical duration of the
-/// operation's completed calls, observed in this process (`#[idempotent]` functions measure each
-/// of their calls), or `unobserved` before the first one completes; never below `min` and never
+/// operation's completed calls, observed in this process (`#[idempotent]` functions measure
+/// their calls; the typical duration is the median of the recent ones, so a few slow callers do
+/// not raise every caller's hint), or `unobserved` before the first one completes; never below
+/// `min` and never
 /// beyond what is left of the running claim's lease (after that the claim is re-claimable, and a
 /// retry then gets the answer or takes over). With [`HintBasis::RemainingLease`] it is what is
 /// left of the lease, at least `min`: what a message consumer, whose redelivery costs more than
@@ -153,28 +155,45 @@ pub fn retry_hint() -> RetryHint {
         .unwrap_or_else(|_| RETRY_HINT.get().copied().unwrap_or_default())
 }
 
+/// How many recent completions an operation's typical duration is the median of.
+const SAMPLES: usize = 32;
+
 /// How long one guarded operation's calls take, observed in this process: what its "in
 /// progress" answers tell a client to wait. `#[idempotent]` keeps one per function, in a
 /// `static`.
+///
+/// The typical duration is the median of the last 32 sampled completions, whoever made them: a
+/// few callers whose requests are slow (a huge body, a slow downstream for one account) move it
+/// only once they are most of the recent calls, so no one caller can drag every other caller's
+/// `Retry-After` up to the lease. A shift of most calls moves it within 16 samples.
 #[doc(hidden)]
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Timing {
-    /// A moving average of completed calls' durations in microseconds, plus one (zero: none
-    /// observed yet).
-    average_us: AtomicU64,
+    /// The last completions' durations in microseconds, plus one (zero: an empty slot), written
+    /// round the ring.
+    samples: [AtomicU64; SAMPLES],
+    /// How many completions were observed: the next slot, modulo the ring's size.
+    observed: AtomicU64,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing::new()
+    }
 }
 
 impl Timing {
     /// Nothing observed yet.
     pub const fn new() -> Timing {
         Timing {
-            average_us: AtomicU64::new(0),
+            samples: [const { AtomicU64::new(0) }; SAMPLES],
+            observed: AtomicU64::new(0),
         }
     }
 
     /// When a call starts: the instant to measure it from, for the first call and one call in
     /// eight after that on each thread. Sampling keeps the clock reads off most calls; the
-    /// average moves a little slower, which a hint does not mind.
+    /// median moves a little slower, which a hint does not mind.
     pub(crate) fn start(&self) -> Option<Instant> {
         thread_local!(static CALLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) });
         let sampled = CALLS.with(|c| {
@@ -182,29 +201,38 @@ impl Timing {
             c.set(n);
             n % 8 == 0
         });
-        (sampled || self.average_us.load(Ordering::Relaxed) == 0).then(Instant::now)
+        (sampled || self.observed.load(Ordering::Relaxed) == 0).then(Instant::now)
     }
 
     /// A call that took `d` completed.
     pub fn observe(&self, d: Duration) {
         let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX - 1);
-        // Races lose an observation, never corrupt the average.
-        let old = self.average_us.load(Ordering::Relaxed);
-        let new = match old {
-            0 => us,
-            // Recent calls weigh most: an operation that slows down is noticed within a few.
-            old => (old - 1) - (old - 1) / 4 + us / 4,
-        };
-        self.average_us
-            .store(new.saturating_add(1), Ordering::Relaxed);
+        let slot = self.observed.fetch_add(1, Ordering::Relaxed) % SAMPLES as u64;
+        // Racing writers each take a slot of their own; a reader may see a slot one write late,
+        // which a hint does not mind.
+        self.samples[slot as usize].store(us.saturating_add(1), Ordering::Relaxed);
     }
 
-    /// The typical duration of a completed call, once one completed.
+    /// The typical duration of a completed call (the median of the recent ones), once one
+    /// completed.
     pub fn typical(&self) -> Option<Duration> {
-        match self.average_us.load(Ordering::Relaxed) {
-            0 => None,
-            n => Some(Duration::from_micros(n - 1)),
+        let mut seen = [0u64; SAMPLES];
+        let mut n = 0;
+        for slot in &self.samples {
+            match slot.load(Ordering::Relaxed) {
+                0 => {}
+                us => {
+                    seen[n] = us - 1;
+                    n += 1;
+                }
+            }
         }
+        if n == 0 {
+            return None;
+        }
+        // The lower median: of an even count, the shorter of the middle two.
+        let (_, median, _) = seen[..n].select_nth_unstable((n - 1) / 2);
+        Some(Duration::from_micros(*median))
     }
 }
 
@@ -1031,3 +1059,69 @@ mod transactional {
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use transactional::{TxClaim, TxStart, tx_finish, tx_start};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE_LEFT: Duration = Duration::from_secs(300);
+
+    fn hint(timing: &Timing) -> Duration {
+        RetryHint::DEFAULT.hint(LEASE_LEFT, timing.typical())
+    }
+
+    #[test]
+    fn a_few_slow_calls_do_not_move_the_hint_most_calls_do() {
+        let timing = Timing::new();
+        assert_eq!(timing.typical(), None);
+        assert_eq!(
+            hint(&timing),
+            Duration::from_secs(1),
+            "nothing observed yet"
+        );
+        for _ in 0..SAMPLES {
+            timing.observe(Duration::from_secs(2));
+        }
+        assert_eq!(hint(&timing), Duration::from_secs(2));
+
+        // One caller's requests take the whole lease, several times in a row.
+        for _ in 0..5 {
+            timing.observe(Duration::from_secs(290));
+        }
+        assert_eq!(
+            hint(&timing),
+            Duration::from_secs(2),
+            "a few slow calls do not drag the hint"
+        );
+        // Even as many as just under half of the recent calls.
+        for _ in 5..SAMPLES / 2 {
+            timing.observe(Duration::from_secs(290));
+        }
+        assert_eq!(hint(&timing), Duration::from_secs(2));
+
+        // Most calls slow down: the hint follows.
+        for _ in 0..SAMPLES / 2 + 1 {
+            timing.observe(Duration::from_secs(9));
+        }
+        assert_eq!(hint(&timing), Duration::from_secs(9));
+        for _ in 0..SAMPLES {
+            timing.observe(Duration::from_millis(1_500));
+        }
+        assert_eq!(hint(&timing), Duration::from_millis(1_500), "and back");
+    }
+
+    #[test]
+    fn the_median_of_few_observations() {
+        let timing = Timing::new();
+        timing.observe(Duration::from_millis(40));
+        assert_eq!(timing.typical(), Some(Duration::from_millis(40)));
+        timing.observe(Duration::from_secs(100));
+        assert_eq!(
+            timing.typical(),
+            Some(Duration::from_millis(40)),
+            "the shorter of two"
+        );
+        timing.observe(Duration::from_millis(60));
+        assert_eq!(timing.typical(), Some(Duration::from_millis(60)));
+    }
+}

@@ -26,7 +26,7 @@ use std::task::{Context, Poll};
 use axum::body::Body;
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request, StatusCode};
 
@@ -182,18 +182,33 @@ impl<T: IntoResponse> IntoResponse for crate::replay::Idempotent<T> {
         let replayed = self.is_replay();
         let mut resp = self.into_inner().into_response();
         if replayed {
-            resp.headers_mut()
-                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            mark_replayed(resp.headers_mut());
         }
         resp
     }
 }
 
-/// The answer for a client recovering from a timeout, asking whether its request happened:
-/// 200 with the stored result when it completed, 409 with `Retry-After` while it runs, 404 when
-/// nothing is known (safe to send the request again with the same key).
+/// Marks an answer as a replay: `Idempotent-Replayed: true`, and `Cache-Control: no-store`, for
+/// it is one caller's stored answer, never something a cache on the way may keep and share.
+fn mark_replayed(headers: &mut http::HeaderMap) {
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+}
+
+/// The answer for a client recovering from a timeout, asking whether its request happened.
+///
+/// - Completed: the stored answer's bytes with its stored status (201 for a record completed
+///   with 201, a stored final error's own status), `Idempotent-Replayed: true`. An answer stored
+///   without an HTTP status is 200 when it is a success and 422 when it is a final error; a
+///   stored status that is not one is a 500, never a guess.
+/// - In progress: 409 `REQUEST_IN_PROGRESS` with `Retry-After`.
+/// - Unknown: 404 `IDEMPOTENCY_KEY_NOT_FOUND` (safe to send the request again with the same
+///   key).
+///
+/// Every answer, whatever its status, carries `Cache-Control: no-store`: it is about one
+/// caller's request, and changes as the request runs.
 pub async fn lookup<S: Store>(store: &S, scope: &str, key: &Key) -> Response {
-    match store.lookup(scope, key.as_str()).await {
+    let mut resp = match store.lookup(scope, key.as_str()).await {
         Err(e) => e.into_response(),
         Ok(None) => problem(
             StatusCode::NOT_FOUND,
@@ -201,20 +216,41 @@ pub async fn lookup<S: Store>(store: &S, scope: &str, key: &Key) -> Response {
             "no request with this key is known: it is safe to send it again with the same key",
         ),
         Ok(Some(record)) => match (record.state, record.response) {
-            (RecordState::Completed, Some(stored)) => {
-                let mut resp = Response::new(Body::from(stored.body));
-                resp.headers_mut()
-                    .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-                resp.headers_mut()
-                    .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-                resp
-            }
+            (RecordState::Completed, Some(stored)) => match lookup_status(&stored) {
+                Ok(status) => {
+                    let mut resp = Response::new(Body::from(stored.body));
+                    *resp.status_mut() = status;
+                    resp.headers_mut()
+                        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                    mark_replayed(resp.headers_mut());
+                    resp
+                }
+                Err(e) => Error::Decode(format!(
+                    "record (scope {scope:?}, key {:?}): {e}",
+                    key.as_str()
+                ))
+                .into_response(),
+            },
             _ => Error::InProgress {
                 retry_after: crate::flow::retry_hint()
                     .hint(record.lease_remaining.unwrap_or_default(), None),
             }
             .into_response(),
         },
+    };
+    resp.headers_mut()
+        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+/// The status the lookup answers a completed record with: the stored one, read exactly.
+fn lookup_status(stored: &StoredResponse) -> Result<StatusCode, String> {
+    match stored.status {
+        Some(s) => {
+            StatusCode::from_u16(s).map_err(|_| format!("stored status {s} is not a status"))
+        }
+        None if stored.is_error => Ok(StatusCode::UNPROCESSABLE_ENTITY),
+        None => Ok(StatusCode::OK),
     }
 }
 
@@ -348,9 +384,7 @@ async fn answer_replay(
         parts.status = status;
     }
     parts.headers.remove(CONTENT_LENGTH);
-    parts
-        .headers
-        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    mark_replayed(&mut parts.headers);
     Response::from_parts(parts, Body::from(stored.body))
 }
 

@@ -89,7 +89,8 @@ impl ProblemResponse {
             Error::Unavailable(_) => {
                 "the idempotency store is unavailable; retry with the same key".to_owned()
             }
-            Error::Store(_) | Error::Config(_) | Error::NoDefaultStore => {
+            // A stored answer that cannot be read names its record, for the log only.
+            Error::Store(_) | Error::Decode(_) | Error::Config(_) | Error::NoDefaultStore => {
                 "the idempotency guard failed".to_owned()
             }
             other => other.to_string(),

@@ -14,16 +14,47 @@ use crate::error::Error;
 ///
 /// `R` is the row type of `returning = …` (or `()`), `S` the state type: the declared state
 /// machine's enum, or `String`.
+///
+/// Only [`Applied`](Transition::Applied) says that *this call* moved the row. Before an
+/// irreversible effect (moving money, shipping), act on `Applied` alone, or on
+/// [`AlreadyApplied`](Transition::AlreadyApplied) only when the transition declares an `owner`
+/// and so tells this request's earlier attempt from another request:
+///
+/// ```
+/// # use idem::Transition;
+/// # fn call_gateway() {}
+/// # fn conflict(_: &str) {}
+/// # fn f(outcome: Transition<(), String>) {
+/// match outcome {
+///     // This call won the order, or (with `owner`) an earlier attempt of this same request did.
+///     Transition::Applied(_) | Transition::AlreadyApplied(_) => call_gateway(),
+///     // Another request won it: never a second refund.
+///     Transition::AppliedByAnother(_) => conflict("a refund of this order is in progress"),
+///     Transition::Illegal { current } => conflict(&current),
+///     Transition::GuardMismatch(_) | Transition::NotFound => conflict("not refundable"),
+/// }
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[must_use = "a transition that did not apply must be handled: duplicate, mismatch, illegal or missing"]
+#[must_use = "only `Applied` means this call moved the row: handle the duplicate, another owner, a mismatch, an illegal state and a missing row"]
 pub enum Transition<R = (), S = String> {
-    /// The row was in a `from` state and every guard matched: it is now in `to`. One round
-    /// trip.
+    /// This call moved the row: it was in a `from` state and every guard matched; it is now in
+    /// `to` (and its `owner` column holds this call's owner). One round trip.
     Applied(R),
-    /// The row was already in `to`: a duplicate (a payment callback delivered twice). An
-    /// idempotent success. When the call's guard columns differ from the row's (a second
-    /// callback with another amount), it is still this outcome, and a warning is logged.
+    /// The row was already in `to` before this call: an earlier call applied the transition.
+    ///
+    /// With `owner = …`, that earlier call had this call's owner: a retry of the same request
+    /// (a resumed attempt, a redelivered callback), which may safely carry on where it left
+    /// off. Without `owner`, the earlier call may have been *any* request: an idempotent
+    /// success for a duplicate (a payment callback delivered twice), but never a licence to
+    /// perform an irreversible effect. When the call's guard columns differ from the row's (a
+    /// second callback with another amount), it is still this outcome, and a warning is
+    /// logged.
     AlreadyApplied(R),
+    /// The row was already in `to`, and its `owner` column names another owner: a different
+    /// request applied the transition. Only with `owner = …`. The loser of a race: it must not
+    /// do what the winner does.
+    AppliedByAnother(R),
     /// The row is in a `from` state but a guard column differs (the paid amount is not the
     /// order's amount). Never a success: it is logged at warn and must be alerted on.
     GuardMismatch(R),
@@ -37,14 +68,18 @@ pub enum Transition<R = (), S = String> {
 }
 
 impl<R, S> Transition<R, S> {
-    /// Whether this call moved the row.
+    /// Whether this call moved the row. An earlier call's transition
+    /// ([`AlreadyApplied`](Transition::AlreadyApplied)) is not.
     pub fn is_applied(&self) -> bool {
         matches!(self, Transition::Applied(_))
     }
 
-    /// Whether the row is now in the target state, by this call or an earlier one.
-    pub fn is_done(&self) -> bool {
-        matches!(self, Transition::Applied(_) | Transition::AlreadyApplied(_))
+    /// The row, when this call moved it; otherwise the outcome, to say why not.
+    pub fn applied(self) -> Result<R, Self> {
+        match self {
+            Transition::Applied(r) => Ok(r),
+            other => Err(other),
+        }
     }
 
     /// The row, when the outcome carries one.
@@ -52,6 +87,7 @@ impl<R, S> Transition<R, S> {
         match self {
             Transition::Applied(r)
             | Transition::AlreadyApplied(r)
+            | Transition::AppliedByAnother(r)
             | Transition::GuardMismatch(r) => Some(r),
             _ => None,
         }
@@ -62,6 +98,7 @@ impl<R, S> Transition<R, S> {
         match self {
             Transition::Applied(_) => "applied",
             Transition::AlreadyApplied(_) => "already_applied",
+            Transition::AppliedByAnother(_) => "applied_by_another",
             Transition::GuardMismatch(_) => "guard_mismatch",
             Transition::Illegal { .. } => "illegal",
             Transition::NotFound => "not_found",

@@ -66,6 +66,13 @@ impl PgSchema {
         }
     }
 
+    /// A connection URL whose sessions see only this schema (`search_path`), for a program
+    /// that takes `DATABASE_URL`.
+    pub fn scoped_url(&self) -> String {
+        let sep = if self.url.contains('?') { '&' } else { '?' };
+        format!("{}{sep}options=-c%20search_path%3D{}", self.url, self.name)
+    }
+
     /// A new pool whose connections see only `schema` (through `search_path`).
     pub async fn pool_for(url: &str, schema: &str, max_connections: u32) -> PgPool {
         let options = PgConnectOptions::from_str(url)
@@ -324,4 +331,69 @@ impl Drop for JsStreams {
         })
         .join();
     }
+}
+
+/// `sha256=<hex>`: the HMAC-SHA256 of `body` under `secret`, as the refund service's payment
+/// gateway signs its callbacks (`X-Gateway-Signature`).
+pub fn gateway_signature(secret: &[u8], body: &str) -> String {
+    use hmac::{KeyInit, Mac};
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).expect("any key length");
+    mac.update(body.as_bytes());
+    let tag = mac.finalize().into_bytes();
+    format!(
+        "sha256={}",
+        tag.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    )
+}
+
+/// The binary of the example `name` of the `idem-examples` package. `cargo test --workspace`
+/// builds it; when it is missing, or older than a source it is built from (a run of this
+/// package's tests alone after an edit), cargo builds it here, so a test never starts an example
+/// built from older sources.
+pub fn example_binary(name: &str) -> std::path::PathBuf {
+    static CHECKED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let bin = dir
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    let mut checked = CHECKED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !checked.iter().any(|b| b == name) {
+        let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let sources = [
+            "examples",
+            "src",
+            "idem-runtime/src",
+            "idem-macros/src",
+            "idem-schema/src",
+        ]
+        .iter()
+        .filter_map(|d| newest(&root.join(d)))
+        .max();
+        if built.is_none() || sources > built {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = std::process::Command::new(cargo)
+                .args(["build", "-q", "-p", "idem-examples", "--example", name])
+                .status()
+                .unwrap();
+            assert!(status.success(), "could not build the example {name}");
+        }
+        checked.push(name.to_owned());
+    }
+    bin
+}
+
+/// The latest modification time of a file under `path`.
+fn newest(path: &std::path::Path) -> Option<std::time::SystemTime> {
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.is_file() {
+        return meta.modified().ok();
+    }
+    std::fs::read_dir(path)
+        .ok()?
+        .filter_map(|e| newest(&e.ok()?.path()))
+        .max()
 }

@@ -21,6 +21,7 @@ pub(crate) struct Args {
     pub(crate) from: Option<Vec<LitStr>>,
     pub(crate) to: Option<LitStr>,
     pub(crate) guard: Option<LitStr>,
+    pub(crate) owner: Option<LitStr>,
     pub(crate) machine: Option<syn::Path>,
     /// `#[versioned_update]`
     pub(crate) version: Option<LitStr>,
@@ -44,6 +45,7 @@ impl Args {
                 "state" => &mut args.state,
                 "to" => &mut args.to,
                 "guard" => &mut args.guard,
+                "owner" => &mut args.owner,
                 "version" => &mut args.version,
                 "unique" => &mut args.unique,
                 "from" => {

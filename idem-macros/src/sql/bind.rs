@@ -88,6 +88,7 @@ impl<'a> Binder<'a> {
 pub(crate) enum Compared {
     Key,
     Guard,
+    Owner,
     Unique,
 }
 
@@ -109,6 +110,10 @@ pub(crate) fn not_optional(args: &FnArgs, column: &Ident, part: Compared, cx: &m
         Compared::Guard => (
             "a guard column",
             "the transition would never apply, and say the guard differs",
+        ),
+        Compared::Owner => (
+            "the owner column",
+            "a row already in `to` would never be found to be this owner's",
         ),
         Compared::Unique => (
             "a unique column",

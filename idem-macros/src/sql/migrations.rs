@@ -22,9 +22,9 @@ use super::decl::FnArg;
 use super::target::Target;
 use crate::ctxt::Ctxt;
 use crate::krate::Krate;
-use crate::schema::{
-    self, AllowedValues, Backend, Catalog, Column, Lookup, Migrations, SchemaError, Table,
-    TypeFamily, ValueSource,
+use idem_schema::{
+    self as schema, AllowedValues, Backend, Catalog, Column, Lookup, Migrations, SchemaError,
+    Table, TypeFamily, ValueSource,
 };
 
 /// Where the attribute being expanded is.

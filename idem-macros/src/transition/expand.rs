@@ -20,19 +20,18 @@ struct Sql {
 
 /// The statements, with `now` for the database's clock, and the text bound to a column of an
 /// enum type cast to it (PostgreSQL; `casts` is empty for SQLite). Parameters are bound in this
-/// order: keys, guards, set arguments, `to`, each `from`.
+/// order: keys, guards, the owner, set arguments, `to`, each `from`.
 fn statements(m: &Model, now: &str, casts: &BTreeMap<String, String>) -> Sql {
     let mut params = Params::default();
     let key_where = params.equal_cast(m.keys.iter().map(|(c, _)| c), casts);
     let guard_where = params.equal_cast(m.guards.iter().map(|(c, _)| c), casts);
-    let mut set: Vec<String> = m
-        .sets
-        .iter()
-        .map(|s| match s {
-            SetValue::Arg(c, _) => format!("{} = {}", c.quoted, params.next_cast(&c.name, casts)),
-            SetValue::Now(c) => format!("{} = {now}", c.quoted),
-        })
-        .collect();
+    // The owner is written when the transition applies, and compared when the row is in `to`.
+    let owner_equal = params.equal_cast(m.owner.iter().map(|(c, _)| c), casts);
+    let mut set: Vec<String> = owner_equal.clone();
+    set.extend(m.sets.iter().map(|s| match s {
+        SetValue::Arg(c, _) => format!("{} = {}", c.quoted, params.next_cast(&c.name, casts)),
+        SetValue::Now(c) => format!("{} = {now}", c.quoted),
+    }));
     let state = &m.state;
     set.insert(
         0,
@@ -62,6 +61,10 @@ fn statements(m: &Model, now: &str, casts: &BTreeMap<String, String>) -> Sql {
     } else {
         format!("COALESCE(({}), false)", guard_where.join(" AND "))
     };
+    let owner_match = match owner_equal.first() {
+        Some(equal) => format!(", COALESCE(({equal}), false) AS \"__idem_owner_match\""),
+        None => String::new(),
+    };
     // An enum is read back as its text.
     let state_text = if casts.contains_key(&state.name) {
         format!("CAST({} AS TEXT)", state.quoted)
@@ -76,7 +79,7 @@ fn statements(m: &Model, now: &str, casts: &BTreeMap<String, String>) -> Sql {
             conditions.join(" AND ")
         ),
         select: format!(
-            "SELECT {state_text} AS \"__idem_state\", {guards_match} AS \"__idem_guards_match\"{} FROM {} WHERE {}",
+            "SELECT {state_text} AS \"__idem_state\", {guards_match} AS \"__idem_guards_match\"{owner_match}{} FROM {} WHERE {}",
             if m.returning.is_some() { ", *" } else { "" },
             m.target.table.quoted,
             key_where.join(" AND ")
@@ -130,10 +133,10 @@ fn checks(m: &Model) -> TokenStream {
     out
 }
 
-/// The arguments in binding order: keys, guards, set arguments.
+/// The arguments in binding order: keys, guards (with the owner after them), set arguments.
 fn bound(m: &Model) -> (Vec<&Ident>, Vec<&Ident>, Vec<&Ident>) {
     let keys = m.keys.iter().map(|(_, a)| a).collect();
-    let guards = m.guards.iter().map(|(_, a)| a).collect();
+    let guards = m.guards.iter().chain(&m.owner).map(|(_, a)| a).collect();
     let sets = m
         .sets
         .iter()
@@ -191,6 +194,16 @@ fn attempt(m: &Model, p: &TokenStream) -> TokenStream {
     let from: Vec<String> = m.from.iter().map(|f| f.value()).collect();
     let table = &m.target.table.name;
     let guard_names: Vec<&str> = m.guards.iter().map(|(c, _)| c.name.as_str()).collect();
+    // With an owner, a row already in `to` is this owner's (`AlreadyApplied`) or another's.
+    let by_another = m.owner.as_ref().map(|_| {
+        quote_spanned! {Span::mixed_site()=>
+            let owner_match: bool =
+                #p::sqlx::Row::try_get(&row, "__idem_owner_match").map_err(#p::sql_error)?;
+            if !owner_match {
+                return ::core::result::Result::Ok(#p::Transition::AppliedByAnother(#row_of));
+            }
+        }
+    });
     let guarded = !m.guards.is_empty();
     let key_debug = quote!(&(#(&#key_args,)*));
     let current = match &m.state_type {
@@ -211,6 +224,7 @@ fn attempt(m: &Model, p: &TokenStream) -> TokenStream {
             #p::sqlx::Row::try_get(&row, "__idem_state").map_err(#p::sql_error)?;
         match #p::classify_miss(&current, &[#(#from),*], #to, #guarded) {
             #p::Miss::AlreadyApplied => {
+                #by_another
                 let guards_match: bool =
                     #p::sqlx::Row::try_get(&row, "__idem_guards_match").map_err(#p::sql_error)?;
                 if !guards_match {

@@ -19,6 +19,7 @@ pub(crate) const STEPS: Steps<valid::Model> = Steps {
             ("from", "\"PENDING\""),
             ("to", "\"PAID\""),
             ("guard", "\"amount_cents\""),
+            ("owner", "\"refund_request\""),
             ("set", "\"paid_at = now()\""),
             ("returning", "Order"),
             ("machine", "OrderStatus"),

@@ -33,6 +33,9 @@ pub(crate) struct Model {
     pub(super) state: SqlIdent,
     pub(super) keys: Vec<(SqlIdent, Ident)>,
     pub(super) guards: Vec<(SqlIdent, Ident)>,
+    /// `owner`: set to its argument when the transition applies, and compared with it when the
+    /// row is already in `to`.
+    pub(super) owner: Option<(SqlIdent, Ident)>,
     pub(super) sets: Vec<SetValue>,
     pub(super) from: Vec<LitStr>,
     pub(super) to: LitStr,
@@ -49,6 +52,8 @@ pub(crate) struct Model {
 struct Columns {
     keys: Option<Vec<(SqlIdent, Ident)>>,
     guards: Option<Vec<(SqlIdent, Ident)>>,
+    /// `Some(None)` when `owner` is not given; `None` when it is given but unusable.
+    owner: Option<Option<(SqlIdent, Ident)>>,
     sets: Vec<SetValue>,
     state: Option<SqlIdent>,
 }
@@ -70,7 +75,12 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
             .iter()
             .flatten()
             .map(|g| (&g.1, Compared::Guard));
-        for (arg, part) in keys.chain(guards) {
+        let owner = columns
+            .owner
+            .iter()
+            .flatten()
+            .map(|o| (&o.1, Compared::Owner));
+        for (arg, part) in keys.chain(guards).chain(owner) {
             not_optional(fn_args, arg, part, cx);
         }
     }
@@ -85,6 +95,7 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
         state: columns.state?,
         keys: columns.keys?,
         guards: columns.guards?,
+        owner: columns.owner?,
         sets: columns.sets,
         from: args.from.clone()?,
         to: args.to.clone()?,
@@ -102,7 +113,8 @@ fn against(schema: &Schema, target: &Target, args: &Args, c: &Columns, cx: &mut 
     let arg = |name: &Ident| target.values.iter().find(|a| a.ident == *name);
     let keys = c.keys.iter().flatten().map(|k| (args.key.as_ref(), k));
     let guards = c.guards.iter().flatten().map(|g| (args.guard.as_ref(), g));
-    for (lit, (column, ident)) in keys.chain(guards) {
+    let owner = c.owner.iter().flatten().map(|o| (args.owner.as_ref(), o));
+    for (lit, (column, ident)) in keys.chain(guards).chain(owner) {
         let span = lit.map_or_else(Span::call_site, LitStr::span);
         if let Some(found) = check.column(&column.name, span, cx)
             && !check.cast(found)
@@ -149,6 +161,25 @@ fn columns(args: &Args, binder: &mut Binder<'_>, cx: &mut Ctxt) -> Columns {
         None => Some(Vec::new()),
         Some(l) => list(l, "guard column", cx),
     };
+    let owner = match &args.owner {
+        None => Some(None),
+        Some(l) if l.value().contains(',') => {
+            cx.at(
+                l.span(),
+                format_args!(
+                    "`owner` is one column, the one that records who applied the transition, such as `owner = \"refund_request\"`; not `{}`",
+                    l.value()
+                ),
+            );
+            binder.readable(false);
+            None
+        }
+        Some(l) => {
+            let column = cx.ok(ident::lit_ident(l, "owner column", false));
+            binder.readable(column.is_some());
+            column.and_then(|c| binder.bind_one(l, c, cx)).map(Some)
+        }
+    };
     let mut sets = Vec::new();
     if let Some(l) = &args.set {
         let items = cx.ok(ident::set_list(l));
@@ -169,6 +200,7 @@ fn columns(args: &Args, binder: &mut Binder<'_>, cx: &mut Ctxt) -> Columns {
     Columns {
         keys,
         guards,
+        owner,
         sets,
         state,
     }
@@ -233,6 +265,31 @@ fn parts(args: &Args, c: &Columns, cx: &mut Ctxt) {
                 &args.guard,
                 format!(
                     "`guard` names the state column `{s}`: `from` already says which states the row may be in"
+                ),
+            );
+        }
+    }
+    if let Some(Some((owner, _))) = &c.owner {
+        let o = owner.name.as_str();
+        let sets = c.sets.iter().map(|s| s.column().name.as_str());
+        let part = if Some(o) == state {
+            Some("the state column: the transition sets it to `to` itself")
+        } else if keys.contains(&o) {
+            Some("a key column: the transition finds its row by key, and must not move it")
+        } else if guards.contains(&o) {
+            Some(
+                "a guard column, compared with the same argument: a row in a `from` state would never match another owner",
+            )
+        } else if sets.clone().any(|s| s == o) {
+            Some("in `set` too: the transition sets the owner itself")
+        } else {
+            None
+        };
+        if let Some(part) = part {
+            clash(
+                &args.owner,
+                format!(
+                    "`owner` names `{o}`, which is {part}. The owner is a column of its own that records who applied the transition, such as `refund_request`"
                 ),
             );
         }

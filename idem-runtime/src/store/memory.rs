@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::{Future, ready};
 use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -20,12 +21,20 @@ use crate::store::Store;
 
 const SHARDS: usize = 64;
 
+/// How often, at most, the store's use purges its expired records: once a minute of its clock.
+const PURGE_EVERY_MS: i64 = 60_000;
+
 /// A concurrent in-memory store.
 ///
 /// Records are spread over 64 independently locked shards by a hash of `(scope, key)`; every
 /// operation holds one shard lock for a few hundred nanoseconds and never across an `.await`.
 /// Time comes from an injectable [`Clock`], so tests can expire leases and retention without
 /// sleeping. Clones share the same records.
+///
+/// Expired records leave by themselves, as the store is used: at most once a minute (of its
+/// clock), the first `begin` after the minute purges every shard's expired records, one shard
+/// lock at a time, so a long-running process holds no more than its retention's worth of
+/// records. No task and no runtime are needed; [`Store::purge_expired`] purges at once.
 ///
 /// ```
 /// # tokio_test_block_on(async {
@@ -43,6 +52,8 @@ struct Inner {
     shards: Box<[Mutex<HashTable<Entry>>]>,
     hasher: hashbrown::DefaultHashBuilder,
     clock: Arc<dyn Clock>,
+    /// When the next `begin` purges expired records, in the clock's milliseconds.
+    next_purge: AtomicI64,
 }
 
 struct Entry {
@@ -91,11 +102,13 @@ impl MemoryStore {
 
     /// An empty store on `clock` (a [`ManualClock`](crate::clock::ManualClock) in tests).
     pub fn with_clock(clock: impl Clock) -> Self {
+        let next_purge = clock.now_ms().saturating_add(PURGE_EVERY_MS);
         MemoryStore {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
                 hasher: hashbrown::DefaultHashBuilder::default(),
                 clock: Arc::new(clock),
+                next_purge: AtomicI64::new(next_purge),
             }),
         }
     }
@@ -152,8 +165,41 @@ impl MemoryStore {
             })
     }
 
+    /// Deletes every record expired at `now`; returns how many.
+    fn purge_at(&self, now: i64) -> u64 {
+        let mut purged = 0u64;
+        for shard in self.inner.shards.iter() {
+            let mut shard = lock(shard);
+            let before = shard.len();
+            shard.retain(|e| e.expires_at > now);
+            purged += (before - shard.len()) as u64;
+        }
+        purged
+    }
+
+    /// Purges when the minute since the last purge is over: one caller purges, the others go
+    /// on.
+    fn purge_if_due(&self, now: i64) {
+        let due = self.inner.next_purge.load(Ordering::Relaxed);
+        if now >= due
+            && self
+                .inner
+                .next_purge
+                .compare_exchange(
+                    due,
+                    now.saturating_add(PURGE_EVERY_MS),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            self.purge_at(now);
+        }
+    }
+
     fn begin_now(&self, req: BeginRequest<'_>) -> BeginOutcome {
         let now = self.inner.clock.now_ms();
+        self.purge_if_due(now);
         let lease = duration_ms(req.policy.lease);
         let retain = duration_ms(req.policy.retain);
         let hash = self.hash(req.scope, req.key);
@@ -320,15 +366,7 @@ impl Store for MemoryStore {
     }
 
     fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send {
-        let now = self.inner.clock.now_ms();
-        let mut purged = 0u64;
-        for shard in self.inner.shards.iter() {
-            let mut shard = lock(shard);
-            let before = shard.len();
-            shard.retain(|e| e.expires_at > now);
-            purged += (before - shard.len()) as u64;
-        }
-        ready(Ok(purged))
+        ready(Ok(self.purge_at(self.inner.clock.now_ms())))
     }
 
     fn release_in_background(&self, scope: String, key: String, fence: u64) {

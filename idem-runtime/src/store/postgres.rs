@@ -101,9 +101,16 @@ impl Dialect for Pg {
         }
     }
 
-    fn migration_lock() -> Option<SqlStr> {
+    fn migration_start() -> Option<SqlStr> {
+        // `IF NOT EXISTS` on what exists already says so in a NOTICE ("column … already exists,
+        // skipping"), which sqlx logs: a migration that has nothing to do stays silent, for this
+        // transaction only.
         Some(
-            AssertSqlSafe(format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")).into_sql_str(),
+            AssertSqlSafe(format!(
+                "SELECT set_config('client_min_messages', 'warning', true), \
+                 pg_advisory_xact_lock({MIGRATION_LOCK})"
+            ))
+            .into_sql_str(),
         )
     }
 
@@ -164,6 +171,11 @@ impl Dialect for Pg {
 ///
 /// With [`group_commit`](SqlStoreBuilder::group_commit), concurrent claims share one multi-row
 /// claim statement and concurrent completions one multi-row `UPDATE` (see [`GroupCommit`]).
+///
+/// Expired records are deleted in the background, once a minute by default, in batches of
+/// 10,000 that lock only the rows they delete; see [Retention](SqlStoreBuilder#retention) for
+/// the interval and the opt-out. Several instances on one table may all purge: a record is
+/// deleted once.
 ///
 /// ```no_run
 /// # async fn f() -> idem::Result<()> {

@@ -10,7 +10,7 @@
 
 use std::future::Future;
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
@@ -22,6 +22,7 @@ use crate::lifecycle::{self, Decision, Seen, State};
 use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, Record, RecordState, StoredResponse,
 };
+use crate::sweeper::{DEFAULT_PURGE_EVERY, Sweeper, spawn_purges};
 
 /// The default table name of the SQL stores.
 pub(crate) const DEFAULT_TABLE: &str = "idem_records";
@@ -73,8 +74,9 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     fn stamp(col: &str) -> String;
     /// The first-claim statement(s) and the purge, which the databases write differently.
     fn statements(t: &str, shared: &Shared) -> DialectStatements;
-    /// A statement run before the table is created, inside the migration's transaction.
-    fn migration_lock() -> Option<SqlStr>;
+    /// A statement run first in a migration's transaction, before any table is created: what
+    /// serialises concurrent migrations where the transaction does not, and keeps them quiet.
+    fn migration_start() -> Option<SqlStr>;
     /// Adds `column` (`definition` after its name) to a table created before it existed: the
     /// statement, and, where the database cannot say `IF NOT EXISTS`, a query whose `present`
     /// column counts the column if it is there already.
@@ -244,7 +246,7 @@ pub(crate) struct Migration {
 }
 
 impl Migration {
-    /// Creates what is missing, in one transaction behind the dialect's migration lock; safe
+    /// Creates what is missing, in one transaction opened by the dialect's `migration_start`; safe
     /// to run from many instances at once. A table found up to date by the probe is not
     /// touched.
     pub(crate) async fn run<D: Dialect>(&self, pool: &sqlx::Pool<D::Db>) -> Result<()> {
@@ -257,7 +259,7 @@ impl Migration {
             }
         }
         let mut tx = begin_on::<D>(pool).await?;
-        for stmt in D::migration_lock().iter().chain(&self.create) {
+        for stmt in D::migration_start().iter().chain(&self.create) {
             D::fetch(&mut tx, stmt, &[]).await?;
         }
         for add in &self.upgrade {
@@ -518,6 +520,9 @@ pub(crate) struct Engine<D: Dialect> {
     /// SQLite: answer replays from the readers before taking the writer
     /// (`SqlStoreBuilder::read_first`).
     pub(crate) read_first: bool,
+    /// The background purge, when there is one: it ends when the engine is dropped, with the
+    /// last handle of its store.
+    purging: OnceLock<Sweeper>,
 }
 
 impl<D: Dialect> Engine<D> {
@@ -531,7 +536,36 @@ impl<D: Dialect> Engine<D> {
             reader,
             sql: Statements::new::<D>(table)?,
             read_first: false,
+            purging: OnceLock::new(),
         })
+    }
+
+    /// The engine, shared by every handle of its store, purging its expired records every
+    /// `purge_every` in the background on the current Tokio runtime (`None`: no background
+    /// purge).
+    ///
+    /// The task holds the engine only weakly, between two rounds: the last handle dropped
+    /// drops the engine and its pools, and stops the task.
+    pub(crate) fn start(self, purge_every: Option<Duration>) -> Arc<Self> {
+        let engine = Arc::new(self);
+        let Some(every) = purge_every else {
+            return engine;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                target: "idem",
+                table = %engine.sql.table,
+                "a SQL store was built outside a Tokio runtime: its expired records are not purged in the background (call purge_expired, or spawn_sweeper)"
+            );
+            return engine;
+        };
+        let weak = Arc::downgrade(&engine);
+        let sweeper = spawn_purges(&rt, engine.sql.table.clone(), every, move || {
+            let engine = weak.upgrade()?;
+            Some(async move { engine.purge_expired().await })
+        });
+        let _ = engine.purging.set(sweeper);
+        engine
     }
 
     pub(crate) async fn write_conn(&self) -> Result<PoolConnection<D::Db>> {
@@ -971,11 +1005,14 @@ macro_rules! engine_store_api {
 
             /// A store on `pool`, with the default table. The table is not created: call
             #[doc = concat!("[`", stringify!($store), "::migrate`], or use the builder.")]
+            /// Expired records are purged in the background once a minute, as with the
+            /// builder's defaults (inside a Tokio runtime).
             pub fn new(pool: $pool) -> $store {
-                $store::on_engine(Arc::new(
+                $store::on_engine(
                     Engine::new(pool.clone(), pool, sql::DEFAULT_TABLE)
-                        .expect("the default table name is valid"),
-                ))
+                        .expect("the default table name is valid")
+                        .start(Some(crate::sweeper::DEFAULT_PURGE_EVERY)),
+                )
             }
 
             /// The table name.
@@ -1020,13 +1057,27 @@ macro_rules! engine_store_api {
 }
 pub(crate) use engine_store_api;
 
-/// Builds a SQL store: the table name, and whether to create it. `PgStore::builder()` and
-/// `SqliteStore::builder()` start one; each store adds its own `build` and `connect`.
+/// Builds a SQL store: the table name, whether to create it, and how expired records are
+/// purged. `PgStore::builder()` and `SqliteStore::builder()` start one; each store adds its own
+/// `build` and `connect`.
+///
+/// # Retention
+///
+/// A record lives as long as its policy's retention (`retain`, 24 hours by default, set per
+/// handler), then its identity is free again. The store built here deletes expired records in
+/// the background: once a minute by default ([`purge_every`](Self::purge_every)), in batches
+/// that give the database back to live requests in between (SQLite's one writer takes a claim
+/// between two batches), on a task that starts with the store, is shared by all its clones and
+/// ends when the last of them is dropped. A purge that fails is logged at `warn` and the next
+/// one tries again. [`background_purge(false)`](Self::background_purge) turns it off, for a
+/// database purged by other means (a job of its own, another service sharing the table).
 #[derive(Debug, Clone)]
 pub struct SqlStoreBuilder<S> {
     pub(crate) table: String,
     pub(crate) create_table: bool,
     pub(crate) read_first: bool,
+    purge_every: Duration,
+    background_purge: bool,
     #[cfg(feature = "postgres")]
     pub(crate) group_commit: Option<crate::store::group::GroupCommit>,
     store: PhantomData<fn() -> S>,
@@ -1038,6 +1089,8 @@ impl<S> Default for SqlStoreBuilder<S> {
             table: DEFAULT_TABLE.to_owned(),
             create_table: true,
             read_first: false,
+            purge_every: DEFAULT_PURGE_EVERY,
+            background_purge: true,
             #[cfg(feature = "postgres")]
             group_commit: None,
             store: PhantomData,
@@ -1059,18 +1112,39 @@ impl<S> SqlStoreBuilder<S> {
         self
     }
 
-    /// The engine on these pools, its table created if asked for.
+    /// How often expired records are deleted in the background (default: once a minute).
+    /// Longer than zero; see [Retention](Self#retention).
+    pub fn purge_every(mut self, every: Duration) -> Self {
+        self.purge_every = every;
+        self
+    }
+
+    /// Whether the store deletes expired records in the background (default: yes). Without
+    /// it, expired records are never answered (a read checks their retention) but stay in the
+    /// table until [`Store::purge_expired`](crate::Store::purge_expired) is called.
+    pub fn background_purge(mut self, on: bool) -> Self {
+        self.background_purge = on;
+        self
+    }
+
+    /// The engine on these pools, its table created if asked for, purging in the background
+    /// unless told not to.
     pub(crate) async fn open<D: Dialect>(
         self,
         writer: sqlx::Pool<D::Db>,
         reader: sqlx::Pool<D::Db>,
     ) -> Result<Arc<Engine<D>>> {
+        if self.background_purge && self.purge_every.is_zero() {
+            return Err(Error::Config(
+                "the background purge interval must be longer than zero".into(),
+            ));
+        }
         let mut engine = Engine::new(writer, reader, &self.table)?;
         engine.read_first = self.read_first;
         if self.create_table {
             engine.migrate().await?;
         }
-        Ok(Arc::new(engine))
+        Ok(engine.start(self.background_purge.then_some(self.purge_every)))
     }
 }
 

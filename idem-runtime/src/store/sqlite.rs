@@ -88,7 +88,7 @@ impl Dialect for Lite {
         }
     }
 
-    fn migration_lock() -> Option<SqlStr> {
+    fn migration_start() -> Option<SqlStr> {
         // `BEGIN IMMEDIATE` already serialises migrations, across processes too.
         None
     }
@@ -133,8 +133,14 @@ fn is_in_memory(url: &str) -> bool {
 /// timeout and creates the table. Several processes may share one file: claims are decided by
 /// SQLite's unique index and conditional updates, never by reading first.
 ///
-/// `begin` reads the record first, so a replay never takes SQLite's write lock; a first claim
-/// is then one `INSERT … ON CONFLICT DO NOTHING`.
+/// `begin` inserts first, on the writer, as a hand-written guard does: a new key is one
+/// `INSERT … ON CONFLICT DO NOTHING`, an existing one that insert (which does nothing) and a
+/// `SELECT` on the same connection. With [`read_first`](SqlStoreBuilder::read_first) it reads
+/// first on the readers instead, so that replays never wait for the writer.
+///
+/// Expired records are deleted in the background, once a minute by default, in batches of
+/// 1,000 between which live claims take the writer; see [Retention](SqlStoreBuilder#retention)
+/// for the interval and the opt-out.
 ///
 /// ```no_run
 /// # async fn f() -> idem::Result<()> {

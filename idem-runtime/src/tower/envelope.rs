@@ -13,10 +13,15 @@
 //! body       the remaining bytes, exactly as the service answered them
 //! ```
 //!
-//! A header with several values is several entries, in the order the service sent them.
+//! A header with several values is several entries, in the order the service sent them. Each
+//! map (the headers, the trailers) holds at most 1,024 entries whose names and values add up to
+//! at most 256 KiB: an answer with more is not stored ([`Error::Encode`]), and a stored envelope
+//! that claims more is refused before anything is allocated for it, so a corrupt count can
+//! neither abort the process nor make it allocate what the bytes do not hold.
+//!
 //! Decoding is strict: a wrong magic, an unknown version, a truncated entry, a name or value
-//! that is not a valid header, or a missing or impossible status is [`Error::Decode`] (HTTP 500),
-//! never an answer made of whatever the bytes happened to hold.
+//! that is not a valid header, a map past the limits above, or a missing or impossible status is
+//! [`Error::Decode`] (HTTP 500), never an answer made of whatever the bytes happened to hold.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -26,6 +31,10 @@ use crate::record::StoredResponse;
 
 const MAGIC: &[u8] = b"idem/http";
 const VERSION: u8 = 1;
+/// The most entries one map (headers, trailers) may hold.
+const MAX_ENTRIES: usize = 1024;
+/// The most bytes the names and values of one map may hold together.
+const MAX_MAP_BYTES: usize = 256 * 1024;
 
 /// An HTTP answer as the guard stores and replays it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,9 +120,20 @@ fn entries_len(map: &HeaderMap) -> usize {
 }
 
 fn put_entries(out: &mut BytesMut, map: &HeaderMap) -> Result<()> {
-    let count = u16::try_from(map.len())
-        .map_err(|_| Error::Encode(format!("{} header entries, at most 65535", map.len())))?;
-    out.put_u16(count);
+    if map.len() > MAX_ENTRIES {
+        return Err(Error::Encode(format!(
+            "{} header entries, at most {MAX_ENTRIES}",
+            map.len()
+        )));
+    }
+    let bytes: usize = map.iter().map(|(n, v)| n.as_str().len() + v.len()).sum();
+    if bytes > MAX_MAP_BYTES {
+        return Err(Error::Encode(format!(
+            "headers of {bytes} bytes, at most {MAX_MAP_BYTES}"
+        )));
+    }
+    // At most MAX_ENTRIES.
+    out.put_u16(map.len() as u16);
     for (name, value) in map {
         // A header name is at most 65535 bytes long (the `http` crate's limit).
         let name_len = u16::try_from(name.as_str().len())
@@ -160,15 +180,28 @@ impl<'a> Reader<'a> {
     }
 
     fn entries(&mut self) -> Result<HeaderMap> {
-        let count = self.u16()?;
-        let mut map = HeaderMap::with_capacity(usize::from(count));
+        let count = usize::from(self.u16()?);
+        // Checked before the map is allocated: `HeaderMap::with_capacity` aborts past 32,768.
+        if count > MAX_ENTRIES {
+            return Err(bad(format!(
+                "the stored answer claims {count} header entries, at most {MAX_ENTRIES}"
+            )));
+        }
+        let mut map = HeaderMap::with_capacity(count);
+        let mut bytes = 0usize;
         for _ in 0..count {
-            let len = usize::from(self.u16()?);
-            let name = HeaderName::from_bytes(self.take(len)?)
+            let name_len = usize::from(self.u16()?);
+            let name = HeaderName::from_bytes(self.take(name_len)?)
                 .map_err(|_| bad("a stored header name is not a header name".into()))?;
-            let len = usize::try_from(self.u32()?)
+            let value_len = usize::try_from(self.u32()?)
                 .map_err(|_| bad("a stored header value is too long".into()))?;
-            let value = HeaderValue::from_bytes(self.take(len)?)
+            bytes = bytes.saturating_add(name_len).saturating_add(value_len);
+            if bytes > MAX_MAP_BYTES {
+                return Err(bad(format!(
+                    "the stored headers hold more than {MAX_MAP_BYTES} bytes"
+                )));
+            }
+            let value = HeaderValue::from_bytes(self.take(value_len)?)
                 .map_err(|_| bad(format!("the stored value of {name} is not a header value")))?;
             map.append(name, value);
         }
@@ -218,6 +251,40 @@ mod tests {
         let stored = plain.encode().unwrap();
         assert!(stored.is_error, "a stored 4xx is a final error");
         assert_eq!(StoredHttpResponse::decode(&stored).unwrap(), plain);
+    }
+
+    #[test]
+    fn answers_past_the_limits_are_not_stored() {
+        let mut many = HeaderMap::new();
+        for i in 0..=MAX_ENTRIES {
+            many.append(SET_COOKIE, HeaderValue::from(i));
+        }
+        let mut large = HeaderMap::new();
+        large.insert(
+            LOCATION,
+            HeaderValue::from_bytes(&[b'v'; 300 * 1024]).unwrap(),
+        );
+        for headers in [many, large] {
+            let answer = StoredHttpResponse {
+                status: StatusCode::OK,
+                headers,
+                trailers: None,
+                body: Bytes::new(),
+            };
+            assert!(matches!(answer.encode(), Err(Error::Encode(_))));
+        }
+        let mut at_limit = HeaderMap::new();
+        for i in 0..MAX_ENTRIES {
+            at_limit.append(SET_COOKIE, HeaderValue::from(i));
+        }
+        let answer = StoredHttpResponse {
+            status: StatusCode::OK,
+            headers: at_limit,
+            trailers: None,
+            body: Bytes::new(),
+        };
+        let stored = answer.encode().unwrap();
+        assert_eq!(StoredHttpResponse::decode(&stored).unwrap(), answer);
     }
 
     #[test]
@@ -279,6 +346,24 @@ mod tests {
                 with_body(&b)
             }),
         ];
+        // Counts and sizes past the limits, whatever the bytes that follow.
+        for count in [1025u16, 32_769, u16::MAX] {
+            let mut b = b"idem/http\x01".to_vec();
+            b.extend_from_slice(&count.to_be_bytes());
+            b.extend_from_slice(&[0; 64]);
+            cases.push(("too many headers", with_body(&b)));
+            let mut t = b"idem/http\x01\x00\x00\x01".to_vec();
+            t.extend_from_slice(&count.to_be_bytes());
+            cases.push(("too many trailers", with_body(&t)));
+        }
+        let mut big = b"idem/http\x01\x00\x02".to_vec();
+        for _ in 0..2 {
+            big.extend_from_slice(b"\x00\x01a");
+            big.extend_from_slice(&(200 * 1024u32).to_be_bytes());
+            big.extend_from_slice(&vec![b'v'; 200 * 1024]);
+        }
+        big.push(0);
+        cases.push(("headers past 256 KiB", with_body(&big)));
         // Every truncation of the envelope's head.
         let head_len = good.body.len() - sample().body.len();
         for cut in 0..head_len {

@@ -62,17 +62,21 @@
 //!
 //! 1. The key is read from the `Idempotency-Key` header ([`GuardLayer::header`]) and checked
 //!    with the [`KeyPolicy`]. Missing or malformed: 400 `INVALID_IDEMPOTENCY_KEY`.
-//! 2. The body is read whole, up to [`GuardLayer::body_limit`] (1 MiB by default). Longer: 413
+//! 2. The principal is found ([`GuardLayer::principal`]). None: 401 `MISSING_PRINCIPAL`,
+//!    unless the layer was built with [`GuardLayer::allow_anonymous`] (see [Scope](#scope)).
+//! 3. The body is read whole, up to [`GuardLayer::body_limit`] (1 MiB by default). Longer: 413
 //!    `REQUEST_BODY_TOO_LARGE`; the inner service is never called.
-//! 3. The scope is rendered with [`ScopeBuilder`] from the method, the route and the principal
+//! 4. The scope is rendered with [`ScopeBuilder`] from the method, the route and the principal
 //!    (below), the fingerprint with [`Fingerprinter`] from the method, the path with its query
 //!    and the body bytes, and the lifecycle begins ([`flow::begin`](crate::flow::begin)):
 //!    - a completed record with the same fingerprint is replayed: its status, its stored headers
-//!      and its body bytes, with `Idempotent-Replayed: true`; the inner service is not called;
+//!      and its body bytes, with `Idempotent-Replayed: true` and `Cache-Control: no-store` (a
+//!      replay is one caller's answer, never for a cache to share); the inner service is not
+//!      called;
 //!    - another fingerprint under the same key: 422 `KEY_REUSED_WITH_DIFFERENT_BODY`;
 //!    - a live claim: 409 `REQUEST_IN_PROGRESS` with `Retry-After`;
 //!    - an unavailable store: 503 `IDEMPOTENCY_STORE_UNAVAILABLE` with `Retry-After`.
-//! 4. Claimed: the inner service runs with the buffered body, and its answer is read whole.
+//! 5. Claimed: the inner service runs with the buffered body, and its answer is read whole.
 //!    An answer the rule stores ([`GuardLayer::store_if`]: by default a 2xx whose gRPC status,
 //!    if any, is `0`) completes the record ([`Guard::complete`](crate::Guard::complete)); any
 //!    other answer, an inner service error or an answer body that fails mid-stream releases it
@@ -86,9 +90,18 @@
 //!
 //! # Scope
 //!
-//! `<namespace>:<METHOD>:<route>`, followed by `:<principal>` when the principal function returns
-//! one; every part is a value of [`ScopeBuilder`], percent-encoded, so that no two requests'
-//! parts can render the same scope. The namespace is `http` unless set
+//! `<namespace>:<METHOD>:<route>:<principal>`; every part is a value of [`ScopeBuilder`],
+//! percent-encoded, so that no two requests' parts can render the same scope.
+//!
+//! The principal is what keeps one caller's key from replaying another caller's answer, so the
+//! guard fails closed without one: a guarded request for which [`GuardLayer::principal`] finds
+//! none (or that has no principal function at all) is refused with 401 `MISSING_PRINCIPAL`
+//! before the store is read. 401, not 500: the request lacks an identity, which the client can
+//! supply; the inner service never runs, and the guard sends no `WWW-Authenticate` challenge,
+//! which belongs to the layer that authenticates. A service whose callers are all one party (a
+//! gateway's internal hop, a job runner) says so with [`GuardLayer::allow_anonymous`]: requests
+//! without a principal are then guarded in one key space, `<namespace>:<METHOD>:<route>`, shared
+//! by every anonymous caller. The namespace is `http` unless set
 //! ([`GuardLayer::namespace`], for services that share a store and have routes in common). The
 //! route is what [`GuardLayer::route`] returns, else the request's path. With axum, the matched
 //! route template is in the request's extensions; give it to the guard, so that the key of
@@ -104,9 +117,11 @@
 //! let app: Router = Router::new()
 //!     .route("/orders/{order_no}/refunds", post(refund))
 //!     // `Router::layer` wraps each route after routing, so the matched path is known.
-//!     .layer(GuardLayer::new(MemoryStore::new()).route(|parts| {
-//!         Some(parts.extensions.get::<MatchedPath>()?.as_str().to_owned())
-//!     }));
+//!     .layer(
+//!         GuardLayer::new(MemoryStore::new())
+//!             .route(|parts| Some(parts.extensions.get::<MatchedPath>()?.as_str().to_owned()))
+//!             .principal(|parts| Some(parts.headers.get("x-user")?.to_str().ok()?.to_owned())),
+//!     );
 //! ```
 //!
 //! With the `axum` feature on as well, [`axum_matched_path`] is that function.
@@ -134,7 +149,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
+use http::header::{CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
@@ -155,6 +170,20 @@ pub use crate::problem::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
 /// How many bytes of a guarded request's body are read by default: 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+
+/// The problem code of a guarded request refused for want of a principal (HTTP 401).
+pub const MISSING_PRINCIPAL: &str = "MISSING_PRINCIPAL";
+
+/// Warns once that a layer without a principal function refuses every guarded request.
+fn warn_no_principal() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        tracing::warn!(
+            target: "idem",
+            "idem::tower::GuardLayer has no principal function and does not allow anonymous callers: every guarded request is refused with 401 (set .principal(…), or .allow_anonymous() where every caller is one party)"
+        );
+    });
+}
 
 /// A function of a request's parts: the route or the principal.
 type PartsFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
@@ -217,6 +246,7 @@ struct Config {
     namespace: String,
     route: Option<PartsFn>,
     principal: Option<PartsFn>,
+    allow_anonymous: bool,
     body_limit: usize,
     stored_headers: Vec<HeaderName>,
     store_if: StoreRule,
@@ -233,6 +263,7 @@ impl fmt::Debug for Config {
             .field("namespace", &self.namespace)
             .field("route", &self.route.as_ref().map(|_| "fn"))
             .field("principal", &self.principal.as_ref().map(|_| "fn"))
+            .field("allow_anonymous", &self.allow_anonymous)
             .field("body_limit", &self.body_limit)
             .field("stored_headers", &self.stored_headers)
             .field("policy", &self.policy)
@@ -248,14 +279,14 @@ impl<St> fmt::Debug for GuardLayer<St> {
     }
 }
 
-/// What the guard does with a request, by its method and key.
+/// What the guard does with a request, by its method, key and principal.
 enum Decision {
     /// Not guarded: hand it on as it is.
     PassThrough,
-    /// Guarded under this key.
-    Guard(Key),
-    /// Guarded, and its key is missing or malformed.
-    Refuse(Error),
+    /// Guarded under this key, for this principal (`None`: an anonymous caller, allowed).
+    Guard(Key, Option<String>),
+    /// Guarded, and refused: its key is missing or malformed, or it has no principal.
+    Refuse(ProblemResponse),
 }
 
 impl Config {
@@ -266,32 +297,47 @@ impl Config {
         }
         let Some(value) = parts.headers.get(&self.header) else {
             return if required {
-                Decision::Refuse(Error::InvalidKey(KeyError::Missing))
+                Decision::Refuse(ProblemResponse::from_error(&Error::InvalidKey(
+                    KeyError::Missing,
+                )))
             } else {
                 Decision::PassThrough
             };
         };
-        match key_of(value, self.key_policy) {
-            Ok(key) => Decision::Guard(key),
-            Err(e) => Decision::Refuse(e),
+        let key = match key_of(value, self.key_policy) {
+            Ok(key) => key,
+            Err(e) => return Decision::Refuse(ProblemResponse::from_error(&e)),
+        };
+        match self.principal.as_ref().and_then(|f| f(parts)) {
+            Some(principal) => Decision::Guard(key, Some(principal)),
+            None if self.allow_anonymous => Decision::Guard(key, None),
+            None => {
+                if self.principal.is_none() {
+                    warn_no_principal();
+                }
+                Decision::Refuse(ProblemResponse::new(
+                    StatusCode::UNAUTHORIZED,
+                    MISSING_PRINCIPAL,
+                    "the request has no authenticated principal, so whose key this is cannot be told",
+                ))
+            }
         }
     }
 
     /// `<namespace>:<METHOD>:<route>[:<principal>]`, every part encoded.
-    fn scope(&self, parts: &Parts) -> Result<String> {
+    fn scope(&self, parts: &Parts, principal: Option<&str>) -> Result<String> {
         let route = self.route.as_ref().and_then(|f| f(parts));
         let route = route.as_deref().unwrap_or_else(|| parts.uri.path());
-        let principal = self.principal.as_ref().and_then(|f| f(parts));
         let mut s = ScopeBuilder::with_capacity(
-            self.namespace.len() + route.len() + principal.as_ref().map_or(0, String::len) + 16,
+            self.namespace.len() + route.len() + principal.map_or(0, str::len) + 16,
         );
         s.value(self.namespace.as_str())
             .literal(":")
             .value(parts.method.as_str())
             .literal(":")
             .value(route);
-        if let Some(p) = &principal {
-            s.literal(":").value(p.as_str());
+        if let Some(p) = principal {
+            s.literal(":").value(p);
         }
         s.finish()
     }
@@ -327,8 +373,10 @@ fn fingerprint(parts: &Parts, body: &[u8]) -> Result<Fingerprint> {
 impl<St: Store + Clone> GuardLayer<St> {
     /// A guard on `store` with the defaults: key in `Idempotency-Key` (any visible-ASCII key of
     /// up to 255 bytes), required for `POST` and `PATCH`; bodies up to 1 MiB; scope from the
-    /// path, no principal; 2xx answers stored with their `content-type`, `content-encoding` and
-    /// `location`; the default [`Policy`].
+    /// path; 2xx answers stored with their `content-type`, `content-encoding` and `location`;
+    /// the default [`Policy`]. It has no principal function yet, and refuses every guarded
+    /// request until it has one ([`GuardLayer::principal`]) or allows anonymous callers
+    /// ([`GuardLayer::allow_anonymous`]).
     pub fn new(store: St) -> Self {
         GuardLayer {
             store,
@@ -340,6 +388,7 @@ impl<St: Store + Clone> GuardLayer<St> {
                 namespace: "http".to_owned(),
                 route: None,
                 principal: None,
+                allow_anonymous: false,
                 body_limit: DEFAULT_BODY_LIMIT,
                 stored_headers: vec![CONTENT_TYPE, CONTENT_ENCODING, LOCATION],
                 store_if: Arc::new(|a: &Answer<'_>| a.is_success()),
@@ -394,9 +443,19 @@ impl<St: Store + Clone> GuardLayer<St> {
 
     /// How the authenticated principal is found in a request's parts (a header, or an
     /// extension an auth layer put there): it is part of the scope, so one principal's key never
-    /// replays another's answer. Put this layer after the one that authenticates.
+    /// replays another's answer. Put this layer after the one that authenticates. A guarded
+    /// request for which it returns `None` is refused with 401 `MISSING_PRINCIPAL`, unless
+    /// [`GuardLayer::allow_anonymous`] is set.
     pub fn principal(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
         self.edit(|c| c.principal = Some(Arc::new(f)))
+    }
+
+    /// Guards requests that have no principal too, all in one key space shared by every
+    /// anonymous caller (the same key and body replays one anonymous caller's answer to
+    /// another). For services whose callers are one party; without it, such requests are
+    /// refused with 401 `MISSING_PRINCIPAL`. Requests with a principal keep their own key space.
+    pub fn allow_anonymous(self) -> Self {
+        self.edit(|c| c.allow_anonymous = true)
     }
 
     /// The most bytes of a guarded request's body that are read (default
@@ -519,13 +578,13 @@ where
     ResB::Error: Into<BoxError>,
 {
     let (parts, req_body) = req.into_parts();
-    let key = match config.decide(&parts) {
+    let (key, principal) = match config.decide(&parts) {
         Decision::PassThrough => {
             let req = Request::from_parts(parts, GuardBody::inner(req_body));
             return Ok(inner.call(req).await?.map(GuardBody::inner));
         }
-        Decision::Refuse(e) => return Ok(problem(&e)),
-        Decision::Guard(key) => key,
+        Decision::Refuse(refusal) => return Ok(refusal.into_http()),
+        Decision::Guard(key, principal) => (key, principal),
     };
 
     let limit = config.body_limit;
@@ -550,7 +609,10 @@ where
         }
     };
 
-    let begun = match (config.scope(&parts), fingerprint(&parts, &bytes)) {
+    let begun = match (
+        config.scope(&parts, principal.as_deref()),
+        fingerprint(&parts, &bytes),
+    ) {
         (Ok(scope), Ok(fp)) => begin(&store, scope, key, fp, config.policy).await,
         (Err(e), _) | (_, Err(e)) => Err(e),
     };
@@ -559,7 +621,21 @@ where
         Ok(Begun::Replay(stored)) => {
             return Ok(match StoredHttpResponse::decode(&stored) {
                 Ok(answer) => replay(answer),
-                Err(e) => problem(&e),
+                Err(e) => {
+                    // Which record cannot be read, for the log; the client is told no more
+                    // than that the guard failed.
+                    let scope = config
+                        .scope(&parts, principal.as_deref())
+                        .unwrap_or_default();
+                    let key = parts.headers.get(&config.header);
+                    let what = match e {
+                        Error::Decode(what) => what,
+                        other => other.to_string(),
+                    };
+                    problem(&Error::Decode(format!(
+                        "record (scope {scope:?}, key {key:?}): {what}"
+                    )))
+                }
             });
         }
         Err(e) => return Ok(problem(&e)),
@@ -650,6 +726,10 @@ fn replay<B>(stored: StoredHttpResponse) -> Response<GuardBody<B>> {
     *resp.headers_mut() = headers;
     resp.headers_mut()
         .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    // One caller's stored answer: no cache on the way may keep it (a stored `Cache-Control`
+    // gives way).
+    resp.headers_mut()
+        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp
 }
 

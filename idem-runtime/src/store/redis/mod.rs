@@ -125,6 +125,9 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
 /// connection that reconnects by itself; cluster: the cluster client's connections to every
 /// node).
 ///
+/// Records leave when their retention ends by the key's time to live, counted on the server's
+/// clock: there is nothing to purge and no background task.
+///
 /// ```no_run
 /// # async fn f() -> idem_runtime::Result<()> {
 /// use idem_runtime::RedisStore;

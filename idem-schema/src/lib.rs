@@ -1,5 +1,5 @@
-//! The user's database schema, read from their sqlx migrations at expansion time, with no
-//! database: the SQL macros check their attribute against it.
+//! The database schema a crate's sqlx migrations leave, read with no database: the checker
+//! behind idem's SQL macros, an ordinary library so that it is tested and documented as one.
 //!
 //! [`load`] finds the migrations as `sqlx::migrate!()` does (the crate's `migrations/`, or
 //! the `[migrate] migrations-dir` of its `sqlx.toml`, or an explicit directory or schema
@@ -12,6 +12,29 @@
 //! ([`Table::is_certain`], [`Column::is_certain`], [`TypeDef::is_certain`]); a CHECK that
 //! cannot be read makes a column's [`AllowedValues`] `Unknown`, never empty. The macros turn
 //! a problem with something uncertain into a warning.
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! std::fs::create_dir(dir.path().join("migrations"))?;
+//! std::fs::write(
+//!     dir.path().join("migrations/20240101000000_orders.sql"),
+//!     "CREATE TABLE orders (order_no TEXT NOT NULL, status TEXT CHECK (status IN ('PENDING', 'PAID')));",
+//! )?;
+//! let idem_schema::Migrations::Found(catalog) = idem_schema::load(dir.path(), None)? else {
+//!     panic!("the migrations are found");
+//! };
+//! assert!(catalog.table("orders").found().is_some());
+//! # Ok(()) }
+//! ```
+
+#![warn(
+    missing_docs,
+    unreachable_pub,
+    missing_debug_implementations,
+    rust_2018_idioms
+)]
+#![forbid(unsafe_code)]
 
 mod catalog;
 mod check;
@@ -28,17 +51,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::SystemTime;
 
-pub(crate) use catalog::{
+pub use catalog::{
     AllowedValues, Catalog, Column, DEFAULT_SCHEMA, Lookup, MigrationFile, MigrationKind,
     QualifiedName, Table, TypeDef, TypeKind, Unreadable, ValueSource,
 };
-pub(crate) use discover::{Located, Source, locate};
-pub(crate) use suggest::nearest;
-pub(crate) use types::{Backend, TypeFamily};
+pub(crate) use discover::{Located, locate};
+pub use suggest::nearest;
+pub use types::{Backend, TypeFamily};
 
 /// What [`load`] found.
 #[derive(Debug, Clone)]
-pub(crate) enum Migrations {
+pub enum Migrations {
     /// No migrations: no directory, or no migration files in it. Nothing can be checked.
     None,
     /// The catalog the migrations build, shared with later expansions through the cache.
@@ -48,15 +71,31 @@ pub(crate) enum Migrations {
 /// Why the migrations could not be read. sqlx fails on the same inputs, so each is a real
 /// problem in the user's project, worth an error on the attribute.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum SchemaError {
+pub enum SchemaError {
     /// An explicitly named migrations path does not exist.
-    NotFound { path: PathBuf },
+    NotFound {
+        /// The path as resolved.
+        path: PathBuf,
+    },
     /// `sqlx.toml` is not valid TOML, or its `migrate` settings have the wrong shape.
-    Config { path: PathBuf, message: String },
+    Config {
+        /// The `sqlx.toml`.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
     /// A file or directory could not be read (or a migration is not UTF-8).
-    Io { path: PathBuf, message: String },
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The error.
+        message: String,
+    },
     /// A `*_*.sql` file whose version (before the first `_`) is not an integer.
-    BadFileName { path: PathBuf },
+    BadFileName {
+        /// The file.
+        path: PathBuf,
+    },
 }
 
 impl fmt::Display for SchemaError {
@@ -84,16 +123,15 @@ impl fmt::Display for SchemaError {
     }
 }
 
+impl std::error::Error for SchemaError {}
+
 /// Loads the migrations of the crate in `manifest_dir` (the macro passes
 /// `CARGO_MANIFEST_DIR`), or of `explicit` (a directory or schema file, relative to the crate).
 ///
 /// Parsed catalogs are cached for the life of the process (a compiler or rust-analyzer
 /// expands many attributes): a cached catalog is reused only while the same files have the
 /// same modification times, lengths and contents, so the cache never changes an answer.
-pub(crate) fn load(
-    manifest_dir: &Path,
-    explicit: Option<&Path>,
-) -> Result<Migrations, SchemaError> {
+pub fn load(manifest_dir: &Path, explicit: Option<&Path>) -> Result<Migrations, SchemaError> {
     let Some(located) = locate(manifest_dir, explicit)? else {
         return Ok(Migrations::None);
     };

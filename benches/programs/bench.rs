@@ -493,7 +493,7 @@ struct Args {
 const USAGE: &str = "\
 usage: bench --store sqlite|postgres|memory|redis [--concurrency N] [--seconds S] [--rounds R]
              [--variants a,b] [--read-first true|false] [--group-wait-us N]
-(what each variant measures: the header of examples/bench.rs)";
+(what each variant measures: the header of benches/programs/bench.rs)";
 
 fn args() -> Args {
     let mut a = Args {

@@ -206,7 +206,7 @@ struct Args {
 const USAGE: &str = "\
 usage: scale --store postgres|sqlite growth [--sizes 100000,1000000,10000000] [--samples N]
        scale --store postgres|sqlite purge [--expired 1000000] [--concurrency C]
-(what each mode measures: the header of examples/scale.rs)";
+(what each mode measures: the header of benches/programs/scale.rs)";
 
 fn args() -> Args {
     let mut a = Args {
@@ -261,13 +261,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .max_connections(a.concurrency.max(2) as u32 + 1)
                 .connect_with(options)
                 .await?;
-            Target::Postgres(idem::PgStore::builder().build(pool).await?)
+            // The run times its own purges: no background purge in between.
+            Target::Postgres(
+                idem::PgStore::builder()
+                    .background_purge(false)
+                    .build(pool)
+                    .await?,
+            )
         }
         "sqlite" => {
             let dir = tempfile::tempdir()?;
             let url = format!("sqlite://{}", dir.path().join("scale.db").display());
             _dir = dir;
-            Target::Sqlite(idem::SqliteStore::connect(&url).await?)
+            Target::Sqlite(
+                idem::SqliteStore::builder()
+                    .background_purge(false)
+                    .connect(&url)
+                    .await?,
+            )
         }
         other => return Err(format!("unknown store {other}: postgres or sqlite").into()),
     };

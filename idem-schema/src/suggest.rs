@@ -5,7 +5,7 @@
 /// Among equally near candidates the one sharing the longest beginning with `name` wins (a typo
 /// is more often at the end: `REFUNDING` means `REFUNDED`, not `PENDING`), then the first, so
 /// the answer is stable.
-pub(crate) fn nearest<'a, I>(name: &str, candidates: I) -> Option<&'a str>
+pub fn nearest<'a, I>(name: &str, candidates: I) -> Option<&'a str>
 where
     I: IntoIterator<Item = &'a str>,
 {

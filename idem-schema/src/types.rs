@@ -6,29 +6,43 @@ use super::catalog::QualifiedName;
 /// declared type differently (`INTEGER` is 32-bit in one and 64-bit in the other) and compare
 /// quoted names differently, so some answers depend on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Backend {
+pub enum Backend {
+    /// PostgreSQL.
     Postgres,
+    /// SQLite.
     Sqlite,
 }
 
 /// A declared type, normalized to what sqlx binds to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum TypeFamily {
+pub enum TypeFamily {
+    /// `TEXT`, `VARCHAR`, `CHAR`: a `&str` or `String`.
     Text,
+    /// `SMALLINT`: an `i16`.
     Int16,
+    /// `INTEGER` on PostgreSQL: an `i32`.
     Int32,
+    /// `BIGINT`, and SQLite's `INTEGER`: an `i64`.
     Int64,
+    /// `REAL` on PostgreSQL: an `f32`.
     Float32,
+    /// `DOUBLE PRECISION`, and SQLite's `REAL`: an `f64`.
     Float64,
+    /// `NUMERIC`, `DECIMAL`: a decimal type.
     Numeric,
+    /// `BOOLEAN`: a `bool`.
     Bool,
+    /// `BYTEA`, `BLOB`: bytes.
     Bytes,
     /// Without time zone.
     Timestamp,
     /// With time zone.
     TimestampTz,
+    /// `DATE`.
     Date,
+    /// `TIME`.
     Time,
+    /// `UUID`.
     Uuid,
     /// `json` or `jsonb`.
     Json,
@@ -71,7 +85,7 @@ fn float_precision(declared: &str) -> Option<u32> {
 impl TypeFamily {
     /// The family of a declared type under `backend`. Enum columns are resolved by the catalog,
     /// which knows the enum types; here a user-defined name is `Other`.
-    pub(crate) fn classify(declared: &str, backend: Backend) -> TypeFamily {
+    pub fn classify(declared: &str, backend: Backend) -> TypeFamily {
         match backend {
             Backend::Postgres => postgres(declared),
             Backend::Sqlite => sqlite(declared),

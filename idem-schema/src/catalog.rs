@@ -9,18 +9,21 @@ use std::sync::Arc;
 use super::types::{Backend, TypeFamily};
 
 /// The schema that unqualified names are created in (PostgreSQL's default `search_path`).
-pub(crate) const DEFAULT_SCHEMA: &str = "public";
+pub const DEFAULT_SCHEMA: &str = "public";
 
 /// A schema-qualified name, each part as the database stores it: unquoted identifiers folded
 /// to lower case, quoted ones as written.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) struct QualifiedName {
-    pub(crate) schema: String,
-    pub(crate) name: String,
+pub struct QualifiedName {
+    /// The schema (`public` unless the migrations say otherwise).
+    pub schema: String,
+    /// The name within it.
+    pub name: String,
 }
 
 impl QualifiedName {
-    pub(crate) fn new(schema: impl Into<String>, name: impl Into<String>) -> Self {
+    /// `schema.name`.
+    pub fn new(schema: impl Into<String>, name: impl Into<String>) -> Self {
         QualifiedName {
             schema: schema.into(),
             name: name.into(),
@@ -41,7 +44,7 @@ impl fmt::Display for QualifiedName {
 
 /// How a migration file takes part, following sqlx's file naming.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum MigrationKind {
+pub enum MigrationKind {
     /// `<VERSION>_<DESCRIPTION>.sql`
     Simple,
     /// `<VERSION>_<DESCRIPTION>.up.sql` (its `.down.sql` twin is never applied here).
@@ -52,17 +55,20 @@ pub(crate) enum MigrationKind {
 
 /// One file that was read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct MigrationFile {
-    pub(crate) path: PathBuf,
+pub struct MigrationFile {
+    /// Where it is.
+    pub path: PathBuf,
     /// The numeric version, for migrations (`None` for a single schema file).
-    pub(crate) version: Option<i64>,
+    pub version: Option<i64>,
     /// sqlx's description: the name after the version, `_` read as a space.
-    pub(crate) description: String,
-    pub(crate) kind: MigrationKind,
+    pub description: String,
+    /// A migration, or a single schema file.
+    pub kind: MigrationKind,
 }
 
 impl MigrationFile {
-    pub(crate) fn file_name(&self) -> String {
+    /// The file's name without its directory.
+    pub fn file_name(&self) -> String {
         self.path.file_name().map_or_else(
             || self.path.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
@@ -79,13 +85,15 @@ impl fmt::Display for MigrationFile {
 
 /// The values a column may hold, as far as its type and CHECK constraints tell.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum AllowedValues {
+pub enum AllowedValues {
     /// Nothing restricts the column to a list of values.
     Any,
     /// Only these values (besides NULL where the column allows it), in the order the first
     /// source lists them; `sources` names the enum type and the constraints that say so.
     Only {
+        /// The values.
         values: Vec<String>,
+        /// What says so.
         sources: Vec<ValueSource>,
     },
     /// Something restricts the column in a way that could not be read (a CHECK beyond lists
@@ -96,7 +104,7 @@ pub(crate) enum AllowedValues {
 
 impl AllowedValues {
     /// Whether `value` is allowed: `None` when that cannot be known.
-    pub(crate) fn permits(&self, value: &str) -> Option<bool> {
+    pub fn permits(&self, value: &str) -> Option<bool> {
         match self {
             AllowedValues::Any => Some(true),
             AllowedValues::Only { values, .. } => Some(values.iter().any(|v| v == value)),
@@ -107,7 +115,8 @@ impl AllowedValues {
 
 /// What restricts a column to a list of values.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ValueSource {
+pub enum ValueSource {
+    /// A PostgreSQL enum type, by name.
     EnumType(QualifiedName),
     /// A CHECK constraint, by its name (the one PostgreSQL would generate when it has none).
     Check(String),
@@ -124,7 +133,7 @@ impl fmt::Display for ValueSource {
 
 /// One column.
 #[derive(Debug, Clone)]
-pub(crate) struct Column {
+pub struct Column {
     pub(super) name: String,
     pub(super) declared_type: String,
     /// A user-defined type the column was declared with, resolved when it was declared (so a
@@ -154,17 +163,18 @@ impl Column {
         }
     }
 
-    pub(crate) fn name(&self) -> &str {
+    /// The column's name.
+    pub fn name(&self) -> &str {
         &self.name
     }
 
     /// The type as declared, e.g. `VARCHAR(20)` or `order_status`.
-    pub(crate) fn declared_type(&self) -> &str {
+    pub fn declared_type(&self) -> &str {
         &self.declared_type
     }
 
     /// The declared type's family under `backend`; a PostgreSQL enum column is `Enum`.
-    pub(crate) fn family(&self, backend: Backend) -> TypeFamily {
+    pub fn family(&self, backend: Backend) -> TypeFamily {
         match (&self.enum_type, backend) {
             (Some(t), Backend::Postgres) => TypeFamily::Enum(t.clone()),
             _ => TypeFamily::classify(&self.declared_type, backend),
@@ -172,29 +182,30 @@ impl Column {
     }
 
     /// `NOT NULL`, declared or implied by `PRIMARY KEY`.
-    pub(crate) fn not_null(&self) -> bool {
+    pub fn not_null(&self) -> bool {
         self.not_null
     }
 
     /// Whether an `INSERT` may leave it out and still satisfy `NOT NULL`: a default, a serial
     /// or identity column, a generated column, or an `INTEGER PRIMARY KEY` (SQLite's rowid;
     /// counted on either database, so that no backend gets a false error).
-    pub(crate) fn has_default(&self) -> bool {
+    pub fn has_default(&self) -> bool {
         self.has_default || self.generated
     }
 
     /// A generated column cannot be written.
-    pub(crate) fn is_generated(&self) -> bool {
+    pub fn is_generated(&self) -> bool {
         self.generated
     }
 
-    pub(crate) fn allowed_values(&self) -> &AllowedValues {
+    /// The values its type and CHECK constraints allow.
+    pub fn allowed_values(&self) -> &AllowedValues {
         &self.allowed
     }
 
     /// False when a statement that could not be parsed may have changed this column, or its
     /// enum type: a problem found with it should then be a warning, not an error.
-    pub(crate) fn is_certain(&self) -> bool {
+    pub fn is_certain(&self) -> bool {
         self.certain
     }
 }
@@ -237,7 +248,7 @@ pub(super) struct UniqueKey {
 
 /// One table.
 #[derive(Debug, Clone)]
-pub(crate) struct Table {
+pub struct Table {
     pub(super) name: QualifiedName,
     pub(super) columns: Vec<Column>,
     pub(super) checks: Vec<Check>,
@@ -262,17 +273,18 @@ impl Table {
         }
     }
 
-    pub(crate) fn name(&self) -> &QualifiedName {
+    /// The table's name.
+    pub fn name(&self) -> &QualifiedName {
         &self.name
     }
 
     /// The columns, in table order.
-    pub(crate) fn columns(&self) -> &[Column] {
+    pub fn columns(&self) -> &[Column] {
         &self.columns
     }
 
     /// Looks a column up by the name the macro writes (quoted, so case-sensitive on PostgreSQL).
-    pub(crate) fn column(&self, name: &str) -> Lookup<'_, Column> {
+    pub fn column(&self, name: &str) -> Lookup<'_, Column> {
         let found = lookup(&self.columns, name, |c| &c.name);
         match found {
             Lookup::Missing { .. } => Lookup::Missing {
@@ -283,18 +295,18 @@ impl Table {
     }
 
     /// The column names, e.g. for [`super::nearest`].
-    pub(crate) fn column_names(&self) -> impl Iterator<Item = &str> {
+    pub fn column_names(&self) -> impl Iterator<Item = &str> {
         self.columns.iter().map(|c| c.name.as_str())
     }
 
     /// The primary key's columns (empty when there is none).
-    pub(crate) fn primary_key(&self) -> &[String] {
+    pub fn primary_key(&self) -> &[String] {
         &self.primary_key
     }
 
     /// Whether a primary key, unique constraint or unique index covers exactly these columns
     /// (in any order).
-    pub(crate) fn is_unique(&self, columns: &[&str]) -> bool {
+    pub fn is_unique(&self, columns: &[&str]) -> bool {
         let same = |key: &[String]| {
             key.len() == columns.len() && columns.iter().all(|c| key.iter().any(|k| k == c))
         };
@@ -304,18 +316,18 @@ impl Table {
 
     /// False when a statement that could not be parsed may have created, changed or dropped
     /// this table: its columns may differ from what the catalog lists.
-    pub(crate) fn is_certain(&self) -> bool {
+    pub fn is_certain(&self) -> bool {
         self.certain
     }
 
     /// The migration that created the table (for an uncertain table not created by a readable
     /// statement: the first that touched it).
-    pub(crate) fn created_in(&self) -> &MigrationFile {
+    pub fn created_in(&self) -> &MigrationFile {
         &self.created_in
     }
 
     /// The last migration after its creation that changed it, if any.
-    pub(crate) fn altered_in(&self) -> Option<&MigrationFile> {
+    pub fn altered_in(&self) -> Option<&MigrationFile> {
         self.altered_in.as_deref()
     }
 
@@ -343,15 +355,16 @@ impl Table {
 
 /// A user-defined type.
 #[derive(Debug, Clone)]
-pub(crate) struct TypeDef {
+pub struct TypeDef {
     pub(super) name: QualifiedName,
     pub(super) kind: TypeKind,
     pub(super) certain: bool,
     pub(super) defined_in: Arc<MigrationFile>,
 }
 
+/// What kind of type a `CREATE TYPE` made.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum TypeKind {
+pub enum TypeKind {
     /// `CREATE TYPE … AS ENUM`, with its labels in order.
     Enum(Vec<String>),
     /// Any other type (composite, range, …), or one only known from an unreadable statement.
@@ -359,27 +372,31 @@ pub(crate) enum TypeKind {
 }
 
 impl TypeDef {
-    pub(crate) fn name(&self) -> &QualifiedName {
+    /// The type's name.
+    pub fn name(&self) -> &QualifiedName {
         &self.name
     }
 
-    pub(crate) fn kind(&self) -> &TypeKind {
+    /// What kind of type it is.
+    pub fn kind(&self) -> &TypeKind {
         &self.kind
     }
 
     /// False when a statement that could not be parsed may have changed it.
-    pub(crate) fn is_certain(&self) -> bool {
+    pub fn is_certain(&self) -> bool {
         self.certain
     }
 
-    pub(crate) fn defined_in(&self) -> &MigrationFile {
+    /// The migration that created it.
+    pub fn defined_in(&self) -> &MigrationFile {
         &self.defined_in
     }
 }
 
 /// The answer to a lookup by name.
 #[derive(Debug)]
-pub(crate) enum Lookup<'a, T> {
+pub enum Lookup<'a, T> {
+    /// Exactly this name.
     Found(&'a T),
     /// Only a match that ignores ASCII case. SQLite treats the macro's quoted name as this one;
     /// PostgreSQL treats it as a different name.
@@ -389,13 +406,14 @@ pub(crate) enum Lookup<'a, T> {
     Ambiguous(Vec<&'a T>),
     /// No such name. `certain` is false when an unreadable statement could have created it.
     Missing {
+        /// Whether no unreadable statement could have created it.
         certain: bool,
     },
 }
 
 impl<'a, T> Lookup<'a, T> {
     /// The item when found exactly.
-    pub(crate) fn found(&self) -> Option<&'a T> {
+    pub fn found(&self) -> Option<&'a T> {
         match self {
             Lookup::Found(t) => Some(t),
             _ => None,
@@ -420,16 +438,18 @@ fn lookup<'a, T>(items: &'a [T], name: &str, key: impl Fn(&T) -> &str) -> Lookup
 
 /// A statement that no dialect could parse.
 #[derive(Debug, Clone)]
-pub(crate) struct Unreadable {
-    pub(crate) file: Arc<MigrationFile>,
+pub struct Unreadable {
+    /// The file it is in.
+    pub file: Arc<MigrationFile>,
     /// The line the statement starts on, counting from 1.
-    pub(crate) line: usize,
-    pub(crate) error: String,
+    pub line: usize,
+    /// What the parser said.
+    pub error: String,
 }
 
 /// Everything the migrations define, in the state the last one leaves it.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Catalog {
+pub struct Catalog {
     pub(super) files: Vec<Arc<MigrationFile>>,
     pub(super) config: Option<PathBuf>,
     pub(super) tables: BTreeMap<QualifiedName, Table>,
@@ -442,14 +462,14 @@ pub(crate) struct Catalog {
 
 impl Catalog {
     /// The migration files read, in the order they were applied.
-    pub(crate) fn files(&self) -> impl Iterator<Item = &MigrationFile> {
+    pub fn files(&self) -> impl Iterator<Item = &MigrationFile> {
         self.files.iter().map(|f| &**f)
     }
 
     /// Every file the catalog depends on: the `sqlx.toml` that chose the directory, if one did,
     /// then each migration. The macro emits `include_bytes!` for each so that cargo rebuilds
     /// when one changes.
-    pub(crate) fn inputs(&self) -> impl Iterator<Item = &Path> {
+    pub fn inputs(&self) -> impl Iterator<Item = &Path> {
         self.config
             .iter()
             .map(PathBuf::as_path)
@@ -457,35 +477,35 @@ impl Catalog {
     }
 
     /// The statements that could not be parsed; each made what it touches uncertain.
-    pub(crate) fn unreadable(&self) -> &[Unreadable] {
+    pub fn unreadable(&self) -> &[Unreadable] {
         &self.unreadable
     }
 
     /// The database the migrations are written for, when their text says so unambiguously
     /// (enum types and `$$` bodies, or `AUTOINCREMENT` and `BLOB`, …).
-    pub(crate) fn backend(&self) -> Option<Backend> {
+    pub fn backend(&self) -> Option<Backend> {
         self.backend
     }
 
     /// Looks a table up by the name the macro writes: `orders` or `app.orders`. An
     /// unqualified name matches a table in any schema, but only when just one schema has it.
-    pub(crate) fn table(&self, name: &str) -> Lookup<'_, Table> {
+    pub fn table(&self, name: &str) -> Lookup<'_, Table> {
         self.by_name(&self.tables, name)
     }
 
     /// Looks a user-defined type up, with the same rules as [`Catalog::table`].
-    pub(crate) fn type_def(&self, name: &str) -> Lookup<'_, TypeDef> {
+    pub fn type_def(&self, name: &str) -> Lookup<'_, TypeDef> {
         self.by_name(&self.types, name)
     }
 
     /// Every table, ordered by schema and name.
-    pub(crate) fn tables(&self) -> impl Iterator<Item = &Table> {
+    pub fn tables(&self) -> impl Iterator<Item = &Table> {
         self.tables.values()
     }
 
     /// The names a user could mean, for suggestions: unqualified in the default schema,
     /// qualified elsewhere.
-    pub(crate) fn table_names(&self) -> Vec<String> {
+    pub fn table_names(&self) -> Vec<String> {
         self.tables.keys().map(ToString::to_string).collect()
     }
 

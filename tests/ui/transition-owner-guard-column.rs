@@ -1,0 +1,6 @@
+use idem::{Error, Transition};
+
+#[idem::state_transition(table = "orders", key = "order_no", from = "PAID", to = "REFUNDING", guard = "refund_request", owner = "refund_request")]
+async fn begin_refund(db: &sqlx::PgPool, order_no: &str, refund_request: &str) -> Result<Transition, Error>;
+
+fn main() {}
