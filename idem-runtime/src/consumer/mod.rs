@@ -527,6 +527,7 @@ impl<S> fmt::Debug for Consumer<S> {
             .field("policy", &self.policy)
             .field("max_deliveries", &self.max_deliveries)
             .field("backoff", &self.backoff)
+            .field("ordered", &self.ordered)
             .finish_non_exhaustive()
     }
 }
