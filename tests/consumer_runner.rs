@@ -2,13 +2,18 @@
 //! lease renewed under a long handler, `#[idempotent]` handlers (separate and transactional), and
 //! many tasks delivering one message at once.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem::consumer::testing::{Said, TestDelivery};
 use idem::consumer::{Backoff, Consumer, HandlerError, Message, Settlement};
-use idem::{ClaimInfo, MemoryStore, SqliteStore, Store, idempotent};
+use idem::{
+    BeginOutcome, BeginRequest, ClaimInfo, ClaimRef, MemoryStore, Record, SqliteStore, Store,
+    StoredResponse, idempotent,
+};
 
 fn consumer(store: MemoryStore) -> Consumer<MemoryStore> {
     Consumer::new("fulfilment", store)
@@ -363,6 +368,69 @@ async fn book(store: &SqliteStore, msg: Message) -> Result<i64, HandlerError> {
         .await
         .map_err(HandlerError::transient)?;
     Ok(cents)
+}
+
+/// Fails for now, inside its transaction, and says which attempt it was.
+#[idempotent(scope = "flaky:<msg.consumer>", key = msg.key, store = store, transaction = tx, claim = claim, skip(attempts), retain = "7d")]
+async fn book_fails(
+    store: &SqliteStore,
+    attempts: &std::sync::Mutex<Vec<u32>>,
+    msg: Message,
+) -> Result<(), HandlerError> {
+    attempts.lock().unwrap().push(claim.attempt());
+    sqlx::query("INSERT INTO ledger (msg, cents) VALUES ($1, 1)")
+        .bind(msg.key.as_str())
+        .execute(&mut **tx)
+        .await
+        .map_err(HandlerError::transient)?;
+    Err(HandlerError::transient("the bank is down"))
+}
+
+#[tokio::test]
+async fn the_record_counts_attempts_where_the_broker_cannot() {
+    // Every delivery says it is the first: the limit is reached by the record's count, in
+    // separate commits (the claim is released) and in a transaction (rolled back).
+    let c = consumer(MemoryStore::new()).max_deliveries(3);
+    let h = c.guarded(|_msg: Message, _claim| async {
+        Err::<(), _>(HandlerError::transient("the warehouse API timed out"))
+    });
+    for _ in 0..2 {
+        let d = TestDelivery::new("m-1", "x");
+        assert!(matches!(c.handle(&d, &h).await, Settlement::Retry(_)));
+    }
+    match c.handle(&TestDelivery::new("m-1", "x"), &h).await {
+        Settlement::DeadLetter(r) => assert!(r.contains("(3 of 3)"), "{r}"),
+        other => panic!("{other:?}"),
+    }
+
+    let store = SqliteStore::in_memory().await.unwrap();
+    sqlx::query("CREATE TABLE ledger (msg TEXT PRIMARY KEY, cents INTEGER NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let c = Consumer::new("ledger", store.clone())
+        .unwrap()
+        .max_deliveries(3);
+    let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (s, a) = (store.clone(), attempts.clone());
+    let h = move |msg: Message| {
+        let (s, a) = (s.clone(), a.clone());
+        async move { book_fails(&s, &a, msg).await }
+    };
+    let mut settled = Vec::new();
+    for _ in 0..3 {
+        settled.push(c.handle(&TestDelivery::new("pay-1", "1"), &h).await);
+    }
+    assert!(
+        matches!(&settled[..], [Settlement::Retry(_), Settlement::Retry(_), Settlement::DeadLetter(r)] if r.contains("(3 of 3)")),
+        "{settled:?}"
+    );
+    assert_eq!(*attempts.lock().unwrap(), [1, 2, 3]);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "every attempt rolled back");
 }
 
 #[tokio::test]
@@ -734,4 +802,175 @@ async fn a_completion_that_could_not_be_stored_is_not_acked_and_runs_again_after
     };
     assert_eq!(settled, Settlement::Completed);
     assert_eq!(*attempts.lock().unwrap(), vec![1, 2]);
+}
+
+/// A memory store whose releases fail: the connection went away between a body and its
+/// release.
+#[derive(Clone)]
+struct ReleaseFails(MemoryStore);
+
+impl Store for ReleaseFails {
+    async fn begin(&self, req: BeginRequest<'_>) -> idem::Result<BeginOutcome> {
+        self.0.begin(req).await
+    }
+    async fn complete(&self, c: ClaimRef<'_>, r: &StoredResponse) -> idem::Result<()> {
+        self.0.complete(c, r).await
+    }
+    async fn release(&self, _: ClaimRef<'_>) -> idem::Result<()> {
+        Err(idem::Error::Unavailable("connection reset by peer".into()))
+    }
+    async fn checkpoint(&self, c: ClaimRef<'_>, p: &[u8], d: Duration) -> idem::Result<()> {
+        self.0.checkpoint(c, p, d).await
+    }
+    async fn renew(&self, c: ClaimRef<'_>, d: Duration) -> idem::Result<()> {
+        self.0.renew(c, d).await
+    }
+    async fn lookup(&self, s: &str, k: &str) -> idem::Result<Option<Record>> {
+        self.0.lookup(s, k).await
+    }
+    async fn purge_expired(&self) -> idem::Result<u64> {
+        self.0.purge_expired().await
+    }
+    fn release_in_background(&self, s: String, k: String, f: u64) {
+        self.0.release_in_background(s, k, f)
+    }
+}
+
+/// What a test's tracing subscriber wrote.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+    fn make_writer(&'a self) -> Logs {
+        self.clone()
+    }
+}
+
+#[tokio::test]
+async fn a_release_that_fails_after_an_error_is_logged_with_its_error() {
+    let logs = Logs::default();
+    let _logging = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_ansi(false)
+            .finish(),
+    );
+    let c = Consumer::new("fulfilment", ReleaseFails(MemoryStore::new()))
+        .unwrap()
+        .lease(Duration::from_secs(30));
+    let h = c.guarded(|_msg: Message, _claim| async {
+        Err::<(), _>(HandlerError::transient("the warehouse API timed out"))
+    });
+    assert!(matches!(
+        c.handle(&TestDelivery::new("m-1", "x"), &h).await,
+        Settlement::Retry(_)
+    ));
+    let text = logs.text();
+    assert!(
+        text.contains("could not release a claim after its body failed")
+            && text.contains("connection reset by peer")
+            && text.contains("m-1"),
+        "{text}"
+    );
+    // What it costs: the claim stays, and the redelivery waits for its lease.
+    assert!(matches!(
+        c.handle(&TestDelivery::new("m-1", "x").delivered(2), &h).await,
+        Settlement::InProgress(d) if d > Duration::from_secs(25)
+    ));
+}
+
+fn stream_of(
+    deliveries: &[TestDelivery],
+) -> impl futures_util::Stream<Item = Result<TestDelivery, std::convert::Infallible>> + use<> {
+    let owned: Vec<_> = deliveries.iter().cloned().map(Ok).collect();
+    futures_util::stream::iter(owned)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_mode_runs_a_partition_in_order_and_holds_its_retries_in_place() {
+    use common::partitions::{PartitionLog, events};
+    let log = PartitionLog::default();
+    let c = consumer(MemoryStore::new())
+        .ordered(true)
+        .keep_alive(Duration::from_millis(10));
+    let h = c.guarded(log.handler());
+    let deliveries: Vec<TestDelivery> = events("t", 3, 9)
+        .iter()
+        .map(|e| TestDelivery::new(&e.id, e.payload.clone()).partition(&e.partition_key))
+        .collect();
+    c.run(stream_of(&deliveries), h, 6).await;
+    log.check(3, 9).unwrap();
+    assert!(log.most_at_once() > 1, "partitions ran concurrently");
+    // Every third event failed once: held and run again here, never given back to the broker
+    // (which would let the partition's next delivery overtake it), then acked.
+    for d in &deliveries {
+        let said = d.said();
+        assert!(
+            !said.iter().any(|s| matches!(s, Said::Retry(_))),
+            "{said:?}"
+        );
+        assert_eq!(said.last(), Some(&Said::Ack), "{said:?}");
+    }
+    let stats = c.stats();
+    assert_eq!((stats.completed, stats.retried), (27, 9), "{stats:?}");
+}
+
+#[tokio::test]
+async fn ordered_mode_lets_a_partition_go_on_after_a_dead_letter() {
+    let c = consumer(MemoryStore::new()).ordered(true);
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let o = order.clone();
+    let h = c.guarded(move |msg: Message, _claim| {
+        o.lock().unwrap().push(msg.key.as_str().to_owned());
+        async move {
+            match &msg.payload[..] {
+                b"poison" => Err(HandlerError::permanent("no such order")),
+                _ => Ok(()),
+            }
+        }
+    });
+    let deliveries = [
+        TestDelivery::new("m-0", "poison").partition("P"),
+        TestDelivery::new("m-1", "ok").partition("P"),
+    ];
+    c.run(stream_of(&deliveries), h, 4).await;
+    assert_eq!(*order.lock().unwrap(), ["m-0", "m-1"]);
+    assert!(matches!(deliveries[0].said()[..], [Said::DeadLetter(_)]));
+    assert_eq!(deliveries[1].said(), [Said::Ack]);
+}
+
+#[tokio::test]
+async fn ordered_mode_counts_the_runs_it_holds_toward_the_delivery_limit() {
+    let c = consumer(MemoryStore::new()).ordered(true).max_deliveries(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let h = c.guarded(move |_msg: Message, _claim| {
+        r.fetch_add(1, Ordering::SeqCst);
+        async { Err::<(), _>(HandlerError::transient("down")) }
+    });
+    let d = TestDelivery::new("m-1", "x").partition("P");
+    match c.handle(&d, &h).await {
+        Settlement::DeadLetter(r) => assert!(r.contains("(3 of 3)"), "{r}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    assert!(matches!(d.said().last(), Some(Said::DeadLetter(_))));
+    assert!(!d.said().iter().any(|s| matches!(s, Said::Retry(_))));
 }

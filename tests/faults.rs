@@ -372,6 +372,7 @@ fn rule(rig: &Rig, step: Step, key: &str, fingerprint: &[u8], fault: Fault) -> R
     let needles = match rig.proxy.wire() {
         common::proxy::Wire::Postgres => pg_needles(step).iter().map(|n| n.to_vec()).collect(),
         common::proxy::Wire::Redis => redis_needles(step, key, fingerprint),
+        common::proxy::Wire::Amqp => unreachable!("the rig proxies stores, not a broker"),
     };
     Rule {
         needles,
@@ -466,6 +467,7 @@ async fn stalled_completion(rig: Rig) {
     let stall = match rig.proxy.wire() {
         common::proxy::Wire::Postgres => LEASE * 2,
         common::proxy::Wire::Redis => LEASE * 3 / 2,
+        common::proxy::Wire::Amqp => unreachable!("the rig proxies stores, not a broker"),
     };
     rig.proxy
         .inject(rule(&rig, Step::Complete, key, &fp, Fault::Stall(stall)));

@@ -3,12 +3,15 @@
 //!
 //! ```text
 //! NATS_URL=nats://127.0.0.1:4222 DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
-//!   cargo run --release --example consumer_bench -- [--messages N] [--concurrency C] [--rounds R]
+//!   cargo run --release --example consumer_bench -- [--messages N] [--concurrency C] \
+//!   [--rounds R] [--partitions P] [--ordered]
 //! ```
 //!
-//! Each round publishes N messages (not timed), then times one consumer draining them through
-//! the runner (`Consumer::run`, double acks, keep-alives) with C handlers at once. Every
-//! handler inserts one row into `bench_shipments`:
+//! Each round publishes N messages (not timed), each with an `Idem-Partition-Key` header naming
+//! one of P partitions (default 100, round robin), then times one consumer draining them
+//! through the runner (`Consumer::run`, double acks, keep-alives) with C handlers at once; with
+//! `--ordered` the runner is in ordered mode (`Consumer::ordered`: one message of a partition
+//! at a time, in order). Every handler inserts one row into `bench_shipments`:
 //!
 //! - `unguarded`: the insert alone (autocommit), acked after it;
 //! - `separate`: `Consumer::guarded`, separate commits: claim, insert, complete;
@@ -24,10 +27,12 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, consumer::pull, message::PublishMessage};
 use bytes::Bytes;
 use idem::consumer::nats::JetStreamSource;
-use idem::consumer::{Consumer, HandlerError, Message};
+use idem::consumer::{Consumer, HandlerError, Message, PARTITION_KEY_HEADER};
 use idem::{PgStore, idempotent};
 use sqlx::postgres::PgPoolOptions;
 
+#[path = "support/cli.rs"]
+mod cli;
 #[path = "support/pg_schema.rs"]
 mod pg_schema;
 use pg_schema::RunSchema;
@@ -51,25 +56,45 @@ struct Args {
     messages: usize,
     concurrency: usize,
     rounds: usize,
+    partitions: usize,
+    ordered: bool,
 }
+
+const USAGE: &str = "usage: consumer_bench [--messages N] [--concurrency C] [--rounds R] \
+                     [--partitions P] [--ordered]";
 
 fn args() -> Args {
     let mut a = Args {
         messages: 3000,
         concurrency: 32,
         rounds: 3,
+        partitions: 100,
+        ordered: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let value = it.next().and_then(|v| v.parse().ok());
-        match (flag.as_str(), value) {
-            ("--messages", Some(v)) => a.messages = v,
-            ("--concurrency", Some(v)) => a.concurrency = v,
-            ("--rounds", Some(v)) => a.rounds = v,
-            _ => {
-                eprintln!("usage: consumer_bench [--messages N] [--concurrency C] [--rounds R]");
-                std::process::exit(2);
+        match flag.as_str() {
+            "--help" | "-h" => cli::usage(USAGE, None),
+            "--ordered" => {
+                a.ordered = true;
+                continue;
             }
+            _ => {}
+        }
+        let value = cli::value(&mut it, &flag, USAGE);
+        let number = || -> usize {
+            value
+                .parse()
+                .ok()
+                .filter(|n| *n > 0)
+                .unwrap_or_else(|| cli::usage(USAGE, Some(&format!("{flag} needs a number"))))
+        };
+        match flag.as_str() {
+            "--messages" => a.messages = number(),
+            "--concurrency" => a.concurrency = number(),
+            "--rounds" => a.rounds = number(),
+            "--partitions" => a.partitions = number(),
+            other => cli::usage(USAGE, Some(&format!("unknown flag {other}"))),
         }
     }
     a
@@ -98,6 +123,7 @@ impl Bench {
                 ..Default::default()
             })
             .await?;
+        let partitions = self.args.partitions;
         let acks = futures_util::future::join_all((0..self.args.messages).map(|n| {
             let (js, subject) = (self.js.clone(), subject.clone());
             async move {
@@ -105,7 +131,11 @@ impl Bench {
                     subject,
                     PublishMessage::build()
                         .payload(Bytes::from(format!("{{\"orderNo\":\"ORD-{n}\"}}")))
-                        .message_id(format!("{name}-{n}")),
+                        .message_id(format!("{name}-{n}"))
+                        .header(
+                            PARTITION_KEY_HEADER,
+                            format!("P{}", n % partitions).as_str(),
+                        ),
                 )
                 .await?
                 .await
@@ -136,7 +166,7 @@ impl Bench {
             .await?;
         let source = JetStreamSource::new(self.js.clone(), pull, format!("{}.dlq", self.prefix))
             .batch(self.args.concurrency * 2);
-        let runner = Consumer::new("bench", self.store.clone())?;
+        let runner = Consumer::new("bench", self.store.clone())?.ordered(self.args.ordered);
         let total = self.args.messages as u64;
         let r = runner.clone();
         let done = async move {
@@ -226,9 +256,14 @@ async fn main() -> Result<(), BoxError> {
         prefix: prefix.clone(),
         args,
     };
+    let mode = if bench.args.ordered {
+        "ordered"
+    } else {
+        "unordered"
+    };
     println!(
-        "messages={} concurrency={} rounds={}",
-        bench.args.messages, bench.args.concurrency, bench.args.rounds
+        "messages={} concurrency={} rounds={} partitions={} mode={mode}",
+        bench.args.messages, bench.args.concurrency, bench.args.rounds, bench.args.partitions
     );
 
     let variants = ["unguarded", "separate", "transactional"];
@@ -267,7 +302,7 @@ async fn main() -> Result<(), BoxError> {
         .enumerate()
     {
         println!(
-            "RESULT consumer=jetstream store=postgres variant={name} msgs_per_sec={:.0} ratio={:.2}",
+            "RESULT consumer=jetstream store=postgres mode={mode} variant={name} msgs_per_sec={:.0} ratio={:.2}",
             rate(totals[v]),
             rate(totals[v]) / base
         );

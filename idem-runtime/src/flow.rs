@@ -27,7 +27,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -561,13 +561,13 @@ where
             Some(Ok(stored)) => (stored, Err(e)),
             Some(Err(enc)) => {
                 tracing::error!(target: "idem", error = %enc, "cannot store a final error; releasing the claim instead");
-                let _ = guard.give_up().await;
+                guard.give_up_or_log().await;
                 return R::from_err(e);
             }
             None => {
                 // Only successes (and final errors) are worth replaying: free the key for a
                 // real retry.
-                let _ = guard.give_up().await;
+                guard.give_up_or_log().await;
                 return R::from_err(e);
             }
         },
@@ -751,6 +751,8 @@ struct Watched {
     claims: Mutex<Vec<WatchedClaim>>,
     /// Woken when a claim is added.
     added: tokio::sync::Notify,
+    /// The highest attempt number of any claim taken, transactional ones included.
+    attempt: AtomicU32,
 }
 
 /// A claim seen by a [`ClaimWatch`], with the lease its call runs under.
@@ -791,6 +793,18 @@ impl ClaimWatch {
     pub(crate) fn added(&self) -> tokio::sync::futures::Notified<'_> {
         self.0.added.notified()
     }
+
+    /// The highest attempt number ([`ClaimInfo::attempt`]) of the claims taken so far, in
+    /// either mode (a transactional claim is counted here, though not listed), forgotten ones
+    /// included; 0 when none was taken. How many times the record saw this request begin: a
+    /// count a broker that cannot count redeliveries lacks.
+    pub fn attempt(&self) -> u32 {
+        self.0.attempt.load(Ordering::Relaxed)
+    }
+
+    fn saw_attempt(&self, attempt: u32) {
+        self.0.attempt.fetch_max(attempt, Ordering::Relaxed);
+    }
 }
 
 /// Runs `fut` and lists in `watch`, while it runs, the claims that guarded calls awaited inside
@@ -800,8 +814,9 @@ impl ClaimWatch {
 /// Claims of the separate-commits flow ([`begin`], and `#[idempotent]` without `transaction`)
 /// are listed. Their holders expect the watcher to keep them alive, and nobody waits on a
 /// connection: a completion the store refuses as unavailable is retried while the claim's lease
-/// lives, not briefly. A transactional claim is not: its record is not visible outside its transaction
-/// until it commits, and a duplicate waits for that commit rather than for a lease. As with
+/// lives, not briefly. A transactional claim is not listed: its record is not visible outside
+/// its transaction until it commits, and a duplicate waits for that commit rather than for a
+/// lease; only its attempt number is counted ([`ClaimWatch::attempt`]). As with
 /// [`watch_replays`], only calls awaited on the same task are seen.
 pub async fn watch_claims<F: Future>(watch: &ClaimWatch, fut: F) -> F::Output {
     CLAIMS.scope(watch.clone(), fut).await
@@ -812,6 +827,7 @@ pub async fn watch_claims<F: Future>(watch: &ClaimWatch, fut: F) -> F::Output {
 /// consumer) keeps it alive, briefly when a caller waits on a connection.
 fn note_claim(claim: &ClaimInfo, lease: Duration) -> Patience {
     let watched = CLAIMS.try_with(|w| {
+        w.saw_attempt(claim.attempt());
         w.0.claims
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -825,6 +841,14 @@ fn note_claim(claim: &ClaimInfo, lease: Duration) -> Patience {
         Ok(()) => Patience::WhileLeased,
         Err(_) => Patience::Brief,
     }
+}
+
+/// Tells the [`watch_claims`] on this task, if any, the attempt number of a transactional
+/// claim: counted, not listed for renewal (a renewal from outside its transaction would wait on
+/// the transaction's row lock).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn note_tx_attempt(claim: &ClaimInfo) {
+    let _ = CLAIMS.try_with(|w| w.saw_attempt(claim.attempt()));
 }
 
 /// The transactional flow of `#[idempotent(…, transaction = tx)]`: claim, body and completion in
@@ -921,13 +945,17 @@ mod transactional {
             .begin_in(&mut tx, request(&scope, &key, &fingerprint, &policy))
             .await;
         match started(&scope, &key, outcome, timing)? {
-            Started::Claimed(c) => Ok(Ok(TxClaim {
-                tx,
-                claim: ClaimInfo::new(scope, key, c),
-                fingerprint,
-                policy,
-                timing: timing.and_then(|t| Some((t, t.start()?))),
-            })),
+            Started::Claimed(c) => {
+                let claim = ClaimInfo::new(scope, key, c);
+                note_tx_attempt(&claim);
+                Ok(Ok(TxClaim {
+                    tx,
+                    claim,
+                    fingerprint,
+                    policy,
+                    timing: timing.and_then(|t| Some((t, t.start()?))),
+                }))
+            }
             Started::Replay(stored) => {
                 // Nothing was written: ending the transaction either way costs the same.
                 tx.commit().await.map_err(map_err)?;
@@ -938,9 +966,9 @@ mod transactional {
 
     #[doc(hidden)]
     /// The function's return value. For a claim, with the body's `out`: completes and commits
-    /// on `Ok`; on `Err` rolls back, then records a final error on its own if the function
-    /// stores final errors and the identity is still free. Otherwise the replay, or the
-    /// refusal.
+    /// on `Ok`; on `Err` rolls back, then, if the identity is still free, records a final error
+    /// on its own (when the function stores final errors) or leaves the record released, one
+    /// attempt on. Otherwise the replay, or the refusal.
     pub async fn tx_finish<S, R, M>(
         store: &S,
         start: TxStart<Tx<S>>,
@@ -973,17 +1001,30 @@ mod transactional {
                     ..
                 } = claim;
                 rollback(tx, &claim).await;
-                if let Some(Ok(stored)) = errors.stored_final(&e)
-                    && let Ok(Begun::Claimed(guard)) = begin(
-                        store,
-                        claim.scope().to_owned(),
-                        claim.key().clone(),
-                        fingerprint,
-                        policy,
-                    )
-                    .await
+                // The rollback took the claim with it. Outside the transaction, the record is
+                // left as the error means for the next attempt: a final error stored, to be
+                // replayed; any other error released, as in separate commits, so the next
+                // claim knows it is one more attempt (`ClaimInfo::attempt`: what a consumer's
+                // delivery limit counts when its broker cannot). Unless the identity was taken
+                // meanwhile.
+                let stored = errors.stored_final(&e).and_then(Result::ok);
+                if let Ok(Begun::Claimed(mut guard)) = begin(
+                    store,
+                    claim.scope().to_owned(),
+                    claim.key().clone(),
+                    fingerprint,
+                    policy,
+                )
+                .await
                 {
-                    let _ = guard.complete(&stored).await;
+                    match stored {
+                        Some(stored) => {
+                            if let Err(not_stored) = guard.complete(&stored).await {
+                                tracing::warn!(target: "idem", scope = claim.scope(), key = %claim.key(), error = %not_stored, "could not store a final error after its transaction rolled back: a retry runs the body again");
+                            }
+                        }
+                        None => guard.give_up_or_log().await,
+                    }
                 }
                 R::from_err(e)
             }

@@ -444,6 +444,19 @@ impl<'s, S: Store> Guard<'s, S> {
         result
     }
 
+    /// [`Guard::give_up`] where the caller answers with the body's error whatever the release
+    /// did: a release that failed is logged with its error, since the claim then stays until
+    /// its lease runs out and every retry before that is told "in progress".
+    pub(crate) async fn give_up_or_log(&mut self) {
+        match self.give_up().await {
+            // Taken over: the new owner holds the record, and `observe` said so.
+            Ok(()) | Err(Error::FenceLost { .. }) => {}
+            Err(e) => {
+                tracing::warn!(target: "idem", scope = self.claim.scope(), key = %self.claim.key(), fence = self.claim.fence(), error = %e, "could not release a claim after its body failed: retries are told \"in progress\" until its lease runs out");
+            }
+        }
+    }
+
     /// Ends this guard without writing: the claim stays until its lease runs out. For when the
     /// side effect happened but its answer cannot be stored, so a retry must not run it again
     /// before the lease says the owner is gone.

@@ -1,7 +1,8 @@
 //! Tracing events, and `metrics` counters behind the `metrics` feature, for every outcome.
 //!
-//! Counter: `idem_outcomes_total`, label `outcome` = `claimed`, `reclaimed`, `replayed`,
-//! `in_progress`, `key_reused`, `completed`, `released`, `fence_lost`, `store_error`.
+//! Counters: `idem_outcomes_total`, label `outcome` = `claimed`, `reclaimed`, `replayed`,
+//! `in_progress`, `key_reused`, `completed`, `released`, `fence_lost`, `store_error`; and
+//! `idem_outbox_parked_total`, outbox events a relay parked.
 
 /// One outcome of the record lifecycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,4 +91,11 @@ fn count(outcome: Outcome) {
         Outcome::FenceLost => count!("fence_lost"),
         Outcome::StoreError => count!("store_error"),
     }
+}
+
+/// Counts an outbox event a relay parked (its error log is the relay's own).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn outbox_parked() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idem_outbox_parked_total").increment(1);
 }

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod partitions;
 pub mod proxy;
 
 use std::str::FromStr;

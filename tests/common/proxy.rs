@@ -1,5 +1,5 @@
-//! A TCP proxy that sits between the code under test and PostgreSQL or Redis and injects one
-//! fault at a chosen point: it cuts the connection before a statement reaches the server, cuts
+//! A TCP proxy that sits between the code under test and PostgreSQL, Redis or RabbitMQ and
+//! injects one fault at a chosen point: it cuts the connection before a statement reaches the server, cuts
 //! it after the server did the work but before the reply reaches the client, or stalls it.
 //!
 //! A point is chosen by the bytes the client writes: a [`Rule`] matches a client write that
@@ -7,8 +7,8 @@
 //! its `nth` match, counted over every connection through the proxy. On PostgreSQL the fault
 //! applies to the first write of that connection, from the matching one on, that executes
 //! something (an `Execute` or a simple `Query` message): sqlx sends a statement's text in a
-//! `Parse` and runs it in a later `Bind`/`Execute` write. On Redis it applies to the matching
-//! write itself.
+//! `Parse` and runs it in a later `Bind`/`Execute` write. On Redis and RabbitMQ it applies to
+//! the matching write itself.
 //!
 //! Rules can be added while traffic flows; each fires once. [`Proxy::fired`] says how many did,
 //! so a test can check that its fault was really injected.
@@ -38,6 +38,9 @@ pub enum Fault {
 pub enum Wire {
     Postgres,
     Redis,
+    /// AMQP 0.9.1 (RabbitMQ): a fault applies to the matching write itself (a publish's
+    /// frames carry its `message_id`).
+    Amqp,
 }
 
 /// Where to inject a fault: the `nth` (from 1) client write containing every needle.
@@ -153,6 +156,11 @@ impl Proxy {
         Proxy::start(&upstream_of(url, 6379), Wire::Redis).await
     }
 
+    /// The proxy of the RabbitMQ server of `url`.
+    pub async fn amqp(url: &str) -> Proxy {
+        Proxy::start(&upstream_of(url, 5672), Wire::Amqp).await
+    }
+
     /// Adds a rule; it fires once.
     pub fn inject(&self, rule: Rule) {
         self.shared
@@ -220,7 +228,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 /// `Query` ('Q') message; on Redis, every command write does.
 fn executes(wire: Wire, chunk: &[u8]) -> bool {
     match wire {
-        Wire::Redis => true,
+        Wire::Redis | Wire::Amqp => true,
         Wire::Postgres => {
             let mut at = 0;
             while at + 5 <= chunk.len() {

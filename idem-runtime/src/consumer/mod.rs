@@ -14,8 +14,11 @@
 //! | another consumer holds a live claim | `InProgress(d)` | retry after `d`, the claim's remaining lease |
 //! | a retryable error (the claim was released) | `Retry(d)` | retry after an exponential backoff |
 //! | the handler returned `Ok`, but a claim it took was lost to a newer attempt, or an answer could not be stored | `Retry(d)` | retry after the backoff, never ack: the redelivery is answered by the record |
-//! | a final error, the same id with another payload, no usable id, or the delivery limit reached | `DeadLetter(reason)` | dead-letter with the reason, logged |
+//! | a final error, the same id with another payload, no usable id, or the delivery limit reached (the broker's count or the record's, the higher) | `DeadLetter(reason)` | dead-letter with the reason, logged |
 //! | … and the broker did not take the dead letter | `Retry(d)` | retry after the backoff, dead-lettered when it comes back |
+//!
+//! In ordered mode ([`Consumer::ordered`]) deliveries that share a partition key are handled one
+//! at a time, in order, and a retry is held by the runner instead of given back to the broker.
 //!
 //! While a handler runs, the runner tells the broker it is still working and renews the lease of
 //! every claim the handler holds ([`Store::renew`]), so a long handler is neither redelivered
@@ -88,7 +91,12 @@ pub mod amqp;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
+mod ordered;
 pub mod testing;
+
+/// The header in which the outbox's publishers send an event's partition key, and from which
+/// the runner's ordered mode ([`Consumer::ordered`]) reads it: `Idem-Partition-Key`.
+pub const PARTITION_KEY_HEADER: &str = "Idem-Partition-Key";
 
 /// How long a consumer's records are kept by default: 7 days.
 pub const DEFAULT_RETAIN: Duration = Duration::from_secs(7 * 24 * 60 * 60);
@@ -118,8 +126,8 @@ pub struct Message {
     pub consumer: String,
     /// Where it was published (a NATS subject, an AMQP routing key).
     pub subject: String,
-    /// Which delivery this is, from 1, as far as the broker says (a hint: RabbitMQ often cannot
-    /// tell).
+    /// Which delivery this is, from 1, as far as the broker says (a hint: a classic RabbitMQ
+    /// queue cannot tell; the runner's delivery limit also counts the record's attempts).
     pub delivered: u32,
 }
 
@@ -154,6 +162,11 @@ pub trait Delivery: Send + Sync {
     fn delivered(&self) -> u32;
     /// How many deliveries the broker makes before it stops redelivering, if it has a limit.
     fn max_deliveries(&self) -> Option<u32> {
+        None
+    }
+    /// The partition the message belongs to (its [`PARTITION_KEY_HEADER`]), if it has one:
+    /// in ordered mode, deliveries of one partition are handled one at a time, in order.
+    fn partition_key(&self) -> Option<&str> {
         None
     }
     /// How often the broker needs to hear "still working" to hold the delivery back from others
@@ -253,6 +266,14 @@ impl Settlement {
     }
 }
 
+/// When `s` asks for the message again: the delay.
+fn retry_delay(s: &Settlement) -> Option<Duration> {
+    match s {
+        Settlement::InProgress(delay) | Settlement::Retry(delay) => Some(*delay),
+        _ => None,
+    }
+}
+
 /// Exponential backoff for retryable errors: `initial × 2^(delivery − 1)`, at most `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
@@ -341,21 +362,34 @@ fn decide(ran: Ran<'_>, delivered: u32, max: Option<u32>, backoff: &Backoff) -> 
     Step::Settle(Settlement::Retry(backoff.delay(delivered)))
 }
 
-/// Counts of how deliveries were settled, since the consumer was built.
+/// Which attempt at a message this delivery is, for its delivery limit and backoff: the
+/// broker's count, or the record's own when that is higher. The record counts every claim of
+/// the message that continued an unfinished one (a release after an error, a take-over after a
+/// crash: [`ClaimInfo::attempt`]), whichever broker delivered it; a classic RabbitMQ queue
+/// reports every redelivery as the second.
+fn attempts(delivered: u32, watch: &ClaimWatch) -> u32 {
+    delivered.max(watch.attempt())
+}
+
+/// Counts of how deliveries were settled, since the consumer was built. A settlement is counted
+/// under its kind only once the broker took it; one it did not take is an `ack_failures`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
-    /// Handlers that ran and committed (acked).
+    /// Handlers that ran and committed, acked.
     pub completed: u64,
-    /// Deliveries of processed messages, replayed (acked).
+    /// Deliveries of processed messages, replayed and acked.
     pub replayed: u64,
-    /// Retried because another consumer held a live claim.
+    /// Retried because another consumer held a live claim (in ordered mode: held by the
+    /// runner and run again).
     pub in_progress: u64,
-    /// Retried after a retryable error.
+    /// Retried after a retryable error (in ordered mode: held by the runner and run again).
     pub retried: u64,
     /// Dead-lettered.
     pub dead_lettered: u64,
-    /// Acknowledgements the broker did not confirm (it redelivers, and the record replays).
+    /// Settlements (acks, retries, dead letters) the broker did not take: the call failed, or
+    /// was never sent because the channel had closed. Logged, and counted nowhere else: the
+    /// broker redelivers the message, and its record answers the redelivery.
     pub ack_failures: u64,
     /// Lease renewals of running handlers' claims.
     pub renewals: u64,
@@ -492,6 +526,7 @@ pub struct Consumer<S> {
     max_deliveries: Option<u32>,
     backoff: Backoff,
     keep_alive: Option<Duration>,
+    ordered: bool,
     counters: Arc<Counters>,
 }
 
@@ -502,6 +537,7 @@ impl<S> fmt::Debug for Consumer<S> {
             .field("policy", &self.policy)
             .field("max_deliveries", &self.max_deliveries)
             .field("backoff", &self.backoff)
+            .field("ordered", &self.ordered)
             .finish_non_exhaustive()
     }
 }
@@ -523,6 +559,7 @@ impl<S: Store> Consumer<S> {
             max_deliveries: None,
             backoff: Backoff::default(),
             keep_alive: None,
+            ordered: false,
             counters: Arc::default(),
         })
     }
@@ -550,6 +587,13 @@ impl<S: Store> Consumer<S> {
     /// does not say. JetStream consumers must leave their own `max_deliver` unlimited (the
     /// server would stop redelivering a message whose dead letter failed at the limit): this is
     /// their limit.
+    ///
+    /// Deliveries are counted by the broker, or by the record when its count is higher: every
+    /// claim of the message that continues an unfinished one (after an error released it, or
+    /// a crash abandoned it) is one more attempt, whatever the broker reports (a classic
+    /// RabbitMQ queue says 2 for every redelivery). The record remembers: a dead letter sent
+    /// back to the queue within the record's retention is on its last attempt already, and is
+    /// dead-lettered again at its first failure.
     pub fn max_deliveries(mut self, max: u32) -> Self {
         self.max_deliveries = Some(max.max(1));
         self
@@ -567,6 +611,35 @@ impl<S: Store> Consumer<S> {
     /// third of that lease.
     pub fn keep_alive(mut self, every: Duration) -> Self {
         self.keep_alive = Some(every.max(Duration::from_millis(10)));
+        self
+    }
+
+    /// Ordered mode: deliveries with the same partition key ([`PARTITION_KEY_HEADER`], set by
+    /// the outbox's publishers) are handled one at a time, in the order this runner received
+    /// them; deliveries of other partitions, and those without the header, run concurrently.
+    ///
+    /// What "in order" means, precisely:
+    ///
+    /// - **A retry holds its partition.** A delivery to be retried (a retryable error, another
+    ///   consumer's live claim) is not given back to the broker, which would let the
+    ///   partition's next delivery overtake it: the runner keeps it (alive, with the broker's
+    ///   "still working") for the delay and runs it again, counting each run as a delivery for
+    ///   the limit. The partition's later deliveries wait behind it.
+    /// - **A dead letter releases it.** A delivery dead-lettered (a final error, the delivery
+    ///   limit) is gone from the stream: the partition's next delivery runs, and the consumer
+    ///   sees a gap, as it does for an outbox event that was parked.
+    /// - **Per runner.** The order is the order in which this runner received the deliveries.
+    ///   Deliveries of one partition that reach two runners (two processes on one queue or one
+    ///   durable consumer) are handled by each on its own: give a partition one runner
+    ///   (RabbitMQ's single active consumer, one process per JetStream durable consumer, or
+    ///   subjects split by partition). After a crash the broker redelivers what was not acked
+    ///   (JetStream once the ack wait runs out, RabbitMQ to the queue), and the records answer
+    ///   what was done already.
+    ///
+    /// A delivery waiting for its turn is kept alive, and holds one of the `concurrency` slots
+    /// of [`Consumer::run`].
+    pub fn ordered(mut self, ordered: bool) -> Self {
+        self.ordered = ordered;
         self
     }
 
@@ -621,7 +694,7 @@ impl<S: Store> Consumer<S> {
                     .await;
             }
         };
-        let msg = Message {
+        let mut msg = Message {
             key,
             payload: delivery.payload(),
             consumer: self.name.clone(),
@@ -666,7 +739,11 @@ impl<S: Store> Consumer<S> {
                     reason: e.to_string(),
                 },
             };
-            match decide(ran, msg.delivered, max, &self.backoff) {
+            match decide(ran, attempts(msg.delivered, &watch), max, &self.backoff) {
+                Step::Settle(s) if self.ordered && retry_delay(&s).is_some() => {
+                    self.hold(delivery, &msg.key, every, &s).await;
+                    msg.delivered = msg.delivered.saturating_add(1);
+                }
                 Step::Settle(s) => return self.settle(delivery, Some(&msg.key), s).await,
                 Step::Wait(delay) if waits < MAX_WAITS => {
                     waits += 1;
@@ -717,6 +794,11 @@ impl<S: Store> Consumer<S> {
         H: Handler<M>,
     {
         let handler = &handler;
+        if self.ordered {
+            return self
+                .run_ordered(deliveries, handler, concurrency, shutdown)
+                .await;
+        }
         deliveries
             .take_until(shutdown)
             .for_each_concurrent(concurrency.max(1), |delivery| async move {
@@ -815,11 +897,16 @@ impl<S: Store> Consumer<S> {
                 return self.dead_letter(delivery, key, reason.clone()).await;
             }
         };
-        tracing::debug!(target: "idem", consumer = %self.name, key, settlement = ?s, "settled a delivery");
-        self.counters.settled(&s);
-        if let Err(e) = result {
-            self.counters.ack_failures.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(target: "idem", consumer = %self.name, key, error = %e, settlement = ?s, "the broker did not confirm; it redelivers, and the record answers the redelivery");
+        match result {
+            Ok(()) => {
+                tracing::debug!(target: "idem", consumer = %self.name, key, settlement = ?s, "settled a delivery");
+                self.counters.settled(&s);
+            }
+            // Not a success of any kind: the broker still holds the message as delivered.
+            Err(e) => {
+                self.counters.ack_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(target: "idem", consumer = %self.name, key, error = %e, settlement = ?s, "the broker did not take the settlement; it redelivers the message, and the record answers the redelivery");
+            }
         }
         s
     }

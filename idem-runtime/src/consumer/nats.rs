@@ -94,7 +94,7 @@ use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde::Deserialize;
 
-use crate::consumer::{DEFAULT_RETAIN, Delivery};
+use crate::consumer::{DEFAULT_RETAIN, Delivery, PARTITION_KEY_HEADER};
 use crate::error::{BoxError, Error};
 use crate::guard::digest;
 use crate::key::Key;
@@ -473,6 +473,11 @@ impl Delivery for JetStreamDelivery {
         self.delivered
     }
 
+    fn partition_key(&self) -> Option<&str> {
+        let headers = self.msg.headers.as_ref()?;
+        Some(headers.get(PARTITION_KEY_HEADER)?.as_str())
+    }
+
     fn keep_alive_every(&self) -> Option<Duration> {
         Some(self.shared.keep_alive)
     }
@@ -511,8 +516,11 @@ impl Delivery for JetStreamDelivery {
 }
 
 /// Publishes outbox events through JetStream: the event's id as `Nats-Msg-Id`, so the stream's
-/// duplicate window drops a second publish of the same event; returns once the server stored
-/// (or deduplicated) it.
+/// duplicate window drops a second publish of the same event, and its partition key as
+/// `Idem-Partition-Key` (for [`Consumer::ordered`](crate::consumer::Consumer::ordered)); returns once the server stored
+/// (or deduplicated) it. A server out of reach or slow to answer is
+/// [`Unreachable`](crate::outbox::Unreachable); a refusal (no stream captures the topic, a payload over the server's limit) counts toward
+/// parking the event ([`Relay::park_after`](crate::outbox::Relay::park_after)).
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[derive(Clone)]
 pub struct JetStreamPublisher {
@@ -537,13 +545,32 @@ impl JetStreamPublisher {
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl crate::outbox::Publisher for JetStreamPublisher {
     async fn publish(&self, event: &crate::outbox::Event) -> Result<(), BoxError> {
+        // A header value with a line break would panic inside the client: refuse it first.
+        event.validate()?;
         let mut headers = HeaderMap::new();
         headers.insert(MSG_ID, event.id.as_str());
+        headers.insert(PARTITION_KEY_HEADER, event.partition_key.as_str());
         self.context
             .publish_with_headers(event.topic.clone(), headers, event.payload.clone())
-            .await?
-            .await?;
+            .await
+            .map_err(whose)?
+            .await
+            .map_err(whose)?;
         Ok(())
+    }
+}
+
+/// A publish's error, as the relay needs to read it: the server out of reach or slow is
+/// [`Unreachable`](crate::outbox::Unreachable); anything else (no stream captures the subject, a payload over the
+/// server's limit, a stream that refused the message) is this event refused.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn whose(e: jetstream::context::PublishError) -> BoxError {
+    use jetstream::context::PublishErrorKind;
+    match e.kind() {
+        PublishErrorKind::TimedOut
+        | PublishErrorKind::BrokenPipe
+        | PublishErrorKind::MaxAckPending => Box::new(crate::outbox::Unreachable::new(e)),
+        _ => Box::new(e),
     }
 }
 

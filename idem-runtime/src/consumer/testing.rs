@@ -48,6 +48,7 @@ pub struct TestDelivery {
     key: Option<String>,
     payload: Bytes,
     subject: String,
+    partition: Option<String>,
     delivered: u32,
     max: Option<u32>,
     keep_alive_every: Option<Duration>,
@@ -62,6 +63,7 @@ impl TestDelivery {
             key: Some(key.to_owned()),
             payload: payload.into(),
             subject: "test".into(),
+            partition: None,
             delivered: 1,
             max: None,
             keep_alive_every: None,
@@ -76,6 +78,12 @@ impl TestDelivery {
             key: None,
             ..TestDelivery::new("-", payload)
         }
+    }
+
+    /// The partition it belongs to (what its `Idem-Partition-Key` header would say).
+    pub fn partition(mut self, key: &str) -> Self {
+        self.partition = Some(key.to_owned());
+        self
     }
 
     /// Which delivery this is.
@@ -135,6 +143,9 @@ impl Delivery for TestDelivery {
     }
     fn max_deliveries(&self) -> Option<u32> {
         self.max
+    }
+    fn partition_key(&self) -> Option<&str> {
+        self.partition.as_deref()
     }
     fn keep_alive_every(&self) -> Option<Duration> {
         self.keep_alive_every

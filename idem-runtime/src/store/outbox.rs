@@ -15,7 +15,9 @@ use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
 
 use crate::error::Result;
 use crate::outbox::{ClaimedEvent, Event, OutboxBackend, OutboxCounts, PendingEvent};
-use crate::store::sql::{Dialect, Types, base_name, map_err, ms, quote_table};
+use crate::store::sql::{
+    AddColumn, Dialect, Migration, Types, base_name, map_err, ms, quote_table,
+};
 
 /// The default table of the outbox.
 pub const DEFAULT_OUTBOX_TABLE: &str = "idem_outbox";
@@ -39,12 +41,16 @@ pub(crate) struct OutboxStatements {
     /// The `NOTIFY` channel of this table (PostgreSQL).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) channel: String,
-    pub(crate) create: Vec<SqlStr>,
+    pub(crate) migration: Migration,
     pub(crate) enqueue: SqlStr,
     pub(crate) claim: SqlStr,
     pub(crate) mark_sent: SqlStr,
     pub(crate) retry: SqlStr,
+    pub(crate) park: SqlStr,
+    pub(crate) unpark: SqlStr,
+    pub(crate) unpark_all: SqlStr,
     pub(crate) pending: SqlStr,
+    pub(crate) parked: SqlStr,
     pub(crate) counts: SqlStr,
     pub(crate) purge: SqlStr,
 }
@@ -52,6 +58,13 @@ pub(crate) struct OutboxStatements {
 fn sql(s: String) -> SqlStr {
     AssertSqlSafe(s).into_sql_str()
 }
+
+/// Columns added since the outbox table was first created, with their definitions: tables
+/// created earlier get them when the outbox migrates.
+const ADDED_COLUMNS: &[(&str, &str)] = &[
+    ("failures", "{int4} NOT NULL DEFAULT 0"),
+    ("parked_at", "{timestamp}"),
+];
 
 impl OutboxStatements {
     pub(crate) fn new<D: OutboxDialect>(table: &str) -> Result<OutboxStatements> {
@@ -68,6 +81,7 @@ impl OutboxStatements {
         let channel = format!("{base}_wake");
         let seq = D::SEQ;
         let lock = D::LOCK;
+        let parked_index = format!("{base}_parked_idx");
         let mut create = vec![
             format!(
                 "CREATE TABLE IF NOT EXISTS {t} (\
@@ -81,6 +95,8 @@ impl OutboxStatements {
                  lease_until {timestamp}, \
                  lease_owner {text}, \
                  attempts {int4} NOT NULL DEFAULT 0, \
+                 failures {int4} NOT NULL DEFAULT 0, \
+                 parked_at {timestamp}, \
                  last_error {text})"
             ),
             // The relay's scan: unsent events by partition, in order.
@@ -94,24 +110,50 @@ impl OutboxStatements {
             ),
         ];
         create.extend(D::after_create(table, &t, &channel));
-        let columns = "seq, id, topic, partition_key, payload, attempts";
+        let upgrade: Vec<AddColumn> = ADDED_COLUMNS
+            .iter()
+            .map(|(column, definition)| {
+                let definition = definition
+                    .replace("{int4}", int4)
+                    .replace("{timestamp}", timestamp);
+                D::add_column(&t, table, column, &definition)
+            })
+            .collect();
+        let columns = "seq, id, topic, partition_key, payload, attempts, failures";
+        // Unsent and not parked: what a relay may still publish.
+        let waiting = "sent_at IS NULL AND parked_at IS NULL";
         Ok(OutboxStatements {
             table: table.to_owned(),
             channel,
-            create: create.into_iter().map(sql).collect(),
+            migration: Migration {
+                create: create.into_iter().map(sql).collect(),
+                upgrade,
+                // After the columns it covers; the probe takes its presence as "up to date".
+                finish: vec![sql(format!(
+                    "CREATE INDEX IF NOT EXISTS \"{parked_index}\" ON {t} (seq) \
+                     WHERE parked_at IS NOT NULL AND sent_at IS NULL"
+                ))],
+                up_to_date: D::up_to_date(
+                    &t,
+                    &parked_index,
+                    &ADDED_COLUMNS.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
+                ),
+            },
             enqueue: sql(format!(
                 "INSERT INTO {t} (id, topic, partition_key, payload, created_at) \
                  VALUES ($1, $2, $3, $4, {now}) ON CONFLICT (id) DO NOTHING RETURNING seq"
             )),
-            // Only the head of each partition (no unsent event before it) whose lease is free:
-            // a partition's events are published one at a time, in order, by one relay.
+            // Only the head of each partition (no waiting event before it) whose lease is
+            // free: a partition's events are published one at a time, in order, by one relay.
+            // A parked event is no head and holds nothing back.
             claim: sql(format!(
                 "UPDATE {t} SET lease_until = {}, lease_owner = $1, attempts = attempts + 1 \
                  WHERE seq IN (SELECT o.seq FROM {t} o \
-                   WHERE o.sent_at IS NULL \
+                   WHERE o.sent_at IS NULL AND o.parked_at IS NULL \
                      AND (o.lease_until IS NULL OR o.lease_until <= {now}) \
                      AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.partition_key = o.partition_key \
-                                     AND p.sent_at IS NULL AND p.seq < o.seq) \
+                                     AND p.sent_at IS NULL AND p.parked_at IS NULL \
+                                     AND p.seq < o.seq) \
                    ORDER BY o.seq LIMIT $3{lock}) \
                  RETURNING {columns}",
                 D::after("$2"),
@@ -121,15 +163,33 @@ impl OutboxStatements {
                  last_error = NULL WHERE seq = $1 AND sent_at IS NULL"
             )),
             retry: sql(format!(
-                "UPDATE {t} SET lease_until = {}, lease_owner = NULL, last_error = $3 \
-                 WHERE seq = $1 AND sent_at IS NULL",
+                "UPDATE {t} SET lease_until = {}, lease_owner = NULL, last_error = $3, \
+                 failures = failures + $4 WHERE seq = $1 AND sent_at IS NULL",
                 D::after("$2"),
             )),
+            park: sql(format!(
+                "UPDATE {t} SET parked_at = {now}, lease_until = NULL, lease_owner = NULL, \
+                 last_error = $2, failures = failures + 1 WHERE seq = $1 AND sent_at IS NULL"
+            )),
+            unpark: sql(format!(
+                "UPDATE {t} SET parked_at = NULL, failures = 0, lease_until = NULL, \
+                 lease_owner = NULL WHERE seq = $1 AND parked_at IS NOT NULL AND sent_at IS NULL"
+            )),
+            unpark_all: sql(format!(
+                "UPDATE {t} SET parked_at = NULL, failures = 0, lease_until = NULL, \
+                 lease_owner = NULL WHERE parked_at IS NOT NULL AND sent_at IS NULL"
+            )),
             pending: sql(format!(
-                "SELECT {columns}, last_error FROM {t} WHERE sent_at IS NULL ORDER BY seq LIMIT $1"
+                "SELECT {columns}, last_error FROM {t} WHERE {waiting} ORDER BY seq LIMIT $1"
+            )),
+            parked: sql(format!(
+                "SELECT {columns}, last_error FROM {t} \
+                 WHERE parked_at IS NOT NULL AND sent_at IS NULL ORDER BY seq LIMIT $1"
             )),
             counts: sql(format!(
-                "SELECT (SELECT count(*) FROM {t} WHERE sent_at IS NULL) AS pending, \
+                "SELECT (SELECT count(*) FROM {t} WHERE {waiting}) AS pending, \
+                        (SELECT count(*) FROM {t} WHERE parked_at IS NOT NULL \
+                           AND sent_at IS NULL) AS parked, \
                         (SELECT count(*) FROM {t} WHERE sent_at IS NOT NULL) AS sent"
             )),
             purge: sql(format!(
@@ -149,9 +209,13 @@ where
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
+    let count = |column: &str| -> std::result::Result<u32, sqlx::Error> {
+        Ok(u32::try_from(row.try_get::<i32, _>(column)?).unwrap_or(0))
+    };
     Ok(ClaimedEvent {
         seq: row.try_get("seq")?,
-        attempts: u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0),
+        attempts: count("attempts")?,
+        failures: count("failures")?,
         event: Event {
             id: row.try_get("id")?,
             topic: row.try_get("topic")?,
@@ -163,7 +227,7 @@ where
 
 /// An outbox's statements, with how one backend runs them: written once for both databases.
 macro_rules! outbox_backend {
-    ($name:ident, $dialect:ty, $db:ty, $pool:ty, $conn:ty, $doc:literal) => {
+    ($name:ident, $dialect:ty, $pool:ty, $conn:ty, $doc:literal) => {
         #[doc = $doc]
         #[derive(Clone)]
         pub struct $name {
@@ -206,34 +270,20 @@ macro_rules! outbox_backend {
             }
 
             /// Creates the table, its indexes (and on PostgreSQL its `NOTIFY` trigger) if
-            /// missing; safe to run from many instances at once.
+            /// missing, and adds the columns a table created by an earlier version lacks; safe
+            /// to run from many instances at once, and a table found up to date is not locked.
             pub async fn migrate(&self) -> Result<()> {
-                let mut tx = self.begin_migration().await?;
-                for stmt in <$dialect as Dialect>::migration_start()
-                    .iter()
-                    .chain(&self.sql.create)
-                {
-                    sqlx::query(stmt.clone())
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(map_err)?;
-                }
-                tx.commit().await.map_err(map_err)
-            }
-
-            async fn begin_migration(&self) -> Result<sqlx::Transaction<'static, $db>> {
-                match <$dialect as Dialect>::BEGIN {
-                    Some(stmt) => self.pool.begin_with(stmt).await,
-                    None => self.pool.begin().await,
-                }
-                .map_err(map_err)
+                self.sql.migration.run::<$dialect>(&self.pool).await
             }
 
             /// Enqueues `event` on `conn`: inside the caller's transaction, so that it commits
             /// or rolls back with the state change it announces. An event whose id is already
             /// in the outbox is not enqueued again (`false`): a deterministic id makes a
-            /// repeated transaction enqueue nothing new.
+            /// repeated transaction enqueue nothing new. An event no broker could take (see
+            /// [`Event::validate`]) is refused with [`Error::Config`](crate::Error::Config), and
+            /// nothing is written.
             pub async fn enqueue(&self, conn: &mut $conn, event: &Event) -> Result<bool> {
+                event.validate()?;
                 let row = sqlx::query(self.sql.enqueue.clone())
                     .bind(event.id.as_str())
                     .bind(event.topic.as_str())
@@ -245,10 +295,44 @@ macro_rules! outbox_backend {
                 Ok(row.is_some())
             }
 
-            /// The oldest unsent events, at most `limit`.
+            /// The oldest events waiting to be published (unsent, not parked), at most
+            /// `limit`.
             pub async fn pending(&self, limit: u32) -> Result<Vec<PendingEvent>> {
+                self.list(&self.sql.pending, limit).await
+            }
+
+            /// The oldest parked events (see [`Relay::park_after`](crate::outbox::Relay::park_after)),
+            /// at most `limit`, each with the error that parked it. They stay until an operator
+            /// sends them back with [`Self::unpark`] or [`Self::unpark_all`].
+            pub async fn parked(&self, limit: u32) -> Result<Vec<PendingEvent>> {
+                self.list(&self.sql.parked, limit).await
+            }
+
+            /// Sends the parked event `seq` back to the relays, its refusals forgotten: it is
+            /// published next in its partition (before the partition's events still waiting,
+            /// after those sent while it was parked). `false` when no such event is parked.
+            pub async fn unpark(&self, seq: i64) -> Result<bool> {
+                let done = sqlx::query(self.sql.unpark.clone())
+                    .bind(seq)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(map_err)?;
+                Ok(done.rows_affected() > 0)
+            }
+
+            /// [`Self::unpark`] for every parked event (after the cause was fixed: a queue
+            /// declared, a stream created); returns how many.
+            pub async fn unpark_all(&self) -> Result<u64> {
+                let done = sqlx::query(self.sql.unpark_all.clone())
+                    .execute(&self.pool)
+                    .await
+                    .map_err(map_err)?;
+                Ok(done.rows_affected())
+            }
+
+            async fn list(&self, statement: &SqlStr, limit: u32) -> Result<Vec<PendingEvent>> {
                 use sqlx::Row as _;
-                let rows = sqlx::query(self.sql.pending.clone())
+                let rows = sqlx::query(statement.clone())
                     .bind(i64::from(limit))
                     .fetch_all(&self.pool)
                     .await
@@ -259,6 +343,7 @@ macro_rules! outbox_backend {
                         Ok(PendingEvent {
                             seq: claimed.seq,
                             attempts: claimed.attempts,
+                            failures: claimed.failures,
                             event: claimed.event,
                             last_error: row.try_get("last_error")?,
                         })
@@ -300,10 +385,27 @@ macro_rules! outbox_backend {
                 Ok(())
             }
 
-            async fn retry_later(&self, seq: i64, delay: Duration, error: &str) -> Result<()> {
+            async fn retry_later(
+                &self,
+                seq: i64,
+                delay: Duration,
+                error: &str,
+                refused: bool,
+            ) -> Result<()> {
                 sqlx::query(self.sql.retry.clone())
                     .bind(seq)
                     .bind(ms(delay))
+                    .bind(error)
+                    .bind(i32::from(refused))
+                    .execute(&self.pool)
+                    .await
+                    .map_err(map_err)?;
+                Ok(())
+            }
+
+            async fn park(&self, seq: i64, error: &str) -> Result<()> {
+                sqlx::query(self.sql.park.clone())
+                    .bind(seq)
                     .bind(error)
                     .execute(&self.pool)
                     .await
@@ -323,6 +425,7 @@ macro_rules! outbox_backend {
                 };
                 Ok(OutboxCounts {
                     pending: get("pending")?,
+                    parked: get("parked")?,
                     sent: get("sent")?,
                 })
             }
@@ -378,7 +481,6 @@ mod pg {
     outbox_backend!(
         PgOutbox,
         Pg,
-        sqlx::Postgres,
         sqlx::PgPool,
         sqlx::PgConnection,
         "The outbox on PostgreSQL.\n\nAny number of relays may share it: each claims the heads of \
@@ -419,7 +521,6 @@ mod lite {
     outbox_backend!(
         SqliteOutbox,
         Lite,
-        sqlx::Sqlite,
         sqlx::SqlitePool,
         sqlx::SqliteConnection,
         "The outbox on SQLite.\n\nSQLite has one writer at a time, so a claim is atomic as it \

@@ -229,9 +229,64 @@ pub(crate) struct Statements {
     checkpoint: SqlStr,
     renew: SqlStr,
     lookup: SqlStr,
-    create: [SqlStr; 2],
-    upgrade: Vec<AddColumn>,
-    up_to_date: Option<SqlStr>,
+    migration: Migration,
+}
+
+/// How a table is created, and brought up to date when it was created by an earlier version:
+/// the same steps for the records' table and the outbox's.
+pub(crate) struct Migration {
+    /// `CREATE … IF NOT EXISTS` statements, in order.
+    pub(crate) create: Vec<SqlStr>,
+    /// Columns added since the table was first created.
+    pub(crate) upgrade: Vec<AddColumn>,
+    /// Statements run once the columns are there (an index on an added column).
+    pub(crate) finish: Vec<SqlStr>,
+    /// The dialect's catalog probe that finds the table up to date without locking it.
+    pub(crate) up_to_date: Option<SqlStr>,
+}
+
+impl Migration {
+    /// Creates what is missing, in one transaction opened by the dialect's `migration_start`; safe
+    /// to run from many instances at once. A table found up to date by the probe is not
+    /// touched.
+    pub(crate) async fn run<D: Dialect>(&self, pool: &sqlx::Pool<D::Db>) -> Result<()> {
+        if let Some(probe) = &self.up_to_date {
+            let mut conn = pool.acquire().await.map_err(map_err)?;
+            if let Some(row) = D::fetch(&mut conn, probe, &[]).await?
+                && row.int8("present").map_err(map_err)? > 0
+            {
+                return Ok(());
+            }
+        }
+        let mut tx = begin_on::<D>(pool).await?;
+        for stmt in D::migration_start().iter().chain(&self.create) {
+            D::fetch(&mut tx, stmt, &[]).await?;
+        }
+        for add in &self.upgrade {
+            if let Some(probe) = &add.probe
+                && let Some(row) = D::fetch(&mut tx, probe, &[]).await?
+                && row.int8("present").map_err(map_err)? > 0
+            {
+                continue;
+            }
+            D::fetch(&mut tx, &add.alter, &[]).await?;
+        }
+        for stmt in &self.finish {
+            D::fetch(&mut tx, stmt, &[]).await?;
+        }
+        tx.commit().await.map_err(map_err)
+    }
+}
+
+/// Opens a transaction on `pool` the way the dialect wants (`BEGIN IMMEDIATE` on SQLite).
+pub(crate) async fn begin_on<D: Dialect>(
+    pool: &sqlx::Pool<D::Db>,
+) -> Result<sqlx::Transaction<'static, D::Db>> {
+    match D::BEGIN {
+        Some(stmt) => pool.begin_with(stmt).await,
+        None => pool.begin().await,
+    }
+    .map_err(map_err)
 }
 
 impl Statements {
@@ -322,9 +377,10 @@ impl Statements {
                  AND expires_at > {now}",
                 D::ms_until("lease_until"),
             )),
-            create: [
-                sql(format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (\
+            migration: Migration {
+                create: vec![
+                    sql(format!(
+                        "CREATE TABLE IF NOT EXISTS {t} (\
                      scope {text} NOT NULL, \
                      key {text} NOT NULL, \
                      fingerprint {bytes} NOT NULL, \
@@ -341,25 +397,27 @@ impl Statements {
                      created_at {timestamp} NOT NULL, \
                      updated_at {timestamp} NOT NULL, \
                      PRIMARY KEY (scope, key)){}",
-                    D::FALSE,
-                    D::TABLE_OPTIONS,
-                )),
-                sql(format!(
-                    "CREATE INDEX IF NOT EXISTS \"{}\" ON {t} (expires_at)",
-                    index_name(table)
-                )),
-            ],
-            upgrade: ADDED_COLUMNS
-                .iter()
-                .map(|(column, definition)| {
-                    D::add_column(&t, table, column, &definition.replace("{int4}", int4))
-                })
-                .collect(),
-            up_to_date: D::up_to_date(
-                &t,
-                &index_name(table),
-                &ADDED_COLUMNS.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
-            ),
+                        D::FALSE,
+                        D::TABLE_OPTIONS,
+                    )),
+                    sql(format!(
+                        "CREATE INDEX IF NOT EXISTS \"{}\" ON {t} (expires_at)",
+                        index_name(table)
+                    )),
+                ],
+                upgrade: ADDED_COLUMNS
+                    .iter()
+                    .map(|(column, definition)| {
+                        D::add_column(&t, table, column, &definition.replace("{int4}", int4))
+                    })
+                    .collect(),
+                up_to_date: D::up_to_date(
+                    &t,
+                    &index_name(table),
+                    &ADDED_COLUMNS.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
+                ),
+                finish: Vec::new(),
+            },
         })
     }
 
@@ -520,37 +578,12 @@ impl<D: Dialect> Engine<D> {
 
     /// Opens a transaction for a guarded body.
     pub(crate) async fn begin_transaction(&self) -> Result<sqlx::Transaction<'static, D::Db>> {
-        match D::BEGIN {
-            Some(stmt) => self.writer.begin_with(stmt).await,
-            None => self.writer.begin().await,
-        }
-        .map_err(map_err)
+        begin_on::<D>(&self.writer).await
     }
 
     /// Creates the table and its index if missing; safe to run from many instances at once.
     pub(crate) async fn migrate(&self) -> Result<()> {
-        if let Some(probe) = &self.sql.up_to_date {
-            let mut conn = self.writer.acquire().await.map_err(map_err)?;
-            if let Some(row) = D::fetch(&mut conn, probe, &[]).await?
-                && row.int8("present").map_err(map_err)? > 0
-            {
-                return Ok(());
-            }
-        }
-        let mut tx = self.begin_transaction().await?;
-        for stmt in D::migration_start().iter().chain(&self.sql.create) {
-            D::fetch(&mut tx, stmt, &[]).await?;
-        }
-        for add in &self.sql.upgrade {
-            if let Some(probe) = &add.probe
-                && let Some(row) = D::fetch(&mut tx, probe, &[]).await?
-                && row.int8("present").map_err(map_err)? > 0
-            {
-                continue;
-            }
-            D::fetch(&mut tx, &add.alter, &[]).await?;
-        }
-        tx.commit().await.map_err(map_err)
+        self.sql.migration.run::<D>(&self.writer).await
     }
 
     /// A first claim's row (`RETURNING fence`), as the claim it is.

@@ -616,7 +616,7 @@ where
         (Ok(scope), Ok(fp)) => begin(&store, scope, key, fp, config.policy).await,
         (Err(e), _) | (_, Err(e)) => Err(e),
     };
-    let guard = match begun {
+    let mut guard = match begun {
         Ok(Begun::Claimed(guard)) => guard,
         Ok(Begun::Replay(stored)) => {
             return Ok(match StoredHttpResponse::decode(&stored) {
@@ -647,7 +647,7 @@ where
     let resp = match inner.call(req).await {
         Ok(resp) => resp,
         Err(e) => {
-            let _ = guard.release().await;
+            guard.give_up_or_log().await;
             return Err(e);
         }
     };
@@ -656,7 +656,7 @@ where
         Ok(read) => read,
         Err(e) => {
             // Nothing complete was answered: free the key, and fail the body for the client.
-            let _ = guard.release().await;
+            guard.give_up_or_log().await;
             return Ok(Response::from_parts(
                 head,
                 GuardBody::failed(e.into_error()),
@@ -669,7 +669,7 @@ where
         trailers: trailers.as_ref(),
     };
     if !(config.store_if)(&answer) {
-        let _ = guard.release().await;
+        guard.give_up_or_log().await;
         return Ok(Response::from_parts(
             head,
             GuardBody::buffered(data, trailers),
