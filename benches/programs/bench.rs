@@ -18,6 +18,9 @@
 //! - `separate_group`: `separate` on PostgreSQL with group commit (`PgStoreBuilder::group_commit`):
 //!   concurrent claims share one statement, concurrent completions another;
 //! - `handwritten`: the usual hand-written guard: INSERT placeholder, insert, UPDATE done;
+//! - `handwritten_tx`: the inbox written by hand in one transaction, the limit of the
+//!   transactional mode: `BEGIN`; `INSERT` the key `ON CONFLICT DO NOTHING` (on a conflict, read
+//!   the stored answer); the insert; store the answer; `COMMIT`;
 //! - `replay`: `#[idempotent]` answering an already completed key from the database;
 //! - `cached_replay`: the same through the in-process cache of completed records.
 //!
@@ -118,6 +121,53 @@ macro_rules! sql_variants {
                 .execute(pool)
                 .await
                 .map_err(db)?;
+            Ok(order)
+        }
+
+        /// The inbox written by hand in one transaction: the key first (a duplicate waits on
+        /// the unique index until the first commits, then reads its answer), the effect, the
+        /// answer, one commit.
+        pub async fn handwritten_tx(pool: &$pool, key: &str, order_no: &str, amount: i64) -> Result<Order, Error> {
+            let body = serde_json::to_vec(&amount).map_err(|e| Error::Encode(e.to_string()))?;
+            let hash = idem::Fingerprint::of(&body)?.to_string();
+            let mut tx = pool.begin().await.map_err(db)?;
+            let inserted = sqlx::query("INSERT INTO handwritten_inbox (key, request_hash) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING")
+                .bind(key)
+                .bind(&hash)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?
+                .rows_affected();
+            if inserted == 0 {
+                let (stored_hash, result): (String, Option<String>) =
+                    sqlx::query_as("SELECT request_hash, result FROM handwritten_inbox WHERE key = $1")
+                        .bind(key)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                tx.rollback().await.map_err(db)?;
+                if stored_hash != hash {
+                    return Err(Error::KeyReused);
+                }
+                let result = result.ok_or_else(|| Error::Decode("an inbox row without its answer".into()))?;
+                return serde_json::from_str(&result).map_err(|e| Error::Decode(e.to_string()));
+            }
+            BODY_RUNS.fetch_add(1, Ordering::Relaxed);
+            sqlx::query("INSERT INTO bench_orders (order_no, amount) VALUES ($1, $2)")
+                .bind(order_no)
+                .bind(amount)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?;
+            let order = Order { order_no: order_no.to_owned(), amount };
+            let result = serde_json::to_string(&order).map_err(|e| Error::Encode(e.to_string()))?;
+            sqlx::query("UPDATE handwritten_inbox SET result = $2 WHERE key = $1")
+                .bind(key)
+                .bind(result)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?;
+            tx.commit().await.map_err(db)?;
             Ok(order)
         }
     };
@@ -231,12 +281,13 @@ enum Target {
     },
 }
 
-const VARIANTS: [&str; 11] = [
+const VARIANTS: [&str; 12] = [
     "unguarded",
     "separate",
     "separate_group",
     "transactional",
     "handwritten",
+    "handwritten_tx",
     "replay",
     "cached_replay",
     "pg_separate",
@@ -276,6 +327,7 @@ impl Target {
                 "transactional"
                     | "separate_group"
                     | "handwritten"
+                    | "handwritten_tx"
                     | "pg_separate"
                     | "pg_replay"
                     | "peer_separate"
@@ -290,7 +342,7 @@ impl Target {
                 "pg_separate" | "pg_replay" | "peer_separate" | "peer_replay"
             ),
             Target::Redis { pg, .. } => match variant {
-                "transactional" | "handwritten" | "separate_group" => false,
+                "transactional" | "handwritten" | "handwritten_tx" | "separate_group" => false,
                 "pg_separate" | "pg_replay" => pg.is_some(),
                 _ => true,
             },
@@ -389,6 +441,11 @@ impl Target {
                     .await
                     .map(drop)
             }
+            (Target::Sqlite { pool, .. }, "handwritten_tx") => {
+                on_sqlite::handwritten_tx(pool, &key, &order_no, amount)
+                    .await
+                    .map(drop)
+            }
             (Target::Sqlite { pool, store, .. }, "replay") => {
                 on_sqlite::separate(store, pool, &replay_key, &replay_no, amount_replay)
                     .await
@@ -421,6 +478,11 @@ impl Target {
             }
             (Target::Postgres { pool, .. }, "handwritten") => {
                 on_postgres::handwritten(pool, &key, &order_no, amount)
+                    .await
+                    .map(drop)
+            }
+            (Target::Postgres { pool, .. }, "handwritten_tx") => {
+                on_postgres::handwritten_tx(pool, &key, &order_no, amount)
                     .await
                     .map(drop)
             }
@@ -475,9 +537,10 @@ impl Target {
     }
 }
 
-const SCHEMA: [&str; 2] = [
+const SCHEMA: [&str; 3] = [
     "CREATE TABLE bench_orders (order_no TEXT PRIMARY KEY, amount BIGINT NOT NULL)",
     "CREATE TABLE handwritten_records (key TEXT PRIMARY KEY, request_hash TEXT NOT NULL, status TEXT NOT NULL, result TEXT)",
+    "CREATE TABLE handwritten_inbox (key TEXT PRIMARY KEY, request_hash TEXT NOT NULL, result TEXT)",
 ];
 
 struct Args {

@@ -17,6 +17,9 @@
 //! - `separate`: `Consumer::guarded`, separate commits: claim, insert, complete;
 //! - `transactional`: an `#[idempotent(transaction = tx)]` handler: claim, insert and completion
 //!   in one transaction, one commit;
+//! - `handwritten`: the inbox written by hand, the limit of the transactional mode: in one
+//!   transaction, `INSERT` the message id `ON CONFLICT DO NOTHING` (a duplicate stops there),
+//!   the insert, the answer stored, one commit; acked after it;
 //! - `replay`: the transactional consumer's messages delivered again to a new durable consumer:
 //!   every one answered from its record, nothing inserted.
 //!
@@ -40,6 +43,32 @@ use pg_schema::RunSchema;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const INSERT: &str = "INSERT INTO bench_shipments (msg, payload) VALUES ($1, $2)";
+
+/// The hand-written inbox: the message id first (a duplicate waits on the unique index for the
+/// first to commit, then finds its row and stops), the effect, the answer, one commit.
+async fn handwritten(pool: &sqlx::PgPool, msg: &Message) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let claimed =
+        sqlx::query("INSERT INTO bench_inbox (msg) VALUES ($1) ON CONFLICT (msg) DO NOTHING")
+            .bind(msg.key.as_str())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+    if claimed == 0 {
+        return tx.rollback().await;
+    }
+    sqlx::query(INSERT)
+        .bind(msg.key.as_str())
+        .bind(&msg.payload[..])
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("UPDATE bench_inbox SET result = $2 WHERE msg = $1")
+        .bind(msg.key.as_str())
+        .bind("1")
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
 
 #[idempotent(scope = "bench:<msg.consumer>", key = msg.key, store = store, transaction = tx)]
 async fn transactional(store: &PgStore, msg: Message) -> Result<i64, HandlerError> {
@@ -193,6 +222,17 @@ impl Bench {
                 };
                 runner.run_until(deliveries, handler, c, done).await
             }
+            "handwritten" => {
+                let handler = move |msg: Message| {
+                    let pool = pool.clone();
+                    async move {
+                        handwritten(&pool, &msg)
+                            .await
+                            .map_err(HandlerError::transient)
+                    }
+                };
+                runner.run_until(deliveries, handler, c, done).await
+            }
             "separate" => {
                 let handler = runner.guarded(move |msg: Message, _claim| {
                     let pool = pool.clone();
@@ -248,6 +288,9 @@ async fn main() -> Result<(), BoxError> {
     sqlx::query("CREATE TABLE bench_shipments (msg text NOT NULL, payload bytea NOT NULL)")
         .execute(&pool)
         .await?;
+    sqlx::query("CREATE TABLE bench_inbox (msg text PRIMARY KEY, result text)")
+        .execute(&pool)
+        .await?;
     let store = PgStore::builder().build(pool).await?;
     let js = jetstream::new(async_nats::connect(&nats).await?);
     let bench = Bench {
@@ -266,8 +309,9 @@ async fn main() -> Result<(), BoxError> {
         bench.args.messages, bench.args.concurrency, bench.args.rounds, bench.args.partitions
     );
 
-    let variants = ["unguarded", "separate", "transactional"];
-    let mut totals = [Duration::ZERO; 4];
+    let variants = ["unguarded", "separate", "transactional", "handwritten"];
+    // The replays of the transactional variant's messages come last.
+    let mut totals = [Duration::ZERO; 5];
     let mut streams = Vec::new();
     for round in 0..bench.args.rounds {
         // Rotated, so that no variant always goes first.
@@ -285,7 +329,7 @@ async fn main() -> Result<(), BoxError> {
             if variants[v] == "transactional" {
                 // The same messages through a second durable consumer: all replays.
                 let took = bench.drain(&stream, "bench_again", "replay").await?;
-                totals[3] += took;
+                totals[4] += took;
                 println!(
                     "ROUND {round} variant=replay msgs_per_sec={:.0}",
                     bench.args.messages as f64 / took.as_secs_f64()
@@ -297,9 +341,15 @@ async fn main() -> Result<(), BoxError> {
     let total_msgs = (bench.args.messages * bench.args.rounds) as f64;
     let rate = |d: Duration| total_msgs / d.as_secs_f64();
     let base = rate(totals[0]);
-    for (v, name) in ["unguarded", "separate", "transactional", "replay"]
-        .iter()
-        .enumerate()
+    for (v, name) in [
+        "unguarded",
+        "separate",
+        "transactional",
+        "handwritten",
+        "replay",
+    ]
+    .iter()
+    .enumerate()
     {
         println!(
             "RESULT consumer=jetstream store=postgres mode={mode} variant={name} msgs_per_sec={:.0} ratio={:.2}",
