@@ -652,7 +652,7 @@ pub use idem_runtime::problem;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 #[doc(inline)]
-pub use idem_runtime::{GroupCommit, PgStore};
+pub use idem_runtime::{GroupCommit, GroupCommitStats, PgStore};
 
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

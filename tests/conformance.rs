@@ -526,6 +526,59 @@ mod group_commit_races {
         .await;
     }
 
+    /// Claims of `tasks` concurrent requests, all let go at once; what group commit batched.
+    async fn claim_all_at_once(config: GroupCommit, tasks: usize) -> idem::GroupCommitStats {
+        let schema = crate::PgSchema::create(&crate::common::pg_url(), 8).await;
+        let store = PgStore::builder()
+            .group_commit(config)
+            .build(schema.pool.clone())
+            .await
+            .unwrap();
+        let fp = Fingerprint::of("same request").unwrap();
+        let start = Arc::new(tokio::sync::Barrier::new(tasks));
+        let mut all = Vec::new();
+        for n in 0..tasks {
+            let (store, start) = (store.clone(), start.clone());
+            all.push(tokio::spawn(async move {
+                start.wait().await;
+                let key = format!("k-{n}");
+                let outcome = store
+                    .begin(BeginRequest {
+                        scope: "threshold",
+                        key: &key,
+                        fingerprint: &fp,
+                        policy: &Policy::DEFAULT,
+                    })
+                    .await
+                    .unwrap();
+                assert!(matches!(outcome, BeginOutcome::Claimed(_)), "{outcome:?}");
+            }));
+        }
+        for t in all {
+            t.await.unwrap();
+        }
+        store.group_commit_stats().unwrap()
+    }
+
+    /// Below `min_in_flight` requests in flight nothing is batched (one request after another,
+    /// or fewer at once than the threshold); far above it, claims share statements.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    #[cfg_attr(
+        not(idem_postgres),
+        ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+    )]
+    async fn batches_only_above_the_threshold() {
+        let few = claim_all_at_once(GroupCommit::default().min_in_flight(12), 8).await;
+        assert_eq!(few.claims_batched, 0, "{few:?}");
+        let lone = claim_all_at_once(GroupCommit::default().min_in_flight(2), 1).await;
+        assert_eq!(lone.claims_batched, 0, "{lone:?}");
+        let many = claim_all_at_once(GroupCommit::default().min_in_flight(4), 96).await;
+        assert!(
+            many.claims_batched > 0 && many.claim_batches < many.claims_batched,
+            "{many:?}"
+        );
+    }
+
     /// A batch statement that fails answers every caller its error: no panic, no hang.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[cfg_attr(

@@ -7,6 +7,7 @@
 //!     [--variants a,b] only these variants (unguarded always runs: ratios are against it)
 //!     [--read-first true] SQLite: claims read on the readers first (`SqliteStoreBuilder::read_first`)
 //!     [--group-wait-us N] PostgreSQL, `separate_group`: the batch's `max_wait` (default 200)
+//!     [--group-min N] PostgreSQL, `separate_group`: `GroupCommit::min_in_flight` (default its own)
 //! ```
 //!
 //! PostgreSQL needs `DATABASE_URL`; the run works in a schema of its own and drops it. Each
@@ -551,11 +552,12 @@ struct Args {
     only: Option<Vec<String>>,
     read_first: bool,
     group_wait_us: u64,
+    group_min: Option<usize>,
 }
 
 const USAGE: &str = "\
 usage: bench --store sqlite|postgres|memory|redis [--concurrency N] [--seconds S] [--rounds R]
-             [--variants a,b] [--read-first true|false] [--group-wait-us N]
+             [--variants a,b] [--read-first true|false] [--group-wait-us N] [--group-min N]
 (what each variant measures: the header of benches/programs/bench.rs)";
 
 fn args() -> Args {
@@ -567,6 +569,7 @@ fn args() -> Args {
         only: None,
         read_first: false,
         group_wait_us: 200,
+        group_min: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -582,6 +585,7 @@ fn args() -> Args {
             "--variants" => a.only = Some(value.split(',').map(str::to_owned).collect()),
             "--read-first" => a.read_first = value.parse().expect("--read-first true|false"),
             "--group-wait-us" => a.group_wait_us = value.parse().expect("--group-wait-us N"),
+            "--group-min" => a.group_min = Some(value.parse().expect("--group-min N")),
             other => cli::usage(USAGE, Some(&format!("unknown flag {other}"))),
         }
     }
@@ -721,10 +725,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 sqlx::query(stmt).execute(&pool).await?;
             }
             let store = idem::PgStore::builder().build(pool.clone()).await?;
+            let mut config =
+                idem::GroupCommit::default().max_wait(Duration::from_micros(a.group_wait_us));
+            if let Some(min) = a.group_min {
+                config = config.min_in_flight(min);
+            }
             let group = idem::PgStore::builder()
-                .group_commit(
-                    idem::GroupCommit::default().max_wait(Duration::from_micros(a.group_wait_us)),
-                )
+                .group_commit(config)
                 .build(pool.clone())
                 .await?;
             Target::Postgres {

@@ -120,7 +120,7 @@ pub use crate::store::TxStore;
 
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use crate::store::postgres::{GroupCommit, PgStore};
+pub use crate::store::postgres::{GroupCommit, GroupCommitStats, PgStore};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use crate::store::redis::{RedisStore, RedisStoreBuilder};

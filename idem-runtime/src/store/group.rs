@@ -2,9 +2,9 @@
 //! requests share one statement, and so one commit.
 //!
 //! Each kind (claims, completions) has a lane: a task fed by a channel. A caller that finds
-//! another caller of its kind in flight sends its request and awaits its own answer; a caller
-//! alone runs the single-row statement itself, so a lone request is never batched and never
-//! waits. The task takes everything queued, waits at most `max_wait` for callers already on
+//! enough other callers of its kind in flight ([`GroupCommit::min_in_flight`]) sends its request
+//! and awaits its own answer; under lighter load a caller runs the single-row statement itself,
+//! so a lone request is never batched and never waits. The task takes everything queued, waits at most `max_wait` for callers already on
 //! their way (never when none are), and runs the batch as one statement on a connection of the
 //! store's pool, at most `batches_in_flight` batches at a time: while they run, the next batch
 //! gathers.
@@ -17,7 +17,7 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,8 +39,10 @@ use crate::store::sql::{
 /// [`PgStoreBuilder::group_commit`](crate::store::SqlStoreBuilder::group_commit); off by
 /// default.
 ///
-/// A request alone is never batched: it runs the single-row statement as without group
-/// commit. A request that finds others in flight joins the next batch; the batch waits at most
+/// Under light load nothing is batched: a request that finds fewer than
+/// [`min_in_flight`](Self::min_in_flight) requests of its kind in flight (itself included) runs
+/// the single-row statement as without group commit. A request that finds more joins the next
+/// batch; the batch waits at most
 /// [`max_wait`](Self::max_wait) for requests already on their way, and holds at most
 /// [`max_batch`](Self::max_batch) requests. Transactional guards (`begin_in`, `complete_in`)
 /// are never batched, and neither are take-overs, releases and checkpoints.
@@ -61,22 +63,38 @@ pub struct GroupCommit {
     max_wait: Duration,
     max_batch: usize,
     batches_in_flight: usize,
+    min_in_flight: usize,
     batch_alone: bool,
 }
 
 impl Default for GroupCommit {
-    /// `max_wait` 200 µs, `max_batch` 64, two batches in flight per kind.
+    /// `max_wait` 200 µs, `max_batch` 64, two batches in flight per kind, batching from
+    /// [`DEFAULT_MIN_IN_FLIGHT`](Self::DEFAULT_MIN_IN_FLIGHT) requests of a kind in flight.
     fn default() -> Self {
         GroupCommit {
             max_wait: Duration::from_micros(200),
             max_batch: 64,
             batches_in_flight: 2,
+            min_in_flight: Self::DEFAULT_MIN_IN_FLIGHT,
             batch_alone: false,
         }
     }
 }
 
 impl GroupCommit {
+    /// How many requests of a kind must be in flight before they are batched, by default:
+    /// below it, a batch's wait and its larger statement cost more than the commits they save.
+    pub const DEFAULT_MIN_IN_FLIGHT: usize = 12;
+
+    /// How many requests of a kind (claims, completions) must be in flight, this one included,
+    /// before a request joins a batch instead of running its own statement (default
+    /// [`DEFAULT_MIN_IN_FLIGHT`](Self::DEFAULT_MIN_IN_FLIGHT), at least 2). Under light load every
+    /// request runs alone, as without group commit.
+    pub fn min_in_flight(mut self, requests: usize) -> Self {
+        self.min_in_flight = requests.max(2);
+        self
+    }
+
     /// The longest a batch waits for requests already in flight before it runs (default
     /// 200 µs). It never waits when no other request is on its way; zero never waits.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
@@ -113,6 +131,16 @@ pub(crate) struct Group {
 }
 
 impl Group {
+    pub(crate) fn stats(&self) -> GroupCommitStats {
+        let (c, k) = (&self.claims.shared, &self.completions.shared);
+        GroupCommitStats {
+            claim_batches: c.batches.load(Ordering::Relaxed),
+            claims_batched: c.batched.load(Ordering::Relaxed),
+            completion_batches: k.batches.load(Ordering::Relaxed),
+            completions_batched: k.batched.load(Ordering::Relaxed),
+        }
+    }
+
     pub(crate) fn new(engine: Arc<Engine<Pg>>, config: GroupCommit) -> Result<Group> {
         let (claim, complete) = statements(&engine.sql.table)?;
         Ok(Group {
@@ -199,6 +227,22 @@ pub(crate) struct LaneShared {
     in_flight: AtomicUsize,
     /// Requests in batches now running.
     running: AtomicUsize,
+    /// Batches run, and the requests they held, since the store was built.
+    batches: AtomicU64,
+    batched: AtomicU64,
+}
+
+/// How much group commit batched, since the store was built: [`PgStore::group_commit_stats`](crate::PgStore::group_commit_stats).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupCommitStats {
+    /// Multi-row claim statements run.
+    pub claim_batches: u64,
+    /// Claims that went through them.
+    pub claims_batched: u64,
+    /// Multi-row completion statements run.
+    pub completion_batches: u64,
+    /// Completions that went through them.
+    pub completions_batched: u64,
 }
 
 /// One kind of request, batched.
@@ -230,17 +274,21 @@ impl<J: Job> Lane<J> {
                 config,
                 in_flight: AtomicUsize::new(0),
                 running: AtomicUsize::new(0),
+                batches: AtomicU64::new(0),
+                batched: AtomicU64::new(0),
             }),
             tx: Mutex::new(None),
         }
     }
 
-    /// Counts a caller in.
+    /// Counts a caller in. It batches when, with it, at least `min_in_flight` callers of its
+    /// kind are in flight.
     pub(crate) fn enter(&self) -> InFlight<'_> {
         let before = self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
+        let config = &self.shared.config;
         InFlight {
             lane: &self.shared,
-            alone: before == 0 && !self.shared.config.batch_alone,
+            alone: before + 1 < config.min_in_flight && !config.batch_alone,
         }
     }
 
@@ -302,6 +350,8 @@ async fn run_lane<J: Job>(shared: Arc<LaneShared>, mut rx: mpsc::UnboundedReceiv
         }
         let n = batch.len();
         shared.running.fetch_add(n, Ordering::AcqRel);
+        shared.batches.fetch_add(1, Ordering::Relaxed);
+        shared.batched.fetch_add(n as u64, Ordering::Relaxed);
         let shared = shared.clone();
         tokio::spawn(async move {
             run_batch(&shared, batch).await;

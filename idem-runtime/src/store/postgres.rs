@@ -190,7 +190,7 @@ pub struct PgStore {
     group: Option<Arc<Group>>,
 }
 
-pub use crate::store::group::GroupCommit;
+pub use crate::store::group::{GroupCommit, GroupCommitStats};
 
 /// Builds a [`PgStore`]: table name, whether to create the table, group commit.
 pub type PgStoreBuilder = SqlStoreBuilder<PgStore>;
@@ -230,6 +230,11 @@ impl SqlStoreBuilder<PgStore> {
 }
 
 impl PgStore {
+    /// How much group commit batched since the store was built; `None` without group commit.
+    pub fn group_commit_stats(&self) -> Option<GroupCommitStats> {
+        self.group.as_ref().map(|g| g.stats())
+    }
+
     /// Connects to `url` and creates the table if missing.
     pub async fn connect(url: &str) -> Result<PgStore> {
         PgStore::builder().connect(url).await
