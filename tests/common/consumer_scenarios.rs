@@ -1,0 +1,1 @@
+//! Consumer scenarios written once for every broker.
