@@ -3,7 +3,6 @@
 
 #![allow(dead_code)]
 
-pub mod consumer_scenarios;
 pub mod partitions;
 pub mod proxy;
 
