@@ -546,12 +546,7 @@ async fn the_delivery_limit_fires(kind: Kind, transactional: bool) {
         .publish(&Event::new("m-flaky", q.work.as_str(), "p", "{}"))
         .await
         .unwrap();
-    let file = common::SqliteFile::new();
-    let store = SqliteStore::connect(&file.url).await.unwrap();
-    sqlx::query("CREATE TABLE shipments (msg TEXT NOT NULL)")
-        .execute(store.pool())
-        .await
-        .unwrap();
+    let (store, _file) = scenarios::shipments_store().await;
     let consumer = Consumer::new("fulfilment", store.clone())
         .unwrap()
         .max_deliveries(3)

@@ -35,55 +35,49 @@ trait Database: Store + Clone + Send + Sync + 'static {
     fn shipments(&self) -> impl Future<Output = Vec<Shipment>>;
 }
 
-const SHIPMENTS: &str =
-    "SELECT shipment_no, order_no, amount_cents FROM shipments ORDER BY order_no";
-
-impl Database for SqliteStore {
-    type Guard = common::SqliteFile;
-
-    async fn fresh() -> (SqliteStore, common::SqliteFile) {
-        let file = common::SqliteFile::new();
-        let store = SqliteStore::connect(&file.url).await.unwrap();
-        let create = sqlx::query(worker::CREATE_SHIPMENTS_SQLITE);
-        create.execute(store.pool()).await.unwrap();
-        (store, file)
-    }
-
-    fn fulfil(
-        &self,
-        msg: Message,
-    ) -> impl Future<Output = Result<Idempotent<Shipment>, HandlerError>> + Send {
-        worker::fulfil_sqlite(self, msg)
-    }
-
-    async fn shipments(&self) -> Vec<Shipment> {
-        let query = sqlx::query_as(SHIPMENTS);
-        query.fetch_all(self.pool()).await.unwrap()
-    }
+async fn sqlite_store() -> (SqliteStore, common::SqliteFile) {
+    let file = common::SqliteFile::new();
+    (SqliteStore::connect(&file.url).await.unwrap(), file)
 }
 
-impl Database for PgStore {
-    type Guard = common::PgSchema;
+async fn pg_store() -> (PgStore, common::PgSchema) {
+    let schema = common::PgSchema::create(&common::pg_url(), 4).await;
+    let store = PgStore::builder().build(schema.pool.clone()).await.unwrap();
+    (store, schema)
+}
 
-    async fn fresh() -> (PgStore, common::PgSchema) {
-        let schema = common::PgSchema::create(&common::pg_url(), 4).await;
-        let store = PgStore::builder().build(schema.pool.clone()).await.unwrap();
-        let create = sqlx::query(worker::CREATE_SHIPMENTS_PG);
-        create.execute(store.pool()).await.unwrap();
-        (store, schema)
-    }
+/// [`Database`] for each store: its fixture, its `shipments` table, its handler.
+macro_rules! database {
+    ($($store:ty: $guard:ty = $fresh:path, $create:path, $fulfil:path;)*) => {$(
+        impl Database for $store {
+            type Guard = $guard;
 
-    fn fulfil(
-        &self,
-        msg: Message,
-    ) -> impl Future<Output = Result<Idempotent<Shipment>, HandlerError>> + Send {
-        worker::fulfil_pg(self, msg)
-    }
+            async fn fresh() -> ($store, $guard) {
+                let (store, guard) = $fresh().await;
+                sqlx::query($create).execute(store.pool()).await.unwrap();
+                (store, guard)
+            }
 
-    async fn shipments(&self) -> Vec<Shipment> {
-        let query = sqlx::query_as(SHIPMENTS);
-        query.fetch_all(self.pool()).await.unwrap()
-    }
+            fn fulfil(
+                &self,
+                msg: Message,
+            ) -> impl Future<Output = Result<Idempotent<Shipment>, HandlerError>> + Send {
+                $fulfil(self, msg)
+            }
+
+            async fn shipments(&self) -> Vec<Shipment> {
+                sqlx::query_as("SELECT shipment_no, order_no, amount_cents FROM shipments ORDER BY order_no")
+                    .fetch_all(self.pool())
+                    .await
+                    .unwrap()
+            }
+        }
+    )*};
+}
+
+database! {
+    SqliteStore: common::SqliteFile = sqlite_store, worker::CREATE_SHIPMENTS_SQLITE, worker::fulfil_sqlite;
+    PgStore: common::PgSchema = pg_store, worker::CREATE_SHIPMENTS_PG, worker::fulfil_pg;
 }
 
 /// An `order.paid` message, as the refund service publishes it.

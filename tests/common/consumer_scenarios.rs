@@ -117,6 +117,17 @@ pub async fn taken_dead_letters<B: Broker>(broker: &B) -> Vec<DeadLetter> {
     dead
 }
 
+/// A SQLite store with an empty `shipments` table of message keys, and its file.
+pub async fn shipments_store() -> (SqliteStore, common::SqliteFile) {
+    let file = common::SqliteFile::new();
+    let store = SqliteStore::connect(&file.url).await.unwrap();
+    sqlx::query("CREATE TABLE shipments (msg TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    (store, file)
+}
+
 /// The transactional handler of the crash scenario: one shipment per message; with `entered`,
 /// it says so and never finishes, as a process that dies before it commits.
 #[idempotent(scope = "ship:<msg.consumer>", key = msg.key, store = store, transaction = tx, skip(entered), retain = "7d")]
@@ -142,12 +153,7 @@ async fn ship(
 pub async fn published_three_times_and_redelivered_after_a_crash_has_one_effect<B: Broker>() {
     let broker = B::open(Duration::from_secs(1)).await;
     broker.publish_copies("order-paid-ORD-1", "{}", 3).await;
-    let file = common::SqliteFile::new();
-    let store = SqliteStore::connect(&file.url).await.unwrap();
-    sqlx::query("CREATE TABLE shipments (msg TEXT NOT NULL)")
-        .execute(store.pool())
-        .await
-        .unwrap();
+    let (store, _file) = shipments_store().await;
 
     // The first consumer takes the message and crashes inside the handler.
     let (entered_tx, mut entered_rx) = tokio::sync::mpsc::unbounded_channel();
