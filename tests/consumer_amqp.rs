@@ -1,21 +1,32 @@
-//! The RabbitMQ adapter against a real broker: the same seam and runner as JetStream. One
+//! The RabbitMQ adapter against a real broker: the same seam and runner as JetStream, and the
+//! scenarios every broker passes (`rabbitmq::…`, from `common/consumer_scenarios.rs`): one
 //! message id published three times and redelivered after a consumer's channel died mid-handler
-//! has one effect; a poison message and one without a `message_id` go to the dead-letter
-//! exchange while the rest flow. The outbox's AMQP publisher sends the messages.
+//! has one effect; a poison message goes to the dead-letter exchange while the rest flow. Then
+//! RabbitMQ's own: a message without a `message_id` is dead-lettered unrun, the delivery limit
+//! holds on queues that do not count deliveries, and the outbox's AMQP publisher (which sends
+//! the messages) refuses what the broker would lose.
 //!
 //! Each test declares queues and exchanges of its own, deleted at the end. Without `AMQP_URL` at
 //! build time the tests are listed as ignored.
 
 mod common;
+#[path = "common/consumer_scenarios.rs"]
+mod scenarios;
 
 use common::proxy::{Fault, Rule};
+use common::until;
+use scenarios::{
+    Broker, DeadLetter, Deliveries,
+    a_poison_message_is_dead_lettered_after_one_attempt_while_the_rest_flow,
+    published_three_times_and_redelivered_after_a_crash_has_one_effect, running,
+};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use idem::consumer::amqp::{AmqpPublisher, AmqpSource};
+use idem::consumer::amqp::{AmqpDelivery, AmqpPublisher, AmqpSource};
 use idem::consumer::{Backoff, Consumer, HandlerError, Message};
 use idem::outbox::{Event, OutboxBackend, Publisher, Relay, Unreachable};
 use idem::store::outbox::SqliteOutbox;
@@ -152,194 +163,131 @@ impl Queues {
     }
 }
 
-async fn until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let end = tokio::time::Instant::now() + limit;
-    while tokio::time::Instant::now() < end {
-        if done() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    done()
+/// RabbitMQ under the shared scenarios: a classic work queue with its dead-letter queue, and the
+/// outbox's publisher.
+struct Rabbit {
+    q: Queues,
+    publisher: AmqpPublisher,
 }
 
-#[idempotent(scope = "ship:<msg.consumer>", key = msg.key, store = store, transaction = tx, skip(entered), retain = "7d")]
-async fn ship(
-    store: &SqliteStore,
-    entered: Option<&tokio::sync::mpsc::UnboundedSender<()>>,
-    msg: Message,
-) -> Result<(), HandlerError> {
-    sqlx::query("INSERT INTO shipments (msg) VALUES ($1)")
-        .bind(msg.key.as_str())
-        .execute(&mut **tx)
-        .await
-        .map_err(HandlerError::transient)?;
-    if let Some(entered) = entered {
-        let _ = entered.send(());
-        std::future::pending::<()>().await;
-    }
-    Ok(())
-}
+impl Broker for Rabbit {
+    type Delivery = AmqpDelivery;
+    type Subscription = Channel;
+    const KEEPS_REASONS: bool = false;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
-async fn published_three_times_and_redelivered_after_a_crash_has_one_effect() {
-    let q = Queues::new().await;
-    let publisher = AmqpPublisher::connect(&common::amqp_url(), "")
-        .await
-        .unwrap();
-    for _ in 0..3 {
-        let e = Event::new("order-paid-ORD-1", q.work.as_str(), "ORD-1", "{}");
-        publisher.publish(&e).await.unwrap();
-    }
-    let file = common::SqliteFile::new();
-    let store = SqliteStore::connect(&file.url).await.unwrap();
-    sqlx::query("CREATE TABLE shipments (msg TEXT NOT NULL)")
-        .execute(store.pool())
-        .await
-        .unwrap();
-
-    // A consumer on a channel of its own takes the message and dies inside the handler: its
-    // channel closes with the delivery unacked, and RabbitMQ requeues it.
-    let crash_channel = q.conn.create_channel().await.unwrap();
-    let source = AmqpSource::new(crash_channel.clone(), q.work.as_str());
-    let crashing = Consumer::new("fulfilment", store.clone()).unwrap();
-    let (entered_tx, mut entered_rx) = tokio::sync::mpsc::unbounded_channel();
-    let (s, deliveries) = (store.clone(), source.deliveries("crashing").await.unwrap());
-    let task = tokio::spawn(async move {
-        crashing
-            .run(
-                deliveries,
-                move |msg: Message| {
-                    let (s, e) = (s.clone(), entered_tx.clone());
-                    async move { ship(&s, Some(&e), msg).await }
-                },
-                1,
-            )
+    /// A classic queue has no ack wait: it redelivers when the subscription's channel closes.
+    async fn open(_ack_wait: Duration) -> Rabbit {
+        let q = Queues::new().await;
+        let publisher = AmqpPublisher::connect(&common::amqp_url(), "")
             .await
-    });
-    tokio::time::timeout(Duration::from_secs(10), entered_rx.recv())
-        .await
-        .expect("the handler started")
-        .unwrap();
-    task.abort();
-    let _ = task.await;
-    crash_channel.close(200, "crashed".into()).await.unwrap();
+            .unwrap();
+        Rabbit { q, publisher }
+    }
 
-    let source = AmqpSource::new(q.conn.create_channel().await.unwrap(), q.work.as_str());
-    let consumer = Consumer::new("fulfilment", store.clone()).unwrap();
-    let c = consumer.clone();
-    let (s, deliveries) = (store.clone(), source.deliveries("survivor").await.unwrap());
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let runner = tokio::spawn(async move {
-        c.run_until(
-            deliveries,
-            move |msg: Message| {
-                let s = s.clone();
-                async move { ship(&s, None, msg).await }
-            },
-            1,
-            async {
-                let _ = stop_rx.await;
-            },
-        )
-        .await
-    });
-    assert!(
-        until(Duration::from_secs(20), || consumer.stats().acked() == 3).await,
-        "{:?}",
-        consumer.stats()
+    async fn publish(&self, id: &str, payload: &str) {
+        let e = Event::new(id, self.q.work.as_str(), "p", payload.to_owned());
+        self.publisher.publish(&e).await.unwrap();
+    }
+
+    /// RabbitMQ does not deduplicate by message id: every copy is kept.
+    async fn publish_copies(&self, id: &str, payload: &str, copies: usize) {
+        for _ in 0..copies {
+            self.publish(id, payload).await;
+        }
+    }
+
+    /// A channel of its own, so that closing it ends this subscription alone.
+    async fn subscribe(&self, tag: &str) -> (Channel, Deliveries<AmqpDelivery>) {
+        let channel = self.q.conn.create_channel().await.unwrap();
+        let deliveries = AmqpSource::new(channel.clone(), self.q.work.as_str())
+            .deliveries(tag)
+            .await
+            .unwrap();
+        (channel, deliveries.boxed())
+    }
+
+    /// The channel closes with its delivery unacked, and RabbitMQ requeues it.
+    async fn crash(&self, channel: Channel) {
+        channel.close(200, "crashed".into()).await.unwrap();
+    }
+
+    async fn dead_letters(&self) -> Vec<DeadLetter> {
+        let taken = self.q.dead_letters().await;
+        let letter = |(key, payload)| DeadLetter {
+            key,
+            payload,
+            reason: None,
+        };
+        taken.into_iter().map(letter).collect()
+    }
+
+    async fn close(self) {
+        self.q.cleanup().await;
+    }
+}
+
+mod rabbitmq {
+    crate::backend_tests!(
+        #[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+        super::Rabbit:
+        published_three_times_and_redelivered_after_a_crash_has_one_effect(flavor = "multi_thread", worker_threads = 2),
+        a_poison_message_is_dead_lettered_after_one_attempt_while_the_rest_flow(flavor = "multi_thread", worker_threads = 2),
     );
-    let _ = stop_tx.send(());
-    runner.await.unwrap();
-    let stats = consumer.stats();
-    assert_eq!((stats.completed, stats.replayed), (1, 2), "{stats:?}");
-    let shipments: Vec<(String,)> = sqlx::query_as("SELECT msg FROM shipments")
-        .fetch_all(store.pool())
-        .await
-        .unwrap();
-    assert_eq!(shipments, vec![("order-paid-ORD-1".to_owned(),)]);
-    q.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
-async fn poison_and_anonymous_messages_are_dead_lettered_while_the_rest_flow() {
-    let q = Queues::new().await;
-    let publisher = AmqpPublisher::connect(&common::amqp_url(), "")
-        .await
-        .unwrap();
-    for n in 0..30 {
-        let payload = if n == 10 { "poison" } else { "{}" };
-        let e = Event::new(format!("m-{n}"), q.work.as_str(), "p", payload);
-        publisher.publish(&e).await.unwrap();
-    }
-    // No message_id at all.
-    q.channel
+async fn a_message_without_a_message_id_is_dead_lettered_unrun_while_the_rest_flow() {
+    let broker = Rabbit::open(Duration::ZERO).await;
+    broker.publish("m-1", "{}").await;
+    broker
+        .q
+        .channel
         .basic_publish(
             "".into(),
-            q.work.as_str().into(),
+            broker.q.work.as_str().into(),
             BasicPublishOptions::default(),
             b"anonymous",
             BasicProperties::default(),
         )
         .await
         .unwrap();
-
-    let attempts = Arc::new(AtomicUsize::new(0));
+    broker.publish("m-2", "{}").await;
+    let runs = Arc::new(AtomicUsize::new(0));
     let consumer = Consumer::new("fulfilment", MemoryStore::new())
         .unwrap()
         .max_deliveries(5);
-    let a = attempts.clone();
-    let handler = consumer.guarded(move |msg: Message, _claim| {
-        a.fetch_add(1, Ordering::SeqCst);
-        async move {
-            if &msg.payload[..] == b"poison" {
-                Err(HandlerError::permanent("no such order"))
-            } else {
-                Ok(())
-            }
-        }
+    let r = runs.clone();
+    let handler = consumer.guarded(move |_msg: Message, _claim| {
+        r.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, HandlerError>(()) }
     });
-    let source = AmqpSource::new(q.conn.create_channel().await.unwrap(), q.work.as_str());
-    let deliveries = source.deliveries("worker").await.unwrap();
-    let c = consumer.clone();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let runner = tokio::spawn(async move {
-        c.run_until(deliveries.boxed(), handler, 8, async {
-            let _ = stop_rx.await;
-        })
-        .await
-    });
-    assert!(
+    let (_channel, deliveries) = broker.subscribe("worker").await;
+    let settled = running(&consumer, deliveries, handler, 8, async {
         until(Duration::from_secs(20), || {
             let s = consumer.stats();
-            s.completed + s.dead_lettered == 31
+            s.completed + s.dead_lettered == 3
         })
-        .await,
-        "{:?}",
-        consumer.stats()
-    );
-    let _ = stop_tx.send(());
-    runner.await.unwrap();
+        .await
+    })
+    .await;
+    assert!(settled, "{:?}", consumer.stats());
     let stats = consumer.stats();
-    assert_eq!((stats.completed, stats.dead_lettered), (29, 2), "{stats:?}");
+    assert_eq!((stats.completed, stats.dead_lettered), (2, 1), "{stats:?}");
     assert_eq!(
-        attempts.load(Ordering::SeqCst),
-        30,
+        runs.load(Ordering::SeqCst),
+        2,
         "the anonymous one never ran"
     );
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut dead = q.dead_letters().await;
-    dead.sort();
     assert_eq!(
-        dead,
-        vec![
-            (None, b"anonymous".to_vec()),
-            (Some("m-10".to_owned()), b"poison".to_vec())
-        ]
+        scenarios::taken_dead_letters(&broker).await,
+        vec![DeadLetter {
+            key: None,
+            payload: b"anonymous".to_vec(),
+            reason: None,
+        }]
     );
-    q.cleanup().await;
+    broker.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -598,12 +546,7 @@ async fn the_delivery_limit_fires(kind: Kind, transactional: bool) {
         .publish(&Event::new("m-flaky", q.work.as_str(), "p", "{}"))
         .await
         .unwrap();
-    let file = common::SqliteFile::new();
-    let store = SqliteStore::connect(&file.url).await.unwrap();
-    sqlx::query("CREATE TABLE shipments (msg TEXT NOT NULL)")
-        .execute(store.pool())
-        .await
-        .unwrap();
+    let (store, _file) = scenarios::shipments_store().await;
     let consumer = Consumer::new("fulfilment", store.clone())
         .unwrap()
         .max_deliveries(3)

@@ -1,14 +1,17 @@
-//! The JetStream adapter against a real NATS server: a message published three times with one
-//! id and redelivered after a consumer crash has one effect; an ack after the ack wait, with the
-//! redelivery it could not stop, still runs the handler once; a poison message is dead-lettered
-//! after one attempt while the rest of the stream flows.
+//! The JetStream adapter against a real NATS server: the scenarios every broker passes
+//! (`nats::…`, from `common/consumer_scenarios.rs`: a message published three times and
+//! redelivered after a crash has one effect, a poison message is dead-lettered after one attempt
+//! while the rest flow), and JetStream's own: an ack after the ack wait, with the redelivery it
+//! could not stop, still runs the handler once; consumers and streams that could lose or repeat
+//! messages are refused; dead letters are clean and can be re-driven.
 //!
 //! Each test works in streams of its own (a unique prefix), deleted at the end. Without
 //! `NATS_URL` at build time the tests are listed as ignored.
 
 mod common;
+#[path = "common/consumer_scenarios.rs"]
+mod scenarios;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -18,11 +21,119 @@ use async_nats::jetstream::consumer::{PullConsumer, pull};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream;
 use bytes::Bytes;
-use idem::consumer::nats::{JetStreamSource, KEY, ORIGINAL_SUBJECT, REASON};
+use futures_util::StreamExt;
+use idem::consumer::nats::{JetStreamDelivery, JetStreamSource, KEY, ORIGINAL_SUBJECT, REASON};
 use idem::consumer::{Backoff, Consumer, Delivery, Handler, HandlerError, Message};
-use idem::{BoxError, Key, MemoryStore, SqliteStore, idempotent};
+use idem::{BoxError, Key, MemoryStore};
 
-use common::JsStreams;
+use common::{JsStreams, until};
+use scenarios::{
+    Broker, CONSUMER, DeadLetter, Deliveries,
+    a_poison_message_is_dead_lettered_after_one_attempt_while_the_rest_flow,
+    published_three_times_and_redelivered_after_a_crash_has_one_effect, running,
+};
+
+/// JetStream under the shared scenarios: an `orders` stream that keeps every copy of a message
+/// (a duplicate window of 100 ms), a `dlq` stream for the dead letters, and the durable
+/// consumer.
+struct Nats {
+    streams: JsStreams,
+    stream: stream::Stream,
+    root: String,
+    dlq: stream::Stream,
+    source: JetStreamSource,
+}
+
+impl Broker for Nats {
+    type Delivery = JetStreamDelivery;
+    type Subscription = ();
+    const KEEPS_REASONS: bool = true;
+
+    async fn open(ack_wait: Duration) -> Nats {
+        let streams = JsStreams::new(&common::nats_url()).await;
+        let (stream, root) = streams.stream("orders", Duration::from_millis(100)).await;
+        let (dlq, dlq_root) = streams.stream("dlq", Duration::from_secs(60)).await;
+        let pull = pull_consumer(&stream, CONSUMER, ack_wait, -1).await;
+        let dead_letters = format!("{dlq_root}.{CONSUMER}");
+        let source = JetStreamSource::new(streams.js.clone(), pull, dead_letters);
+        Nats {
+            streams,
+            stream,
+            root,
+            dlq,
+            source,
+        }
+    }
+
+    async fn publish(&self, id: &str, payload: &str) {
+        publish(
+            &self.streams.js,
+            &format!("{}.paid", self.root),
+            id,
+            payload,
+        )
+        .await;
+    }
+
+    async fn publish_copies(&self, id: &str, payload: &str, copies: usize) {
+        // Each past the duplicate window, so the stream stores every copy.
+        for _ in 0..copies {
+            self.publish(id, payload).await;
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        assert!(
+            holds(&self.stream, copies as u64, Duration::from_secs(5)).await,
+            "every copy stored"
+        );
+    }
+
+    async fn subscribe(&self, _tag: &str) -> ((), Deliveries<JetStreamDelivery>) {
+        ((), self.source.deliveries().await.unwrap().boxed())
+    }
+
+    /// The durable consumer redelivers what a subscription left unacknowledged once the ack
+    /// wait runs out.
+    async fn crash(&self, (): ()) {}
+
+    async fn dead_letters(&self) -> Vec<DeadLetter> {
+        let inspect: PullConsumer = self
+            .dlq
+            .get_or_create_consumer(
+                "inspect",
+                pull::Config {
+                    durable_name: Some("inspect".into()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        let mut batch = inspect.fetch().max_messages(100).messages().await.unwrap();
+        let mut taken = Vec::new();
+        while let Some(letter) = batch.next().await {
+            let letter = letter.unwrap();
+            let headers = letter.headers.clone().unwrap_or_default();
+            let header = |name| headers.get(name).map(|v| v.as_str().to_owned());
+            taken.push(DeadLetter {
+                key: header(KEY),
+                payload: letter.payload.to_vec(),
+                reason: header(REASON),
+            });
+            letter.ack().await.unwrap();
+        }
+        taken
+    }
+
+    async fn close(self) {}
+}
+
+mod nats {
+    crate::backend_tests!(
+        #[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+        super::Nats:
+        published_three_times_and_redelivered_after_a_crash_has_one_effect(flavor = "multi_thread", worker_threads = 2),
+        a_poison_message_is_dead_lettered_after_one_attempt_while_the_rest_flow(flavor = "multi_thread", worker_threads = 2),
+    );
+}
 
 async fn pull_consumer(
     stream: &async_nats::jetstream::stream::Stream,
@@ -76,125 +187,6 @@ async fn publish_with(
     .expect("the server confirmed");
 }
 
-/// Waits until `done` holds, at most `limit`.
-async fn until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let end = tokio::time::Instant::now() + limit;
-    while tokio::time::Instant::now() < end {
-        if done() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    done()
-}
-
-#[idempotent(scope = "ship:<msg.consumer>", key = msg.key, store = store, transaction = tx, skip(entered), retain = "7d")]
-async fn ship(
-    store: &SqliteStore,
-    entered: Option<&tokio::sync::mpsc::UnboundedSender<()>>,
-    msg: Message,
-) -> Result<(), HandlerError> {
-    sqlx::query("INSERT INTO shipments (msg, subject) VALUES ($1, $2)")
-        .bind(msg.key.as_str())
-        .bind(&msg.subject)
-        .execute(&mut **tx)
-        .await
-        .map_err(HandlerError::transient)?;
-    if let Some(entered) = entered {
-        // The crash: the shipment is written in the open transaction, and the process dies
-        // before it commits (the runner's task is aborted here).
-        let _ = entered.send(());
-        std::future::pending::<()>().await;
-    }
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
-async fn published_three_times_and_redelivered_after_a_crash_has_one_effect() {
-    let streams = JsStreams::new(&common::nats_url()).await;
-    // A tiny dedupe window, so the broker keeps all three copies: only the record dedupes.
-    let (stream, root) = streams.stream("orders", Duration::from_millis(100)).await;
-    let subject = format!("{root}.paid");
-    for _ in 0..3 {
-        publish(&streams.js, &subject, "order-paid-ORD-1", "{}").await;
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    let mut info = stream.clone();
-    assert_eq!(
-        info.info().await.unwrap().state.messages,
-        3,
-        "three copies stored"
-    );
-
-    let file = common::SqliteFile::new();
-    let store = SqliteStore::connect(&file.url).await.unwrap();
-    sqlx::query("CREATE TABLE shipments (msg TEXT NOT NULL, subject TEXT NOT NULL)")
-        .execute(store.pool())
-        .await
-        .unwrap();
-    let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(1), -1).await;
-    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{root}.dlq"));
-
-    // The first consumer takes the message and crashes inside the handler.
-    let (entered_tx, mut entered_rx) = tokio::sync::mpsc::unbounded_channel();
-    let crashing = Consumer::new(source.consumer_name(), store.clone()).unwrap();
-    let (s, deliveries) = (store.clone(), source.deliveries().await.unwrap());
-    let task = tokio::spawn(async move {
-        crashing
-            .run(
-                deliveries,
-                move |msg: Message| {
-                    let (s, e) = (s.clone(), entered_tx.clone());
-                    async move { ship(&s, Some(&e), msg).await }
-                },
-                1,
-            )
-            .await
-    });
-    tokio::time::timeout(Duration::from_secs(10), entered_rx.recv())
-        .await
-        .expect("the handler started")
-        .unwrap();
-    task.abort();
-    let _ = task.await;
-
-    // A second consumer gets the redeliveries after the ack wait.
-    let consumer = Consumer::new(source.consumer_name(), store.clone()).unwrap();
-    let (s, deliveries) = (store.clone(), source.deliveries().await.unwrap());
-    let c = consumer.clone();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let runner = tokio::spawn(async move {
-        c.run_until(
-            deliveries,
-            move |msg: Message| {
-                let s = s.clone();
-                async move { ship(&s, None, msg).await }
-            },
-            1,
-            async {
-                let _ = stop_rx.await;
-            },
-        )
-        .await
-    });
-    assert!(
-        until(Duration::from_secs(20), || consumer.stats().acked() == 3).await,
-        "{:?}",
-        consumer.stats()
-    );
-    let _ = stop_tx.send(());
-    runner.await.unwrap();
-    let stats = consumer.stats();
-    assert_eq!((stats.completed, stats.replayed), (1, 2), "{stats:?}");
-    assert_eq!(stats.dead_lettered, 0);
-    let shipments: Vec<(String,)> = sqlx::query_as("SELECT msg FROM shipments")
-        .fetch_all(store.pool())
-        .await
-        .unwrap();
-    assert_eq!(shipments, vec![("order-paid-ORD-1".to_owned(),)]);
-}
-
 /// Waits until `stream` holds `n` messages, at most `limit`.
 async fn holds(stream: &async_nats::jetstream::stream::Stream, n: u64, limit: Duration) -> bool {
     let mut stream = stream.clone();
@@ -209,33 +201,6 @@ async fn holds(stream: &async_nats::jetstream::stream::Stream, n: u64, limit: Du
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// Runs `consumer` with `handler` on `source`, four deliveries at a time, while `work` runs;
-/// returns what `work` returned.
-async fn running<S, M, H, T>(
-    consumer: &Consumer<S>,
-    source: &JetStreamSource,
-    handler: H,
-    work: impl Future<Output = T>,
-) -> T
-where
-    S: idem::Store,
-    H: Handler<M>,
-{
-    let deliveries = source.deliveries().await.expect("deliveries");
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let ((), out) = tokio::join!(
-        consumer.run_until(deliveries, handler, 4, async {
-            let _ = stop_rx.await;
-        }),
-        async {
-            let out = work.await;
-            let _ = stop_tx.send(());
-            out
-        }
-    );
-    out
 }
 
 /// The consumer's pending and unacknowledged messages: `(0, 0)` once every message was settled.
@@ -349,86 +314,6 @@ async fn an_ack_after_the_ack_wait_does_not_stop_the_redelivery_the_record_does(
     let mut pull: PullConsumer = stream.get_consumer("slow").await.unwrap();
     let info = pull.info().await.unwrap();
     assert_eq!((info.num_pending, info.num_ack_pending), (0, 0), "{info:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
-async fn a_poison_message_is_dead_lettered_after_one_attempt_while_the_stream_flows() {
-    use futures_util::StreamExt;
-    let streams = JsStreams::new(&common::nats_url()).await;
-    let (stream, root) = streams.stream("orders", Duration::from_secs(60)).await;
-    let (dlq, dlq_root) = streams.stream("dlq", Duration::from_secs(60)).await;
-    for n in 0..50 {
-        let payload = if n == 20 { "poison" } else { "{}" };
-        publish(
-            &streams.js,
-            &format!("{root}.paid"),
-            &format!("m-{n}"),
-            payload,
-        )
-        .await;
-    }
-    let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(5), -1).await;
-    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{dlq_root}.fulfilment"));
-    let attempts = Arc::new(AtomicUsize::new(0));
-    let consumer = Consumer::new(source.consumer_name(), MemoryStore::new())
-        .unwrap()
-        .max_deliveries(5);
-    let a = attempts.clone();
-    let handler = consumer.guarded(move |msg: Message, _claim| {
-        let poison = &msg.payload[..] == b"poison";
-        if poison {
-            a.fetch_add(1, Ordering::SeqCst);
-        }
-        async move {
-            if poison {
-                Err(HandlerError::permanent("no such order"))
-            } else {
-                Ok(msg.key.to_string())
-            }
-        }
-    });
-    let c = consumer.clone();
-    let deliveries = source.deliveries().await.unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let runner = tokio::spawn(async move {
-        c.run_until(deliveries, handler, 8, async {
-            let _ = stop_rx.await;
-        })
-        .await
-    });
-    assert!(
-        until(Duration::from_secs(20), || {
-            let s = consumer.stats();
-            s.completed + s.dead_lettered == 50
-        })
-        .await,
-        "{:?}",
-        consumer.stats()
-    );
-    let _ = stop_tx.send(());
-    runner.await.unwrap();
-    let stats = consumer.stats();
-    assert_eq!((stats.completed, stats.dead_lettered), (49, 1), "{stats:?}");
-    assert_eq!((stats.retried, stats.replayed), (0, 0), "{stats:?}");
-    assert_eq!(attempts.load(Ordering::SeqCst), 1, "one attempt");
-
-    // The dead letter: the payload, the reason and the key in headers.
-    let dead = dlq
-        .create_consumer(pull::Config {
-            durable_name: Some("inspect".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let mut batch = dead.fetch().max_messages(10).messages().await.unwrap();
-    let letter = batch.next().await.unwrap().unwrap();
-    assert_eq!(&letter.payload[..], b"poison");
-    let headers = letter.headers.clone().unwrap();
-    assert_eq!(headers.get(REASON).unwrap().as_str(), "no such order");
-    assert_eq!(headers.get(KEY).unwrap().as_str(), "m-20");
-    letter.ack().await.unwrap();
-    assert!(batch.next().await.is_none(), "exactly one dead letter");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -555,16 +440,22 @@ async fn a_dead_letter_that_cannot_be_published_is_retried_until_it_is() {
     let source = JetStreamSource::new(streams.js.clone(), pull, dlq_subject);
     let consumer = quick(Consumer::new(source.consumer_name(), MemoryStore::new()).unwrap());
     let handler = poisoned(&consumer, "no such order");
-    let (retried, dlq, landed) = running(&consumer, &source, handler, async {
-        let retried = until(Duration::from_secs(10), || {
-            consumer.stats().ack_failures >= 3
-        })
-        .await;
-        // The dead letters' stream appears: the next attempt lands.
-        let (dlq, _) = streams.stream("late", Duration::from_secs(60)).await;
-        let landed = holds(&dlq, 1, Duration::from_secs(10)).await;
-        (retried, dlq, landed)
-    })
+    let (retried, dlq, landed) = running(
+        &consumer,
+        source.deliveries().await.unwrap(),
+        handler,
+        4,
+        async {
+            let retried = until(Duration::from_secs(10), || {
+                consumer.stats().ack_failures >= 3
+            })
+            .await;
+            // The dead letters' stream appears: the next attempt lands.
+            let (dlq, _) = streams.stream("late", Duration::from_secs(60)).await;
+            let landed = holds(&dlq, 1, Duration::from_secs(10)).await;
+            (retried, dlq, landed)
+        },
+    )
     .await;
     assert!(
         retried,
@@ -608,13 +499,19 @@ async fn a_recreated_stream_does_not_reuse_the_keys_of_the_one_it_replaced() {
             k.lock().unwrap().push(msg.key.to_string());
             async { Ok::<_, HandlerError>(()) }
         });
-        let done = running(&consumer, &source, handler, async {
-            until(Duration::from_secs(10), || {
-                let s = consumer.stats();
-                s.acked() + s.dead_lettered == 1
-            })
-            .await
-        })
+        let done = running(
+            &consumer,
+            source.deliveries().await.unwrap(),
+            handler,
+            4,
+            async {
+                until(Duration::from_secs(10), || {
+                    let s = consumer.stats();
+                    s.acked() + s.dead_lettered == 1
+                })
+                .await
+            },
+        )
         .await;
         assert!(done, "{:?}", consumer.stats());
         settled.push(consumer.stats());
@@ -677,8 +574,9 @@ async fn a_dead_letter_leaves_the_control_headers_behind_and_writes_clean_values
     );
     let landed = running(
         &consumer,
-        &source,
+        source.deliveries().await.unwrap(),
         handler,
+        4,
         holds(&dlq, 1, Duration::from_secs(10)),
     )
     .await;
@@ -754,19 +652,25 @@ async fn a_redriven_message_that_fails_again_is_dead_lettered_again() {
     let source = JetStreamSource::new(streams.js.clone(), pull, format!("{dlq_root}.fulfilment"));
     let consumer = quick(Consumer::new(source.consumer_name(), MemoryStore::new()).unwrap());
     let handler = poisoned(&consumer, "no such order");
-    let landed = running(&consumer, &source, handler, async {
-        let mut landed = vec![holds(&dlq, 1, Duration::from_secs(10)).await];
-        // An operator re-drives it within the dead-letter stream's duplicate window, and it
-        // fails again: its second dead letter must not be taken for a duplicate of the first.
-        // Once as the README says, once under its original id (past the orders stream's own
-        // duplicate window, which would drop it).
-        for (seq, original_id) in [(1, false), (2, true)] {
-            tokio::time::sleep(window).await;
-            redrive_as(&streams.js, &dlq, seq, original_id).await;
-            landed.push(holds(&dlq, 1, Duration::from_secs(10)).await);
-        }
-        landed
-    })
+    let landed = running(
+        &consumer,
+        source.deliveries().await.unwrap(),
+        handler,
+        4,
+        async {
+            let mut landed = vec![holds(&dlq, 1, Duration::from_secs(10)).await];
+            // An operator re-drives it within the dead-letter stream's duplicate window, and it
+            // fails again: its second dead letter must not be taken for a duplicate of the first.
+            // Once as the README says, once under its original id (past the orders stream's own
+            // duplicate window, which would drop it).
+            for (seq, original_id) in [(1, false), (2, true)] {
+                tokio::time::sleep(window).await;
+                redrive_as(&streams.js, &dlq, seq, original_id).await;
+                landed.push(holds(&dlq, 1, Duration::from_secs(10)).await);
+            }
+            landed
+        },
+    )
     .await;
     assert_eq!(landed, [true; 3], "{:?}", consumer.stats());
     assert_eq!(consumer.stats().dead_lettered, 3);
@@ -832,8 +736,15 @@ async fn a_redriven_dead_letter_is_processed_under_its_original_key() {
         .await;
         (done, original_keys)
     };
-    let ((done, original_keys), ()) =
-        tokio::join!(running(&fulfilment, &source, handler, work), async {
+    let ((done, original_keys), ()) = tokio::join!(
+        running(
+            &fulfilment,
+            source.deliveries().await.unwrap(),
+            handler,
+            4,
+            work
+        ),
+        async {
             let deliveries = audit_source.deliveries().await.unwrap();
             let stop = until(Duration::from_secs(30), || {
                 fulfilment.stats().completed == 2 && audit.stats().replayed == 2
@@ -844,7 +755,8 @@ async fn a_redriven_dead_letter_is_processed_under_its_original_key() {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 })
                 .await
-        });
+        }
+    );
     assert!(
         done,
         "fulfilment {:?}, audit {:?}",

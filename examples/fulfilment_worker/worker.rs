@@ -155,36 +155,32 @@ fn shipment_for(msg: &Message) -> Result<Shipment, HandlerError> {
 const INSERT: &str =
     "INSERT INTO shipments (shipment_no, order_no, amount_cents) VALUES ($1, $2, $3)";
 
-/// The handler on SQLite: one shipment per message id, in the message's own transaction.
-#[idempotent(scope = "fulfil:<msg.consumer>", key = msg.key, store = store, transaction = tx)]
-pub async fn fulfil_sqlite(
-    store: &SqliteStore,
-    msg: Message,
-) -> Result<Idempotent<Shipment>, HandlerError> {
-    let shipment = shipment_for(&msg)?;
-    sqlx::query(INSERT)
-        .bind(&shipment.shipment_no)
-        .bind(&shipment.order_no)
-        .bind(shipment.amount_cents)
-        .execute(&mut **tx)
-        .await
-        .map_err(HandlerError::transient)?;
-    Ok(Idempotent::Fresh(shipment))
+/// The handler, declared once for every database the worker runs on: one shipment per message
+/// id, in the message's own transaction. Only the store's type differs.
+macro_rules! fulfil {
+    ($($(#[$doc:meta])* $name:ident: $store:ty;)*) => {$(
+        $(#[$doc])*
+        #[idempotent(scope = "fulfil:<msg.consumer>", key = msg.key, store = store, transaction = tx)]
+        pub async fn $name(
+            store: &$store,
+            msg: Message,
+        ) -> Result<Idempotent<Shipment>, HandlerError> {
+            let shipment = shipment_for(&msg)?;
+            sqlx::query(INSERT)
+                .bind(&shipment.shipment_no)
+                .bind(&shipment.order_no)
+                .bind(shipment.amount_cents)
+                .execute(&mut **tx)
+                .await
+                .map_err(HandlerError::transient)?;
+            Ok(Idempotent::Fresh(shipment))
+        }
+    )*};
 }
 
-/// The same handler on PostgreSQL.
-#[idempotent(scope = "fulfil:<msg.consumer>", key = msg.key, store = store, transaction = tx)]
-pub async fn fulfil_pg(
-    store: &PgStore,
-    msg: Message,
-) -> Result<Idempotent<Shipment>, HandlerError> {
-    let shipment = shipment_for(&msg)?;
-    sqlx::query(INSERT)
-        .bind(&shipment.shipment_no)
-        .bind(&shipment.order_no)
-        .bind(shipment.amount_cents)
-        .execute(&mut **tx)
-        .await
-        .map_err(HandlerError::transient)?;
-    Ok(Idempotent::Fresh(shipment))
+fulfil! {
+    /// The handler on SQLite.
+    fulfil_sqlite: SqliteStore;
+    /// The handler on PostgreSQL.
+    fulfil_pg: PgStore;
 }

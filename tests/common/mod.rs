@@ -1,5 +1,5 @@
 //! Test support: isolated PostgreSQL schemas, SQLite files, Redis key prefixes, JetStream
-//! streams, and where the services are.
+//! streams, where the services are, and scenarios written once for several backends.
 
 #![allow(dead_code)]
 
@@ -24,6 +24,57 @@ pub fn pg_url() -> String {
             "this test needs PostgreSQL: set DATABASE_URL=postgres://… (it is ignored when DATABASE_URL is unset at build time)"
         ),
     }
+}
+
+/// One `#[tokio::test]` per scenario for one backend: a scenario is written once as a generic
+/// `async fn name<B>()` beside the module that invokes this, and each backend's module runs it
+/// under the same name (`sqlite::name`, `postgres::name`).
+///
+/// Attributes before the backend go on every test, so a backend that needs a server is listed
+/// as ignored where it is not configured, as the tests written for it alone were. A scenario
+/// may name its runtime in parentheses, as `#[tokio::test(…)]` takes it.
+///
+/// ```ignore
+/// mod postgres {
+///     crate::backend_tests!(
+///         #[cfg_attr(not(idem_postgres), ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…")]
+///         idem::PgStore:
+///         commits_together,
+///         duplicates_insert_once(flavor = "multi_thread", worker_threads = 4),
+///     );
+/// }
+/// ```
+#[macro_export]
+macro_rules! backend_tests {
+    ($(#[$attr:meta])* $backend:ty: $($cases:tt)*) => {
+        $crate::__backend_tests! { [$(#[$attr])*] $backend; $($cases)* }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __backend_tests {
+    ([$($attr:tt)*] $backend:ty; $case:ident $(($($runtime:tt)*))? $(, $($rest:tt)*)?) => {
+        #[tokio::test $(($($runtime)*))?]
+        $($attr)*
+        async fn $case() {
+            super::$case::<$backend>().await
+        }
+        $crate::__backend_tests! { [$($attr)*] $backend; $($($rest)*)? }
+    };
+    ([$($attr:tt)*] $backend:ty;) => {};
+}
+
+/// Waits until `done` holds, at most `limit`; whether it does.
+pub async fn until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let end = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < end {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    done()
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
