@@ -1,10 +1,10 @@
 //! The outbox table of the SQL stores: its statements written once from the stores' `Dialect`,
 //! and the two backends, [`PgOutbox`] and [`SqliteOutbox`], that run them.
 //!
-//! The statements differ between the databases only where the databases do: the clock and
-//! column types (from `Dialect`), the sequence column, `FOR UPDATE SKIP LOCKED` (PostgreSQL;
-//! SQLite has one writer, so its claim is atomic as it stands), and the `NOTIFY` trigger that
-//! wakes PostgreSQL relays.
+//! The statements differ between the databases only where the databases do: the clock (from
+//! `Dialect`), `FOR UPDATE SKIP LOCKED` (PostgreSQL; SQLite has one writer, so its claim is
+//! atomic as it stands), and the `NOTIFY` trigger that wakes PostgreSQL relays. The table, its
+//! indexes and the trigger are created from the DDL of [`schema`](crate::store::schema).
 
 use std::fmt;
 use std::sync::Arc;
