@@ -11,12 +11,14 @@
 //! PAYMENT_WEBHOOK_SECRET=… cargo run --example refund_service    # the gateway's callback secret
 //! ```
 //!
-//! See the README for a walkthrough with curl.
+//! See the README for a walkthrough with curl. `GET /metrics` serves idem's counters in the
+//! Prometheus text format.
 
 mod app;
 mod db;
 mod events;
 mod gateway;
+mod metrics;
 
 use std::io::IsTerminal;
 
@@ -75,7 +77,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         _ => None,
     };
     let nats = std::env::var("NATS_URL").ok();
+    // Before the app: it counts from its first request (and its outbox relay from the start).
+    let metrics = metrics::router()?;
     let (router, database) = app::build(&url, redis, nats.as_deref()).await?;
+    let router = router.merge(metrics);
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     let events = match &nats {
         Some(nats) => format!("order events published to NATS JetStream at {nats}"),

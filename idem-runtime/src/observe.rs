@@ -1,8 +1,17 @@
 //! Tracing events, and `metrics` counters behind the `metrics` feature, for every outcome.
 //!
-//! Counters: `idem_outcomes_total`, label `outcome` = `claimed`, `reclaimed`, `replayed`,
-//! `in_progress`, `key_reused`, `completed`, `released`, `fence_lost`, `store_error`; and
-//! `idem_outbox_parked_total`, outbox events a relay parked.
+//! Every metric idem records is named here (the README's "Metrics" lists them with their
+//! meaning), except `idem_transitions_total` (`transition.rs`):
+//!
+//! - `idem_outcomes_total{outcome}`: `claimed`, `reclaimed`, `replayed`, `in_progress`,
+//!   `key_reused`, `completed`, `released`, `fence_lost`, `store_error`;
+//! - `idem_purged_records_total{store}`: expired records a background purge deleted;
+//! - `idem_consumer_settlements_total{settlement}`: deliveries a consumer settled with its
+//!   broker: `completed`, `replayed` (acks), `in_progress`, `retried` (retries), `dead_lettered`;
+//! - `idem_outbox_published_total`, `idem_outbox_publish_failures_total{cause}` (`refused`,
+//!   `unreachable`), `idem_outbox_parked_total`: what outbox relays did with events;
+//! - the gauges `idem_outbox_pending` and `idem_outbox_parked`: events waiting in the outbox and
+//!   parked there, as a relay last counted them (its lag, in events).
 
 /// One outcome of the record lifecycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,4 +107,70 @@ fn count(outcome: Outcome) {
 pub(crate) fn outbox_parked() {
     #[cfg(feature = "metrics")]
     metrics::counter!("idem_outbox_parked_total").increment(1);
+}
+
+/// Counts the expired records a background purge of `store` deleted.
+pub(crate) fn purged(store: &str, n: u64) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idem_purged_records_total", "store" => store.to_owned()).increment(n);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (store, n);
+}
+
+/// Counts a delivery a consumer settled with its broker (the broker took the settlement).
+pub(crate) fn settled(s: &crate::consumer::Settlement) {
+    #[cfg(feature = "metrics")]
+    {
+        use crate::consumer::Settlement;
+        macro_rules! count {
+            ($label:literal) => {
+                metrics::counter!("idem_consumer_settlements_total", "settlement" => $label)
+                    .increment(1)
+            };
+        }
+        match s {
+            Settlement::Completed => count!("completed"),
+            Settlement::Replayed => count!("replayed"),
+            Settlement::InProgress(_) => count!("in_progress"),
+            Settlement::Retry(_) => count!("retried"),
+            Settlement::DeadLetter(_) => count!("dead_lettered"),
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = s;
+}
+
+/// Counts an outbox event a relay published and marked sent.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn outbox_published() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idem_outbox_published_total").increment(1);
+}
+
+/// Counts a publish of an outbox event that failed: the broker `refused` it, or was out of
+/// reach.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn outbox_publish_failed(refused: bool) {
+    #[cfg(feature = "metrics")]
+    if refused {
+        metrics::counter!("idem_outbox_publish_failures_total", "cause" => "refused").increment(1);
+    } else {
+        metrics::counter!("idem_outbox_publish_failures_total", "cause" => "unreachable")
+            .increment(1);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = refused;
+}
+
+/// Records how many events an outbox holds waiting and parked.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn outbox_backlog(counts: &crate::outbox::OutboxCounts) {
+    #[cfg(feature = "metrics")]
+    {
+        // A gauge holds an f64; counts beyond 2^53 are not a concern.
+        metrics::gauge!("idem_outbox_pending").set(counts.pending as f64);
+        metrics::gauge!("idem_outbox_parked").set(counts.parked as f64);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = counts;
 }

@@ -390,7 +390,10 @@ impl<O: OutboxBackend, P: Publisher> Relay<O, P> {
         }
         match self.publisher.publish(&claimed.event).await {
             Ok(()) => match self.outbox.mark_sent(claimed.seq).await {
-                Ok(()) => true,
+                Ok(()) => {
+                    crate::observe::outbox_published();
+                    true
+                }
                 Err(e) => {
                     // Published but not marked: it is published again after the lease, and the
                     // broker's dedupe (or the consumer's guard) absorbs the copy.
@@ -400,6 +403,7 @@ impl<O: OutboxBackend, P: Publisher> Relay<O, P> {
             },
             Err(e) => {
                 let refused = !Unreachable::is(&e);
+                crate::observe::outbox_publish_failed(refused);
                 let failures = claimed.failures + u32::from(refused);
                 if refused && failures >= self.park_after {
                     self.park(claimed, &e.to_string()).await;
@@ -436,10 +440,13 @@ impl<O: OutboxBackend, P: Publisher> Relay<O, P> {
 
     /// Runs rounds until `shutdown` completes: at once while there is work, otherwise on a
     /// wake-up from `wake` (PostgreSQL's `NOTIFY`: see [`Wake`]) or after the poll interval.
-    /// Purges sent events past their retention about once a minute.
+    /// Purges sent events past their retention about once a minute, and (feature `metrics`)
+    /// sets the gauges `idem_outbox_pending` and `idem_outbox_parked` at the start and about
+    /// once a minute.
     pub async fn run_until<W: Wake>(&self, mut wake: W, shutdown: impl Future<Output = ()>) {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut last_purge = tokio::time::Instant::now();
+        let mut last_count: Option<tokio::time::Instant> = None;
         loop {
             let busy = match self.run_once().await {
                 Ok(sent) => sent > 0,
@@ -452,6 +459,17 @@ impl<O: OutboxBackend, P: Publisher> Relay<O, P> {
                 last_purge = tokio::time::Instant::now();
                 if let Err(e) = self.outbox.purge_sent(self.retain_sent).await {
                     tracing::warn!(target: "idem", error = %e, "purging sent events failed");
+                }
+            }
+            // The backlog, for dashboards: at the start, then once a minute (counting sent
+            // events scans their index).
+            if last_count.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                last_count = Some(tokio::time::Instant::now());
+                match self.outbox.counts().await {
+                    Ok(counts) => crate::observe::outbox_backlog(&counts),
+                    Err(e) => {
+                        tracing::warn!(target: "idem", error = %e, "counting the outbox's events failed")
+                    }
                 }
             }
             if busy {

@@ -83,7 +83,8 @@ where
             match round.await {
                 Ok(0) => {}
                 Ok(n) => {
-                    tracing::debug!(target: "idem", store = %store, purged = n, "purged expired records")
+                    tracing::debug!(target: "idem", store = %store, purged = n, "purged expired records");
+                    crate::observe::purged(&store, n);
                 }
                 Err(e) => tracing::warn!(
                     target: "idem",

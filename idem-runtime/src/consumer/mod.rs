@@ -415,6 +415,7 @@ struct Counters {
 
 impl Counters {
     fn settled(&self, s: &Settlement) {
+        crate::observe::settled(s);
         let c = match s {
             Settlement::Completed => &self.completed,
             Settlement::Replayed => &self.replayed,

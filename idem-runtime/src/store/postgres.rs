@@ -11,6 +11,7 @@ use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
 use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
 use crate::store::group::{ClaimJob, ClaimReply, CompleteJob, Group};
+use crate::store::schema::Database;
 use crate::store::sql::{
     self, ATTEMPTS, AddColumn, Arg, Columns as _, CurRow, Dialect, DialectStatements, Engine, Next,
     Shared, SqlStoreBuilder, Statements, Types, contention, map_err,
@@ -33,18 +34,12 @@ impl Dialect for Pg {
     const NOW_MS: &'static str = "(EXTRACT(EPOCH FROM now()) * 1000)::int8";
     // A purge holds row locks only on what it deletes; live traffic is not queued behind it.
     const PURGE_BATCH: i64 = 10_000;
+    const DATABASE: Database = Database::Postgres;
     const TYPES: Types = Types {
-        text: "text",
-        bytes: "bytea",
-        int8: "bigint",
         int4: "integer",
-        boolean: "boolean",
         timestamp: "timestamptz",
     };
     const FALSE: &'static str = "false";
-    // Room on each page for the completion's update to stay there: it changes no indexed
-    // column, so it is a HOT update.
-    const TABLE_OPTIONS: &'static str = " WITH (fillfactor = 80)";
     const QUALIFIED_TABLES: bool = true;
     const BEGIN: Option<&'static str> = None;
 

@@ -22,6 +22,7 @@ use crate::lifecycle::{self, Decision, Seen, State};
 use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, Record, RecordState, StoredResponse,
 };
+use crate::store::schema::{self, Database};
 use crate::sweeper::{DEFAULT_PURGE_EVERY, Sweeper, spawn_purges};
 
 /// The default table name of the SQL stores.
@@ -51,15 +52,15 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     const NOW: &'static str;
     /// Now in milliseconds since the Unix epoch: the first fence of a record.
     const NOW_MS: &'static str;
-    /// Column types: text, bytes, 64-bit integer, 32-bit integer, boolean, timestamp.
+    /// Which database it is: the tables are created from its DDL in `store::schema`.
+    const DATABASE: Database;
+    /// The types of the columns added since the tables were first created.
     const TYPES: Types;
     /// The boolean `false` as a column default.
     const FALSE: &'static str;
     /// How many expired records one purge statement deletes: short enough that live traffic is
     /// never held behind it for long.
     const PURGE_BATCH: i64;
-    /// What follows `CREATE TABLE (…)`.
-    const TABLE_OPTIONS: &'static str;
     /// Whether a table name may be `schema.table`.
     const QUALIFIED_TABLES: bool;
     /// The statement that opens a transaction for a guarded body, when the driver's default
@@ -111,14 +112,10 @@ pub(crate) struct AddColumn {
 /// earlier get them when the store migrates.
 const ADDED_COLUMNS: &[(&str, &str)] = &[("attempt", "{int4} NOT NULL DEFAULT 1")];
 
-/// Column types, per dialect.
+/// The types of added columns, per dialect (the tables' DDL is in `store::schema`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Types {
-    pub(crate) text: &'static str,
-    pub(crate) bytes: &'static str,
-    pub(crate) int8: &'static str,
     pub(crate) int4: &'static str,
-    pub(crate) boolean: &'static str,
     pub(crate) timestamp: &'static str,
 }
 
@@ -293,14 +290,7 @@ impl Statements {
     pub(crate) fn new<D: Dialect>(table: &str) -> Result<Statements> {
         let t = quote_table(table, D::QUALIFIED_TABLES)?;
         let now = D::NOW;
-        let Types {
-            text,
-            bytes,
-            int8,
-            int4,
-            boolean,
-            timestamp,
-        } = D::TYPES;
+        let int4 = D::TYPES.int4;
         let (in_progress, completed, released) = (
             State::InProgress.as_str(),
             State::Completed.as_str(),
@@ -378,33 +368,10 @@ impl Statements {
                 D::ms_until("lease_until"),
             )),
             migration: Migration {
-                create: vec![
-                    sql(format!(
-                        "CREATE TABLE IF NOT EXISTS {t} (\
-                     scope {text} NOT NULL, \
-                     key {text} NOT NULL, \
-                     fingerprint {bytes} NOT NULL, \
-                     state {text} NOT NULL CHECK (state IN \
-                       ('{in_progress}', '{completed}', '{released}')), \
-                     fence {int8} NOT NULL, \
-                     lease_until {timestamp} NOT NULL, \
-                     expires_at {timestamp} NOT NULL, \
-                     recovery_point {bytes}, \
-                     attempt {int4} NOT NULL DEFAULT 1, \
-                     response_status {int4}, \
-                     response_error {boolean} NOT NULL DEFAULT {}, \
-                     response_body {bytes}, \
-                     created_at {timestamp} NOT NULL, \
-                     updated_at {timestamp} NOT NULL, \
-                     PRIMARY KEY (scope, key)){}",
-                        D::FALSE,
-                        D::TABLE_OPTIONS,
-                    )),
-                    sql(format!(
-                        "CREATE INDEX IF NOT EXISTS \"{}\" ON {t} (expires_at)",
-                        index_name(table)
-                    )),
-                ],
+                create: schema::records(D::DATABASE, table)?
+                    .into_iter()
+                    .map(sql)
+                    .collect(),
                 upgrade: ADDED_COLUMNS
                     .iter()
                     .map(|(column, definition)| {

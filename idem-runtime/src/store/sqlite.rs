@@ -14,6 +14,7 @@ use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
 
 use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
+use crate::store::schema::Database;
 use crate::store::sql::{
     self, ATTEMPTS, AddColumn, Arg, CurRow, Dialect, DialectStatements, Engine, Next, Shared,
     SqlStoreBuilder, Statements, Types, contention, map_err,
@@ -35,16 +36,12 @@ impl Dialect for Lite {
     const NOW_MS: &'static str = NOW;
     // One batch holds the single writer: about 1,000 deletions keep a live claim's wait short.
     const PURGE_BATCH: i64 = 1_000;
+    const DATABASE: Database = Database::Sqlite;
     const TYPES: Types = Types {
-        text: "TEXT",
-        bytes: "BLOB",
-        int8: "INTEGER",
         int4: "INTEGER",
-        boolean: "INTEGER",
         timestamp: "INTEGER",
     };
     const FALSE: &'static str = "0";
-    const TABLE_OPTIONS: &'static str = " WITHOUT ROWID";
     const QUALIFIED_TABLES: bool = false;
     // A transaction that writes takes the write lock up front: two that started reading could
     // otherwise deadlock upgrading their locks.

@@ -1,0 +1,531 @@
+//! The `idem` binary, run as an operator runs it, against stores made by the library: a SQLite
+//! file in a temporary directory, and PostgreSQL when `DATABASE_URL` points at one.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use idem::store::schema::{OUTBOX_TABLE, RECORDS_TABLE};
+use idem::{Begun, Fingerprint, Key, Policy, SqliteStore, StoredResponse};
+
+/// `idem args…`, with no store in its environment but what the test gives it.
+fn idem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .env_remove("IDEM_STORE_URL")
+        .env_remove("DATABASE_URL")
+        .env_remove("IDEM_STORE_PREFIX")
+        .output()
+        .expect("the idem binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", stdout(o), stderr(o)))
+}
+
+fn sqlite_url(dir: &Path) -> String {
+    format!("sqlite://{}", dir.join("records.db").display())
+}
+
+/// Claims `(scope, key)` in `store` and completes it with `status` and `body`.
+async fn completed(store: &SqliteStore, scope: &str, key: &str, status: u16, body: &[u8]) {
+    let fp = Fingerprint::of(&(scope, key)).unwrap();
+    let begun = idem::begin(
+        store,
+        scope.into(),
+        Key::parse(key).unwrap(),
+        fp,
+        Policy::DEFAULT,
+    )
+    .await
+    .unwrap();
+    let Begun::Claimed(guard) = begun else {
+        panic!("{scope}/{key} was claimed before")
+    };
+    guard
+        .complete(&StoredResponse {
+            status: Some(status),
+            is_error: false,
+            body: body.to_vec().into(),
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn records_show_prints_a_completed_record_for_people_and_scripts() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let store = SqliteStore::connect(&url).await.unwrap();
+    completed(&store, "refund:A1", "k-1", 201, br#"{"refundNo":"R-1"}"#).await;
+
+    let out = idem(&["records", "show", "refund:A1", "k-1", "--store", &url]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for line in [
+        "scope        refund:A1",
+        "state        completed",
+        "status       201",
+        "stored as    a success",
+        "body         18 bytes",
+        r#"{"refundNo":"R-1"}"#,
+    ] {
+        assert!(text.contains(line), "no {line:?} in\n{text}");
+    }
+
+    let out = idem(&[
+        "records",
+        "show",
+        "refund:A1",
+        "k-1",
+        "--json",
+        "--store",
+        &url,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = json(&out);
+    assert_eq!(v["state"], "completed");
+    assert_eq!(v["key"], "k-1");
+    assert!(v["fence"].as_u64().is_some_and(|f| f > 0), "{v}");
+    assert_eq!(
+        v["fingerprint"],
+        Fingerprint::of(&("refund:A1", "k-1")).unwrap().to_string()
+    );
+    assert_eq!(v["response"]["status"], 201);
+    assert_eq!(v["response"]["body"], r#"{"refundNo":"R-1"}"#);
+    assert_eq!(v["response"]["body_truncated"], false);
+}
+
+#[tokio::test]
+async fn records_show_truncates_long_bodies_unless_asked_and_finds_in_progress_claims() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let store = SqliteStore::connect(&url).await.unwrap();
+    let long = "x".repeat(2000);
+    completed(&store, "order:u1", "long", 200, long.as_bytes()).await;
+
+    let v = json(&idem(&[
+        "records", "show", "order:u1", "long", "--json", "--store", &url,
+    ]));
+    assert_eq!(v["response"]["body_truncated"], true);
+    assert_eq!(v["response"]["body"].as_str().map(str::len), Some(512));
+    assert_eq!(v["response"]["body_bytes"], 2000);
+    let v = json(&idem(&[
+        "records", "show", "order:u1", "long", "--json", "--full", "--store", &url,
+    ]));
+    assert_eq!(v["response"]["body"].as_str(), Some(long.as_str()));
+
+    // A claim still running: in progress, with its lease.
+    let fp = Fingerprint::of(&"running").unwrap();
+    let begun = idem::begin(
+        &store,
+        "order:u1".into(),
+        Key::parse("running").unwrap(),
+        fp,
+        Policy::DEFAULT.lease(Duration::from_secs(300)),
+    )
+    .await
+    .unwrap();
+    let out = idem(&[
+        "records", "show", "order:u1", "running", "--json", "--store", &url,
+    ]);
+    let v = json(&out);
+    assert_eq!(v["state"], "in_progress");
+    let lease = v["lease_remaining_ms"].as_u64().unwrap();
+    assert!(lease > 200_000 && lease <= 300_000, "{v}");
+    assert!(v["response"].is_null(), "{v}");
+    drop(begun);
+}
+
+#[tokio::test]
+async fn an_unknown_record_fails_with_exit_code_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let _store = SqliteStore::connect(&url).await.unwrap();
+    let out = idem(&["records", "show", "refund:A1", "nope", "--store", &url]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no live record"), "{}", stderr(&out));
+    let out = idem(&[
+        "records",
+        "show",
+        "refund:A1",
+        "nope",
+        "--json",
+        "--store",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(json(&out).is_null());
+}
+
+#[tokio::test]
+async fn purge_deletes_expired_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let store = SqliteStore::builder()
+        .background_purge(false)
+        .connect(&url)
+        .await
+        .unwrap();
+    for key in ["a", "b"] {
+        let begun = idem::begin(
+            &store,
+            "s".into(),
+            Key::parse(key).unwrap(),
+            Fingerprint::of(&key).unwrap(),
+            Policy::DEFAULT.retain(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap();
+        let Begun::Claimed(guard) = begun else {
+            panic!("claimed before")
+        };
+        guard
+            .complete(&StoredResponse::ok(b"ok".to_vec()))
+            .await
+            .unwrap();
+    }
+    completed(&store, "s", "kept", 200, b"ok").await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let out = idem(&["purge", "--json", "--store", &url]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["purged"], 2);
+    let out = idem(&["purge", "--store", &url]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        format!("purged 0 expired records from {url}\n")
+    );
+    assert!(
+        idem(&["records", "show", "s", "kept", "--store", &url])
+            .status
+            .success()
+    );
+}
+
+#[test]
+fn the_store_comes_from_the_flag_then_idem_store_url_then_database_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = sqlite_url(dir.path());
+    let run = |env: &[(&str, &str)], args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
+        cmd.env_remove("IDEM_STORE_URL").env_remove("DATABASE_URL");
+        cmd.args(["records", "show", "s", "k"]).args(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    // None: a usage error.
+    let out = run(&[], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("no store"), "{}", stderr(&out));
+    // An unknown scheme: a usage error naming it.
+    let out = run(&[("DATABASE_URL", "mysql://db/app")], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("mysql://db/app"), "{}", stderr(&out));
+    // IDEM_STORE_URL wins over DATABASE_URL, and the flag over both: each is the one opened
+    // (a SQLite file that does not exist is not created, and the error names it).
+    let out = run(
+        &[
+            ("IDEM_STORE_URL", &missing),
+            ("DATABASE_URL", "mysql://db/app"),
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("records.db"), "{}", stderr(&out));
+    assert!(!dir.path().join("records.db").exists());
+    let out = run(
+        &[("IDEM_STORE_URL", "mysql://db/app")],
+        &["--store", &missing],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+}
+
+#[test]
+fn purge_dry_run_is_refused_until_the_stores_can_count() {
+    let out = idem(&["purge", "--dry-run", "--store", "sqlite://x.db"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("not supported yet"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// `sqlite_master` of the database at `url`, every object in name order.
+async fn sqlite_catalog(url: &str) -> Vec<(String, String, String, Option<String>)> {
+    use idem::sqlx::Connection as _;
+    let mut conn = idem::sqlx::SqliteConnection::connect(url).await.unwrap();
+    idem::sqlx::query_as("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_printed_sqlite_schema_is_what_the_stores_create() {
+    let dir = tempfile::tempdir().unwrap();
+    // The stores' own migrations.
+    let made = format!("sqlite://{}", dir.path().join("made.db").display());
+    let store = SqliteStore::connect(&made).await.unwrap();
+    idem::store::outbox::SqliteOutbox::new(store.pool().clone())
+        .migrate()
+        .await
+        .unwrap();
+    drop(store);
+    // The printed text, run as it is.
+    let out = idem(&["schema", "--store", "sqlite"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let printed = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("printed.db").display()
+    );
+    {
+        use idem::sqlx::Connection as _;
+        let mut conn = idem::sqlx::SqliteConnection::connect(&printed)
+            .await
+            .unwrap();
+        idem::sqlx::raw_sql(idem::sqlx::AssertSqlSafe(stdout(&out)))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let made = sqlite_catalog(&made).await;
+    assert!(made.iter().any(|(_, name, ..)| name == RECORDS_TABLE));
+    assert!(made.iter().any(|(_, name, ..)| name == OUTBOX_TABLE));
+    assert_eq!(sqlite_catalog(&printed).await, made);
+}
+
+#[test]
+fn schema_names_other_tables_and_refuses_redis() {
+    let out = idem(&[
+        "schema",
+        "--store",
+        "postgres",
+        "--table",
+        "billing.records",
+        "--outbox-table",
+        "billing.events",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = json(&out);
+    assert_eq!(v["database"], "postgres");
+    let all = v.to_string();
+    assert!(!all.contains("idem_"), "{all}");
+    assert!(
+        all.contains(r#"ON \"billing\".\"records\" (expires_at)"#),
+        "{all}"
+    );
+    assert!(all.contains("pg_notify('events_wake'"), "{all}");
+    // The database from the store URL.
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["schema", "--json"])
+        .env_remove("IDEM_STORE_URL")
+        .env("DATABASE_URL", "sqlite://app.db")
+        .output()
+        .unwrap();
+    assert_eq!(json(&out)["database"], "sqlite");
+    let out = idem(&["schema", "--store", "redis://127.0.0.1:6379"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("no schema"), "{}", stderr(&out));
+    let out = idem(&["schema", "--store", "sqlite", "--table", "a;b"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[cfg(idem_postgres)]
+mod postgres {
+    use super::*;
+    use idem::PgStore;
+    use idem::sqlx::{Connection as _, PgConnection};
+
+    /// A schema of its own in the test database, dropped at the end.
+    struct Schema {
+        url: String,
+        name: String,
+    }
+
+    impl Schema {
+        async fn new(tag: &str) -> Schema {
+            let url = std::env::var("DATABASE_URL").unwrap();
+            let name = format!(
+                "idem_cli_{tag}_{}_{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .subsec_nanos()
+            );
+            let mut conn = PgConnection::connect(&url).await.unwrap();
+            idem::sqlx::raw_sql(idem::sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}")))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            Schema { url, name }
+        }
+
+        async fn drop(self) {
+            let mut conn = PgConnection::connect(&self.url).await.unwrap();
+            idem::sqlx::raw_sql(idem::sqlx::AssertSqlSafe(format!(
+                "DROP SCHEMA {} CASCADE",
+                self.name
+            )))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        }
+    }
+
+    /// What PostgreSQL's catalog says of the tables, indexes, constraints, triggers and
+    /// functions in `schema`, with the schema's name taken out.
+    async fn catalog(url: &str, schema: &str) -> Vec<String> {
+        let mut conn = PgConnection::connect(url).await.unwrap();
+        let queries = [
+            "SELECT table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable \
+               || ' ' || coalesce(column_default, '-') || ' ' || is_identity \
+             FROM information_schema.columns WHERE table_schema = $1 \
+             ORDER BY table_name, ordinal_position",
+            "SELECT indexname || ': ' || indexdef FROM pg_indexes WHERE schemaname = $1 \
+             ORDER BY indexname",
+            "SELECT c.relname || ' ' || coalesce(array_to_string(c.reloptions, ','), '-') \
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relkind = 'r' ORDER BY c.relname",
+            "SELECT conrelid::regclass::text || ' ' || contype::text || ' ' || pg_get_constraintdef(oid) \
+             FROM pg_constraint WHERE connamespace = $1::regnamespace ORDER BY 1",
+            "SELECT trigger_name || ' ' || event_manipulation || ' ' || action_timing || ' ' \
+               || action_orientation || ' ' || action_statement \
+             FROM information_schema.triggers WHERE trigger_schema = $1 ORDER BY 1",
+            "SELECT p.proname || ' ' || p.prosrc FROM pg_proc p \
+             WHERE p.pronamespace = $1::regnamespace ORDER BY 1",
+        ];
+        let mut out = Vec::new();
+        for q in queries {
+            let rows: Vec<(String,)> = idem::sqlx::query_as(q)
+                .bind(schema)
+                .fetch_all(&mut conn)
+                .await
+                .unwrap();
+            out.extend(rows.into_iter().map(|(r,)| r.replace(schema, "<schema>")));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn the_printed_postgres_schema_is_what_the_stores_create() {
+        let made = Schema::new("made").await;
+        let printed = Schema::new("printed").await;
+        let table = |s: &Schema, t: &str| format!("{}.{t}", s.name);
+
+        let store = PgStore::builder()
+            .table(table(&made, RECORDS_TABLE))
+            .background_purge(false)
+            .connect(&made.url)
+            .await
+            .unwrap();
+        idem::store::outbox::PgOutbox::with_table(
+            store.pool().clone(),
+            &table(&made, OUTBOX_TABLE),
+        )
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+        drop(store);
+
+        let out = idem(&[
+            "schema",
+            "--store",
+            "postgres",
+            "--table",
+            &table(&printed, RECORDS_TABLE),
+            "--outbox-table",
+            &table(&printed, OUTBOX_TABLE),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let mut conn = PgConnection::connect(&printed.url).await.unwrap();
+        idem::sqlx::raw_sql(idem::sqlx::AssertSqlSafe(stdout(&out)))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+
+        let from_store = catalog(&made.url, &made.name).await;
+        let from_text = catalog(&printed.url, &printed.name).await;
+        made.drop().await;
+        printed.drop().await;
+        assert!(
+            from_store.iter().any(|l| l.contains("fillfactor=80")),
+            "{from_store:#?}"
+        );
+        assert!(
+            from_store
+                .iter()
+                .any(|l| l.starts_with("idem_outbox_notify")),
+            "{from_store:#?}"
+        );
+        assert_eq!(from_text, from_store);
+    }
+
+    #[tokio::test]
+    async fn records_show_reads_postgres() {
+        let s = Schema::new("show").await;
+        let table = format!("{}.{RECORDS_TABLE}", s.name);
+        let store = PgStore::builder()
+            .table(&table)
+            .background_purge(false)
+            .connect(&s.url)
+            .await
+            .unwrap();
+        let begun = idem::begin(
+            &store,
+            "refund:P1".into(),
+            Key::parse("pg-1").unwrap(),
+            Fingerprint::of(&1).unwrap(),
+            Policy::DEFAULT,
+        )
+        .await
+        .unwrap();
+        let Begun::Claimed(guard) = begun else {
+            panic!("claimed before")
+        };
+        guard
+            .complete(&StoredResponse::ok(b"{\"ok\":true}".to_vec()))
+            .await
+            .unwrap();
+        let out = idem(&[
+            "records",
+            "show",
+            "refund:P1",
+            "pg-1",
+            "--json",
+            "--store",
+            &s.url,
+            "--table",
+            &table,
+        ]);
+        let result = (out.status.success(), stdout(&out), stderr(&out));
+        s.drop().await;
+        assert!(result.0, "{}", result.2);
+        let v: serde_json::Value = serde_json::from_str(&result.1).unwrap();
+        assert_eq!(v["state"], "completed");
+        assert_eq!(v["response"]["body"], "{\"ok\":true}");
+        assert_eq!(v["response"]["status"], serde_json::Value::Null);
+    }
+}
+
+/// Listed as ignored where PostgreSQL is not configured, never as passed.
+#[cfg(not(idem_postgres))]
+#[test]
+#[ignore = "needs PostgreSQL: set DATABASE_URL=postgres://postgres@127.0.0.1:5432/test"]
+fn postgres_schema_and_records() {}

@@ -1,0 +1,216 @@
+//! The metrics a dashboard reads: the refund service's `/metrics` in the Prometheus text
+//! format, and the counters of the background purge and the consumer runner, by name.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem::consumer::testing::TestDelivery;
+use idem::consumer::{Consumer, HandlerError, Message, Settlement};
+use idem::{Begun, Fingerprint, Key, MemoryStore, Policy, SqliteStore, StoredResponse};
+
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_refund_service_serves_its_counters_in_the_prometheus_text_format() {
+    let file = common::SqliteFile::new();
+    let mut child = Command::new(common::example_binary("refund_service"))
+        .env("IDEM_ADDR", "127.0.0.1:0")
+        .env("DATABASE_URL", &file.url)
+        .env("RUST_LOG", "warn")
+        .env_remove("NATS_URL")
+        .env_remove("IDEM_STORE_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the example");
+    let mut line = String::new();
+    // Kept open while the service runs: it logs to stdout (a warning for the reused key).
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    stdout.read_line(&mut line).unwrap();
+    let _process = Process(child);
+    let base = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+        .to_owned();
+    let c = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    // A first run, its replay, and the key reused for another body.
+    for body in [
+        r#"{"skuId": 1, "qty": 1}"#,
+        r#"{"skuId": 1, "qty": 1}"#,
+        r#"{"skuId": 2, "qty": 1}"#,
+    ] {
+        c.post(format!("{base}/api/orders"))
+            .header("Idempotency-Key", "metrics-key")
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+    }
+    let res = c.get(format!("{base}/metrics")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    let kind = res.headers()["content-type"].to_str().unwrap().to_owned();
+    assert!(kind.starts_with("text/plain"), "{kind}");
+    let text = res.text().await.unwrap();
+    for (outcome, n) in [
+        ("claimed", 1),
+        ("completed", 1),
+        ("replayed", 1),
+        ("key_reused", 1),
+    ] {
+        let sample = format!("idem_outcomes_total{{outcome=\"{outcome}\"}} {n}");
+        assert!(
+            text.lines().any(|l| l == sample),
+            "no {sample:?} in\n{text}"
+        );
+    }
+    assert!(
+        text.contains("# TYPE idem_outcomes_total counter"),
+        "{text}"
+    );
+}
+
+/// Counter values by name and labels (`name{label="value"}`), from a recorder of our own.
+#[derive(Clone, Default)]
+struct Counters(Arc<Mutex<BTreeMap<String, u64>>>);
+
+struct Count(String, Counters);
+
+impl metrics::CounterFn for Count {
+    fn increment(&self, value: u64) {
+        *self.1.0.lock().unwrap().entry(self.0.clone()).or_default() += value;
+    }
+    fn absolute(&self, value: u64) {
+        self.1.0.lock().unwrap().insert(self.0.clone(), value);
+    }
+}
+
+impl metrics::Recorder for Counters {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}=\"{}\"", l.key(), l.value()))
+            .collect();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        metrics::Counter::from_arc(Arc::new(Count(name, self.clone())))
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+impl Counters {
+    fn get(&self, name: &str) -> u64 {
+        self.0.lock().unwrap().get(name).copied().unwrap_or(0)
+    }
+}
+
+#[test]
+fn the_background_purge_and_the_consumer_count_what_they_did() {
+    let counters = Counters::default();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // The recorder is the thread's; a current-thread runtime runs every task on this thread.
+    metrics::with_local_recorder(&counters, || {
+        rt.block_on(async {
+            let store = SqliteStore::builder()
+                .purge_every(Duration::from_millis(50))
+                .connect("sqlite::memory:")
+                .await
+                .unwrap();
+            for key in ["a", "b"] {
+                let begun = idem::begin(
+                    &store,
+                    "purge".into(),
+                    Key::parse(key).unwrap(),
+                    Fingerprint::of(&key).unwrap(),
+                    Policy::DEFAULT.retain(Duration::from_millis(200)),
+                )
+                .await
+                .unwrap();
+                let Begun::Claimed(guard) = begun else {
+                    panic!("claimed before")
+                };
+                guard
+                    .complete(&StoredResponse::ok(b"ok".to_vec()))
+                    .await
+                    .unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+
+            let consumer = Consumer::new("metrics", MemoryStore::new()).unwrap();
+            let handler = consumer.guarded(|msg: Message, _claim| async move {
+                Ok::<_, HandlerError>(msg.payload.len())
+            });
+            let first = TestDelivery::new("m-1", "hello");
+            assert_eq!(
+                consumer.handle(&first, &handler).await,
+                Settlement::Completed
+            );
+            let again = TestDelivery::new("m-1", "hello").delivered(2);
+            assert_eq!(
+                consumer.handle(&again, &handler).await,
+                Settlement::Replayed
+            );
+        })
+    });
+    assert_eq!(
+        counters.get("idem_purged_records_total{store=\"idem_records\"}"),
+        2
+    );
+    for settlement in ["completed", "replayed"] {
+        assert_eq!(
+            counters.get(&format!(
+                "idem_consumer_settlements_total{{settlement=\"{settlement}\"}}"
+            )),
+            1,
+            "{settlement}"
+        );
+    }
+}
