@@ -30,6 +30,7 @@
 //! The cases can also be called one by one:
 //!
 //! ```
+//! use idem::store::{Operation, Reply};
 //! use idem::testkit::{self, Env};
 //! use idem::MemoryStore;
 //!
@@ -38,14 +39,12 @@
 //! struct Wrapped(MemoryStore);
 //!
 //! impl idem::Store for Wrapped {
-//!     fn begin(&self, req: idem::BeginRequest<'_>) -> impl Future<Output = idem::Result<idem::BeginOutcome>> + Send { self.0.begin(req) }
-//!     fn complete(&self, c: idem::ClaimRef<'_>, r: &idem::StoredResponse) -> impl Future<Output = idem::Result<()>> + Send { self.0.complete(c, r) }
-//!     fn release(&self, c: idem::ClaimRef<'_>) -> impl Future<Output = idem::Result<()>> + Send { self.0.release(c) }
-//!     fn checkpoint(&self, c: idem::ClaimRef<'_>, p: &[u8], l: std::time::Duration) -> impl Future<Output = idem::Result<()>> + Send { self.0.checkpoint(c, p, l) }
-//!     fn renew(&self, c: idem::ClaimRef<'_>, l: std::time::Duration) -> impl Future<Output = idem::Result<()>> + Send { self.0.renew(c, l) }
-//!     fn lookup(&self, s: &str, k: &str) -> impl Future<Output = idem::Result<Option<idem::Record>>> + Send { self.0.lookup(s, k) }
-//!     fn purge_expired(&self) -> impl Future<Output = idem::Result<u64>> + Send { self.0.purge_expired() }
-//!     fn release_in_background(&self, s: String, k: String, f: u64) { self.0.release_in_background(s, k, f) }
+//!     fn call<'a>(&'a self, op: Operation<'a>) -> impl Future<Output = idem::Result<Reply>> + Send + 'a {
+//!         self.0.call(op)
+//!     }
+//!     fn release_in_background(&self, s: String, k: String, f: u64) {
+//!         self.0.release_in_background(s, k, f)
+//!     }
 //! }
 //!
 //! testkit::block_on(async {

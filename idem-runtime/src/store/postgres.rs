@@ -3,19 +3,18 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
 
 use crate::error::{Error, Result};
-use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
+use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
 use crate::store::group::{ClaimJob, ClaimReply, CompleteJob, Group};
 use crate::store::sql::{
     self, ATTEMPTS, AddColumn, Arg, Columns as _, CurRow, Dialect, DialectStatements, Engine, Next,
     Shared, SqlStoreBuilder, Statements, Types, contention, map_err,
 };
-use crate::store::{Store, TxStore};
+use crate::store::{Operation, Reply, Store, TxStore};
 
 /// All idem migrations, in every schema, take this advisory lock: concurrent `CREATE TABLE IF
 /// NOT EXISTS` statements can otherwise fail on PostgreSQL's catalog indexes.
@@ -329,7 +328,25 @@ impl PgStore {
 }
 
 impl Store for PgStore {
-    async fn begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
+    async fn call(&self, op: Operation<'_>) -> Result<Reply> {
+        match op {
+            Operation::Begin(req) => self.begin_grouped(req).await.map(Reply::Begun),
+            Operation::Complete { claim, response } => self
+                .complete_grouped(claim, response)
+                .await
+                .map(|()| Reply::Done),
+            op => self.inner.call(op).await,
+        }
+    }
+
+    fn release_in_background(&self, scope: String, key: String, fence: u64) {
+        self.inner.release_in_background(scope, key, fence)
+    }
+}
+
+impl PgStore {
+    /// `begin`, batched with others in flight when group commit is on.
+    async fn begin_grouped(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
         // Counted in flight until answered, so that others know to batch with it.
         let entered = self
             .group
@@ -345,7 +362,8 @@ impl Store for PgStore {
         self.begin_on(&mut conn, req).await
     }
 
-    async fn complete(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
+    /// `complete`, batched with others in flight when group commit is on.
+    async fn complete_grouped(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
         let entered = self
             .group
             .as_deref()
@@ -358,8 +376,6 @@ impl Store for PgStore {
         }
         self.inner.complete(claim, response).await
     }
-
-    sql::engine_store_methods!(except complete);
 }
 
 impl PgStore {

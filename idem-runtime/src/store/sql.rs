@@ -22,6 +22,7 @@ use crate::lifecycle::{self, Decision, Seen, State};
 use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, Record, RecordState, StoredResponse,
 };
+use crate::store::{Operation, Reply};
 use crate::sweeper::{DEFAULT_PURGE_EVERY, Sweeper, spawn_purges};
 
 /// The default table name of the SQL stores.
@@ -714,6 +715,33 @@ impl<D: Dialect> Engine<D> {
         owned(D::fetch(&mut conn, &self.sql.renew, &args).await?, claim)
     }
 
+    /// Every operation but `begin`, where the databases differ and each store answers itself:
+    /// what a SQL store's [`Store::call`](crate::Store::call) hands to its engine.
+    pub(crate) async fn call(&self, op: Operation<'_>) -> Result<Reply> {
+        match op {
+            Operation::Complete { claim, response } => {
+                self.complete(claim, response).await.map(|()| Reply::Done)
+            }
+            Operation::Release(claim) => self.release(claim).await.map(|()| Reply::Done),
+            Operation::Checkpoint {
+                claim,
+                recovery_point,
+                lease,
+            } => self
+                .checkpoint(claim, recovery_point, lease)
+                .await
+                .map(|()| Reply::Done),
+            Operation::Renew { claim, lease } => {
+                self.renew(claim, lease).await.map(|()| Reply::Done)
+            }
+            Operation::Lookup { scope, key } => self.lookup(scope, key).await.map(Reply::Found),
+            Operation::PurgeExpired => self.purge_expired().await.map(Reply::Purged),
+            Operation::Begin(_) => Err(Error::Store(
+                "a SQL store answers `begin` itself, not through its engine".into(),
+            )),
+        }
+    }
+
     pub(crate) async fn lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
         let mut conn = self.read_conn().await?;
         let row = D::fetch(
@@ -929,61 +957,6 @@ pub(crate) fn contention(scope: &str, key: &str) -> Error {
         format!("the record ({scope}, {key}) changed under every attempt to claim it").into(),
     )
 }
-
-/// The [`Store`](crate::Store) methods every SQL store hands to its engine (`self.inner`), written
-/// once; each store writes only `begin`, where the databases differ.
-macro_rules! engine_store_methods {
-    () => {
-        fn complete(
-            &self,
-            claim: ClaimRef<'_>,
-            response: &StoredResponse,
-        ) -> impl Future<Output = Result<()>> + Send {
-            self.inner.complete(claim, response)
-        }
-
-        $crate::store::sql::engine_store_methods!(except complete);
-    };
-    (except complete) => {
-        fn release(&self, claim: ClaimRef<'_>) -> impl Future<Output = Result<()>> + Send {
-            self.inner.release(claim)
-        }
-
-        fn checkpoint(
-            &self,
-            claim: ClaimRef<'_>,
-            recovery_point: &[u8],
-            lease: Duration,
-        ) -> impl Future<Output = Result<()>> + Send {
-            self.inner.checkpoint(claim, recovery_point, lease)
-        }
-
-        fn renew(
-            &self,
-            claim: ClaimRef<'_>,
-            lease: Duration,
-        ) -> impl Future<Output = Result<()>> + Send {
-            self.inner.renew(claim, lease)
-        }
-
-        fn lookup(
-            &self,
-            scope: &str,
-            key: &str,
-        ) -> impl Future<Output = Result<Option<Record>>> + Send {
-            self.inner.lookup(scope, key)
-        }
-
-        fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send {
-            self.inner.purge_expired()
-        }
-
-        fn release_in_background(&self, scope: String, key: String, fence: u64) {
-            self.inner.release_in_background(scope, key, fence)
-        }
-    };
-}
-pub(crate) use engine_store_methods;
 
 /// What every SQL store offers the same way, on its engine (`inner`): `Debug`, `builder`, `new`,
 /// `table`, `migrate`, and the transactional methods that need no dialect.

@@ -79,7 +79,7 @@ use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, ExpiredLease, Record, RecordState,
     StoredResponse,
 };
-use crate::store::Store;
+use crate::store::{Operation, Reply, Store};
 
 #[cfg(test)]
 mod tests;
@@ -471,7 +471,69 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl Store for RedisStore {
-    async fn begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
+    async fn call(&self, op: Operation<'_>) -> Result<Reply> {
+        match op {
+            Operation::Begin(req) => self.run_begin(req).await.map(Reply::Begun),
+            Operation::Complete { claim, response } => self
+                .run_complete(claim, response)
+                .await
+                .map(|()| Reply::Done),
+            Operation::Release(claim) => {
+                let mut inv = SCRIPTS.release.prepare_invoke();
+                self.fenced(&mut inv, claim);
+                self.write(claim, &inv).await.map(|()| Reply::Done)
+            }
+            Operation::Checkpoint {
+                claim,
+                recovery_point,
+                lease,
+            } => {
+                let mut inv = SCRIPTS.checkpoint.prepare_invoke();
+                self.fenced(&mut inv, claim)
+                    .arg(recovery_point)
+                    .arg(ms(lease));
+                self.write(claim, &inv).await.map(|()| Reply::Done)
+            }
+            Operation::Renew { claim, lease } => {
+                let mut inv = SCRIPTS.renew.prepare_invoke();
+                self.fenced(&mut inv, claim).arg(ms(lease));
+                self.write(claim, &inv).await.map(|()| Reply::Done)
+            }
+            Operation::Lookup { scope, key } => self.run_lookup(scope, key).await.map(Reply::Found),
+            // Each record is a key with an expiry (`PEXPIREAT`, the end of its retention on the
+            // server's clock), and Redis deletes expired keys by itself: nothing to purge.
+            Operation::PurgeExpired => Ok(Reply::Purged(0)),
+        }
+    }
+
+    fn release_in_background(&self, scope: String, key: String, fence: u64) {
+        let store = self.clone();
+        super::spawn_release(scope, key, move |scope, key| async move {
+            let claim = ClaimRef {
+                scope: &scope,
+                key: &key,
+                fence,
+            };
+            store.release(claim).await
+        });
+    }
+}
+
+impl RedisStore {
+    /// The record's key and the claim's scope, key and fence: the first arguments of every
+    /// fenced script.
+    fn fenced<'i>(
+        &self,
+        inv: &'i mut ScriptInvocation<'static>,
+        claim: ClaimRef<'_>,
+    ) -> &'i mut ScriptInvocation<'static> {
+        inv.key(self.record_key(claim.scope, claim.key))
+            .arg(claim.scope)
+            .arg(claim.key)
+            .arg(claim.fence)
+    }
+
+    async fn run_begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
         let name = self.record_key(req.scope, req.key);
         let mut inv = SCRIPTS.begin.prepare_invoke();
         inv.key(&name)
@@ -504,13 +566,9 @@ impl Store for RedisStore {
         }
     }
 
-    async fn complete(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
-        let name = self.record_key(claim.scope, claim.key);
+    async fn run_complete(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
         let mut inv = SCRIPTS.complete.prepare_invoke();
-        inv.key(&name)
-            .arg(claim.scope)
-            .arg(claim.key)
-            .arg(claim.fence)
+        self.fenced(&mut inv, claim)
             .arg(
                 response
                     .status
@@ -521,45 +579,7 @@ impl Store for RedisStore {
         self.write(claim, &inv).await
     }
 
-    async fn release(&self, claim: ClaimRef<'_>) -> Result<()> {
-        let name = self.record_key(claim.scope, claim.key);
-        let mut inv = SCRIPTS.release.prepare_invoke();
-        inv.key(&name)
-            .arg(claim.scope)
-            .arg(claim.key)
-            .arg(claim.fence);
-        self.write(claim, &inv).await
-    }
-
-    async fn checkpoint(
-        &self,
-        claim: ClaimRef<'_>,
-        recovery_point: &[u8],
-        lease: Duration,
-    ) -> Result<()> {
-        let name = self.record_key(claim.scope, claim.key);
-        let mut inv = SCRIPTS.checkpoint.prepare_invoke();
-        inv.key(&name)
-            .arg(claim.scope)
-            .arg(claim.key)
-            .arg(claim.fence)
-            .arg(recovery_point)
-            .arg(ms(lease));
-        self.write(claim, &inv).await
-    }
-
-    async fn renew(&self, claim: ClaimRef<'_>, lease: Duration) -> Result<()> {
-        let name = self.record_key(claim.scope, claim.key);
-        let mut inv = SCRIPTS.renew.prepare_invoke();
-        inv.key(&name)
-            .arg(claim.scope)
-            .arg(claim.key)
-            .arg(claim.fence)
-            .arg(ms(lease));
-        self.write(claim, &inv).await
-    }
-
-    async fn lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
+    async fn run_lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
         let name = self.record_key(scope, key);
         let mut inv = SCRIPTS.lookup.prepare_invoke();
         inv.key(&name).arg(scope).arg(key);
@@ -598,24 +618,6 @@ impl Store for RedisStore {
             0 => Err(not_ours(self, scope, key, &reply)),
             other => Err(protocol(format!("the lookup script answered tag {other}"))),
         }
-    }
-
-    /// Does nothing and returns 0: each record is a key with an expiry (`PEXPIREAT`, the end of
-    /// its retention on the server's clock), and Redis deletes expired keys by itself.
-    async fn purge_expired(&self) -> Result<u64> {
-        Ok(0)
-    }
-
-    fn release_in_background(&self, scope: String, key: String, fence: u64) {
-        let store = self.clone();
-        super::spawn_release(scope, key, move |scope, key| async move {
-            let claim = ClaimRef {
-                scope: &scope,
-                key: &key,
-                fence,
-            };
-            store.release(claim).await
-        });
     }
 }
 
