@@ -325,7 +325,7 @@ async fn postgres_stores_start_quietly() {
             .build(schema.pool.clone())
             .await
             .unwrap();
-        let outbox = idem::store::outbox::PgOutbox::new(schema.pool.clone());
+        let outbox = idem::outbox::PgOutbox::new(schema.pool.clone());
         outbox.migrate().await.unwrap();
     }
     let text = String::from_utf8_lossy(&log.0.lock().unwrap()).into_owned();

@@ -16,9 +16,6 @@ use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse
 #[cfg(feature = "postgres")]
 mod group;
 pub mod memory;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
-pub mod outbox;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
@@ -30,6 +27,7 @@ pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
+pub mod sweeper;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod tx;
 

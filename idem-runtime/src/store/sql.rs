@@ -22,8 +22,8 @@ use crate::lifecycle::{self, Decision, Seen, State};
 use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, Record, RecordState, StoredResponse,
 };
+use crate::store::sweeper::{DEFAULT_PURGE_EVERY, Sweeper, spawn_purges};
 use crate::store::{Operation, Reply};
-use crate::sweeper::{DEFAULT_PURGE_EVERY, Sweeper, spawn_purges};
 
 /// The default table name of the SQL stores.
 pub(crate) const DEFAULT_TABLE: &str = "idem_records";
@@ -984,7 +984,7 @@ macro_rules! engine_store_api {
                 $store::on_engine(
                     Engine::new(pool.clone(), pool, sql::DEFAULT_TABLE)
                         .expect("the default table name is valid")
-                        .start(Some(crate::sweeper::DEFAULT_PURGE_EVERY)),
+                        .start(Some(crate::store::sweeper::DEFAULT_PURGE_EVERY)),
                 )
             }
 
