@@ -13,6 +13,9 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
 
+pub mod admin;
+pub use admin::{ForcedRelease, RecordInfo, RecordQuery, StateCounts, StoreStats};
+
 #[cfg(feature = "postgres")]
 mod group;
 pub mod memory;
@@ -95,6 +98,40 @@ pub enum Operation<'a> {
     },
     /// Deletes every record whose retention has ended. Answered with [`Reply::Purged`].
     PurgeExpired,
+    /// Deletes one batch of records whose retention has ended, as many as the store deletes in
+    /// one statement: for a purge that reports its progress. Answered with [`Reply::Purged`];
+    /// none left when it answers 0.
+    PurgeBatch,
+    /// How many records' retention has ended (what a purge would delete now). Answered with
+    /// [`Reply::Counted`].
+    CountExpired,
+    /// Records, oldest first, that pass the query's filters, without their recovery points and
+    /// answers. Records whose retention ended but that are not purged yet are included (with
+    /// `expires_in` zero). Answered with [`Reply::Records`].
+    List(&'a RecordQuery),
+    /// One record in full, whatever its state, its recovery point and answer included.
+    /// Answered with [`Reply::Records`]: the record, or none.
+    Inspect {
+        /// The rendered scope.
+        scope: &'a str,
+        /// The key.
+        key: &'a str,
+    },
+    /// The operator's release of a claim stuck in progress: the record becomes released and
+    /// its fence moves on, so the next request with this key runs, and the previous owner, if
+    /// it wakes up, cannot complete over it. Answered with [`Reply::ForceReleased`].
+    ForceRelease {
+        /// The rendered scope.
+        scope: &'a str,
+        /// The key.
+        key: &'a str,
+    },
+    /// Counts by state and scope prefix, the oldest claim in progress, the records whose
+    /// retention ends within `expiring_within`. Answered with [`Reply::Stats`].
+    Stats {
+        /// The window of "expiring soon".
+        expiring_within: Duration,
+    },
 }
 
 impl Operation<'_> {
@@ -108,6 +145,12 @@ impl Operation<'_> {
             Operation::Renew { .. } => "renew",
             Operation::Lookup { .. } => "lookup",
             Operation::PurgeExpired => "purge_expired",
+            Operation::PurgeBatch => "purge_batch",
+            Operation::CountExpired => "count_expired",
+            Operation::List(_) => "list",
+            Operation::Inspect { .. } => "inspect",
+            Operation::ForceRelease { .. } => "force_release",
+            Operation::Stats { .. } => "stats",
         }
     }
 
@@ -129,8 +172,17 @@ pub enum Reply {
     Done,
     /// To [`Operation::Lookup`].
     Found(Option<Record>),
-    /// To [`Operation::PurgeExpired`]: how many records were deleted.
+    /// To [`Operation::PurgeExpired`] and [`Operation::PurgeBatch`]: how many records were
+    /// deleted.
     Purged(u64),
+    /// To [`Operation::CountExpired`].
+    Counted(u64),
+    /// To [`Operation::List`] and [`Operation::Inspect`].
+    Records(Vec<RecordInfo>),
+    /// To [`Operation::ForceRelease`].
+    ForceReleased(ForcedRelease),
+    /// To [`Operation::Stats`] (boxed: every reply is as large as its largest variant).
+    Stats(Box<StoreStats>),
 }
 
 impl Reply {
@@ -140,6 +192,10 @@ impl Reply {
             Reply::Done => "Done",
             Reply::Found(_) => "Found",
             Reply::Purged(_) => "Purged",
+            Reply::Counted(_) => "Counted",
+            Reply::Records(_) => "Records",
+            Reply::ForceReleased(_) => "ForceReleased",
+            Reply::Stats(_) => "Stats",
         }
     }
 }
@@ -285,6 +341,102 @@ pub trait Store: Send + Sync + 'static {
             }
         }
     }
+}
+
+/// The operations for operators, typed: listing, inspecting, releasing by hand, counting.
+/// Provided for every [`Store`] on top of [`Store::call`]; a store that does not offer one
+/// answers [`Error::Unsupported`].
+pub trait StoreAdmin: Store {
+    /// [`Operation::List`].
+    fn list<'a>(
+        &'a self,
+        query: &'a RecordQuery,
+    ) -> impl Future<Output = Result<Vec<RecordInfo>>> + Send + 'a {
+        expect(self.call(Operation::List(query)), "list", |r| match r {
+            Reply::Records(records) => Ok(records),
+            other => Err(other),
+        })
+    }
+
+    /// [`Operation::Inspect`].
+    fn inspect<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+    ) -> impl Future<Output = Result<Option<RecordInfo>>> + Send + 'a {
+        expect(
+            self.call(Operation::Inspect { scope, key }),
+            "inspect",
+            |r| match r {
+                Reply::Records(mut found) if found.len() <= 1 => Ok(found.pop()),
+                other => Err(other),
+            },
+        )
+    }
+
+    /// [`Operation::ForceRelease`].
+    fn force_release<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+    ) -> impl Future<Output = Result<ForcedRelease>> + Send + 'a {
+        let op = Operation::ForceRelease { scope, key };
+        expect(self.call(op), "force_release", |r| match r {
+            Reply::ForceReleased(done) => Ok(done),
+            other => Err(other),
+        })
+    }
+
+    /// [`Operation::Stats`].
+    fn stats(
+        &self,
+        expiring_within: Duration,
+    ) -> impl Future<Output = Result<StoreStats>> + Send + '_ {
+        expect(
+            self.call(Operation::Stats { expiring_within }),
+            "stats",
+            |r| match r {
+                Reply::Stats(stats) => Ok(*stats),
+                other => Err(other),
+            },
+        )
+    }
+
+    /// [`Operation::CountExpired`].
+    fn count_expired(&self) -> impl Future<Output = Result<u64>> + Send + '_ {
+        expect(
+            self.call(Operation::CountExpired),
+            "count_expired",
+            |r| match r {
+                Reply::Counted(n) => Ok(n),
+                other => Err(other),
+            },
+        )
+    }
+
+    /// [`Operation::PurgeBatch`].
+    fn purge_batch(&self) -> impl Future<Output = Result<u64>> + Send + '_ {
+        expect(
+            self.call(Operation::PurgeBatch),
+            "purge_batch",
+            |r| match r {
+                Reply::Purged(n) => Ok(n),
+                other => Err(other),
+            },
+        )
+    }
+}
+
+impl<S: Store + ?Sized> StoreAdmin for S {}
+
+/// The typed end of an operation: `pick` takes the reply the operation names, or hands back
+/// another, which is a bug in the store.
+async fn expect<T>(
+    call: impl Future<Output = Result<Reply>>,
+    operation: &'static str,
+    pick: impl FnOnce(Reply) -> std::result::Result<T, Reply>,
+) -> Result<T> {
+    pick(call.await?).map_err(|other| mismatched(operation, &other))
 }
 
 /// The typed end of a write that answers [`Reply::Done`].

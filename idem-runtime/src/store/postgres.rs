@@ -149,6 +149,18 @@ impl Dialect for Pg {
         )
     }
 
+    fn scope_prefix(col: &str) -> String {
+        format!("split_part({col}, ':', 1)")
+    }
+
+    fn fetch_all<'a>(
+        conn: &'a mut PgConnection,
+        sql: &'a SqlStr,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = Result<Vec<PgRow>>> + Send + 'a {
+        sql::fetch_all::<sqlx::Postgres>(conn, sql, args)
+    }
+
     fn fetch<'a>(
         conn: &'a mut PgConnection,
         sql: &'a SqlStr,

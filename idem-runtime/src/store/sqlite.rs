@@ -108,6 +108,20 @@ impl Dialect for Lite {
         }
     }
 
+    fn scope_prefix(col: &str) -> String {
+        format!(
+            "CASE WHEN instr({col}, ':') > 0 THEN substr({col}, 1, instr({col}, ':') - 1) ELSE {col} END"
+        )
+    }
+
+    fn fetch_all<'a>(
+        conn: &'a mut SqliteConnection,
+        sql: &'a SqlStr,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = Result<Vec<SqliteRow>>> + Send + 'a {
+        sql::fetch_all::<sqlx::Sqlite>(conn, sql, args)
+    }
+
     fn fetch<'a>(
         conn: &'a mut SqliteConnection,
         sql: &'a SqlStr,
