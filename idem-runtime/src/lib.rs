@@ -58,6 +58,9 @@
 )]
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub mod admin;
 pub mod cache;
 pub mod clock;
 pub mod consumer;
