@@ -639,6 +639,11 @@ pub use idem_runtime::SqliteStore;
 #[doc(inline)]
 pub use idem_runtime::http;
 
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+#[doc(inline)]
+pub use idem_runtime::admin;
+
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 #[doc(inline)]

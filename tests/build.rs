@@ -133,6 +133,22 @@ fn main() {
             missing.join(" and ")
         ));
     }
+    // The admin view is tested in a real headless Chromium, driven through ChromeDriver.
+    println!("cargo::rustc-check-cfg=cfg(idem_chromium)");
+    println!("cargo::rerun-if-env-changed=IDEM_REQUIRE_CHROMIUM");
+    if runs("chromedriver", "--version")
+        && (runs("chromium", "--version") || runs("chromium-browser", "--version"))
+    {
+        println!("cargo::rustc-cfg=idem_chromium");
+    } else if std::env::var("IDEM_REQUIRE_CHROMIUM").as_deref() == Ok("1") {
+        eprintln!(
+            "IDEM_REQUIRE_CHROMIUM=1 but chromium and chromedriver are not installed \
+             (apt-get install chromium chromium-driver)"
+        );
+        std::process::exit(1);
+    } else {
+        skipped.push("Chromium and ChromeDriver (the admin view's browser test)".to_owned());
+    }
     if !skipped.is_empty() {
         println!(
             "cargo::warning=tests that need {} are listed as ignored",

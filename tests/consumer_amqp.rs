@@ -28,8 +28,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use idem::consumer::amqp::{AmqpDelivery, AmqpPublisher, AmqpSource};
 use idem::consumer::{Backoff, Consumer, HandlerError, Message};
+use idem::outbox::SqliteOutbox;
 use idem::outbox::{Event, OutboxBackend, Publisher, Relay, Unreachable};
-use idem::store::outbox::SqliteOutbox;
 use idem::{MemoryStore, SqliteStore, idempotent};
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ExchangeDeclareOptions, QueueDeclareOptions,

@@ -30,8 +30,8 @@ use futures_util::StreamExt;
 use idem::consumer::amqp::{AmqpPublisher, AmqpSource};
 use idem::consumer::nats::{JetStreamPublisher, JetStreamSource};
 use idem::consumer::{Consumer, Delivery, HandlerError, Message};
+use idem::outbox::PgOutbox;
 use idem::outbox::{Event, OutboxBackend, Relay, event_id};
-use idem::store::outbox::PgOutbox;
 use idem::{BoxError, Key, PgStore, SqliteStore};
 
 const MESSAGES: usize = 1000;

@@ -10,10 +10,8 @@ use std::time::Duration;
 
 use idem::consumer::testing::{Said, TestDelivery};
 use idem::consumer::{Backoff, Consumer, HandlerError, Message, Settlement};
-use idem::{
-    BeginOutcome, BeginRequest, ClaimInfo, ClaimRef, MemoryStore, Record, SqliteStore, Store,
-    StoredResponse, idempotent,
-};
+use idem::store::{Operation, Reply};
+use idem::{ClaimInfo, MemoryStore, SqliteStore, Store, idempotent};
 
 fn consumer(store: MemoryStore) -> Consumer<MemoryStore> {
     Consumer::new("fulfilment", store)
@@ -699,42 +697,17 @@ impl CompletionsDown {
 }
 
 impl idem::Store for CompletionsDown {
-    async fn begin(&self, req: idem::BeginRequest<'_>) -> idem::Result<idem::BeginOutcome> {
-        self.inner.begin(req).await
-    }
-    async fn complete(
-        &self,
-        claim: idem::ClaimRef<'_>,
-        response: &idem::StoredResponse,
-    ) -> idem::Result<()> {
-        if self.down.load(Ordering::SeqCst) {
+    async fn call(&self, op: Operation<'_>) -> idem::Result<Reply> {
+        if let Operation::Complete { .. } = op
+            && self.down.load(Ordering::SeqCst)
+        {
             self.refused.fetch_add(1, Ordering::SeqCst);
             return Err(idem::Error::Unavailable("the store is down".into()));
         }
-        self.inner.complete(claim, response).await
+        self.inner.call(op).await
     }
-    async fn release(&self, claim: idem::ClaimRef<'_>) -> idem::Result<()> {
-        self.inner.release(claim).await
-    }
-    async fn checkpoint(
-        &self,
-        claim: idem::ClaimRef<'_>,
-        recovery_point: &[u8],
-        lease: Duration,
-    ) -> idem::Result<()> {
-        self.inner.checkpoint(claim, recovery_point, lease).await
-    }
-    async fn renew(&self, claim: idem::ClaimRef<'_>, lease: Duration) -> idem::Result<()> {
-        self.inner.renew(claim, lease).await
-    }
-    async fn lookup(&self, scope: &str, key: &str) -> idem::Result<Option<idem::Record>> {
-        self.inner.lookup(scope, key).await
-    }
-    async fn purge_expired(&self) -> idem::Result<u64> {
-        self.inner.purge_expired().await
-    }
-    fn release_in_background(&self, scope: String, key: String, fence: u64) {
-        self.inner.release_in_background(scope, key, fence)
+    fn release_in_background(&self, s: String, k: String, f: u64) {
+        self.inner.release_in_background(s, k, f)
     }
 }
 
@@ -810,26 +783,13 @@ async fn a_completion_that_could_not_be_stored_is_not_acked_and_runs_again_after
 struct ReleaseFails(MemoryStore);
 
 impl Store for ReleaseFails {
-    async fn begin(&self, req: BeginRequest<'_>) -> idem::Result<BeginOutcome> {
-        self.0.begin(req).await
-    }
-    async fn complete(&self, c: ClaimRef<'_>, r: &StoredResponse) -> idem::Result<()> {
-        self.0.complete(c, r).await
-    }
-    async fn release(&self, _: ClaimRef<'_>) -> idem::Result<()> {
-        Err(idem::Error::Unavailable("connection reset by peer".into()))
-    }
-    async fn checkpoint(&self, c: ClaimRef<'_>, p: &[u8], d: Duration) -> idem::Result<()> {
-        self.0.checkpoint(c, p, d).await
-    }
-    async fn renew(&self, c: ClaimRef<'_>, d: Duration) -> idem::Result<()> {
-        self.0.renew(c, d).await
-    }
-    async fn lookup(&self, s: &str, k: &str) -> idem::Result<Option<Record>> {
-        self.0.lookup(s, k).await
-    }
-    async fn purge_expired(&self) -> idem::Result<u64> {
-        self.0.purge_expired().await
+    async fn call(&self, op: Operation<'_>) -> idem::Result<Reply> {
+        match op {
+            Operation::Release(_) => {
+                Err(idem::Error::Unavailable("connection reset by peer".into()))
+            }
+            op => self.0.call(op).await,
+        }
     }
     fn release_in_background(&self, s: String, k: String, f: u64) {
         self.0.release_in_background(s, k, f)

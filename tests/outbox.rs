@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem::outbox::{Event, OutboxBackend, PendingEvent, Poll, Publisher, Relay, Unreachable};
-use idem::store::outbox::{PgOutbox, SqliteOutbox};
+use idem::outbox::{PgOutbox, SqliteOutbox};
 use idem::{BoxError, SqliteStore};
 
 /// A broker that records what it confirmed.

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idem::store::{Operation, Reply};
 use idem::{
     BeginOutcome, BeginRequest, Begun, CachedStore, ClaimRef, Error, Fingerprint, Key, ManualClock,
-    MemoryStore, Policy, Record, SqliteStore, Store, StoredResponse,
+    MemoryStore, Policy, SqliteStore, Store, StoredResponse,
 };
 
 /// A store that counts how often `begin` reaches it.
@@ -20,27 +21,11 @@ struct Counting<S> {
 }
 
 impl<S: Store> Store for Counting<S> {
-    async fn begin(&self, req: BeginRequest<'_>) -> idem::Result<BeginOutcome> {
-        self.begins.fetch_add(1, Ordering::SeqCst);
-        self.inner.begin(req).await
-    }
-    async fn complete(&self, c: ClaimRef<'_>, r: &StoredResponse) -> idem::Result<()> {
-        self.inner.complete(c, r).await
-    }
-    async fn release(&self, c: ClaimRef<'_>) -> idem::Result<()> {
-        self.inner.release(c).await
-    }
-    async fn checkpoint(&self, c: ClaimRef<'_>, p: &[u8], d: Duration) -> idem::Result<()> {
-        self.inner.checkpoint(c, p, d).await
-    }
-    async fn renew(&self, c: ClaimRef<'_>, d: Duration) -> idem::Result<()> {
-        self.inner.renew(c, d).await
-    }
-    async fn lookup(&self, s: &str, k: &str) -> idem::Result<Option<Record>> {
-        self.inner.lookup(s, k).await
-    }
-    async fn purge_expired(&self) -> idem::Result<u64> {
-        self.inner.purge_expired().await
+    async fn call(&self, op: Operation<'_>) -> idem::Result<Reply> {
+        if let Operation::Begin(_) = op {
+            self.begins.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.call(op).await
     }
     fn release_in_background(&self, s: String, k: String, f: u64) {
         self.inner.release_in_background(s, k, f)
@@ -340,7 +325,7 @@ async fn postgres_stores_start_quietly() {
             .build(schema.pool.clone())
             .await
             .unwrap();
-        let outbox = idem::store::outbox::PgOutbox::new(schema.pool.clone());
+        let outbox = idem::outbox::PgOutbox::new(schema.pool.clone());
         outbox.migrate().await.unwrap();
     }
     let text = String::from_utf8_lossy(&log.0.lock().unwrap()).into_owned();
@@ -595,4 +580,84 @@ async fn sqlite_purge_lets_live_claims_in_between_batches() {
         .await
         .unwrap();
     assert_eq!(left, 1, "only the live record is left");
+}
+
+/// A store written before some operation existed: it answers what it knows and refuses the rest.
+struct Partial(MemoryStore);
+
+impl Store for Partial {
+    async fn call(&self, op: Operation<'_>) -> idem::Result<Reply> {
+        match op {
+            Operation::Begin(_) | Operation::Complete { .. } => self.0.call(op).await,
+            // Answers a lookup with another operation's reply: a bug the typed call reports.
+            Operation::Lookup { .. } => Ok(Reply::Purged(7)),
+            other => Err(other.unsupported()),
+        }
+    }
+    fn release_in_background(&self, s: String, k: String, f: u64) {
+        self.0.release_in_background(s, k, f)
+    }
+}
+
+#[tokio::test]
+async fn an_operation_a_store_does_not_offer_is_a_501_naming_it_and_a_wrong_reply_is_an_error() {
+    let store = Partial(MemoryStore::new());
+    let (k, f) = (
+        Key::parse("k-partial").unwrap(),
+        Fingerprint::from_bytes([3; 32]),
+    );
+    let BeginOutcome::Claimed(c) = store.begin(req(&k, &f)).await.unwrap() else {
+        panic!("a fresh key is claimed")
+    };
+    let claim = ClaimRef {
+        scope: "s",
+        key: k.as_str(),
+        fence: c.fence,
+    };
+    let err = store.release(claim).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Unsupported {
+                operation: "release"
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        (err.status(), err.code()),
+        (501, "OPERATION_NOT_SUPPORTED_BY_STORE")
+    );
+    assert_eq!(
+        err.to_string(),
+        "the idempotency store does not support `release`"
+    );
+    let err = store.purge_expired().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Unsupported {
+                operation: "purge_expired"
+            }
+        ),
+        "{err:?}"
+    );
+
+    let err = store.lookup("s", k.as_str()).await.unwrap_err();
+    assert!(matches!(err, Error::Store(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("answered `lookup` with `Reply::Purged`"),
+        "{err}"
+    );
+
+    // What it does offer still works: the claim completes and replays.
+    store
+        .complete(claim, &StoredResponse::ok(b"done".to_vec()))
+        .await
+        .unwrap();
+    let BeginOutcome::Replay(r) = store.begin(req(&k, &f)).await.unwrap() else {
+        panic!("a completed key replays")
+    };
+    assert_eq!(r.body, &b"done"[..]);
 }

@@ -148,7 +148,7 @@ impl Bench {
                 subjects: vec![subject.clone()],
                 // No longer than the runner's records live: the source refuses a stream that
                 // keeps messages longer.
-                max_age: idem::consumer::DEFAULT_RETAIN,
+                max_age: idem::consumer::MESSAGE_RETAIN,
                 ..Default::default()
             })
             .await?;

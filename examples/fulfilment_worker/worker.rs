@@ -24,7 +24,7 @@ pub const CONSUMER: &str = "fulfilment";
 pub const MAX_DELIVERIES: u32 = 5;
 /// How long the order stream keeps messages: as long as the worker keeps its records (the
 /// consumer default, 7 days), so a message redelivered or replayed always finds its record.
-pub const MAX_AGE: Duration = idem::consumer::DEFAULT_RETAIN;
+pub const MAX_AGE: Duration = idem::consumer::MESSAGE_RETAIN;
 
 /// `order.paid`, as the refund service publishes it.
 #[derive(Debug, Clone, Serialize, Deserialize)]

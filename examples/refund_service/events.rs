@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use idem::outbox::{Event, OutboxBackend, PendingEvent, Poll, Relay, Wake, event_id};
-use idem::store::outbox::{PgOutbox, SqliteOutbox};
+use idem::outbox::{PgOutbox, SqliteOutbox};
 use idem::{Error, Transition};
 use serde_json::json;
 
@@ -205,7 +205,7 @@ pub async fn start_relay<D: Events>(db: D, url: &str) -> Result<(), Box<dyn std:
         // As long as the consumers keep their records (7 days by default): a message the stream
         // still holds always finds its record (the fulfilment worker refuses a stream that
         // keeps messages longer).
-        max_age: idem::consumer::DEFAULT_RETAIN,
+        max_age: idem::consumer::MESSAGE_RETAIN,
         ..Default::default()
     })
     .await?;

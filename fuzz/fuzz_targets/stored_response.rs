@@ -33,7 +33,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use idem::http::{IdempotencyKey, IdempotencyLayer};
-use idem::record::{BeginOutcome, BeginRequest, ClaimRef, Record, RecordState};
+use idem::record::{BeginOutcome, Record, RecordState};
+use idem::store::{Operation, Reply};
 use idem::tower::{GuardBody, GuardLayer, StoredHttpResponse};
 use idem::{Error, Fingerprint, Key, Replay, Store, StoredResponse, idempotent};
 use libfuzzer_sys::fuzz_target;
@@ -52,32 +53,19 @@ impl Canned {
 }
 
 impl Store for Canned {
-    async fn begin(&self, _: BeginRequest<'_>) -> idem::Result<BeginOutcome> {
-        Ok(BeginOutcome::Replay(self.get()))
-    }
-    async fn complete(&self, _: ClaimRef<'_>, _: &StoredResponse) -> idem::Result<()> {
-        panic!("a replay completed a record")
-    }
-    async fn release(&self, _: ClaimRef<'_>) -> idem::Result<()> {
-        panic!("a replay released a record")
-    }
-    async fn checkpoint(&self, _: ClaimRef<'_>, _: &[u8], _: Duration) -> idem::Result<()> {
-        panic!("a replay checkpointed")
-    }
-    async fn renew(&self, _: ClaimRef<'_>, _: Duration) -> idem::Result<()> {
-        panic!("a replay renewed a lease")
-    }
-    async fn lookup(&self, _: &str, _: &str) -> idem::Result<Option<Record>> {
-        Ok(Some(Record {
-            fingerprint: Fingerprint::from_bytes([0; 32]),
-            state: RecordState::Completed,
-            fence: 1,
-            response: Some(self.get()),
-            lease_remaining: None,
-        }))
-    }
-    async fn purge_expired(&self) -> idem::Result<u64> {
-        Ok(0)
+    async fn call(&self, op: Operation<'_>) -> idem::Result<Reply> {
+        match op {
+            Operation::Begin(_) => Ok(Reply::Begun(BeginOutcome::Replay(self.get()))),
+            Operation::Lookup { .. } => Ok(Reply::Found(Some(Record {
+                fingerprint: Fingerprint::from_bytes([0; 32]),
+                state: RecordState::Completed,
+                fence: 1,
+                response: Some(self.get()),
+                lease_remaining: None,
+            }))),
+            Operation::PurgeExpired => Ok(Reply::Purged(0)),
+            other => panic!("a replay reached the store with `{}`", other.name()),
+        }
     }
     fn release_in_background(&self, _: String, _: String, _: u64) {
         panic!("a replay released a record")

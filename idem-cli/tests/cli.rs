@@ -280,7 +280,7 @@ async fn the_printed_sqlite_schema_is_what_the_stores_create() {
     // The stores' own migrations.
     let made = format!("sqlite://{}", dir.path().join("made.db").display());
     let store = SqliteStore::connect(&made).await.unwrap();
-    idem::store::outbox::SqliteOutbox::new(store.pool().clone())
+    idem::outbox::SqliteOutbox::new(store.pool().clone())
         .migrate()
         .await
         .unwrap();
@@ -434,7 +434,7 @@ mod postgres {
             .connect(&made.url)
             .await
             .unwrap();
-        idem::store::outbox::PgOutbox::with_table(
+        idem::outbox::PgOutbox::with_table(
             store.pool().clone(),
             &table(&made, OUTBOX_TABLE),
         )

@@ -6,7 +6,6 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::future::Future;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -15,8 +14,8 @@ use hashbrown::HashTable;
 
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
-use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
-use crate::store::Store;
+use crate::record::{BeginOutcome, StoredResponse};
+use crate::store::{Operation, Reply, Store};
 
 const SHARDS: usize = 16;
 
@@ -214,9 +213,14 @@ impl Cache {
 }
 
 impl<S: Store> Store for CachedStore<S> {
-    async fn begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
+    async fn call(&self, op: Operation<'_>) -> Result<Reply> {
+        let Operation::Begin(req) = op else {
+            // A completion is not cached here: the fingerprint is not part of a claim. The first
+            // replay caches it.
+            return self.inner().call(op).await;
+        };
         if let Some(hit) = self.cache().get(req.scope, req.key, req.fingerprint) {
-            return Ok(hit);
+            return Ok(Reply::Begun(hit));
         }
         let outcome = self.inner().begin(req).await?;
         if let BeginOutcome::Replay(stored) = &outcome {
@@ -228,45 +232,7 @@ impl<S: Store> Store for CachedStore<S> {
                 req.policy.retain,
             );
         }
-        Ok(outcome)
-    }
-
-    async fn complete(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
-        self.inner().complete(claim, response).await
-        // Not cached here: the fingerprint is not part of a claim. The first replay caches it.
-    }
-
-    fn release(&self, claim: ClaimRef<'_>) -> impl Future<Output = Result<()>> + Send {
-        self.inner().release(claim)
-    }
-
-    fn checkpoint(
-        &self,
-        claim: ClaimRef<'_>,
-        recovery_point: &[u8],
-        lease: Duration,
-    ) -> impl Future<Output = Result<()>> + Send {
-        self.inner().checkpoint(claim, recovery_point, lease)
-    }
-
-    fn renew(
-        &self,
-        claim: ClaimRef<'_>,
-        lease: Duration,
-    ) -> impl Future<Output = Result<()>> + Send {
-        self.inner().renew(claim, lease)
-    }
-
-    fn lookup(
-        &self,
-        scope: &str,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<Record>>> + Send {
-        self.inner().lookup(scope, key)
-    }
-
-    fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send {
-        self.inner().purge_expired()
+        Ok(Reply::Begun(outcome))
     }
 
     fn release_in_background(&self, scope: String, key: String, fence: u64) {

@@ -1,11 +1,9 @@
 //! The store used by `#[idempotent]` functions that do not name one.
 
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
-use crate::store::{SharedStore, Store};
+use crate::store::{Operation, Reply, SharedStore, Store};
 
 static DEFAULT: OnceLock<SharedStore> = OnceLock::new();
 
@@ -33,31 +31,8 @@ fn get() -> Result<&'static SharedStore> {
 }
 
 impl Store for DefaultStore {
-    async fn begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
-        get()?.begin(req).await
-    }
-    async fn complete(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
-        get()?.complete(claim, response).await
-    }
-    async fn release(&self, claim: ClaimRef<'_>) -> Result<()> {
-        get()?.release(claim).await
-    }
-    async fn checkpoint(
-        &self,
-        claim: ClaimRef<'_>,
-        recovery_point: &[u8],
-        lease: Duration,
-    ) -> Result<()> {
-        get()?.checkpoint(claim, recovery_point, lease).await
-    }
-    async fn renew(&self, claim: ClaimRef<'_>, lease: Duration) -> Result<()> {
-        get()?.renew(claim, lease).await
-    }
-    async fn lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
-        get()?.lookup(scope, key).await
-    }
-    async fn purge_expired(&self) -> Result<u64> {
-        get()?.purge_expired().await
+    async fn call(&self, op: Operation<'_>) -> Result<Reply> {
+        get()?.call(op).await
     }
     fn release_in_background(&self, scope: String, key: String, fence: u64) {
         if let Ok(store) = get() {

@@ -90,10 +90,19 @@ pub enum Error {
     /// is not an identifier). HTTP 500, `IDEMPOTENCY_INTERNAL_ERROR`.
     #[error("invalid configuration: {0}")]
     Config(String),
+
+    /// The store does not offer this operation (a store written elsewhere that predates it, or
+    /// one that cannot answer it, such as listing records on a store without an index to scan).
+    /// HTTP 501, `OPERATION_NOT_SUPPORTED_BY_STORE`.
+    #[error("the idempotency store does not support `{operation}`")]
+    Unsupported {
+        /// The operation's name ([`Operation::name`](crate::store::Operation::name)).
+        operation: &'static str,
+    },
 }
 
 impl Error {
-    /// The HTTP status this error should produce: 400, 409, 422, 500 or 503.
+    /// The HTTP status this error should produce: 400, 409, 422, 500, 501 or 503.
     pub fn status(&self) -> u16 {
         match self {
             Error::InvalidKey(_) | Error::InvalidScope { .. } => 400,
@@ -105,6 +114,7 @@ impl Error {
             | Error::Store(_)
             | Error::NoDefaultStore
             | Error::Config(_) => 500,
+            Error::Unsupported { .. } => 501,
         }
     }
 
@@ -122,6 +132,7 @@ impl Error {
             | Error::Store(_)
             | Error::NoDefaultStore
             | Error::Config(_) => "IDEMPOTENCY_INTERNAL_ERROR",
+            Error::Unsupported { .. } => "OPERATION_NOT_SUPPORTED_BY_STORE",
         }
     }
 

@@ -58,6 +58,9 @@
 )]
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub mod admin;
 pub mod cache;
 pub mod clock;
 pub mod consumer;
@@ -82,7 +85,6 @@ pub mod record;
 pub mod replay;
 pub mod scope;
 pub mod store;
-pub mod sweeper;
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
@@ -112,8 +114,8 @@ pub use crate::record::{
 pub use crate::replay::{FinalError, Idempotent, Replay};
 pub use crate::scope::ScopeBuilder;
 pub use crate::store::memory::MemoryStore;
+pub use crate::store::sweeper::{Sweeper, spawn_sweeper};
 pub use crate::store::{DynStore, SharedStore, Store};
-pub use crate::sweeper::{Sweeper, spawn_sweeper};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use crate::store::TxStore;

@@ -11,9 +11,14 @@ use crate::fingerprint::Fingerprint;
 /// The default lease: how long a claimed request may run before it is presumed abandoned.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(5 * 60);
 
-/// The default retention: how long a completed record is replayed before its identity is free
-/// again.
-pub const DEFAULT_RETAIN: Duration = Duration::from_secs(24 * 60 * 60);
+/// How long a request's record is kept by default ([`Policy::DEFAULT`]): 24 hours, how long a
+/// completed record is replayed before its identity is free again. Clients retry within
+/// minutes; a day covers a retry after an outage.
+pub const REQUEST_RETAIN: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// How long a message consumer's records are kept by default: 7 days, as long as a broker may
+/// redeliver or a relay re-publish (a JetStream stream's `max_age` must not be longer).
+pub const MESSAGE_RETAIN: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
 /// What `begin` does with an `in_progress` record whose lease has run out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -50,7 +55,7 @@ impl Policy {
     /// Five-minute lease, 24-hour retention, re-claim abandoned claims.
     pub const DEFAULT: Policy = Policy {
         lease: DEFAULT_LEASE,
-        retain: DEFAULT_RETAIN,
+        retain: REQUEST_RETAIN,
         expired_lease: ExpiredLease::Reclaim,
     };
 

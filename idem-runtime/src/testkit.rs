@@ -30,6 +30,7 @@
 //! The cases can also be called one by one:
 //!
 //! ```
+//! use idem::store::{Operation, Reply};
 //! use idem::testkit::{self, Env};
 //! use idem::MemoryStore;
 //!
@@ -38,14 +39,12 @@
 //! struct Wrapped(MemoryStore);
 //!
 //! impl idem::Store for Wrapped {
-//!     fn begin(&self, req: idem::BeginRequest<'_>) -> impl Future<Output = idem::Result<idem::BeginOutcome>> + Send { self.0.begin(req) }
-//!     fn complete(&self, c: idem::ClaimRef<'_>, r: &idem::StoredResponse) -> impl Future<Output = idem::Result<()>> + Send { self.0.complete(c, r) }
-//!     fn release(&self, c: idem::ClaimRef<'_>) -> impl Future<Output = idem::Result<()>> + Send { self.0.release(c) }
-//!     fn checkpoint(&self, c: idem::ClaimRef<'_>, p: &[u8], l: std::time::Duration) -> impl Future<Output = idem::Result<()>> + Send { self.0.checkpoint(c, p, l) }
-//!     fn renew(&self, c: idem::ClaimRef<'_>, l: std::time::Duration) -> impl Future<Output = idem::Result<()>> + Send { self.0.renew(c, l) }
-//!     fn lookup(&self, s: &str, k: &str) -> impl Future<Output = idem::Result<Option<idem::Record>>> + Send { self.0.lookup(s, k) }
-//!     fn purge_expired(&self) -> impl Future<Output = idem::Result<u64>> + Send { self.0.purge_expired() }
-//!     fn release_in_background(&self, s: String, k: String, f: u64) { self.0.release_in_background(s, k, f) }
+//!     fn call<'a>(&'a self, op: Operation<'a>) -> impl Future<Output = idem::Result<Reply>> + Send + 'a {
+//!         self.0.call(op)
+//!     }
+//!     fn release_in_background(&self, s: String, k: String, f: u64) {
+//!         self.0.release_in_background(s, k, f)
+//!     }
 //! }
 //!
 //! testkit::block_on(async {
@@ -188,6 +187,10 @@ macro_rules! conformance_tests {
             a_purged_identity_never_reuses_a_fence,
             attempts_count_unfinished_tries,
             a_repeated_completion_is_done_once,
+            operators_list_and_inspect_records,
+            a_forced_release_moves_the_fence_on,
+            stats_count_by_state_and_prefix,
+            expired_records_are_counted_then_purged_in_batches,
         }
     };
 }
@@ -231,6 +234,8 @@ pub mod cases {
     use std::time::Duration;
 
     use super::Env;
+    use crate::lifecycle::State;
+    use crate::store::{ForcedRelease, RecordQuery, StateCounts, StoreAdmin};
     use crate::{
         BeginOutcome, BeginRequest, ClaimRef, Error, ExpiredLease, Fingerprint, Key, Policy,
         RecordState, Store, StoredResponse,
@@ -699,6 +704,253 @@ pub mod cases {
             )
             .await
             .unwrap();
+    }
+
+    /// Three records an operator looks at: a claim in progress that checkpointed
+    /// (`refund:1`), a completed one (`refund:2`) and a released one (`order:3`), made in that
+    /// order.
+    async fn three_records<S: Store + Clone>(env: &Env<S>) -> [u64; 3] {
+        let (a, b, c) = (key("k-a"), key("k-b"), key("k-c"));
+        let ca = begin_claimed(env, req("refund:1", &a, &fp("a"), &POLICY)).await;
+        env.store()
+            .checkpoint(claim("refund:1", &a, ca.fence), b"step-1", POLICY.lease)
+            .await
+            .unwrap();
+        env.wait(Duration::from_millis(5)).await;
+        let cb = begin_claimed(env, req("refund:2", &b, &fp("b"), &POLICY)).await;
+        complete_ok(
+            env,
+            claim("refund:2", &b, cb.fence),
+            &StoredResponse {
+                status: Some(201),
+                ..StoredResponse::ok(b"{\"refund\":2}".to_vec())
+            },
+        )
+        .await;
+        env.wait(Duration::from_millis(5)).await;
+        let cc = begin_claimed(env, req("order:3", &c, &fp("c"), &POLICY)).await;
+        env.store()
+            .release(claim("order:3", &c, cc.fence))
+            .await
+            .unwrap();
+        [ca.fence, cb.fence, cc.fence]
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn operators_list_and_inspect_records<S: Store + Clone>(env: &Env<S>) {
+        let fences = three_records(env).await;
+        let store = env.store();
+        let all = store.list(&RecordQuery::new()).await.unwrap();
+        let seen: Vec<_> = all
+            .iter()
+            .map(|r| (r.scope.as_str(), r.key.as_str(), r.state, r.fence))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("refund:1", "k-a", State::InProgress, fences[0]),
+                ("refund:2", "k-b", State::Completed, fences[1]),
+                ("order:3", "k-c", State::Released, fences[2]),
+            ],
+            "every record, oldest first"
+        );
+        assert!(
+            all.iter()
+                .all(|r| r.response.is_none() && r.recovery_point.is_none())
+        );
+        assert!(all.iter().all(|r| r.attempt == 1));
+        assert!(
+            all.iter()
+                .all(|r| r.expires_in > Duration::from_secs(23 * 3600))
+        );
+        assert!(
+            all[0]
+                .lease_remaining
+                .is_some_and(|l| l <= POLICY.lease && !l.is_zero())
+        );
+        assert_eq!(all[1].lease_remaining, None);
+        assert_eq!(all[1].fingerprint, fp("b"));
+
+        let only = |q: RecordQuery| async move {
+            let found = store.list(&q).await.unwrap();
+            found.into_iter().map(|r| r.key).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            only(RecordQuery::new().state(State::InProgress)).await,
+            ["k-a"]
+        );
+        assert_eq!(
+            only(RecordQuery::new().scope_prefix("refund:")).await,
+            ["k-a", "k-b"]
+        );
+        assert_eq!(
+            only(RecordQuery::new().scope_prefix("refund:2")).await,
+            ["k-b"]
+        );
+        assert_eq!(
+            only(RecordQuery::new().scope_prefix("%")).await,
+            Vec::<String>::new()
+        );
+        assert_eq!(only(RecordQuery::new().limit(2)).await, ["k-a", "k-b"]);
+        assert_eq!(
+            only(RecordQuery::new().older_than(Duration::from_secs(3600))).await,
+            Vec::<String>::new()
+        );
+        env.wait(Duration::from_millis(1200)).await;
+        assert_eq!(
+            only(
+                RecordQuery::new()
+                    .older_than(Duration::from_secs(1))
+                    .state(State::Completed)
+            )
+            .await,
+            ["k-b"]
+        );
+
+        let completed = store.inspect("refund:2", "k-b").await.unwrap().unwrap();
+        let answer = completed
+            .response
+            .expect("an inspected completed record has its answer");
+        assert_eq!(
+            (answer.status, &answer.body[..]),
+            (Some(201), &b"{\"refund\":2}"[..])
+        );
+        let running = store.inspect("refund:1", "k-a").await.unwrap().unwrap();
+        assert_eq!(running.recovery_point.as_deref(), Some(&b"step-1"[..]));
+        assert_eq!(running.response, None);
+        let released = store.inspect("order:3", "k-c").await.unwrap().unwrap();
+        assert_eq!(released.state, State::Released);
+        assert_eq!(store.inspect("refund:1", "k-none").await.unwrap(), None);
+        assert_eq!(store.inspect("refund:9", "k-a").await.unwrap(), None);
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn a_forced_release_moves_the_fence_on<S: Store + Clone>(env: &Env<S>) {
+        let store = env.store();
+        let k = key("k-stuck");
+        let stale = begin_claimed(env, req("s", &k, &fp("a"), &POLICY)).await;
+        let done = store.force_release("s", k.as_str()).await.unwrap();
+        let ForcedRelease::Released { fence } = done else {
+            panic!("a claim in progress is released: {done:?}")
+        };
+        assert!(
+            fence > stale.fence,
+            "the fence moves on: {fence} > {}",
+            stale.fence
+        );
+        let info = store.inspect("s", k.as_str()).await.unwrap().unwrap();
+        assert_eq!((info.state, info.fence), (State::Released, fence));
+
+        // The owner presumed gone wakes up: it can neither complete nor checkpoint nor release.
+        let late = store
+            .complete(
+                claim("s", &k, stale.fence),
+                &StoredResponse::ok(b"late".to_vec()),
+            )
+            .await;
+        assert!(matches!(late, Err(Error::FenceLost { .. })), "{late:?}");
+        let late = store
+            .checkpoint(claim("s", &k, stale.fence), b"x", POLICY.lease)
+            .await;
+        assert!(matches!(late, Err(Error::FenceLost { .. })), "{late:?}");
+
+        // The retry claims at once and completes; its answer is the one replayed.
+        let retry = begin_claimed(env, req("s", &k, &fp("a"), &POLICY)).await;
+        assert!(retry.fence > fence);
+        complete_ok(
+            env,
+            claim("s", &k, retry.fence),
+            &StoredResponse::ok(b"retry".to_vec()),
+        )
+        .await;
+        let late = store
+            .complete(
+                claim("s", &k, stale.fence),
+                &StoredResponse::ok(b"late".to_vec()),
+            )
+            .await;
+        assert!(matches!(late, Err(Error::FenceLost { .. })), "{late:?}");
+        match store.begin(req("s", &k, &fp("a"), &POLICY)).await.unwrap() {
+            BeginOutcome::Replay(r) => assert_eq!(&r.body[..], b"retry"),
+            other => panic!("the retry's answer is replayed: {other:?}"),
+        }
+
+        // Nothing else to release: a completed record, and one that does not exist.
+        assert_eq!(
+            store.force_release("s", k.as_str()).await.unwrap(),
+            ForcedRelease::NotInProgress(State::Completed)
+        );
+        assert_eq!(
+            store.force_release("s", "k-none").await.unwrap(),
+            ForcedRelease::NotFound
+        );
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn stats_count_by_state_and_prefix<S: Store + Clone>(env: &Env<S>) {
+        three_records(env).await;
+        let stats = env.store().stats(Duration::from_secs(3600)).await.unwrap();
+        let counts = |in_progress, completed, released| {
+            let mut c = StateCounts::default();
+            c.add(State::InProgress, in_progress);
+            c.add(State::Completed, completed);
+            c.add(State::Released, released);
+            c
+        };
+        assert_eq!(stats.states, counts(1, 1, 1));
+        assert_eq!(stats.states.total(), 3);
+        assert_eq!(
+            stats.by_prefix,
+            [
+                ("order".to_owned(), counts(0, 0, 1)),
+                ("refund".to_owned(), counts(1, 1, 0)),
+            ]
+        );
+        assert_eq!((stats.expired, stats.expiring_soon), (0, 0));
+        let oldest = stats.oldest_in_progress.expect("a claim in progress");
+        assert!(oldest < Duration::from_secs(60), "{oldest:?}");
+        // Every record's retention (24 hours) ends within two days.
+        let soon = env
+            .store()
+            .stats(Duration::from_secs(48 * 3600))
+            .await
+            .unwrap();
+        assert_eq!(soon.expiring_soon, 3);
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn expired_records_are_counted_then_purged_in_batches<S: Store + Clone>(
+        env: &Env<S>,
+    ) {
+        let short = POLICY.retain(Duration::from_millis(300));
+        for i in 0..5 {
+            let k = key(&format!("k-count-{i}"));
+            let c = begin_claimed(env, req("s", &k, &fp("a"), &short)).await;
+            complete_ok(env, claim("s", &k, c.fence), &StoredResponse::ok(vec![])).await;
+        }
+        let keep = key("k-keep");
+        begin_claimed(env, req("s", &keep, &fp("a"), &POLICY)).await;
+        assert_eq!(env.store().count_expired().await.unwrap(), 0);
+        env.wait(Duration::from_millis(450)).await;
+        let expired = if env.expires_by_itself { 0 } else { 5 };
+        assert_eq!(env.store().count_expired().await.unwrap(), expired);
+        let stats = env.store().stats(Duration::ZERO).await.unwrap();
+        assert_eq!((stats.expired, stats.states.total()), (expired, 1));
+        let mut purged = 0;
+        loop {
+            let n = env.store().purge_batch().await.unwrap();
+            if n == 0 {
+                break;
+            }
+            purged += n;
+        }
+        assert_eq!(purged, expired);
+        assert_eq!(env.store().count_expired().await.unwrap(), 0);
+        let left = env.store().list(&RecordQuery::new()).await.unwrap();
+        assert_eq!(
+            left.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(),
+            ["k-keep"]
+        );
     }
 
     /// See [`conformance_tests!`](crate::conformance_tests).

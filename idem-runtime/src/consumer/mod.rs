@@ -61,7 +61,7 @@
 //! ```
 //!
 //! Adapters: NATS JetStream ([`nats`], feature `nats`) and RabbitMQ ([`amqp`], feature `amqp`).
-//! Records of consumers are kept [`DEFAULT_RETAIN`] (7 days) by default: a redelivery, or a
+//! Records of consumers are kept [`MESSAGE_RETAIN`] (7 days) by default: a redelivery, or a
 //! replay of a stream, can come much later than an HTTP retry.
 
 use std::fmt;
@@ -98,8 +98,7 @@ pub mod testing;
 /// the runner's ordered mode ([`Consumer::ordered`]) reads it: `Idem-Partition-Key`.
 pub const PARTITION_KEY_HEADER: &str = "Idem-Partition-Key";
 
-/// How long a consumer's records are kept by default: 7 days.
-pub const DEFAULT_RETAIN: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+pub use crate::record::MESSAGE_RETAIN;
 
 /// How often a delivery is kept alive, and its claims renewed, when neither the lease nor the
 /// broker asks for more often.
@@ -546,7 +545,7 @@ impl<S> fmt::Debug for Consumer<S> {
 impl<S: Store> Consumer<S> {
     /// A consumer named `name` (the durable consumer's name, say) whose claims live in `store`.
     ///
-    /// Its policy: the default lease, retention [`DEFAULT_RETAIN`] (7 days). Claims that
+    /// Its policy: the default lease, retention [`MESSAGE_RETAIN`] (7 days). Claims that
     /// `#[idempotent]` handlers take must be in the same store for their leases to be renewed.
     pub fn new(name: impl Into<String>, store: S) -> Result<Self, Error> {
         let name = name.into();
@@ -556,7 +555,7 @@ impl<S: Store> Consumer<S> {
             scope: scope.finish()?,
             name,
             store,
-            policy: Policy::DEFAULT.retain(DEFAULT_RETAIN),
+            policy: Policy::DEFAULT.retain(MESSAGE_RETAIN),
             max_deliveries: None,
             backoff: Backoff::default(),
             keep_alive: None,

@@ -38,7 +38,7 @@
 //!   could not be published at the limit would never come back. Leave it unlimited and give the
 //!   runner its limit with [`Consumer::max_deliveries`](crate::consumer::Consumer::max_deliveries);
 //! - a stream that keeps messages longer than the records are kept (no `max_age`, or a longer
-//!   one than [`JetStreamSource::retain`], by default [`DEFAULT_RETAIN`]): a message redelivered
+//!   one than [`JetStreamSource::retain`], by default [`MESSAGE_RETAIN`]): a message redelivered
 //!   or replayed after its record expired would run again.
 //!
 //! **Re-driving a dead letter** (once its cause is fixed): publish its payload with its headers
@@ -94,7 +94,7 @@ use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde::Deserialize;
 
-use crate::consumer::{DEFAULT_RETAIN, Delivery, PARTITION_KEY_HEADER};
+use crate::consumer::{Delivery, MESSAGE_RETAIN, PARTITION_KEY_HEADER};
 use crate::error::{BoxError, Error};
 use crate::guard::digest;
 use crate::key::Key;
@@ -150,7 +150,7 @@ impl JetStreamSource {
             consumer,
             dead_letters: dead_letter_subject.into(),
             batch: 32,
-            retain: DEFAULT_RETAIN,
+            retain: MESSAGE_RETAIN,
         }
     }
 
@@ -162,7 +162,7 @@ impl JetStreamSource {
         self
     }
 
-    /// How long the handler's records are kept (default [`DEFAULT_RETAIN`], the consumer's
+    /// How long the handler's records are kept (default [`MESSAGE_RETAIN`], the consumer's
     /// default): the shortest retention of the records the handler relies on, its consumer's
     /// ([`Consumer::retain`](crate::consumer::Consumer::retain)) and that of the
     /// `#[idempotent]` functions it calls with a `retain` of their own.

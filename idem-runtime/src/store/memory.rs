@@ -17,7 +17,7 @@ use crate::lifecycle::{Decision, Seen, State, decide, next_attempt, owns};
 use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, Record, RecordState, StoredResponse,
 };
-use crate::store::Store;
+use crate::store::{ForcedRelease, Operation, RecordInfo, Reply, Store, StoreStats};
 
 const SHARDS: usize = 64;
 
@@ -72,6 +72,30 @@ struct Entry {
 }
 
 impl Entry {
+    /// The record as an operator sees it at `now`; with its recovery point and answer when
+    /// `full`.
+    fn info(&self, now: i64, full: bool) -> RecordInfo {
+        let (scope, key) = self.ident.split_at(self.scope_len);
+        RecordInfo {
+            scope: scope.to_owned(),
+            key: key.to_owned(),
+            state: self.state,
+            fence: self.fence,
+            attempt: self.attempt,
+            fingerprint: self.fingerprint,
+            age: RecordInfo::age_from(self.fence, now),
+            lease_remaining: (self.state == State::InProgress)
+                .then(|| RecordInfo::ms_left(self.lease_until.saturating_sub(now))),
+            expires_in: RecordInfo::ms_left(self.expires_at.saturating_sub(now)),
+            recovery_point: if full {
+                self.recovery_point.clone()
+            } else {
+                None
+            },
+            response: if full { self.response.clone() } else { None },
+        }
+    }
+
     fn is(&self, scope: &str, key: &str) -> bool {
         self.scope_len == scope.len()
             && self.ident.len() == scope.len() + key.len()
@@ -287,67 +311,132 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Store for MemoryStore {
-    fn begin(&self, req: BeginRequest<'_>) -> impl Future<Output = Result<BeginOutcome>> + Send {
-        ready(Ok(self.begin_now(req)))
+    fn call<'a>(&'a self, op: Operation<'a>) -> impl Future<Output = Result<Reply>> + Send + 'a {
+        ready(self.call_now(op))
     }
 
-    fn complete(
-        &self,
-        claim: ClaimRef<'_>,
-        response: &StoredResponse,
-    ) -> impl Future<Output = Result<()>> + Send {
-        ready(
-            self.with_owned(claim, |e, _now| {
-                e.state = State::Completed;
-                e.response = Some(response.clone());
-                e.recovery_point = None;
-            })
-            .or_else(|lost| {
-                // The same completion again (a retry whose first reply was lost): done already.
-                if self.completed_by(claim, response) {
-                    Ok(())
-                } else {
-                    Err(lost)
-                }
-            }),
-        )
+    fn release_in_background(&self, scope: String, key: String, fence: u64) {
+        // In memory, releasing is immediate and cannot block.
+        let _ = self.with_owned(
+            ClaimRef {
+                scope: &scope,
+                key: &key,
+                fence,
+            },
+            |e, _| e.state = State::Released,
+        );
+    }
+}
+
+impl MemoryStore {
+    /// Every operation is answered at once: the records are in this process.
+    fn call_now(&self, op: Operation<'_>) -> Result<Reply> {
+        match op {
+            Operation::Begin(req) => Ok(Reply::Begun(self.begin_now(req))),
+            Operation::Complete { claim, response } => self
+                .with_owned(claim, |e, _now| {
+                    e.state = State::Completed;
+                    e.response = Some(response.clone());
+                    e.recovery_point = None;
+                })
+                .or_else(|lost| {
+                    // The same completion again (a retry whose first reply was lost): done already.
+                    if self.completed_by(claim, response) {
+                        Ok(())
+                    } else {
+                        Err(lost)
+                    }
+                })
+                .map(|()| Reply::Done),
+            Operation::Release(claim) => self
+                .with_owned(claim, |e, _| e.state = State::Released)
+                .map(|()| Reply::Done),
+            Operation::Checkpoint {
+                claim,
+                recovery_point,
+                lease,
+            } => self
+                .with_owned(claim, |e, now| {
+                    e.recovery_point = Some(recovery_point.to_vec());
+                    e.lease_until = now.saturating_add(duration_ms(lease));
+                })
+                .map(|()| Reply::Done),
+            Operation::Renew { claim, lease } => self
+                .with_owned(claim, |e, now| {
+                    e.lease_until = now.saturating_add(duration_ms(lease));
+                })
+                .map(|()| Reply::Done),
+            Operation::Lookup { scope, key } => Ok(Reply::Found(self.lookup_now(scope, key))),
+            Operation::PurgeExpired | Operation::PurgeBatch => {
+                Ok(Reply::Purged(self.purge_at(self.inner.clock.now_ms())))
+            }
+            Operation::CountExpired => {
+                let now = self.inner.clock.now_ms();
+                let mut n = 0;
+                self.each(|e| n += u64::from(e.expires_at <= now));
+                Ok(Reply::Counted(n))
+            }
+            Operation::List(query) => {
+                let now = self.inner.clock.now_ms();
+                let mut found = Vec::new();
+                self.each(|e| {
+                    let info = e.info(now, false);
+                    if query.matches(&info) {
+                        found.push(info);
+                    }
+                });
+                found.sort_by_key(|r| r.fence);
+                found.truncate(query.limit);
+                Ok(Reply::Records(found))
+            }
+            Operation::Inspect { scope, key } => {
+                let now = self.inner.clock.now_ms();
+                let hash = self.hash(scope, key);
+                let shard = self.shard(hash);
+                let found = shard.find(hash, |e| e.is(scope, key));
+                Ok(Reply::Records(
+                    found.map(|e| e.info(now, true)).into_iter().collect(),
+                ))
+            }
+            Operation::ForceRelease { scope, key } => {
+                let now = self.inner.clock.now_ms();
+                let hash = self.hash(scope, key);
+                let mut shard = self.shard(hash);
+                let done = match shard.find_mut(hash, |e| e.is(scope, key)) {
+                    None => ForcedRelease::NotFound,
+                    Some(e) if e.expires_at <= now => ForcedRelease::NotFound,
+                    Some(e) if e.state != State::InProgress => {
+                        ForcedRelease::NotInProgress(e.state)
+                    }
+                    Some(e) => {
+                        e.state = State::Released;
+                        e.fence += 1;
+                        ForcedRelease::Released { fence: e.fence }
+                    }
+                };
+                Ok(Reply::ForceReleased(done))
+            }
+            Operation::Stats { expiring_within } => {
+                let now = self.inner.clock.now_ms();
+                let mut stats = StoreStats::default();
+                self.each(|e| stats.count(&e.info(now, false), expiring_within));
+                Ok(Reply::Stats(Box::new(stats)))
+            }
+        }
     }
 
-    fn release(&self, claim: ClaimRef<'_>) -> impl Future<Output = Result<()>> + Send {
-        ready(self.with_owned(claim, |e, _| e.state = State::Released))
+    /// Calls `f` on every record, one shard locked at a time.
+    fn each(&self, mut f: impl FnMut(&Entry)) {
+        for shard in self.inner.shards.iter() {
+            lock(shard).iter().for_each(&mut f);
+        }
     }
 
-    fn checkpoint(
-        &self,
-        claim: ClaimRef<'_>,
-        recovery_point: &[u8],
-        lease: Duration,
-    ) -> impl Future<Output = Result<()>> + Send {
-        ready(self.with_owned(claim, |e, now| {
-            e.recovery_point = Some(recovery_point.to_vec());
-            e.lease_until = now.saturating_add(duration_ms(lease));
-        }))
-    }
-
-    fn renew(
-        &self,
-        claim: ClaimRef<'_>,
-        lease: Duration,
-    ) -> impl Future<Output = Result<()>> + Send {
-        ready(self.with_owned(claim, |e, now| {
-            e.lease_until = now.saturating_add(duration_ms(lease));
-        }))
-    }
-
-    fn lookup(
-        &self,
-        scope: &str,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<Record>>> + Send {
+    fn lookup_now(&self, scope: &str, key: &str) -> Option<Record> {
         let now = self.inner.clock.now_ms();
         let hash = self.hash(scope, key);
         let shard = self.shard(hash);
-        let found = shard
+        shard
             .find(hash, |e| e.is(scope, key))
             .filter(|e| e.expires_at > now && e.state != State::Released)
             .map(|e| Record {
@@ -361,23 +450,6 @@ impl Store for MemoryStore {
                 lease_remaining: (e.state == State::InProgress).then(|| {
                     Duration::from_millis(e.lease_until.saturating_sub(now).max(0) as u64)
                 }),
-            });
-        ready(Ok(found))
-    }
-
-    fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send {
-        ready(Ok(self.purge_at(self.inner.clock.now_ms())))
-    }
-
-    fn release_in_background(&self, scope: String, key: String, fence: u64) {
-        // In memory, releasing is immediate and cannot block.
-        let _ = self.with_owned(
-            ClaimRef {
-                scope: &scope,
-                key: &key,
-                fence,
-            },
-            |e, _| e.state = State::Released,
-        );
+            })
     }
 }

@@ -3,20 +3,19 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
 
 use crate::error::{Error, Result};
-use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
+use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
 use crate::store::group::{ClaimJob, ClaimReply, CompleteJob, Group};
 use crate::store::schema::Database;
 use crate::store::sql::{
     self, ATTEMPTS, AddColumn, Arg, Columns as _, CurRow, Dialect, DialectStatements, Engine, Next,
     Shared, SqlStoreBuilder, Statements, Types, contention, map_err,
 };
-use crate::store::{Store, TxStore};
+use crate::store::{Operation, Reply, Store, TxStore};
 
 /// All idem migrations, in every schema, take this advisory lock: concurrent `CREATE TABLE IF
 /// NOT EXISTS` statements can otherwise fail on PostgreSQL's catalog indexes.
@@ -143,6 +142,18 @@ impl Dialect for Pg {
             ))
             .into_sql_str(),
         )
+    }
+
+    fn scope_prefix(col: &str) -> String {
+        format!("split_part({col}, ':', 1)")
+    }
+
+    fn fetch_all<'a>(
+        conn: &'a mut PgConnection,
+        sql: &'a SqlStr,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = Result<Vec<PgRow>>> + Send + 'a {
+        sql::fetch_all::<sqlx::Postgres>(conn, sql, args)
     }
 
     fn fetch<'a>(
@@ -324,7 +335,25 @@ impl PgStore {
 }
 
 impl Store for PgStore {
-    async fn begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
+    async fn call(&self, op: Operation<'_>) -> Result<Reply> {
+        match op {
+            Operation::Begin(req) => self.begin_grouped(req).await.map(Reply::Begun),
+            Operation::Complete { claim, response } => self
+                .complete_grouped(claim, response)
+                .await
+                .map(|()| Reply::Done),
+            op => self.inner.call(op).await,
+        }
+    }
+
+    fn release_in_background(&self, scope: String, key: String, fence: u64) {
+        self.inner.release_in_background(scope, key, fence)
+    }
+}
+
+impl PgStore {
+    /// `begin`, batched with others in flight when group commit is on.
+    async fn begin_grouped(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
         // Counted in flight until answered, so that others know to batch with it.
         let entered = self
             .group
@@ -340,7 +369,8 @@ impl Store for PgStore {
         self.begin_on(&mut conn, req).await
     }
 
-    async fn complete(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
+    /// `complete`, batched with others in flight when group commit is on.
+    async fn complete_grouped(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
         let entered = self
             .group
             .as_deref()
@@ -353,8 +383,6 @@ impl Store for PgStore {
         }
         self.inner.complete(claim, response).await
     }
-
-    sql::engine_store_methods!(except complete);
 }
 
 impl PgStore {

@@ -1,8 +1,8 @@
 //! The DDL of the SQL stores' tables, as text a team that owns its migrations can copy.
 //!
 //! [`SqliteStore`](crate::SqliteStore) and [`PgStore`](crate::PgStore) create their records
-//! table, and [`SqliteOutbox`](crate::store::outbox::SqliteOutbox) and
-//! [`PgOutbox`](crate::store::outbox::PgOutbox) their outbox table, from exactly these statements,
+//! table, and [`SqliteOutbox`](crate::outbox::SqliteOutbox) and
+//! [`PgOutbox`](crate::outbox::PgOutbox) their outbox table, from exactly these statements,
 //! each with `IF NOT EXISTS` (or `OR REPLACE`), so running them first changes nothing for the
 //! stores. The constants use the default table names (`idem_records`, `idem_outbox`);
 //! [`records`] and [`outbox`] write the same statements for another table name, which is how
@@ -130,7 +130,7 @@ const PARKED_INDEX: &str = "CREATE INDEX IF NOT EXISTS \"idem_outbox_parked_idx\
 /// PostgreSQL's wake-up for outbox relays: a function that `NOTIFY`s the channel
 /// `idem_outbox_wake` and a trigger that calls it once per inserting statement. A notification
 /// is delivered when the enqueuing transaction commits, never before
-/// ([`PgOutbox::listener`](crate::store::outbox::PgOutbox::listener) listens on it).
+/// ([`PgOutbox::listener`](crate::outbox::PgOutbox::listener) listens on it).
 pub const POSTGRES_OUTBOX_NOTIFY: &[&str] = &[
     "CREATE OR REPLACE FUNCTION \"idem_outbox_notify\"() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_notify('idem_outbox_wake', ''); RETURN NULL; END $$",
     "CREATE OR REPLACE TRIGGER \"idem_outbox_notify\" AFTER INSERT ON \"idem_outbox\" FOR EACH STATEMENT EXECUTE FUNCTION \"idem_outbox_notify\"()",

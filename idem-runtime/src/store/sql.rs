@@ -23,7 +23,10 @@ use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, Record, RecordState, StoredResponse,
 };
 use crate::store::schema::{self, Database};
-use crate::sweeper::{DEFAULT_PURGE_EVERY, Sweeper, spawn_purges};
+use crate::store::sweeper::{DEFAULT_PURGE_EVERY, Sweeper, spawn_purges};
+use crate::store::{
+    ForcedRelease, Operation, RecordInfo, RecordQuery, Reply, StateCounts, StoreStats,
+};
 
 /// The default table name of the SQL stores.
 pub(crate) const DEFAULT_TABLE: &str = "idem_records";
@@ -94,6 +97,17 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
         None
     }
 
+    /// The text of `col` up to its first `:` (all of it when there is none): a scope's prefix,
+    /// as `StoreStats` counts it.
+    fn scope_prefix(col: &str) -> String;
+
+    /// Runs `sql` with `args` on `conn`: every row.
+    fn fetch_all<'a>(
+        conn: &'a mut <Self::Db as sqlx::Database>::Connection,
+        sql: &'a SqlStr,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = Result<Vec<Self::Row>>> + Send + 'a;
+
     /// Runs `sql` with `args` on `conn`: its first row, if any.
     fn fetch<'a>(
         conn: &'a mut <Self::Db as sqlx::Database>::Connection,
@@ -124,6 +138,7 @@ pub(crate) trait Columns {
     fn int8(&self, col: &str) -> Result<i64, sqlx::Error>;
     fn int4(&self, col: &str) -> Result<i32, sqlx::Error>;
     fn opt_int4(&self, col: &str) -> Result<Option<i32>, sqlx::Error>;
+    fn opt_int8(&self, col: &str) -> Result<Option<i64>, sqlx::Error>;
     fn text(&self, col: &str) -> Result<String, sqlx::Error>;
     fn bytes(&self, col: &str) -> Result<Vec<u8>, sqlx::Error>;
     fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, sqlx::Error>;
@@ -147,6 +162,9 @@ where
         self.try_get(col)
     }
     fn opt_int4(&self, col: &str) -> Result<Option<i32>, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn opt_int8(&self, col: &str) -> Result<Option<i64>, sqlx::Error> {
         self.try_get(col)
     }
     fn text(&self, col: &str) -> Result<String, sqlx::Error> {
@@ -192,6 +210,35 @@ where
     q.fetch_optional(&mut *conn).await.map_err(map_err)
 }
 
+/// Runs `sql` with `args` on `conn` and returns every row.
+pub(crate) async fn fetch_all<DB>(
+    conn: &mut DB::Connection,
+    sql: &SqlStr,
+    args: &[Arg<'_>],
+) -> Result<Vec<DB::Row>>
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> &'q [u8]: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> Option<i32>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> bool: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let mut q = sqlx::query::<DB>(sql.clone());
+    for arg in args {
+        q = match *arg {
+            Arg::Text(v) => q.bind(v),
+            Arg::Bytes(v) => q.bind(v),
+            Arg::Int(v) => q.bind(v),
+            Arg::OptInt4(v) => q.bind(v),
+            Arg::Bool(v) => q.bind(v),
+        };
+    }
+    q.fetch_all(&mut *conn).await.map_err(map_err)
+}
+
 fn sql(s: String) -> SqlStr {
     AssertSqlSafe(s).into_sql_str()
 }
@@ -226,7 +273,23 @@ pub(crate) struct Statements {
     checkpoint: SqlStr,
     renew: SqlStr,
     lookup: SqlStr,
+    /// What operators ask ([`crate::store::admin`]).
+    admin: AdminStatements,
     migration: Migration,
+}
+
+/// The statements of the operators' operations; `List` writes its own from its filters.
+pub(crate) struct AdminStatements {
+    /// The columns of a `RecordInfo`, without the recovery point and answer.
+    info_columns: String,
+    /// `FROM` the table.
+    table: String,
+    /// `NOW_MS`, the table's clock in ms.
+    now_ms: &'static str,
+    inspect: SqlStr,
+    force_release: SqlStr,
+    count_expired: SqlStr,
+    stats: SqlStr,
 }
 
 /// How a table is created, and brought up to date when it was created by an earlier version:
@@ -367,6 +430,7 @@ impl Statements {
                  AND expires_at > {now}",
                 D::ms_until("lease_until"),
             )),
+            admin: AdminStatements::new::<D>(&t),
             migration: Migration {
                 create: schema::records(D::DATABASE, table)?
                     .into_iter()
@@ -398,6 +462,127 @@ impl Statements {
             Arg::Int(ms(req.policy.retain)),
         ]
     }
+}
+
+impl AdminStatements {
+    fn new<D: Dialect>(t: &str) -> AdminStatements {
+        let now = D::NOW;
+        let (in_progress, released) = (State::InProgress.as_str(), State::Released.as_str());
+        let info_columns = format!(
+            "scope, key, state, fence, attempt, fingerprint, {} AS now_ms, \
+             {} AS lease_left_ms, {} AS expires_ms",
+            D::NOW_MS,
+            D::ms_until("lease_until"),
+            D::ms_until("expires_at"),
+        );
+        let live = format!("expires_at > {now}");
+        AdminStatements {
+            inspect: sql(format!(
+                "SELECT {info_columns}, recovery_point, response_status, response_error, \
+                 response_body FROM {t} WHERE scope = $1 AND key = $2"
+            )),
+            // The fence moves on, so that the owner that is presumed gone cannot complete,
+            // release or checkpoint over the next attempt if it wakes up.
+            force_release: sql(format!(
+                "UPDATE {t} SET state = '{released}', fence = fence + 1, updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND state = '{in_progress}' AND {live} \
+                 RETURNING fence"
+            )),
+            count_expired: sql(format!(
+                "SELECT count(*) AS n FROM {t} WHERE expires_at <= {now}"
+            )),
+            stats: sql(format!(
+                "SELECT {prefix} AS prefix, state, \
+                 count(*) AS n, \
+                 {oldest} AS oldest_fence, \
+                 sum(CASE WHEN expires_at <= {now} THEN 1 ELSE 0 END) AS expired, \
+                 sum(CASE WHEN {live} AND {until} <= $1 THEN 1 ELSE 0 END) AS expiring, \
+                 max({now_ms}) AS now_ms \
+                 FROM {t} GROUP BY {prefix}, state",
+                prefix = D::scope_prefix("scope"),
+                oldest = format_args!(
+                    "min(CASE WHEN state = '{in_progress}' AND {live} THEN fence END)"
+                ),
+                until = D::ms_until("expires_at"),
+                now_ms = D::NOW_MS,
+            )),
+            info_columns,
+            table: t.to_owned(),
+            now_ms: D::NOW_MS,
+        }
+    }
+
+    /// `List`'s statement and arguments, from its filters.
+    fn list<'q>(&self, query: &'q RecordQuery) -> (SqlStr, Vec<Arg<'q>>) {
+        let mut conditions = Vec::new();
+        let mut args = Vec::new();
+        if let Some(state) = query.state {
+            args.push(Arg::Text(state.as_str()));
+            conditions.push(format!("state = ${}", args.len()));
+        }
+        if let Some(prefix) = query.scope_prefix.as_deref() {
+            args.push(Arg::Text(prefix));
+            // By length, not LIKE: a prefix holding `%` or `_` means itself.
+            conditions.push(format!(
+                "substr(scope, 1, {}) = ${}",
+                prefix.chars().count(),
+                args.len()
+            ));
+        }
+        if let Some(age) = query.older_than {
+            args.push(Arg::Int(ms(age)));
+            conditions.push(format!("fence < {} - ${}", self.now_ms, args.len()));
+        }
+        let filter = if conditions.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE {}", conditions.join(" AND "))
+        };
+        let statement = sql(format!(
+            "SELECT {} FROM {}{filter} ORDER BY fence LIMIT {}",
+            self.info_columns,
+            self.table,
+            query.limit.min(i64::MAX as usize),
+        ));
+        (statement, args)
+    }
+}
+
+/// A `RecordInfo` from a row of `info_columns` (and, when `full`, the recovery point and
+/// answer).
+fn record_info(row: &impl Columns, full: bool) -> Result<RecordInfo> {
+    let state = State::parse(&row.text("state").map_err(map_err)?)?;
+    let fence = fence_from_db(row.int8("fence").map_err(map_err)?)?;
+    let now_ms = row.int8("now_ms").map_err(map_err)?;
+    let completed = state == State::Completed;
+    Ok(RecordInfo {
+        scope: row.text("scope").map_err(map_err)?,
+        key: row.text("key").map_err(map_err)?,
+        state,
+        fence,
+        attempt: u32::try_from(row.int4("attempt").map_err(map_err)?).unwrap_or(1),
+        fingerprint: read_fingerprint(&row.bytes("fingerprint").map_err(map_err)?)?,
+        age: RecordInfo::age_from(fence, now_ms),
+        lease_remaining: (state == State::InProgress)
+            .then(|| row.int8("lease_left_ms").map(RecordInfo::ms_left))
+            .transpose()
+            .map_err(map_err)?,
+        expires_in: RecordInfo::ms_left(row.int8("expires_ms").map_err(map_err)?),
+        recovery_point: if full {
+            row.opt_bytes("recovery_point").map_err(map_err)?
+        } else {
+            None
+        },
+        response: if full && completed {
+            Some(stored_response(
+                row.opt_int4("response_status").map_err(map_err)?,
+                row.boolean("response_error").map_err(map_err)?,
+                row.opt_bytes("response_body").map_err(map_err)?,
+            )?)
+        } else {
+            None
+        },
+    })
 }
 
 /// The columns `begin` reads from an existing record, read the same way in every SQL store.
@@ -681,6 +866,120 @@ impl<D: Dialect> Engine<D> {
         owned(D::fetch(&mut conn, &self.sql.renew, &args).await?, claim)
     }
 
+    /// Every operation but `begin`, where the databases differ and each store answers itself:
+    /// what a SQL store's [`Store::call`](crate::Store::call) hands to its engine.
+    pub(crate) async fn call(&self, op: Operation<'_>) -> Result<Reply> {
+        match op {
+            Operation::Complete { claim, response } => {
+                self.complete(claim, response).await.map(|()| Reply::Done)
+            }
+            Operation::Release(claim) => self.release(claim).await.map(|()| Reply::Done),
+            Operation::Checkpoint {
+                claim,
+                recovery_point,
+                lease,
+            } => self
+                .checkpoint(claim, recovery_point, lease)
+                .await
+                .map(|()| Reply::Done),
+            Operation::Renew { claim, lease } => {
+                self.renew(claim, lease).await.map(|()| Reply::Done)
+            }
+            Operation::Lookup { scope, key } => self.lookup(scope, key).await.map(Reply::Found),
+            Operation::PurgeExpired => self.purge_expired().await.map(Reply::Purged),
+            Operation::PurgeBatch => self.purge_batch().await.map(Reply::Purged),
+            Operation::CountExpired => {
+                let mut conn = self.read_conn().await?;
+                let row = D::fetch(&mut conn, &self.sql.admin.count_expired, &[]).await?;
+                let n = row.map(|r| r.int8("n")).transpose().map_err(map_err)?;
+                Ok(Reply::Counted(
+                    n.map_or(0, |n| u64::try_from(n).unwrap_or(0)),
+                ))
+            }
+            Operation::List(query) => {
+                let (statement, args) = self.sql.admin.list(query);
+                let mut conn = self.read_conn().await?;
+                let rows = D::fetch_all(&mut conn, &statement, &args).await?;
+                rows.iter()
+                    .map(|row| record_info(row, false))
+                    .collect::<Result<_>>()
+                    .map(Reply::Records)
+            }
+            Operation::Inspect { scope, key } => {
+                let found = self.inspect(scope, key).await?;
+                Ok(Reply::Records(found.into_iter().collect()))
+            }
+            Operation::ForceRelease { scope, key } => {
+                let args = [Arg::Text(scope), Arg::Text(key)];
+                let mut conn = self.write_conn().await?;
+                let row = D::fetch(&mut conn, &self.sql.admin.force_release, &args).await?;
+                drop(conn);
+                let done = match row {
+                    Some(row) => ForcedRelease::Released {
+                        fence: fence_from_db(row.int8("fence").map_err(map_err)?)?,
+                    },
+                    // Not released: say why, from the record as it is now.
+                    None => match self.inspect(scope, key).await? {
+                        Some(r) if !r.expires_in.is_zero() => ForcedRelease::NotInProgress(r.state),
+                        _ => ForcedRelease::NotFound,
+                    },
+                };
+                Ok(Reply::ForceReleased(done))
+            }
+            Operation::Stats { expiring_within } => {
+                let args = [Arg::Int(ms(expiring_within))];
+                let mut conn = self.read_conn().await?;
+                let rows = D::fetch_all(&mut conn, &self.sql.admin.stats, &args).await?;
+                let mut stats = StoreStats::default();
+                for row in &rows {
+                    let state = State::parse(&row.text("state").map_err(map_err)?)?;
+                    let count = |col: &str| -> Result<u64> {
+                        // SUM over no rows is NULL; a group has at least one.
+                        let n = row.int8(col).map_err(map_err)?;
+                        Ok(u64::try_from(n).unwrap_or(0))
+                    };
+                    let (n, expired, expiring) =
+                        (count("n")?, count("expired")?, count("expiring")?);
+                    stats.expired += expired;
+                    stats.expiring_soon += expiring;
+                    let live = n - expired.min(n);
+                    stats.states.add(state, live);
+                    if live > 0 {
+                        let prefix = row.text("prefix").map_err(map_err)?;
+                        match stats.by_prefix.iter_mut().find(|(p, _)| *p == prefix) {
+                            Some((_, counts)) => counts.add(state, live),
+                            None => {
+                                let mut counts = StateCounts::default();
+                                counts.add(state, live);
+                                stats.by_prefix.push((prefix, counts));
+                            }
+                        }
+                    }
+                    if let Some(oldest) = row.opt_int8("oldest_fence").map_err(map_err)? {
+                        let age = RecordInfo::age_from(
+                            fence_from_db(oldest)?,
+                            row.int8("now_ms").map_err(map_err)?,
+                        );
+                        stats.oldest_in_progress = stats.oldest_in_progress.max(Some(age));
+                    }
+                }
+                stats.by_prefix.sort_by(|a, b| a.0.cmp(&b.0));
+                Ok(Reply::Stats(Box::new(stats)))
+            }
+            Operation::Begin(_) => Err(Error::Store(
+                "a SQL store answers `begin` itself, not through its engine".into(),
+            )),
+        }
+    }
+
+    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>> {
+        let mut conn = self.read_conn().await?;
+        let args = [Arg::Text(scope), Arg::Text(key)];
+        let row = D::fetch(&mut conn, &self.sql.admin.inspect, &args).await?;
+        row.map(|row| record_info(&row, true).map_err(|e| within(scope, key, e)))
+            .transpose()
+    }
+
     pub(crate) async fn lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
         let mut conn = self.read_conn().await?;
         let row = D::fetch(
@@ -696,21 +995,26 @@ impl<D: Dialect> Engine<D> {
     pub(crate) async fn purge_expired(&self) -> Result<u64> {
         let mut total = 0u64;
         loop {
-            // A connection per batch: on SQLite the writer is one connection, and live claims
-            // and completions take their turn on it between two batches instead of waiting for
-            // the whole purge.
-            let mut conn = self.write_conn().await?;
-            let mut deleted = 0;
-            for stmt in &self.sql.first.purge {
-                if let Some(row) = D::fetch(&mut conn, stmt, &[]).await? {
-                    deleted = row.int8("deleted").map_err(map_err)?;
-                }
-            }
-            total += u64::try_from(deleted).unwrap_or(0);
-            if deleted < D::PURGE_BATCH {
+            let deleted = self.purge_batch().await?;
+            total += deleted;
+            if deleted < D::PURGE_BATCH.unsigned_abs() {
                 return Ok(total);
             }
         }
+    }
+
+    /// One batch of the purge, on a connection of its own: on SQLite the writer is one
+    /// connection, and live claims and completions take their turn on it between two batches
+    /// instead of waiting for the whole purge.
+    async fn purge_batch(&self) -> Result<u64> {
+        let mut conn = self.write_conn().await?;
+        let mut deleted = 0;
+        for stmt in &self.sql.first.purge {
+            if let Some(row) = D::fetch(&mut conn, stmt, &[]).await? {
+                deleted = row.int8("deleted").map_err(map_err)?;
+            }
+        }
+        Ok(u64::try_from(deleted).unwrap_or(0))
     }
 
     /// Releases a dropped claim in the background, on the current Tokio runtime if there is
@@ -897,61 +1201,6 @@ pub(crate) fn contention(scope: &str, key: &str) -> Error {
     )
 }
 
-/// The [`Store`](crate::Store) methods every SQL store hands to its engine (`self.inner`), written
-/// once; each store writes only `begin`, where the databases differ.
-macro_rules! engine_store_methods {
-    () => {
-        fn complete(
-            &self,
-            claim: ClaimRef<'_>,
-            response: &StoredResponse,
-        ) -> impl Future<Output = Result<()>> + Send {
-            self.inner.complete(claim, response)
-        }
-
-        $crate::store::sql::engine_store_methods!(except complete);
-    };
-    (except complete) => {
-        fn release(&self, claim: ClaimRef<'_>) -> impl Future<Output = Result<()>> + Send {
-            self.inner.release(claim)
-        }
-
-        fn checkpoint(
-            &self,
-            claim: ClaimRef<'_>,
-            recovery_point: &[u8],
-            lease: Duration,
-        ) -> impl Future<Output = Result<()>> + Send {
-            self.inner.checkpoint(claim, recovery_point, lease)
-        }
-
-        fn renew(
-            &self,
-            claim: ClaimRef<'_>,
-            lease: Duration,
-        ) -> impl Future<Output = Result<()>> + Send {
-            self.inner.renew(claim, lease)
-        }
-
-        fn lookup(
-            &self,
-            scope: &str,
-            key: &str,
-        ) -> impl Future<Output = Result<Option<Record>>> + Send {
-            self.inner.lookup(scope, key)
-        }
-
-        fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send {
-            self.inner.purge_expired()
-        }
-
-        fn release_in_background(&self, scope: String, key: String, fence: u64) {
-            self.inner.release_in_background(scope, key, fence)
-        }
-    };
-}
-pub(crate) use engine_store_methods;
-
 /// What every SQL store offers the same way, on its engine (`inner`): `Debug`, `builder`, `new`,
 /// `table`, `migrate`, and the transactional methods that need no dialect.
 macro_rules! engine_store_api {
@@ -978,7 +1227,7 @@ macro_rules! engine_store_api {
                 $store::on_engine(
                     Engine::new(pool.clone(), pool, sql::DEFAULT_TABLE)
                         .expect("the default table name is valid")
-                        .start(Some(crate::sweeper::DEFAULT_PURGE_EVERY)),
+                        .start(Some(crate::store::sweeper::DEFAULT_PURGE_EVERY)),
                 )
             }
 

@@ -13,13 +13,13 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
 
 use crate::error::{Error, Result};
-use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
+use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
 use crate::store::schema::Database;
 use crate::store::sql::{
     self, ATTEMPTS, AddColumn, Arg, CurRow, Dialect, DialectStatements, Engine, Next, Shared,
     SqlStoreBuilder, Statements, Types, contention, map_err,
 };
-use crate::store::{Store, TxStore};
+use crate::store::{Operation, Reply, Store, TxStore};
 
 /// The store's clock: milliseconds since the Unix epoch, read by SQLite itself.
 const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
@@ -103,6 +103,20 @@ impl Dialect for Lite {
             alter: AssertSqlSafe(format!("ALTER TABLE {t} ADD COLUMN {column} {definition}"))
                 .into_sql_str(),
         }
+    }
+
+    fn scope_prefix(col: &str) -> String {
+        format!(
+            "CASE WHEN instr({col}, ':') > 0 THEN substr({col}, 1, instr({col}, ':') - 1) ELSE {col} END"
+        )
+    }
+
+    fn fetch_all<'a>(
+        conn: &'a mut SqliteConnection,
+        sql: &'a SqlStr,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = Result<Vec<SqliteRow>>> + Send + 'a {
+        sql::fetch_all::<sqlx::Sqlite>(conn, sql, args)
     }
 
     fn fetch<'a>(
@@ -312,11 +326,16 @@ impl SqliteStore {
 }
 
 impl Store for SqliteStore {
-    fn begin(&self, req: BeginRequest<'_>) -> impl Future<Output = Result<BeginOutcome>> + Send {
-        self.begin_on(None, req)
+    async fn call(&self, op: Operation<'_>) -> Result<Reply> {
+        match op {
+            Operation::Begin(req) => self.begin_on(None, req).await.map(Reply::Begun),
+            op => self.inner.call(op).await,
+        }
     }
 
-    sql::engine_store_methods!();
+    fn release_in_background(&self, scope: String, key: String, fence: u64) {
+        self.inner.release_in_background(scope, key, fence)
+    }
 }
 
 impl SqliteStore {

@@ -69,17 +69,18 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
 use redis::{RedisError, Script, ScriptInvocation, Value};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
+use crate::lifecycle::State;
 use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, ExpiredLease, Record, RecordState,
     StoredResponse,
 };
-use crate::store::Store;
+use crate::store::{ForcedRelease, Operation, RecordInfo, Reply, Store, StoreStats};
 
 #[cfg(test)]
 mod tests;
@@ -98,6 +99,8 @@ struct Scripts {
     checkpoint: Script,
     renew: Script,
     lookup: Script,
+    info: Script,
+    force_release: Script,
 }
 
 /// Each script is the shared prelude followed by its own body. `Script` keeps the SHA1, so the
@@ -115,6 +118,8 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         checkpoint: script!("checkpoint.lua"),
         renew: script!("renew.lua"),
         lookup: script!("lookup.lua"),
+        info: script!("info.lua"),
+        force_release: script!("force_release.lua"),
     }
 });
 
@@ -471,7 +476,252 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl Store for RedisStore {
-    async fn begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
+    async fn call(&self, op: Operation<'_>) -> Result<Reply> {
+        match op {
+            Operation::Begin(req) => self.run_begin(req).await.map(Reply::Begun),
+            Operation::Complete { claim, response } => self
+                .run_complete(claim, response)
+                .await
+                .map(|()| Reply::Done),
+            Operation::Release(claim) => {
+                let mut inv = SCRIPTS.release.prepare_invoke();
+                self.fenced(&mut inv, claim);
+                self.write(claim, &inv).await.map(|()| Reply::Done)
+            }
+            Operation::Checkpoint {
+                claim,
+                recovery_point,
+                lease,
+            } => {
+                let mut inv = SCRIPTS.checkpoint.prepare_invoke();
+                self.fenced(&mut inv, claim)
+                    .arg(recovery_point)
+                    .arg(ms(lease));
+                self.write(claim, &inv).await.map(|()| Reply::Done)
+            }
+            Operation::Renew { claim, lease } => {
+                let mut inv = SCRIPTS.renew.prepare_invoke();
+                self.fenced(&mut inv, claim).arg(ms(lease));
+                self.write(claim, &inv).await.map(|()| Reply::Done)
+            }
+            Operation::Lookup { scope, key } => self.run_lookup(scope, key).await.map(Reply::Found),
+            // Each record is a key with an expiry (`PEXPIREAT`, the end of its retention on the
+            // server's clock), and Redis deletes expired keys by itself: nothing to purge.
+            Operation::PurgeExpired | Operation::PurgeBatch => Ok(Reply::Purged(0)),
+            Operation::CountExpired => Ok(Reply::Counted(0)),
+            Operation::Inspect { scope, key } => {
+                let name = self.record_key(scope, key);
+                let found = self.info(&name, scope, key, true).await?;
+                Ok(Reply::Records(found.into_iter().collect()))
+            }
+            Operation::ForceRelease { scope, key } => {
+                let mut inv = SCRIPTS.force_release.prepare_invoke();
+                inv.key(self.record_key(scope, key)).arg(scope).arg(key);
+                let reply = self.run(&inv).await?;
+                let done = match tag(&reply)? {
+                    1 => ForcedRelease::NotFound,
+                    2 => ForcedRelease::NotInProgress(state_at(&reply, 1)?),
+                    3 => ForcedRelease::Released {
+                        fence: int_at(&reply, 1).and_then(non_negative)?,
+                    },
+                    0 => return Err(not_ours(self, scope, key, &reply)),
+                    other => {
+                        return Err(protocol(format!(
+                            "the force_release script answered tag {other}"
+                        )));
+                    }
+                };
+                Ok(Reply::ForceReleased(done))
+            }
+            Operation::List(query) => {
+                let mut found = Vec::new();
+                for name in self.scan().await? {
+                    if let Some(info) = self.info(&name, "", "", false).await?
+                        && query.matches(&info)
+                    {
+                        found.push(info);
+                    }
+                }
+                found.sort_by_key(|r| r.fence);
+                found.truncate(query.limit);
+                Ok(Reply::Records(found))
+            }
+            Operation::Stats { expiring_within } => {
+                let mut stats = StoreStats::default();
+                for name in self.scan().await? {
+                    if let Some(info) = self.info(&name, "", "", false).await? {
+                        stats.count(&info, expiring_within);
+                    }
+                }
+                Ok(Reply::Stats(Box::new(stats)))
+            }
+        }
+    }
+
+    fn release_in_background(&self, scope: String, key: String, fence: u64) {
+        let store = self.clone();
+        super::spawn_release(scope, key, move |scope, key| async move {
+            let claim = ClaimRef {
+                scope: &scope,
+                key: &key,
+                fence,
+            };
+            store.release(claim).await
+        });
+    }
+}
+
+impl RedisStore {
+    /// The record under the Redis key `name` as an operator sees it; `scope` and `key` empty
+    /// for whatever identity it holds (a key found by a scan).
+    async fn info(
+        &self,
+        name: &str,
+        scope: &str,
+        key: &str,
+        full: bool,
+    ) -> Result<Option<RecordInfo>> {
+        let mut inv = SCRIPTS.info.prepare_invoke();
+        inv.key(name)
+            .arg(scope)
+            .arg(key)
+            .arg(if full { "1" } else { "0" });
+        let reply = self.run(&inv).await?;
+        match tag(&reply)? {
+            1 => Ok(None),
+            2 => {
+                let state = state_at(&reply, 3)?;
+                let fence = int_at(&reply, 4).and_then(non_negative)?;
+                let now = int_at(&reply, 9)?;
+                let text_at = |i| {
+                    String::from_utf8(bytes_at(&reply, i)?)
+                        .map_err(|_| protocol("a scope or key that is not UTF-8"))
+                };
+                Ok(Some(RecordInfo {
+                    scope: text_at(1)?,
+                    key: text_at(2)?,
+                    state,
+                    fence,
+                    attempt: int_at(&reply, 5)
+                        .and_then(non_negative)
+                        .map(|n| u32::try_from(n).unwrap_or(u32::MAX))?,
+                    fingerprint: Fingerprint::from_slice(&bytes_at(&reply, 6)?).ok_or_else(
+                        || protocol("the info script answered a malformed fingerprint"),
+                    )?,
+                    age: RecordInfo::age_from(fence, now),
+                    lease_remaining: (state == State::InProgress)
+                        .then(|| int_at(&reply, 7).map(RecordInfo::ms_left))
+                        .transpose()?,
+                    // A key without an expiry (-1) has none to wait for; Redis deletes the
+                    // others itself when theirs ends.
+                    expires_in: RecordInfo::ms_left(int_at(&reply, 8)?),
+                    recovery_point: opt_bytes_at(&reply, 10)?,
+                    response: if full && state == State::Completed {
+                        Some(response_at(&reply, 11)?)
+                    } else {
+                        None
+                    },
+                }))
+            }
+            0 if scope.is_empty() => Err(Error::Store(
+                format!(
+                    "the Redis key {name} under the store's prefix holds {}, not an idem record",
+                    reply
+                        .get(1)
+                        .and_then(text)
+                        .unwrap_or_else(|| "something unreadable".into())
+                )
+                .into(),
+            )),
+            0 => Err(not_ours(self, scope, key, &reply)),
+            other => Err(protocol(format!("the info script answered tag {other}"))),
+        }
+    }
+
+    /// Every key under the store's prefix, on every primary of a cluster: a scan, for
+    /// operators, never on a request's path.
+    async fn scan(&self) -> Result<Vec<String>> {
+        let pattern = format!("{}*", glob_escape(&self.inner.prefix));
+        let scan = |cursor: &str| {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000);
+            cmd
+        };
+        let mut names = Vec::new();
+        match &self.inner.conn {
+            Conn::Standalone(c) => {
+                let mut cursor = "0".to_owned();
+                loop {
+                    let page: Value = scan(&cursor)
+                        .query_async(&mut c.clone())
+                        .await
+                        .map_err(map_err)?;
+                    cursor = scan_page(page, &mut names)?;
+                    if cursor == "0" {
+                        return Ok(names);
+                    }
+                }
+            }
+            Conn::Cluster(c) => {
+                // The first page from every primary, each answer under its node's address;
+                // then each node's next pages from that node.
+                let first = c
+                    .clone()
+                    .route_command(
+                        scan("0"),
+                        RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+                    )
+                    .await
+                    .map_err(map_err)?;
+                let Value::Map(nodes) = first else {
+                    return Err(protocol(format!(
+                        "SCAN on every primary answered {first:?}"
+                    )));
+                };
+                for (addr, page) in nodes {
+                    let addr =
+                        text(&addr).ok_or_else(|| protocol("a node address that is not text"))?;
+                    let (host, port) = addr
+                        .rsplit_once(':')
+                        .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
+                        .ok_or_else(|| protocol(format!("a node address {addr:?}")))?;
+                    let mut cursor = scan_page(page, &mut names)?;
+                    while cursor != "0" {
+                        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host: host.clone(),
+                            port,
+                        });
+                        let page = c
+                            .clone()
+                            .route_command(scan(&cursor), route)
+                            .await
+                            .map_err(map_err)?;
+                        cursor = scan_page(page, &mut names)?;
+                    }
+                }
+                Ok(names)
+            }
+        }
+    }
+
+    /// The record's key and the claim's scope, key and fence: the first arguments of every
+    /// fenced script.
+    fn fenced<'i>(
+        &self,
+        inv: &'i mut ScriptInvocation<'static>,
+        claim: ClaimRef<'_>,
+    ) -> &'i mut ScriptInvocation<'static> {
+        inv.key(self.record_key(claim.scope, claim.key))
+            .arg(claim.scope)
+            .arg(claim.key)
+            .arg(claim.fence)
+    }
+
+    async fn run_begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
         let name = self.record_key(req.scope, req.key);
         let mut inv = SCRIPTS.begin.prepare_invoke();
         inv.key(&name)
@@ -504,13 +754,9 @@ impl Store for RedisStore {
         }
     }
 
-    async fn complete(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
-        let name = self.record_key(claim.scope, claim.key);
+    async fn run_complete(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
         let mut inv = SCRIPTS.complete.prepare_invoke();
-        inv.key(&name)
-            .arg(claim.scope)
-            .arg(claim.key)
-            .arg(claim.fence)
+        self.fenced(&mut inv, claim)
             .arg(
                 response
                     .status
@@ -521,45 +767,7 @@ impl Store for RedisStore {
         self.write(claim, &inv).await
     }
 
-    async fn release(&self, claim: ClaimRef<'_>) -> Result<()> {
-        let name = self.record_key(claim.scope, claim.key);
-        let mut inv = SCRIPTS.release.prepare_invoke();
-        inv.key(&name)
-            .arg(claim.scope)
-            .arg(claim.key)
-            .arg(claim.fence);
-        self.write(claim, &inv).await
-    }
-
-    async fn checkpoint(
-        &self,
-        claim: ClaimRef<'_>,
-        recovery_point: &[u8],
-        lease: Duration,
-    ) -> Result<()> {
-        let name = self.record_key(claim.scope, claim.key);
-        let mut inv = SCRIPTS.checkpoint.prepare_invoke();
-        inv.key(&name)
-            .arg(claim.scope)
-            .arg(claim.key)
-            .arg(claim.fence)
-            .arg(recovery_point)
-            .arg(ms(lease));
-        self.write(claim, &inv).await
-    }
-
-    async fn renew(&self, claim: ClaimRef<'_>, lease: Duration) -> Result<()> {
-        let name = self.record_key(claim.scope, claim.key);
-        let mut inv = SCRIPTS.renew.prepare_invoke();
-        inv.key(&name)
-            .arg(claim.scope)
-            .arg(claim.key)
-            .arg(claim.fence)
-            .arg(ms(lease));
-        self.write(claim, &inv).await
-    }
-
-    async fn lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
+    async fn run_lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
         let name = self.record_key(scope, key);
         let mut inv = SCRIPTS.lookup.prepare_invoke();
         inv.key(&name).arg(scope).arg(key);
@@ -599,24 +807,6 @@ impl Store for RedisStore {
             other => Err(protocol(format!("the lookup script answered tag {other}"))),
         }
     }
-
-    /// Does nothing and returns 0: each record is a key with an expiry (`PEXPIREAT`, the end of
-    /// its retention on the server's clock), and Redis deletes expired keys by itself.
-    async fn purge_expired(&self) -> Result<u64> {
-        Ok(0)
-    }
-
-    fn release_in_background(&self, scope: String, key: String, fence: u64) {
-        let store = self.clone();
-        super::spawn_release(scope, key, move |scope, key| async move {
-            let claim = ClaimRef {
-                scope: &scope,
-                key: &key,
-                fence,
-            };
-            store.release(claim).await
-        });
-    }
 }
 
 // ---- replies -----------------------------------------------------------------------------------
@@ -627,6 +817,41 @@ fn protocol(what: impl Into<String>) -> Error {
 
 fn tag(reply: &[Value]) -> Result<i64> {
     int_at(reply, 0)
+}
+
+/// A record's state at `i`.
+fn state_at(reply: &[Value], i: usize) -> Result<State> {
+    let text =
+        String::from_utf8(bytes_at(reply, i)?).map_err(|_| protocol("a state that is not text"))?;
+    State::parse(&text)
+}
+
+/// One page of a SCAN, `[cursor, [names]]`: its names added to `names`, and the next cursor.
+fn scan_page(page: Value, names: &mut Vec<String>) -> Result<String> {
+    let Value::Array(mut parts) = page else {
+        return Err(protocol(format!("SCAN answered {page:?}")));
+    };
+    let (Some(Value::Array(found)), Some(cursor)) = (parts.pop(), parts.pop()) else {
+        return Err(protocol(
+            "SCAN answered something other than a cursor and names",
+        ));
+    };
+    for name in found {
+        names.push(text(&name).ok_or_else(|| protocol("a key name that is not text"))?);
+    }
+    text(&cursor).ok_or_else(|| protocol("a SCAN cursor that is not text"))
+}
+
+/// `text` with the characters a SCAN pattern gives a meaning escaped.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 fn int_at(reply: &[Value], i: usize) -> Result<i64> {

@@ -45,8 +45,8 @@
 //! (or `unpark_all`, once the cause is fixed), it is published next in its partition: before
 //! the partition's events still waiting, after the ones sent while it was parked.
 //!
-//! Backends: [`PgOutbox`](crate::store::outbox::PgOutbox) and
-//! [`SqliteOutbox`](crate::store::outbox::SqliteOutbox). Publishers: `JetStreamPublisher`
+//! Backends: [`PgOutbox`] (feature `postgres`) and [`SqliteOutbox`] (feature `sqlite`), in
+//! `outbox/sql.rs`. Publishers: `JetStreamPublisher`
 //! (feature `nats`) and `AmqpPublisher` (feature `amqp`), or any [`Publisher`].
 
 use std::fmt;
@@ -59,6 +59,16 @@ use futures_util::future::join_all;
 use crate::error::{BoxError, Error, Result};
 use crate::guard::{ClaimInfo, downstream_key};
 use crate::key::Key;
+
+mod sql;
+
+pub use sql::DEFAULT_OUTBOX_TABLE;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use sql::PgOutbox;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use sql::SqliteOutbox;
 
 /// The longest topic and partition key an event may have, in bytes: an AMQP routing key is a
 /// short string of at most 255 bytes, and a partition key travels in a header.
@@ -315,7 +325,7 @@ impl<O: OutboxBackend, P: Publisher> Relay<O, P> {
             batch: 64,
             lease: Duration::from_secs(30),
             poll: Duration::from_secs(1),
-            retain_sent: crate::consumer::DEFAULT_RETAIN,
+            retain_sent: crate::record::MESSAGE_RETAIN,
             backoff_max: Duration::from_secs(30),
             park_after: DEFAULT_PARK_AFTER,
         }

@@ -1,0 +1,671 @@
+//! An admin view for the person on call: the records a store holds, one record in full, counts,
+//! and (when turned on) the safe manual release of a claim stuck in progress. A mountable axum
+//! [`Router`]: server-rendered HTML pages (no front-end build, no script) and the same as JSON
+//! under `api/`. Feature `axum`.
+//!
+//! ```no_run
+//! # async fn f() -> idem::Result<()> {
+//! use axum::Router;
+//! use idem::admin::Admin;
+//!
+//! let store = idem::SqliteStore::connect("sqlite://idem.db").await?;
+//! let admin = Admin::new(store).allow_release(true).router();
+//! // Mount it behind the service's own authentication: it has none of its own.
+//! let app: Router = Router::new().nest("/admin", admin);
+//! # Ok(()) }
+//! ```
+//!
+//! **It has no authentication of its own**: it shows every scope and key, stored answers
+//! included, to whoever reaches it. Mount it behind the service's own check of who may operate
+//! it (a middleware on the nested router), or on a port that only operators reach.
+//!
+//! | path | what |
+//! |---|---|
+//! | `GET /` | counts by state and scope prefix, and the records, filtered by `state`, `prefix`, `older_than` (`90s`, `5m`, `2h`, `1d`) and `limit` |
+//! | `GET /record?scope=…&key=…` | one record in full: fence, attempt, lease, fingerprint, recovery point, stored answer |
+//! | `POST /release` (form: `scope`, `key`) | releases a claim in progress; `403` unless [`Admin::allow_release`] |
+//! | `GET /api/records`, `/api/record`, `/api/stats` | the same as JSON |
+//! | `POST /api/release` (JSON: `scope`, `key`) | the same as JSON |
+//!
+//! A release is [`Operation::ForceRelease`](crate::store::Operation::ForceRelease): the fence
+//! moves on, so an owner presumed gone that wakes up cannot complete over the retry.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Form, OriginalUri, Query, State as Shared};
+use axum::http::{StatusCode, Uri, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use crate::error::Error;
+use crate::lifecycle::State;
+use crate::store::{ForcedRelease, RecordInfo, RecordQuery, Store, StoreAdmin, StoreStats};
+
+/// The most bytes of a stored answer or recovery point a page shows.
+const SHOWN_BYTES: usize = 4096;
+
+/// What "expiring soon" means on the overview.
+const EXPIRING_WITHIN: Duration = Duration::from_secs(60 * 60);
+
+/// The admin view of a store; [`Admin::router`] makes it a router to mount.
+#[derive(Debug, Clone)]
+pub struct Admin<S> {
+    store: S,
+    allow_release: bool,
+}
+
+impl<S: Store + Clone> Admin<S> {
+    /// A read-only view of `store`.
+    pub fn new(store: S) -> Self {
+        Admin {
+            store,
+            allow_release: false,
+        }
+    }
+
+    /// Whether claims in progress may be released from the view (default `false`: read-only).
+    pub fn allow_release(mut self, allow: bool) -> Self {
+        self.allow_release = allow;
+        self
+    }
+
+    /// The router, to mount with `Router::nest`; its links follow where it is mounted.
+    pub fn router(self) -> Router {
+        let shared = Arc::new(self);
+        Router::new()
+            .route("/", get(overview::<S>))
+            .route("/record", get(record_page::<S>))
+            .route("/release", post(release_form::<S>))
+            .route("/api/records", get(api_records::<S>))
+            .route("/api/record", get(api_record::<S>))
+            .route("/api/stats", get(api_stats::<S>))
+            .route("/api/release", post(api_release::<S>))
+            .with_state(shared)
+    }
+}
+
+type Params = Query<HashMap<String, String>>;
+
+/// Where the router is mounted: the original path less the part the router saw.
+fn base(original: &Uri, seen: &Uri) -> String {
+    let full = original.path();
+    let tail = seen.path();
+    let base = if tail == "/" {
+        full.trim_end_matches('/')
+    } else {
+        full.strip_suffix(tail).unwrap_or("")
+    };
+    base.to_owned()
+}
+
+/// `90s`, `5m`, `2h`, `1d`, or a number of seconds: how old a record must be to be listed.
+pub fn parse_age(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (digits, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not an age: write 90s, 5m, 2h or 1d"))?;
+    let secs = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{text:?} is not an age: write 90s, 5m, 2h or 1d")),
+    };
+    n.checked_mul(secs)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{text:?} is too long an age"))
+}
+
+/// The query of the record list, from `state`, `prefix`, `older_than` and `limit`.
+fn query_of(params: &HashMap<String, String>) -> Result<RecordQuery, String> {
+    let mut query = RecordQuery::new();
+    if let Some(state) = params.get("state").filter(|s| !s.is_empty()) {
+        query = query.state(State::parse(state).map_err(|_| {
+            format!("{state:?} is not a state: in_progress, completed or released")
+        })?);
+    }
+    if let Some(prefix) = params.get("prefix").filter(|s| !s.is_empty()) {
+        query = query.scope_prefix(prefix.clone());
+    }
+    if let Some(age) = params.get("older_than").filter(|s| !s.is_empty()) {
+        query = query.older_than(parse_age(age)?);
+    }
+    if let Some(limit) = params.get("limit").filter(|s| !s.is_empty()) {
+        let limit: usize = limit
+            .parse()
+            .ok()
+            .filter(|n| (1..=10_000).contains(n))
+            .ok_or_else(|| format!("{limit:?} is not a limit between 1 and 10000"))?;
+        query = query.limit(limit);
+    }
+    Ok(query)
+}
+
+fn identity(params: &HashMap<String, String>) -> Result<(&str, &str), String> {
+    match (params.get("scope"), params.get("key")) {
+        (Some(scope), Some(key)) => Ok((scope, key)),
+        _ => Err("name the record with `scope` and `key`".to_owned()),
+    }
+}
+
+// ---- JSON ---------------------------------------------------------------------------------------
+
+fn record_json(r: &RecordInfo) -> Value {
+    let mut v = json!({
+        "scope": r.scope,
+        "key": r.key,
+        "state": r.state.as_str(),
+        "fence": r.fence,
+        "attempt": r.attempt,
+        "fingerprint": r.fingerprint.to_string(),
+        "age_ms": millis(r.age),
+        "lease_remaining_ms": r.lease_remaining.map(millis),
+        "expires_in_ms": millis(r.expires_in),
+    });
+    if let Some(point) = &r.recovery_point {
+        v["recovery_point"] = text_or_hex(point);
+    }
+    if let Some(answer) = &r.response {
+        v["response"] = json!({
+            "status": answer.status,
+            "is_error": answer.is_error,
+            "body": text_or_hex(&answer.body),
+        });
+    }
+    v
+}
+
+fn stats_json(s: &StoreStats) -> Value {
+    let counts = |c: &crate::store::StateCounts| json!({"in_progress": c.in_progress, "completed": c.completed, "released": c.released});
+    json!({
+        "states": counts(&s.states),
+        "expired": s.expired,
+        "oldest_in_progress_ms": s.oldest_in_progress.map(millis),
+        "expiring_soon": s.expiring_soon,
+        "by_prefix": s.by_prefix.iter().map(|(p, c)| json!({"prefix": p, "counts": counts(c)})).collect::<Vec<_>>(),
+    })
+}
+
+fn release_json(done: ForcedRelease) -> Value {
+    match done {
+        ForcedRelease::Released { fence } => json!({"released": true, "fence": fence}),
+        ForcedRelease::NotInProgress(state) => {
+            json!({"released": false, "reason": "not_in_progress", "state": state.as_str()})
+        }
+        ForcedRelease::NotFound => json!({"released": false, "reason": "not_found"}),
+        #[allow(unreachable_patterns)]
+        _ => json!({"released": false}),
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Bytes as text when they are UTF-8, else as `{"hex": …}`.
+fn text_or_hex(bytes: &[u8]) -> Value {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => Value::String(text.to_owned()),
+        Err(_) => json!({ "hex": hex(bytes) }),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// A JSON error: the store's errors with their status, a bad query as 400.
+fn json_error(status: StatusCode, code: &str, detail: &str) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/problem+json")],
+        json!({"type": "about:blank", "status": status.as_u16(), "code": code, "detail": detail})
+            .to_string(),
+    )
+        .into_response()
+}
+
+fn store_error_json(e: &Error) -> Response {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    tracing::warn!(target: "idem", error = %e, "the admin view could not read the store");
+    json_error(status, e.code(), &e.to_string())
+}
+
+async fn api_records<S: Store + Clone>(
+    Shared(admin): Shared<Arc<Admin<S>>>,
+    Query(params): Params,
+) -> Response {
+    let query = match query_of(&params) {
+        Ok(q) => q,
+        Err(why) => return json_error(StatusCode::BAD_REQUEST, "INVALID_QUERY", &why),
+    };
+    match admin.store.list(&query).await {
+        Ok(found) => {
+            axum::Json(json!({ "records": found.iter().map(record_json).collect::<Vec<_>>() }))
+                .into_response()
+        }
+        Err(e) => store_error_json(&e),
+    }
+}
+
+async fn api_record<S: Store + Clone>(
+    Shared(admin): Shared<Arc<Admin<S>>>,
+    Query(params): Params,
+) -> Response {
+    let (scope, key) = match identity(&params) {
+        Ok(id) => id,
+        Err(why) => return json_error(StatusCode::BAD_REQUEST, "INVALID_QUERY", &why),
+    };
+    match admin.store.inspect(scope, key).await {
+        Ok(Some(record)) => axum::Json(record_json(&record)).into_response(),
+        Ok(None) => json_error(
+            StatusCode::NOT_FOUND,
+            "RECORD_NOT_FOUND",
+            "no record with this scope and key",
+        ),
+        Err(e) => store_error_json(&e),
+    }
+}
+
+async fn api_stats<S: Store + Clone>(
+    Shared(admin): Shared<Arc<Admin<S>>>,
+    Query(params): Params,
+) -> Response {
+    let within = match params
+        .get("expiring_within")
+        .map(|w| parse_age(w))
+        .transpose()
+    {
+        Ok(w) => w.unwrap_or(EXPIRING_WITHIN),
+        Err(why) => return json_error(StatusCode::BAD_REQUEST, "INVALID_QUERY", &why),
+    };
+    match admin.store.stats(within).await {
+        Ok(stats) => axum::Json(stats_json(&stats)).into_response(),
+        Err(e) => store_error_json(&e),
+    }
+}
+
+/// The body of a release: which record.
+#[derive(Debug, serde::Deserialize)]
+struct ReleaseRequest {
+    scope: String,
+    key: String,
+}
+
+const READ_ONLY: &str =
+    "this admin view is read-only: releasing is turned off (Admin::allow_release)";
+
+async fn api_release<S: Store + Clone>(
+    Shared(admin): Shared<Arc<Admin<S>>>,
+    axum::Json(req): axum::Json<ReleaseRequest>,
+) -> Response {
+    if !admin.allow_release {
+        return json_error(StatusCode::FORBIDDEN, "ADMIN_READ_ONLY", READ_ONLY);
+    }
+    match admin.store.force_release(&req.scope, &req.key).await {
+        Ok(done) => {
+            log_release(&req, done);
+            axum::Json(release_json(done)).into_response()
+        }
+        Err(e) => store_error_json(&e),
+    }
+}
+
+fn log_release(req: &ReleaseRequest, done: ForcedRelease) {
+    tracing::warn!(target: "idem", scope = %req.scope, key = %req.key, outcome = ?done, "a claim was released by hand from the admin view");
+}
+
+// ---- HTML ---------------------------------------------------------------------------------------
+
+/// `text` escaped for HTML text and attribute values.
+fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `text` escaped for a URL's query.
+fn url(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+fn page(title: &str, base: &str, body: &str) -> Html<String> {
+    Html(format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title} · idem admin</title>\
+         <style>body{{font:14px system-ui,sans-serif;margin:2em;color:#222}}table{{border-collapse:collapse}}\
+         td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}}\
+         th{{background:#f4f4f4}}pre{{background:#f8f8f8;padding:8px;white-space:pre-wrap;word-break:break-all}}\
+         .in_progress{{color:#a60}}.completed{{color:#070}}.released{{color:#777}}.note{{background:#efe;padding:8px}}\
+         .error{{background:#fee;padding:8px}}</style></head><body>\
+         <p><a href=\"{root}\">records</a> · <a href=\"{base}/api/stats\">stats (JSON)</a></p>\
+         <h1>{title}</h1>{body}</body></html>",
+        title = esc(title),
+        root = esc(&root(base)),
+        base = esc(base),
+    ))
+}
+
+/// The overview's address: the mount point itself (axum's `nest` does not answer it with a
+/// trailing slash).
+fn root(base: &str) -> String {
+    if base.is_empty() {
+        "/".to_owned()
+    } else {
+        base.to_owned()
+    }
+}
+
+fn error_page(status: StatusCode, base: &str, message: &str) -> Response {
+    (
+        status,
+        page(
+            "Error",
+            base,
+            &format!("<p class=\"error\">{}</p>", esc(message)),
+        ),
+    )
+        .into_response()
+}
+
+fn age(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m {}s", s / 60, s % 60),
+        3600..86_400 => format!("{}h {}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d {}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+fn shown(bytes: &[u8]) -> String {
+    let cut = &bytes[..bytes.len().min(SHOWN_BYTES)];
+    let more = if bytes.len() > SHOWN_BYTES {
+        format!(
+            "\n… {} more bytes (the whole answer: api/record)",
+            bytes.len() - SHOWN_BYTES
+        )
+    } else {
+        String::new()
+    };
+    match std::str::from_utf8(cut) {
+        Ok(text) => format!("{}{}", esc(text), esc(&more)),
+        Err(_) => format!("hex: {}{}", hex(cut), esc(&more)),
+    }
+}
+
+fn record_link(base: &str, r: &RecordInfo) -> String {
+    format!(
+        "{}/record?scope={}&amp;key={}",
+        esc(base),
+        url(&r.scope),
+        url(&r.key)
+    )
+}
+
+async fn overview<S: Store + Clone>(
+    Shared(admin): Shared<Arc<Admin<S>>>,
+    OriginalUri(original): OriginalUri,
+    seen: Uri,
+    Query(params): Params,
+) -> Response {
+    let base = base(&original, &seen);
+    let query = match query_of(&params) {
+        Ok(q) => q,
+        Err(why) => return error_page(StatusCode::BAD_REQUEST, &base, &why),
+    };
+    let (stats, found) = match (
+        admin.store.stats(EXPIRING_WITHIN).await,
+        admin.store.list(&query).await,
+    ) {
+        (Ok(s), Ok(f)) => (s, f),
+        (Err(e), _) | (_, Err(e)) => {
+            let status =
+                StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            return error_page(status, &base, &e.to_string());
+        }
+    };
+    let mut body = String::new();
+    let _ = write!(
+        body,
+        "<table id=\"stats\"><tr><th>in progress</th><th>completed</th><th>released</th><th>expired, to purge</th>\
+         <th>oldest claim in progress</th><th>expiring within an hour</th></tr>\
+         <tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr></table>",
+        stats.states.in_progress,
+        stats.states.completed,
+        stats.states.released,
+        stats.expired,
+        stats
+            .oldest_in_progress
+            .map(age)
+            .unwrap_or_else(|| "none".into()),
+        stats.expiring_soon,
+    );
+    body.push_str("<h2>By scope prefix</h2><table id=\"prefixes\"><tr><th>prefix</th><th>in progress</th><th>completed</th><th>released</th></tr>");
+    for (prefix, c) in &stats.by_prefix {
+        let _ = write!(
+            body,
+            "<tr><td><a href=\"{root}?prefix={p}\">{name}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            c.in_progress,
+            c.completed,
+            c.released,
+            root = esc(&root(&base)),
+            p = url(prefix),
+            name = esc(prefix),
+        );
+    }
+    body.push_str("</table>");
+    let value = |name: &str| esc(params.get(name).map(String::as_str).unwrap_or(""));
+    let selected = |state: &str| {
+        if params.get("state").map(String::as_str) == Some(state) {
+            " selected"
+        } else {
+            ""
+        }
+    };
+    let _ = write!(
+        body,
+        "<h2>Records</h2><form method=\"get\" action=\"{root}\">\
+         state <select name=\"state\"><option value=\"\">any</option>\
+         <option{}>in_progress</option><option{}>completed</option><option{}>released</option></select> \
+         scope prefix <input name=\"prefix\" value=\"{}\"> \
+         older than <input name=\"older_than\" size=\"5\" placeholder=\"5m\" value=\"{}\"> \
+         limit <input name=\"limit\" size=\"5\" value=\"{}\"> <button>filter</button></form>",
+        selected("in_progress"),
+        selected("completed"),
+        selected("released"),
+        value("prefix"),
+        value("older_than"),
+        value("limit"),
+        root = esc(&root(&base)),
+    );
+    body.push_str(
+        "<table id=\"records\"><tr><th>scope</th><th>key</th><th>state</th><th>fence</th><th>attempt</th>\
+         <th>age</th><th>lease left</th><th>expires in</th></tr>",
+    );
+    for r in &found {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td><a href=\"{}\">{}</a></td><td class=\"{state}\">{state}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&r.scope),
+            record_link(&base, r),
+            esc(&r.key),
+            r.fence,
+            r.attempt,
+            age(r.age),
+            r.lease_remaining.map(age).unwrap_or_default(),
+            if r.expires_in.is_zero() {
+                "expired".into()
+            } else {
+                age(r.expires_in)
+            },
+            state = r.state.as_str(),
+        );
+    }
+    body.push_str("</table>");
+    if found.len() == query.limit {
+        let _ = write!(
+            body,
+            "<p>The first {} records; narrow the filter or raise the limit.</p>",
+            query.limit
+        );
+    }
+    page("Idempotency records", &base, &body).into_response()
+}
+
+async fn record_page<S: Store + Clone>(
+    Shared(admin): Shared<Arc<Admin<S>>>,
+    OriginalUri(original): OriginalUri,
+    seen: Uri,
+    Query(params): Params,
+) -> Response {
+    let base = base(&original, &seen);
+    let (scope, key) = match identity(&params) {
+        Ok(id) => id,
+        Err(why) => return error_page(StatusCode::BAD_REQUEST, &base, &why),
+    };
+    let r = match admin.store.inspect(scope, key).await {
+        Ok(Some(r)) => r,
+        Ok(None) => {
+            return error_page(
+                StatusCode::NOT_FOUND,
+                &base,
+                "No record with this scope and key (never claimed, or purged).",
+            );
+        }
+        Err(e) => {
+            let status =
+                StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            return error_page(status, &base, &e.to_string());
+        }
+    };
+    let mut body = String::new();
+    if let Some(note) = params.get("released") {
+        let _ = write!(body, "<p class=\"note\" id=\"notice\">{}</p>", esc(note));
+    }
+    let _ = write!(
+        body,
+        "<table id=\"record\"><tr><th>scope</th><td>{}</td></tr><tr><th>key</th><td>{}</td></tr>\
+         <tr><th>state</th><td id=\"state\" class=\"{state}\">{state}</td></tr><tr><th>fence</th><td id=\"fence\">{}</td></tr>\
+         <tr><th>attempt</th><td>{}</td></tr><tr><th>age</th><td>{}</td></tr>\
+         <tr><th>lease left</th><td>{}</td></tr><tr><th>expires in</th><td>{}</td></tr>\
+         <tr><th>fingerprint</th><td><code>{}</code></td></tr></table>",
+        esc(&r.scope),
+        esc(&r.key),
+        r.fence,
+        r.attempt,
+        age(r.age),
+        r.lease_remaining.map(age).unwrap_or_else(|| "–".into()),
+        if r.expires_in.is_zero() {
+            "expired".into()
+        } else {
+            age(r.expires_in)
+        },
+        r.fingerprint,
+        state = r.state.as_str(),
+    );
+    if let Some(point) = &r.recovery_point {
+        let _ = write!(body, "<h2>Recovery point</h2><pre>{}</pre>", shown(point));
+    }
+    if let Some(answer) = &r.response {
+        let _ = write!(
+            body,
+            "<h2>Stored answer</h2><p>status {}{}</p><pre id=\"answer\">{}</pre>",
+            answer
+                .status
+                .map_or_else(|| "none".to_owned(), |s| s.to_string()),
+            if answer.is_error {
+                ", a final error"
+            } else {
+                ""
+            },
+            shown(&answer.body),
+        );
+    }
+    if r.state == State::InProgress {
+        if admin.allow_release {
+            let _ = write!(
+                body,
+                "<h2>Release</h2><p>If the process that holds this claim is gone (crashed, killed), \
+                 releasing lets the next request with this key run at once. Its fence moves on: should \
+                 the process still be running, it can no longer complete over the retry.</p>\
+                 <form method=\"post\" action=\"{}/release\"><input type=\"hidden\" name=\"scope\" value=\"{}\">\
+                 <input type=\"hidden\" name=\"key\" value=\"{}\"><button id=\"release\">Release this claim</button></form>",
+                esc(&base),
+                esc(&r.scope),
+                esc(&r.key),
+            );
+        } else {
+            body.push_str("<p>This view is read-only: releasing is turned off.</p>");
+        }
+    }
+    page("Record", &base, &body).into_response()
+}
+
+async fn release_form<S: Store + Clone>(
+    Shared(admin): Shared<Arc<Admin<S>>>,
+    OriginalUri(original): OriginalUri,
+    seen: Uri,
+    Form(req): Form<ReleaseRequest>,
+) -> Response {
+    let base = base(&original, &seen);
+    if !admin.allow_release {
+        return error_page(StatusCode::FORBIDDEN, &base, READ_ONLY);
+    }
+    let note = match admin.store.force_release(&req.scope, &req.key).await {
+        Ok(done) => {
+            log_release(&req, done);
+            match done {
+                ForcedRelease::Released { fence } => format!("Released; the fence is now {fence}."),
+                ForcedRelease::NotInProgress(state) => {
+                    format!("Nothing released: the record is {}.", state.as_str())
+                }
+                _ => "Nothing released: no such record.".to_owned(),
+            }
+        }
+        Err(e) => {
+            let status =
+                StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            return error_page(status, &base, &e.to_string());
+        }
+    };
+    // After a POST, a GET: reloading the page does not release again.
+    Redirect::to(&format!(
+        "{base}/record?scope={}&key={}&released={}",
+        url(&req.scope),
+        url(&req.key),
+        url(&note)
+    ))
+    .into_response()
+}

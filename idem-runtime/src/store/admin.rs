@@ -1,0 +1,222 @@
+//! What the person on call asks a store: which records it holds, one record in full, a safe
+//! manual release of a stuck claim, and counts. The `idem` command-line tool and the admin view
+//! are built on these operations ([`Operation::List`](super::Operation::List) and the ones after
+//! it); the test kit checks them on every store, a store written elsewhere included.
+//!
+//! Times are read on the store's own clock, as leases are. A record's age is counted from its
+//! first claim, whose fence is the store's clock in milliseconds at that moment (every claim
+//! after it adds one), so every store answers it the same way.
+
+use std::time::Duration;
+
+use crate::fingerprint::Fingerprint;
+use crate::lifecycle::State;
+use crate::record::StoredResponse;
+
+/// Which records [`Operation::List`](super::Operation::List) returns: all filters hold at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecordQuery {
+    /// Only records in this state.
+    pub state: Option<State>,
+    /// Only records whose scope starts with this text.
+    pub scope_prefix: Option<String>,
+    /// Only records first claimed longer ago than this.
+    pub older_than: Option<Duration>,
+    /// At most this many records, oldest first (default 100).
+    pub limit: usize,
+}
+
+impl Default for RecordQuery {
+    fn default() -> Self {
+        RecordQuery {
+            state: None,
+            scope_prefix: None,
+            older_than: None,
+            limit: 100,
+        }
+    }
+}
+
+impl RecordQuery {
+    /// Every record, at most 100.
+    pub fn new() -> Self {
+        RecordQuery::default()
+    }
+
+    /// Only records in `state`.
+    pub fn state(mut self, state: State) -> Self {
+        self.state = Some(state);
+        self
+    }
+
+    /// Only records whose scope starts with `prefix`.
+    pub fn scope_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.scope_prefix = Some(prefix.into());
+        self
+    }
+
+    /// Only records first claimed longer ago than `age`.
+    pub fn older_than(mut self, age: Duration) -> Self {
+        self.older_than = Some(age);
+        self
+    }
+
+    /// At most `limit` records.
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// Whether `record` passes every filter: what stores that cannot filter as they read use.
+    pub fn matches(&self, record: &RecordInfo) -> bool {
+        self.state.is_none_or(|s| s == record.state)
+            && self
+                .scope_prefix
+                .as_deref()
+                .is_none_or(|p| record.scope.starts_with(p))
+            && self.older_than.is_none_or(|age| record.age > age)
+    }
+}
+
+/// One record as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecordInfo {
+    /// The rendered scope.
+    pub scope: String,
+    /// The key.
+    pub key: String,
+    /// Its state. A record whose retention ended and that is not purged yet keeps its last
+    /// state and has `expires_in` zero.
+    pub state: State,
+    /// The fence of its current (or last) claim.
+    pub fence: u64,
+    /// Which attempt of the request holds (or last held) it: 1 for the first.
+    pub attempt: u32,
+    /// The request's fingerprint.
+    pub fingerprint: Fingerprint,
+    /// How long ago it was first claimed.
+    pub age: Duration,
+    /// For a claim in progress, what is left of its lease (zero once it ran out: the next
+    /// request takes it over).
+    pub lease_remaining: Option<Duration>,
+    /// How long until its retention ends and it may be purged; zero once it has.
+    pub expires_in: Duration,
+    /// How far the attempt got, if it checkpointed. Only
+    /// [`Operation::Inspect`](super::Operation::Inspect) reads it.
+    pub recovery_point: Option<Vec<u8>>,
+    /// The stored answer of a completed record. Only
+    /// [`Operation::Inspect`](super::Operation::Inspect) reads it.
+    pub response: Option<StoredResponse>,
+}
+
+impl RecordInfo {
+    /// The record's age from its fence and the store's clock, both in milliseconds.
+    pub fn age_from(fence: u64, now_ms: i64) -> Duration {
+        Duration::from_millis(u64::try_from(now_ms).unwrap_or(0).saturating_sub(fence))
+    }
+
+    /// A duration from milliseconds that may have run negative: zero then.
+    pub fn ms_left(ms: i64) -> Duration {
+        Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+    }
+}
+
+/// What [`Operation::ForceRelease`](super::Operation::ForceRelease) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ForcedRelease {
+    /// The claim in progress was released and its fence moved on to `fence`: the next request
+    /// with this key claims and runs, and the previous owner, if it is still running, can no
+    /// longer complete, release or checkpoint ([`Error::FenceLost`](crate::Error::FenceLost)).
+    Released {
+        /// The record's fence now.
+        fence: u64,
+    },
+    /// The record is not in progress (completed or released already): nothing changed.
+    NotInProgress(State),
+    /// No such record (never claimed, or its retention ended): nothing changed.
+    NotFound,
+}
+
+/// Counts of records by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StateCounts {
+    /// Claims in progress (live or with a lease run out).
+    pub in_progress: u64,
+    /// Completed records.
+    pub completed: u64,
+    /// Released records.
+    pub released: u64,
+}
+
+impl StateCounts {
+    /// Counts one more record in `state`.
+    pub fn add(&mut self, state: State, n: u64) {
+        match state {
+            State::InProgress => self.in_progress += n,
+            State::Completed => self.completed += n,
+            State::Released => self.released += n,
+        }
+    }
+
+    /// All records counted.
+    pub fn total(&self) -> u64 {
+        self.in_progress + self.completed + self.released
+    }
+}
+
+/// What [`Operation::Stats`](super::Operation::Stats) answers: a store at a glance. Records
+/// whose retention ended are counted only in `expired`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreStats {
+    /// Live records by state.
+    pub states: StateCounts,
+    /// Records whose retention ended, waiting for the purge.
+    pub expired: u64,
+    /// The age of the oldest live claim in progress: a large one is a claim stuck since a
+    /// crash (see [`ForcedRelease`]).
+    pub oldest_in_progress: Option<Duration>,
+    /// Live records whose retention ends within the window asked for.
+    pub expiring_soon: u64,
+    /// Live records by scope prefix (the scope up to its first `:`, the whole scope when it has
+    /// none), sorted by prefix.
+    pub by_prefix: Vec<(String, StateCounts)>,
+}
+
+impl StoreStats {
+    /// The prefix a scope is counted under: up to its first `:`.
+    pub fn prefix_of(scope: &str) -> &str {
+        scope.split(':').next().unwrap_or(scope)
+    }
+
+    /// Counts one live record: what stores that count as they read use.
+    pub fn count(&mut self, record: &RecordInfo, expiring_within: Duration) {
+        if record.expires_in.is_zero() {
+            self.expired += 1;
+            return;
+        }
+        self.states.add(record.state, 1);
+        if record.state == State::InProgress {
+            self.oldest_in_progress = self.oldest_in_progress.max(Some(record.age));
+        }
+        if record.expires_in <= expiring_within {
+            self.expiring_soon += 1;
+        }
+        let prefix = StoreStats::prefix_of(&record.scope);
+        match self
+            .by_prefix
+            .binary_search_by(|(p, _)| p.as_str().cmp(prefix))
+        {
+            Ok(i) => self.by_prefix[i].1.add(record.state, 1),
+            Err(i) => {
+                let mut counts = StateCounts::default();
+                counts.add(record.state, 1);
+                self.by_prefix.insert(i, (prefix.to_owned(), counts));
+            }
+        }
+    }
+}

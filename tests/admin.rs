@@ -1,0 +1,482 @@
+//! The admin view (`idem::admin`): its pages and JSON through the router, and in a real headless
+//! Chromium driven through ChromeDriver, where a stuck claim is released by clicking its button.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use idem::admin::Admin;
+use idem::{
+    BeginOutcome, BeginRequest, ClaimRef, Claimed, Error, Fingerprint, Key, MemoryStore, Policy,
+    SqliteStore, Store, StoredResponse,
+};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+async fn claim<S: Store>(store: &S, scope: &str, key: &str) -> Claimed {
+    let k = Key::parse(key).unwrap();
+    let fp = Fingerprint::of(key).unwrap();
+    let req = BeginRequest {
+        scope,
+        key: k.as_str(),
+        fingerprint: &fp,
+        policy: &Policy::DEFAULT,
+    };
+    match store.begin(req).await.unwrap() {
+        BeginOutcome::Claimed(c) => c,
+        other => panic!("a fresh key is claimed: {other:?}"),
+    }
+}
+
+/// A claim left in progress (its owner "crashed"), a completed record and a scope that would
+/// break a page that did not escape it.
+async fn records<S: Store>(store: &S) -> Claimed {
+    let stuck = claim(store, "refund:ORD-1", "k-stuck").await;
+    let done = claim(store, "refund:ORD-2", "k-done").await;
+    let answer = StoredResponse {
+        status: Some(201),
+        ..StoredResponse::ok(&br#"{"refundId":"R-2"}"#[..])
+    };
+    store
+        .complete(
+            ClaimRef {
+                scope: "refund:ORD-2",
+                key: "k-done",
+                fence: done.fence,
+            },
+            &answer,
+        )
+        .await
+        .unwrap();
+    claim(store, "order:<script>alert(1)</script>", "k-x").await;
+    stuck
+}
+
+async fn send(app: &Router, req: Request<Body>) -> (StatusCode, String, Option<String>) {
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let location = resp
+        .headers()
+        .get(header::LOCATION)
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, String::from_utf8(body.to_vec()).unwrap(), location)
+}
+
+fn get(uri: &str) -> Request<Body> {
+    Request::get(uri).body(Body::empty()).unwrap()
+}
+
+#[tokio::test]
+async fn the_json_api_lists_inspects_counts_and_releases() {
+    let store = MemoryStore::new();
+    let stuck = records(&store).await;
+    let app = Router::new().nest(
+        "/admin",
+        Admin::new(store.clone()).allow_release(true).router(),
+    );
+
+    let (status, body, _) = send(
+        &app,
+        get("/admin/api/records?state=in_progress&prefix=refund:"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let listed: Value = serde_json::from_str(&body).unwrap();
+    let keys: Vec<&str> = listed["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["k-stuck"]);
+
+    let (status, body, _) =
+        send(&app, get("/admin/api/record?scope=refund:ORD-2&key=k-done")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let record: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(record["state"], "completed");
+    assert_eq!(
+        record["response"],
+        json!({"status": 201, "is_error": false, "body": r#"{"refundId":"R-2"}"#})
+    );
+
+    let (status, body, _) = send(&app, get("/admin/api/stats")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let stats: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        stats["states"],
+        json!({"in_progress": 2, "completed": 1, "released": 0})
+    );
+
+    let release = Request::post("/admin/api/release")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(r#"{"scope":"refund:ORD-1","key":"k-stuck"}"#))
+        .unwrap();
+    let (status, body, _) = send(&app, release).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let released: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(released["released"], true);
+    assert!(released["fence"].as_u64().unwrap() > stuck.fence);
+    let late = store
+        .complete(
+            ClaimRef {
+                scope: "refund:ORD-1",
+                key: "k-stuck",
+                fence: stuck.fence,
+            },
+            &StoredResponse::ok(&b"late"[..]),
+        )
+        .await;
+    assert!(matches!(late, Err(Error::FenceLost { .. })), "{late:?}");
+
+    // Releasing again changes nothing and says why.
+    let again = Request::post("/admin/api/release")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(r#"{"scope":"refund:ORD-1","key":"k-stuck"}"#))
+        .unwrap();
+    let (_, body, _) = send(&app, again).await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap(),
+        json!({"released": false, "reason": "not_in_progress", "state": "released"})
+    );
+}
+
+#[tokio::test]
+async fn bad_queries_are_400_unknown_records_404_and_a_read_only_view_refuses_to_release() {
+    let store = MemoryStore::new();
+    records(&store).await;
+    let app = Router::new().nest("/ops", Admin::new(store).router());
+    for uri in [
+        "/ops/api/records?state=done",
+        "/ops/api/records?older_than=5%20minutes",
+        "/ops/api/records?limit=0",
+        "/ops/api/record?scope=refund:ORD-1",
+        "/ops?older_than=-1",
+    ] {
+        let (status, body, _) = send(&app, get(uri)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {body}");
+    }
+    let (status, _, _) = send(&app, get("/ops/api/record?scope=refund:ORD-9&key=k")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _, _) = send(&app, get("/ops/record?scope=refund:ORD-9&key=k")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    let form = Request::post("/ops/release")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from("scope=refund%3AORD-1&key=k-stuck"))
+        .unwrap();
+    let (status, body, _) = send(&app, form).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(body.contains("read-only"), "{body}");
+    // The page of a claim in progress says so instead of offering the button.
+    let (_, page, _) = send(&app, get("/ops/record?scope=refund:ORD-1&key=k-stuck")).await;
+    assert!(
+        page.contains("read-only") && !page.contains("id=\"release\""),
+        "{page}"
+    );
+}
+
+#[tokio::test]
+async fn pages_escape_what_they_show_and_link_where_they_are_mounted() {
+    let store = MemoryStore::new();
+    records(&store).await;
+    let app = Router::new().nest("/ops/idem", Admin::new(store).allow_release(true).router());
+    for uri in ["/ops/idem", "/ops/idem?state=in_progress"] {
+        let (status, page, _) = send(&app, get(uri)).await;
+        assert_eq!(status, StatusCode::OK, "{uri}");
+        assert!(
+            !page.contains("<script>"),
+            "a scope is shown as text: {page}"
+        );
+        assert!(
+            page.contains("order:&lt;script&gt;alert(1)&lt;/script&gt;"),
+            "{page}"
+        );
+        assert!(
+            page.contains("href=\"/ops/idem/record?scope=refund%3AORD-1&amp;key=k-stuck\""),
+            "links follow the mount point: {page}"
+        );
+    }
+    let (_, page, _) = send(&app, get("/ops/idem/record?scope=refund:ORD-2&key=k-done")).await;
+    assert!(
+        page.contains("{&quot;refundId&quot;:&quot;R-2&quot;}"),
+        "{page}"
+    );
+
+    let form = Request::post("/ops/idem/release")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from("scope=refund%3AORD-1&key=k-stuck"))
+        .unwrap();
+    let (status, _, location) = send(&app, form).await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "after a POST, a GET");
+    let location = location.unwrap();
+    assert!(
+        location.starts_with("/ops/idem/record?scope=refund%3AORD-1&key=k-stuck&released="),
+        "{location}"
+    );
+    let (_, page, _) = send(&app, get(&location)).await;
+    assert!(
+        page.contains("<td id=\"state\" class=\"released\">released</td>"),
+        "{page}"
+    );
+}
+
+// ---- in a browser -------------------------------------------------------------------------------
+
+/// A ChromeDriver on a port of its own, stopped when dropped.
+struct Driver {
+    child: Child,
+    url: String,
+    http: reqwest::Client,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Driver {
+    async fn start() -> Driver {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let child = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver starts");
+        let driver = Driver {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            http: reqwest::Client::new(),
+        };
+        for _ in 0..100 {
+            if let Ok(r) = driver
+                .http
+                .get(format!("{}/status", driver.url))
+                .send()
+                .await
+                && r.status().is_success()
+            {
+                return driver;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("chromedriver did not come up");
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let mut req = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        let v: Value = resp.json().await.unwrap();
+        assert!(status.is_success(), "{path}: {status} {v}");
+        v["value"].clone()
+    }
+}
+
+/// A headless Chromium session.
+struct Browser<'d> {
+    driver: &'d Driver,
+    session: String,
+    _profile: tempfile::TempDir,
+}
+
+impl<'d> Browser<'d> {
+    async fn open(driver: &'d Driver) -> Browser<'d> {
+        let profile = tempfile::tempdir().unwrap();
+        let binary = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .unwrap_or("chromium");
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": binary,
+                "args": [
+                    "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--disable-quic", "--no-first-run", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync",
+                    format!("--user-data-dir={}", profile.path().display()),
+                ],
+            },
+        }}});
+        let v = driver
+            .call(reqwest::Method::POST, "/session", Some(caps))
+            .await;
+        Browser {
+            driver,
+            session: v["sessionId"].as_str().unwrap().to_owned(),
+            _profile: profile,
+        }
+    }
+
+    async fn go(&self, url: &str) {
+        self.driver
+            .call(
+                reqwest::Method::POST,
+                &format!("/session/{}/url", self.session),
+                Some(json!({"url": url})),
+            )
+            .await;
+    }
+
+    async fn find(&self, css: &str) -> String {
+        let v = self
+            .driver
+            .call(
+                reqwest::Method::POST,
+                &format!("/session/{}/element", self.session),
+                Some(json!({"using": "css selector", "value": css})),
+            )
+            .await;
+        v.as_object()
+            .and_then(|o| o.values().next())
+            .and_then(Value::as_str)
+            .unwrap()
+            .to_owned()
+    }
+
+    async fn click(&self, css: &str) {
+        let el = self.find(css).await;
+        self.driver
+            .call(
+                reqwest::Method::POST,
+                &format!("/session/{}/element/{el}/click", self.session),
+                Some(json!({})),
+            )
+            .await;
+    }
+
+    async fn text(&self, css: &str) -> String {
+        let el = self.find(css).await;
+        let v = self
+            .driver
+            .call(
+                reqwest::Method::GET,
+                &format!("/session/{}/element/{el}/text", self.session),
+                None,
+            )
+            .await;
+        v.as_str().unwrap().to_owned()
+    }
+
+    async fn title(&self) -> String {
+        let v = self
+            .driver
+            .call(
+                reqwest::Method::GET,
+                &format!("/session/{}/title", self.session),
+                None,
+            )
+            .await;
+        v.as_str().unwrap().to_owned()
+    }
+
+    async fn close(self) {
+        self.driver
+            .call(
+                reqwest::Method::DELETE,
+                &format!("/session/{}", self.session),
+                None,
+            )
+            .await;
+    }
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(idem_chromium),
+    ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver)"
+)]
+async fn an_operator_releases_a_stuck_claim_in_a_browser_and_the_retry_runs_once() {
+    let file = common::SqliteFile::new();
+    let store = SqliteStore::connect(&file.url).await.unwrap();
+    let stuck = records(&store).await;
+    let app = Router::new().nest(
+        "/admin",
+        Admin::new(store.clone()).allow_release(true).router(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let driver = Driver::start().await;
+    let browser = Browser::open(&driver).await;
+    browser.go(&format!("http://{addr}/admin")).await;
+    assert_eq!(browser.title().await, "Idempotency records · idem admin");
+    let stats = browser.text("#stats").await;
+    assert!(
+        stats.contains("2 1 0 0"),
+        "in progress, completed, released, expired: {stats}"
+    );
+    let listed = browser.text("#records").await;
+    assert!(
+        listed.contains("k-stuck") && listed.contains("k-done"),
+        "{listed}"
+    );
+
+    // Narrow to the claims in progress through the form, then open the stuck one.
+    browser
+        .go(&format!(
+            "http://{addr}/admin?state=in_progress&prefix=refund:"
+        ))
+        .await;
+    let listed = browser.text("#records").await;
+    assert!(
+        listed.contains("k-stuck") && !listed.contains("k-done"),
+        "{listed}"
+    );
+    browser.click("#records a[href*='k-stuck']").await;
+    assert_eq!(browser.text("#state").await, "in_progress");
+    assert_eq!(browser.text("#fence").await, stuck.fence.to_string());
+
+    browser.click("#release").await;
+    assert_eq!(browser.text("#state").await, "released");
+    let notice = browser.text("#notice").await;
+    let fence: u64 = browser.text("#fence").await.parse().unwrap();
+    assert!(fence > stuck.fence, "the fence moved on: {fence}");
+    assert_eq!(notice, format!("Released; the fence is now {fence}."));
+    browser.close().await;
+
+    // The retry runs at once; the owner presumed gone cannot complete over it.
+    let retry = claim(&store, "refund:ORD-1", "k-stuck").await;
+    assert!(retry.fence > fence);
+    let late = store
+        .complete(
+            ClaimRef {
+                scope: "refund:ORD-1",
+                key: "k-stuck",
+                fence: stuck.fence,
+            },
+            &StoredResponse::ok(&b"late"[..]),
+        )
+        .await;
+    assert!(matches!(late, Err(Error::FenceLost { .. })), "{late:?}");
+    store
+        .complete(
+            ClaimRef {
+                scope: "refund:ORD-1",
+                key: "k-stuck",
+                fence: retry.fence,
+            },
+            &StoredResponse::ok(&b"retry"[..]),
+        )
+        .await
+        .unwrap();
+}
