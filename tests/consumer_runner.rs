@@ -665,7 +665,10 @@ async fn a_task_spawned_with_the_context_keeps_the_consumers_retention() {
                 .await
         }
     };
-    assert_eq!(redeliver("m-carried", "carry", 2).await, Settlement::Replayed);
+    assert_eq!(
+        redeliver("m-carried", "carry", 2).await,
+        Settlement::Replayed
+    );
     assert_eq!(
         redeliver("m-dropped", "drop", 2).await,
         Settlement::Completed,
@@ -674,13 +677,19 @@ async fn a_task_spawned_with_the_context_keeps_the_consumers_retention() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
     // Two days on: past the 24h default, within the consumer's 7 days.
     clock.advance(Duration::from_secs(2 * 86_400));
-    assert_eq!(redeliver("m-carried", "carry", 3).await, Settlement::Replayed);
+    assert_eq!(
+        redeliver("m-carried", "carry", 3).await,
+        Settlement::Replayed
+    );
     assert_eq!(
         runs.load(Ordering::SeqCst),
         2,
         "replayed from the consumer's 7 days"
     );
-    assert_eq!(redeliver("m-dropped", "drop", 3).await, Settlement::Completed);
+    assert_eq!(
+        redeliver("m-dropped", "drop", 3).await,
+        Settlement::Completed
+    );
     assert_eq!(
         runs.load(Ordering::SeqCst),
         3,

@@ -46,8 +46,8 @@ use crate::replay::Replay;
 use crate::store::Store;
 
 pub use crate::context::{
-    ClaimWatch, ReplayWatch, Replays, WatchedClaim, default_policy, replays_watched,
-    watch_claims, watch_replays, with_default_policy, with_retry_hint,
+    ClaimWatch, ReplayWatch, Replays, WatchedClaim, default_policy, replays_watched, watch_claims,
+    watch_replays, with_default_policy, with_retry_hint,
 };
 
 /// How the `Retry-After` of an "in progress" answer is chosen: by default how long the running

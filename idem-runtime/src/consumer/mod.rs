@@ -80,9 +80,9 @@ use futures_util::{Stream, StreamExt};
 use serde::de::DeserializeOwned;
 use serde::{Serialize, Serializer};
 
+use crate::context::{ClaimWatch, Context, ReplayWatch};
 use crate::error::{BoxError, Error};
 use crate::fingerprint::Fingerprint;
-use crate::context::{ClaimWatch, Context, ReplayWatch};
 use crate::flow::{self, Prepared, RetryHint, WithClaim};
 use crate::guard::{ClaimInfo, End};
 use crate::key::Key;

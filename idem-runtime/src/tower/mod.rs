@@ -300,9 +300,7 @@ impl Config {
         }
         let Some(value) = parts.headers.get(&self.header) else {
             return if required {
-                Decision::Refuse(Problem::from_error(&Error::InvalidKey(
-                    KeyError::Missing,
-                )))
+                Decision::Refuse(Problem::from_error(&Error::InvalidKey(KeyError::Missing)))
             } else {
                 Decision::PassThrough
             };
