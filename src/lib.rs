@@ -202,7 +202,7 @@
 /// | `crate = "path::to::idem"` | Where idem is, when it is re-exported under another path. Without it, a crate whose `Cargo.toml` renames the dependency, or does not depend on idem at all, gets one error that says so. |
 ///
 /// Where the attribute gives no `lease`, `retain` or `on_expired_lease`, the call takes them
-/// from the policy of [`flow::with_default_policy`] around it, else from [`Policy::DEFAULT`]: a
+/// from the policy of the [`Context`] it runs in, else from [`Policy::DEFAULT`]: a
 /// function called by a message consumer's handler keeps its records as long as the consumer
 /// keeps its own (7 days by default), as long as redeliveries can come.
 ///
@@ -300,35 +300,15 @@
 #[doc(inline)]
 pub use idem_macros::idempotent;
 
+/// Everything the runtime exports, under the same names: the runtime's one list (its
+/// `lib.rs`) is the facade's, with the macros beside it.
 #[doc(inline)]
-pub use idem_runtime::{
-    BeginOutcome, BeginRequest, Begun, BoxError, CachedStore, ClaimInfo, ClaimRef, Claimed, Clock,
-    DynStore, Error, ExpiredLease, FinalError, Fingerprint, Fingerprinter, Guard, Idempotent, Key,
-    KeyError, KeyPolicy, ManualClock, MemoryStore, Policy, Record, RecordState, Replay, Result,
-    RetryHint, ScopeBuilder, SharedStore, Store, StoredResponse, Sweeper, SystemClock, ToKey,
-    begin, default_store, downstream_key, set_default_store, set_retry_hint, spawn_sweeper,
-};
+pub use idem_runtime::*;
 
-#[doc(inline)]
-pub use idem_runtime::{
-    clock, consumer, error, fingerprint, guard, key, lifecycle, record, replay, scope, store,
-    transition,
-};
-
-/// The record lifecycle as a guarded call lives it; what integrations build on: learning of
-/// replays ([`watch_replays`](flow::watch_replays)), choosing how long an "in progress"
-/// answer says to wait ([`RetryHint`](flow::RetryHint)) and the policy guarded calls start from
-/// ([`with_default_policy`](flow::with_default_policy)).
-pub mod flow {
-    #[doc(inline)]
-    pub use idem_runtime::flow::{
-        Begun, HintBasis, Replays, RetryHint, begin, default_policy, replays_watched, retry_hint,
-        set_retry_hint, watch_replays, with_default_policy, with_retry_hint,
-    };
-}
-
-#[doc(inline)]
-pub use idem_runtime::transition::{Created, StateMachine, Transition, Versioned};
+/// The sqlx idem is built with, linked rather than inlined.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[doc(no_inline)]
+pub use idem_runtime::sqlx;
 
 /// Generates the guarded `UPDATE` of a state transition and classifies what happened when it
 /// did not apply: [`Transition`]`::{Applied, AlreadyApplied, AppliedByAnother, GuardMismatch,
@@ -628,61 +608,6 @@ pub use idem_macros::versioned_update;
 /// ```
 #[doc(inline)]
 pub use idem_macros::create_once;
-
-#[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-#[doc(inline)]
-pub use idem_runtime::SqliteStore;
-
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-#[doc(inline)]
-pub use idem_runtime::http;
-
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-#[doc(inline)]
-pub use idem_runtime::admin;
-
-#[cfg(feature = "tower")]
-#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
-#[doc(inline)]
-pub use idem_runtime::tower;
-
-#[cfg(any(feature = "axum", feature = "tower"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "axum", feature = "tower"))))]
-#[doc(inline)]
-pub use idem_runtime::problem;
-
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-#[doc(inline)]
-pub use idem_runtime::{GroupCommit, GroupCommitStats, PgStore};
-
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-#[doc(inline)]
-pub use idem_runtime::{RedisStore, RedisStoreBuilder};
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
-#[doc(inline)]
-pub use idem_runtime::TxStore;
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
-#[doc(no_inline)]
-pub use idem_runtime::sqlx;
-
-#[cfg(feature = "testkit")]
-#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
-#[doc(inline)]
-pub use idem_runtime::testkit;
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
-#[doc(inline)]
-pub use idem_runtime::outbox;
 
 /// Support for macro-generated code. Not a public API: anything here may change in any release.
 #[doc(hidden)]

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -560,6 +561,138 @@ async fn a_nested_claim_with_a_shorter_lease_is_renewed_in_time() {
     assert_eq!(settled, Settlement::Completed);
     assert!(matches!(second, Settlement::InProgress(_)), "{second:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the step ran twice");
+}
+
+/// A handler that runs `short_lease_step` on a task of its own, spawned with the consumer's
+/// context (`idem::context::spawn`) or without it (`tokio::spawn`).
+fn spawning_short_step(
+    store: &MemoryStore,
+    runs: &Arc<AtomicUsize>,
+    carry: bool,
+) -> impl Fn(Message) -> std::pin::Pin<Box<dyn Future<Output = Result<usize, HandlerError>> + Send>>
++ Send
++ Sync
++ use<> {
+    let (store, runs) = (store.clone(), runs.clone());
+    move |msg: Message| {
+        let (s, r) = (store.clone(), runs.clone());
+        let step = async move { short_lease_step(&s, &r, msg).await };
+        Box::pin(async move {
+            let task = if carry {
+                idem::context::spawn(step)
+            } else {
+                tokio::spawn(step)
+            };
+            task.await.map_err(HandlerError::transient)?
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_task_spawned_with_the_context_keeps_its_claim_renewed() {
+    let store = MemoryStore::new();
+    let c = consumer(store.clone());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let h = spawning_short_step(&store, &runs, true);
+    let first = TestDelivery::new("m-spawned", "x");
+    let (settled, second) = tokio::join!(c.handle(&first, &h), async {
+        // Past the step's one-second lease: only a renewed claim holds the redelivery off.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        c.handle(&TestDelivery::new("m-spawned", "x").delivered(2), &h)
+            .await
+    });
+    assert_eq!(settled, Settlement::Completed);
+    assert!(matches!(second, Settlement::InProgress(_)), "{second:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the step ran twice");
+    assert!(c.stats().renewals >= 1, "{:?}", c.stats());
+}
+
+#[tokio::test]
+async fn a_task_spawned_without_the_context_is_not_renewed_and_runs_twice() {
+    let store = MemoryStore::new();
+    let c = consumer(store.clone());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let h = spawning_short_step(&store, &runs, false);
+    let first = TestDelivery::new("m-unwatched", "x");
+    let (settled, second) = tokio::join!(c.handle(&first, &h), async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        c.handle(&TestDelivery::new("m-unwatched", "x").delivered(2), &h)
+            .await
+    });
+    // Nobody renewed the step's claim: its lease ran out and the redelivery took it over.
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(second, Settlement::Completed);
+    assert_eq!(c.stats().renewals, 0, "{:?}", c.stats());
+    // The first attempt's completion found the record taken over: not acked.
+    assert!(matches!(settled, Settlement::Retry(_)), "{settled:?}");
+}
+
+#[tokio::test]
+async fn a_task_spawned_with_the_context_keeps_the_consumers_retention() {
+    let clock = idem::ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let c = Consumer::new("fulfilment", store.clone()).unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (s, r) = (store.clone(), runs.clone());
+    let h = move |msg: Message| {
+        let (s, r) = (s.clone(), r.clone());
+        async move {
+            // Spawned with the context when the message says so, without it otherwise.
+            let carry = msg.payload == "carry";
+            let step = async move { ship_plain(&s, &r, msg).await };
+            let task = if carry {
+                idem::context::spawn(step)
+            } else {
+                tokio::spawn(step)
+            };
+            task.await.map_err(HandlerError::transient)?
+        }
+    };
+    for (key, payload) in [("m-carried", "carry"), ("m-dropped", "drop")] {
+        assert_eq!(
+            c.handle(&TestDelivery::new(key, payload), &h).await,
+            Settlement::Completed
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // A redelivery replays either way; only a carried context lets the consumer see it.
+    let redeliver = |key: &'static str, payload: &'static str, n: u32| {
+        let (c, h) = (&c, &h);
+        async move {
+            c.handle(&TestDelivery::new(key, payload).delivered(n), h)
+                .await
+        }
+    };
+    assert_eq!(
+        redeliver("m-carried", "carry", 2).await,
+        Settlement::Replayed
+    );
+    assert_eq!(
+        redeliver("m-dropped", "drop", 2).await,
+        Settlement::Completed,
+        "a replay on a task without the context is not seen as one"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // Two days on: past the 24h default, within the consumer's 7 days.
+    clock.advance(Duration::from_secs(2 * 86_400));
+    assert_eq!(
+        redeliver("m-carried", "carry", 3).await,
+        Settlement::Replayed
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "replayed from the consumer's 7 days"
+    );
+    assert_eq!(
+        redeliver("m-dropped", "drop", 3).await,
+        Settlement::Completed
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "without the context the record was kept 24h: the work ran again"
+    );
 }
 
 #[tokio::test]

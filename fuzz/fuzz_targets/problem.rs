@@ -1,5 +1,5 @@
 //! The problem+json error path: every `idem::Error` variant, with fuzzed contents, through
-//! `ProblemResponse::from_error`, `into_http` and axum's `IntoResponse`, and `Problem` with
+//! `Problem::from_error`, `into_http` and axum's `IntoResponse`, and `Problem` with
 //! fuzzed statuses, codes, details and extension members.
 //!
 //! Properties: the HTTP status is `Error::status`, the body is JSON with the members `type`,
@@ -16,8 +16,7 @@ use axum::response::IntoResponse;
 use bytes::Bytes;
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use idem::http::Problem;
-use idem::problem::{PROBLEM_JSON, ProblemResponse};
+use idem::problem::{PROBLEM_JSON, Problem};
 use idem::{Error, KeyError};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
@@ -137,9 +136,9 @@ fn check_members(body: &[u8], status: StatusCode, code: &str) -> Vec<(String, Va
 fn check_error(err: &Error, internal: Option<&str>) {
     let status = StatusCode::from_u16(err.status()).unwrap();
     assert!(matches!(err.status(), 400 | 409 | 422 | 500 | 503));
-    let p = ProblemResponse::from_error(err);
-    assert_eq!(p.status, status);
-    let m = check_members(&p.body, status, err.code());
+    let p = Problem::from_error(err);
+    assert_eq!(p.status(), status);
+    let m = check_members(&p.body(), status, err.code());
     assert_eq!(m.len(), 5);
     let detail = m[4].1.as_str().expect("detail is a string");
     if let Some(secret) = internal {
@@ -152,8 +151,8 @@ fn check_error(err: &Error, internal: Option<&str>) {
     } else {
         assert_eq!(detail, err.to_string());
     }
-    assert_eq!(p.retry_after, err.retry_after().map(whole_seconds));
-    assert_eq!(p.retry_after.is_some(), err.is_retryable());
+    assert_eq!(p.retry_after_seconds(), err.retry_after().map(whole_seconds));
+    assert_eq!(p.retry_after_seconds().is_some(), err.is_retryable());
 
     for resp in [p.clone().into_http::<Bytes>(), {
         let (parts, body) = build_axum(err).into_parts();
@@ -161,8 +160,8 @@ fn check_error(err: &Error, internal: Option<&str>) {
     }] {
         assert_eq!(resp.status(), status);
         assert_eq!(resp.headers()[CONTENT_TYPE], PROBLEM_JSON);
-        assert_eq!(&resp.body()[..], &p.body[..]);
-        match p.retry_after {
+        assert_eq!(&resp.body()[..], &p.body()[..]);
+        match p.retry_after_seconds() {
             Some(secs) => assert_eq!(resp.headers()[RETRY_AFTER], secs.to_string().as_str()),
             None => assert!(!resp.headers().contains_key(RETRY_AFTER)),
         }

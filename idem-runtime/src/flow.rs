@@ -3,12 +3,17 @@
 //!
 //! This is the core every integration drives: `#[idempotent]` expands to `run` (separate
 //! commits) or to the transactional flow; [`begin`] is the same start by hand; an HTTP layer or a
-//! message consumer learns of replays through [`watch_replays`], and of the claims a call holds
-//! (to renew their leases while it runs long) through [`watch_claims`]. Each rule lives once:
+//! message consumer sets the [`Context`](crate::context::Context) its guarded calls run in, and
+//! learns through it of replays ([`watch_replays`]) and of the claims a call holds, to renew
+//! their leases while it runs long ([`watch_claims`]). Each rule lives once:
 //!
 //! - what a store's [`BeginOutcome`] means to the caller, and what is observed: `started`;
+//! - how a separate-commits call starts (begin, claim, the claim watch, the guard): `start`,
+//!   behind both [`begin`] and `run`;
 //! - what a claim is: [`ClaimInfo`], built in one place from the store's [`Claimed`];
-//! - how a claim ends (complete, release, dropped): [`Guard`];
+//! - how a claim ends (complete, release, dropped), and what becomes of an answer after the body
+//!   ran (the completion policy, `Guard::record`): [`Guard`];
+//! - which errors are stored and which release: `run` and `tx_finish`, with `ErrorOps`;
 //! - what `begin` decides about an existing record: `lifecycle::decide`, inside each store.
 //!
 //! ```text
@@ -23,22 +28,27 @@
 //! In transactional mode the claim, the body's SQL and the completion share one database
 //! transaction: `Err`, panic and drop roll all of it back.
 
-use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::context;
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::guard::{ClaimInfo, Guard, Patience};
+use crate::guard::{ClaimInfo, Guard, Patience, Recorded};
 use crate::key::Key;
 use crate::observe::{self, Outcome};
 use crate::record::{BeginOutcome, BeginRequest, Claimed, Policy, StoredResponse};
 use crate::replay::Replay;
 use crate::store::Store;
+
+pub use crate::context::{
+    ClaimWatch, ReplayWatch, Replays, WatchedClaim, default_policy, replays_watched, watch_claims,
+    watch_replays, with_default_policy, with_retry_hint,
+};
 
 /// How the `Retry-After` of an "in progress" answer is chosen: by default how long the running
 /// attempt is likely to need, not how long its lease still runs (five minutes by default, for a
@@ -110,33 +120,6 @@ impl Default for RetryHint {
     }
 }
 
-tokio::task_local! {
-    /// Set by [`with_retry_hint`] for the calls inside one future.
-    static TASK_RETRY_HINT: RetryHint;
-    /// Set by [`with_default_policy`] for the calls inside one future.
-    static TASK_POLICY: Policy;
-}
-
-/// Runs `fut` with `policy` as the lease, retention and expired-lease rule of the
-/// `#[idempotent]` calls awaited inside it (on this task) that do not set their own: what a
-/// message consumer does, so that its handlers' records live as long as redeliveries can come.
-pub async fn with_default_policy<F: Future>(policy: Policy, fut: F) -> F::Output {
-    TASK_POLICY.scope(policy, fut).await
-}
-
-/// The policy an `#[idempotent]` call starts from: the one of [`with_default_policy`] around
-/// it, else [`Policy::DEFAULT`]. The attribute's own `lease`, `retain` and `on_expired_lease`
-/// apply on top.
-pub fn default_policy() -> Policy {
-    TASK_POLICY.try_with(|p| *p).unwrap_or(Policy::DEFAULT)
-}
-
-/// Runs `fut` with `hint` choosing the `Retry-After` of the "in progress" answers of the guarded
-/// calls awaited inside it (on this task), instead of the process's.
-pub async fn with_retry_hint<F: Future>(hint: RetryHint, fut: F) -> F::Output {
-    TASK_RETRY_HINT.scope(hint, fut).await
-}
-
 static RETRY_HINT: OnceLock<RetryHint> = OnceLock::new();
 
 /// Installs how "in progress" answers choose their `Retry-After`; see [`RetryHint`]. Call it
@@ -147,12 +130,10 @@ pub fn set_retry_hint(hint: RetryHint) -> Result<()> {
         .map_err(|_| Error::Config("a retry hint is already installed".into()))
 }
 
-/// The [`RetryHint`] in force: the one of [`with_retry_hint`] around this call, else the one
-/// installed with [`set_retry_hint`], else the default.
+/// The [`RetryHint`] in force: the one of the [`Context`](crate::context::Context) this call
+/// runs in, else the one installed with [`set_retry_hint`], else the default.
 pub fn retry_hint() -> RetryHint {
-    TASK_RETRY_HINT
-        .try_with(|h| *h)
-        .unwrap_or_else(|_| RETRY_HINT.get().copied().unwrap_or_default())
+    context::retry_hint().unwrap_or_else(|| RETRY_HINT.get().copied().unwrap_or_default())
 }
 
 /// How many recent completions an operation's typical duration is the median of.
@@ -305,13 +286,32 @@ pub async fn begin<S: Store>(
     fingerprint: Fingerprint,
     policy: Policy,
 ) -> Result<Begun<'_, S>> {
+    start(store, scope, key, &fingerprint, policy, None).await
+}
+
+/// The one start of a separate-commits call, by hand or generated: begins on the store, maps
+/// the answer (`started`), and for a claim builds it, tells the context's claim watch, and
+/// guards it, its completion as patient as the watch says (a watched claim is kept alive by its
+/// watcher; an unwatched one has a caller waiting on a connection).
+async fn start<'s, S: Store>(
+    store: &'s S,
+    scope: String,
+    key: Key,
+    fingerprint: &Fingerprint,
+    policy: Policy,
+    timing: Option<&Timing>,
+) -> Result<Begun<'s, S>> {
     let outcome = store
-        .begin(request(&scope, &key, &fingerprint, &policy))
+        .begin(request(&scope, &key, fingerprint, &policy))
         .await;
-    Ok(match started(&scope, &key, outcome, None)? {
+    Ok(match started(&scope, &key, outcome, timing)? {
         Started::Claimed(c) => {
             let claim = ClaimInfo::new(scope, key, c);
-            let patience = note_claim(&claim, policy.lease);
+            let patience = if context::note_claim(&claim, Some(policy.lease)) {
+                Patience::WhileLeased
+            } else {
+                Patience::Brief
+            };
             Begun::Claimed(Guard::new(store, claim, policy).patience(patience))
         }
         Started::Replay(stored) => Begun::Replay(stored),
@@ -430,6 +430,15 @@ struct Parts {
     fingerprint: Fingerprint,
 }
 
+/// A prepared call with its parts: what a flow starts from.
+struct Call {
+    scope: String,
+    key: Key,
+    fingerprint: Fingerprint,
+    policy: Policy,
+    timing: Option<&'static Timing>,
+}
+
 impl Prepared {
     /// The call's parts. A bad key is the client's error and is reported before anything about
     /// the scope.
@@ -454,8 +463,19 @@ impl Prepared {
     }
 
     /// The call's parts, its policy and its timing, or why it has none.
-    fn split(self) -> Result<(Parts, Policy, Option<&'static Timing>)> {
-        Ok((self.parts?, self.policy, self.timing))
+    fn split(self) -> Result<Call> {
+        let Parts {
+            scope,
+            key,
+            fingerprint,
+        } = self.parts?;
+        Ok(Call {
+            scope,
+            key,
+            fingerprint,
+            policy: self.policy,
+            timing: self.timing,
+        })
     }
 
     /// Measures the call's duration into `timing`, and uses it for "in progress" hints.
@@ -520,72 +540,50 @@ where
     R::Ok: Replay<M>,
     B: Body<R>,
 {
-    let (
-        Parts {
-            scope,
-            key,
-            fingerprint,
-        },
+    let Call {
+        scope,
+        key,
+        fingerprint,
         policy,
         timing,
-    ) = match prepared.split() {
-        Ok(parts) => parts,
+    } = match prepared.split() {
+        Ok(call) => call,
         Err(e) => return errors.fail(e),
     };
-    let outcome = store
-        .begin(request(&scope, &key, &fingerprint, &policy))
-        .await;
-    let mut guard = match started(&scope, &key, outcome, timing) {
-        Ok(Started::Claimed(c)) => {
-            let claim = ClaimInfo::new(scope, key, c);
-            let patience = note_claim(&claim, policy.lease);
-            Guard::new(store, claim, policy).patience(patience)
-        }
-        Ok(Started::Replay(stored)) => return replay::<R, M>(stored, &errors),
+    let mut guard = match start(store, scope, key, &fingerprint, policy, timing).await {
+        Ok(Begun::Claimed(guard)) => guard,
+        Ok(Begun::Replay(stored)) => return replay::<R, M>(stored, &errors),
         Err(e) => return errors.fail(e),
     };
     let began = timing.and_then(Timing::start);
-    let (stored, out) = match body.start(|| guard.info()).await.into_result() {
-        Ok(v) => match v.encode() {
-            Ok(stored) => (stored, Ok(v)),
-            Err(e) => {
-                // The side effect happened but its answer cannot be stored: keep the claim (a
-                // retry gets "in progress", then re-claims after the lease) rather than run it
-                // twice.
-                tracing::error!(target: "idem", error = %e, "cannot encode the response for storage");
-                guard.keep_claimed();
-                return errors.fail(e);
+    let observe = |recorded: &Recorded| {
+        if let (Some(timing), Some(began), Recorded::Stored) = (timing, began, recorded) {
+            timing.observe(began.elapsed());
+        }
+    };
+    match body.start(|| guard.info()).await.into_result() {
+        // The completion policy decides what becomes of the answer and of the claim.
+        Ok(v) => {
+            let recorded = guard.record(v.encode()).await;
+            observe(&recorded);
+            match recorded {
+                Recorded::Stored | Recorded::Unstored => R::from_ok(v),
+                Recorded::Lost(e) => errors.fail(e),
             }
-        },
-        Err(e) => match errors.stored_final(&e) {
-            Some(Ok(stored)) => (stored, Err(e)),
-            Some(Err(enc)) => {
-                tracing::error!(target: "idem", error = %enc, "cannot store a final error; releasing the claim instead");
-                guard.give_up_or_log().await;
-                return R::from_err(e);
-            }
-            None => {
+        }
+        Err(e) => {
+            match errors.stored_final(&e) {
+                // The answer is this error whether or not it was stored.
+                Some(Ok(stored)) => observe(&guard.record(Ok(stored)).await),
+                Some(Err(enc)) => {
+                    tracing::error!(target: "idem", error = %enc, "cannot store a final error; releasing the claim instead");
+                    guard.give_up_or_log().await;
+                }
                 // Only successes (and final errors) are worth replaying: free the key for a
                 // real retry.
-                guard.give_up_or_log().await;
-                return R::from_err(e);
+                None => guard.give_up_or_log().await,
             }
-        },
-    };
-    let completed = guard.finish(&stored).await;
-    if let (Some(timing), Some(began), Ok(())) = (timing, began, &completed) {
-        timing.observe(began.elapsed());
-    }
-    match (completed, out) {
-        (_, Err(e)) => R::from_err(e),
-        (Ok(()), Ok(v)) => R::from_ok(v),
-        // A newer attempt owns the record; its answer is the one that will be replayed.
-        (Err(e @ Error::FenceLost { .. }), Ok(_)) => errors.fail(e),
-        // The effect happened and this is its answer: hand it back. The record stays claimed
-        // until its lease runs out (see Guard::complete); a message consumer does not ack it.
-        (Err(e), Ok(v)) => {
-            tracing::error!(target: "idem", error = %e, "could not store the response; returning it unstored");
-            R::from_ok(v)
+            R::from_err(e)
         }
     }
 }
@@ -608,7 +606,8 @@ where
     M: 'static,
     B: DetachedBody<R>,
 {
-    let task = tokio::spawn(async move { run(&store, prepared, errors, body).await });
+    // The body's task runs in the caller's context: a consumer's policy and watches follow it.
+    let task = context::spawn(async move { run(&store, prepared, errors, body).await });
     match task.await {
         Ok(out) => out,
         Err(e) => match e.try_into_panic() {
@@ -642,7 +641,7 @@ where
     R: IdemResult,
     R::Ok: Replay<M>,
 {
-    note_replay(&stored);
+    context::note_replay(&stored, None);
     if stored.is_error {
         return match &errors.finals {
             Some(finals) => match (finals.decode)(stored) {
@@ -658,197 +657,6 @@ where
         Ok(v) => R::from_ok(v),
         Err(e) => errors.fail(e),
     }
-}
-
-tokio::task_local! {
-    /// Set by [`watch_replays`]; every replay of a guarded call on the task is pushed here.
-    static REPLAYS: RefCell<Vec<StoredResponse>>;
-}
-
-/// The stored answers that guarded calls replayed while a future ran; see [`watch_replays`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Replays(Vec<StoredResponse>);
-
-impl Replays {
-    /// Whether no guarded call replayed.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// How many guarded calls replayed.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// The stored answers, in the order they were replayed.
-    pub fn iter(&self) -> impl Iterator<Item = &StoredResponse> {
-        self.0.iter()
-    }
-
-    /// The last stored answer replayed.
-    pub fn last(&self) -> Option<&StoredResponse> {
-        self.0.last()
-    }
-
-    /// The stored answers, owned.
-    pub fn into_vec(self) -> Vec<StoredResponse> {
-        self.0
-    }
-}
-
-/// Runs `fut` and reports which guarded calls awaited inside it replayed instead of running.
-///
-/// The seam through which an integration learns of replays without the core naming it: the
-/// HTTP layer wraps each request, a message consumer each delivery. Only calls awaited on the
-/// same task are seen (not those spawned elsewhere), and an inner `watch_replays` hides its
-/// replays from an outer one.
-///
-/// ```
-/// use idem::flow::watch_replays;
-///
-/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// let (answer, replays) = watch_replays(async {
-///     // Call #[idempotent] functions here.
-///     42
-/// })
-/// .await;
-/// assert_eq!(answer, 42);
-/// assert!(replays.is_empty());
-/// # });
-/// ```
-pub async fn watch_replays<F: Future>(fut: F) -> (F::Output, Replays) {
-    REPLAYS
-        .scope(RefCell::new(Vec::new()), async move {
-            let out = fut.await;
-            let replays = REPLAYS.with(|r| r.take());
-            (out, Replays(replays))
-        })
-        .await
-}
-
-/// Whether the current task runs inside [`watch_replays`].
-pub fn replays_watched() -> bool {
-    REPLAYS.try_with(|_| ()).is_ok()
-}
-
-/// Tells the innermost [`watch_replays`] on this task, if any, that a call replayed `stored`.
-pub(crate) fn note_replay(stored: &StoredResponse) {
-    let _ = REPLAYS.try_with(|r| r.borrow_mut().push(stored.clone()));
-}
-
-tokio::task_local! {
-    /// Set by [`watch_claims`]; every claim a guarded call takes (separate commits) is pushed here.
-    static CLAIMS: ClaimWatch;
-}
-
-/// The claims that guarded calls took while a future ran, readable while it runs: see
-/// [`watch_claims`]. Clones share the same list.
-#[derive(Debug, Clone, Default)]
-pub struct ClaimWatch(Arc<Watched>);
-
-#[derive(Debug, Default)]
-struct Watched {
-    claims: Mutex<Vec<WatchedClaim>>,
-    /// Woken when a claim is added.
-    added: tokio::sync::Notify,
-    /// The highest attempt number of any claim taken, transactional ones included.
-    attempt: AtomicU32,
-}
-
-/// A claim seen by a [`ClaimWatch`], with the lease its call runs under.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WatchedClaim {
-    /// The claim.
-    pub claim: ClaimInfo,
-    /// The lease of the call's policy: what a renewal extends it to.
-    pub lease: Duration,
-}
-
-impl ClaimWatch {
-    /// An empty watch.
-    pub fn new() -> Self {
-        ClaimWatch::default()
-    }
-
-    /// The claims taken so far, oldest first. A claim stays listed after it ended; a renewal of
-    /// an ended claim is refused by the store's fence check and changes nothing.
-    pub fn claims(&self) -> Vec<WatchedClaim> {
-        self.0
-            .claims
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Forgets `claim`: it ended, or was taken over.
-    pub fn forget(&self, claim: &ClaimInfo) {
-        self.0
-            .claims
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|w| w.claim != *claim);
-    }
-
-    /// Completes when a claim is added after this was first polled (or enabled).
-    pub(crate) fn added(&self) -> tokio::sync::futures::Notified<'_> {
-        self.0.added.notified()
-    }
-
-    /// The highest attempt number ([`ClaimInfo::attempt`]) of the claims taken so far, in
-    /// either mode (a transactional claim is counted here, though not listed), forgotten ones
-    /// included; 0 when none was taken. How many times the record saw this request begin: a
-    /// count a broker that cannot count redeliveries lacks.
-    pub fn attempt(&self) -> u32 {
-        self.0.attempt.load(Ordering::Relaxed)
-    }
-
-    fn saw_attempt(&self, attempt: u32) {
-        self.0.attempt.fetch_max(attempt, Ordering::Relaxed);
-    }
-}
-
-/// Runs `fut` and lists in `watch`, while it runs, the claims that guarded calls awaited inside
-/// it take: the seam through which a message consumer renews the lease of a handler that runs
-/// long ([`Store::renew`]) without the core naming it.
-///
-/// Claims of the separate-commits flow ([`begin`], and `#[idempotent]` without `transaction`)
-/// are listed. Their holders expect the watcher to keep them alive, and nobody waits on a
-/// connection: a completion the store refuses as unavailable is retried while the claim's lease
-/// lives, not briefly. A transactional claim is not listed: its record is not visible outside
-/// its transaction until it commits, and a duplicate waits for that commit rather than for a
-/// lease; only its attempt number is counted ([`ClaimWatch::attempt`]). As with
-/// [`watch_replays`], only calls awaited on the same task are seen.
-pub async fn watch_claims<F: Future>(watch: &ClaimWatch, fut: F) -> F::Output {
-    CLAIMS.scope(watch.clone(), fut).await
-}
-
-/// Tells the [`watch_claims`] on this task, if any, that a call holds `claim`. How patiently
-/// the claim's completion is retried follows: while its lease lives when a watcher (a message
-/// consumer) keeps it alive, briefly when a caller waits on a connection.
-fn note_claim(claim: &ClaimInfo, lease: Duration) -> Patience {
-    let watched = CLAIMS.try_with(|w| {
-        w.saw_attempt(claim.attempt());
-        w.0.claims
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(WatchedClaim {
-                claim: claim.clone(),
-                lease,
-            });
-        w.0.added.notify_waiters();
-    });
-    match watched {
-        Ok(()) => Patience::WhileLeased,
-        Err(_) => Patience::Brief,
-    }
-}
-
-/// Tells the [`watch_claims`] on this task, if any, the attempt number of a transactional
-/// claim: counted, not listed for renewal (a renewal from outside its transaction would wait on
-/// the transaction's row lock).
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-fn note_tx_attempt(claim: &ClaimInfo) {
-    let _ = CLAIMS.try_with(|w| w.saw_attempt(claim.attempt()));
 }
 
 /// The transactional flow of `#[idempotent(…, transaction = tx)]`: claim, body and completion in
@@ -931,15 +739,13 @@ mod transactional {
         store: &S,
         prepared: Prepared,
     ) -> Result<std::result::Result<TxClaim<Tx<S>>, StoredResponse>> {
-        let (
-            Parts {
-                scope,
-                key,
-                fingerprint,
-            },
+        let Call {
+            scope,
+            key,
+            fingerprint,
             policy,
             timing,
-        ) = prepared.split()?;
+        } = prepared.split()?;
         let mut tx = store.begin_transaction().await?;
         let outcome = store
             .begin_in(&mut tx, request(&scope, &key, &fingerprint, &policy))
@@ -947,7 +753,7 @@ mod transactional {
         match started(&scope, &key, outcome, timing)? {
             Started::Claimed(c) => {
                 let claim = ClaimInfo::new(scope, key, c);
-                note_tx_attempt(&claim);
+                context::note_claim(&claim, None);
                 Ok(Ok(TxClaim {
                     tx,
                     claim,

@@ -457,13 +457,58 @@ impl<'s, S: Store> Guard<'s, S> {
         }
     }
 
+    /// The completion policy, one for every way of running a guarded call (`#[idempotent]`,
+    /// the tower guard, a message consumer's handlers): what becomes of an answer once the body
+    /// ran, given the answer `encoded` for storage.
+    ///
+    /// - Stored: [`Recorded::Stored`], a retry replays it.
+    /// - The answer cannot be encoded, or the store failed other than by a lost fence (after
+    ///   `retry_complete`): the side effect happened, so the claim is kept until its lease runs
+    ///   out rather than released for a second run; logged, and [`Recorded::Unstored`]: the
+    ///   caller hands its answer back unstored. The claim ends [`End::Unrecorded`], which is
+    ///   how a message consumer knows not to ack the delivery.
+    /// - A newer attempt took the record over: [`Recorded::Lost`], with the error the caller
+    ///   answers; the newer attempt's answer is the one a retry gets.
+    pub(crate) async fn record(&mut self, encoded: Result<StoredResponse>) -> Recorded {
+        let stored = match encoded {
+            Ok(stored) => stored,
+            Err(e) => {
+                tracing::error!(target: "idem", scope = self.claim.scope(), key = %self.claim.key(), error = %e, "cannot encode the answer for storage: returning it unstored; the claim is kept until its lease runs out");
+                self.keep_claimed();
+                return Recorded::Unstored;
+            }
+        };
+        match self.finish(&stored).await {
+            Ok(()) => Recorded::Stored,
+            Err(e @ Error::FenceLost { .. }) => Recorded::Lost(e),
+            Err(e) => {
+                tracing::error!(target: "idem", scope = self.claim.scope(), key = %self.claim.key(), error = %e, "could not store the answer: returning it unstored; the claim is kept until its lease runs out");
+                Recorded::Unstored
+            }
+        }
+    }
+
     /// Ends this guard without writing: the claim stays until its lease runs out. For when the
     /// side effect happened but its answer cannot be stored, so a retry must not run it again
     /// before the lease says the owner is gone.
-    pub(crate) fn keep_claimed(mut self) {
+    fn keep_claimed(&mut self) {
         self.armed = false;
         self.claim.set_end(End::Unrecorded);
     }
+}
+
+/// What became of a claimed call's answer: the verdict of the completion policy,
+/// `Guard::record`.
+#[derive(Debug)]
+pub(crate) enum Recorded {
+    /// Stored: a retry replays it.
+    Stored,
+    /// Not stored (it could not be encoded, or the store failed), and the claim kept until its
+    /// lease runs out: hand the answer back unstored.
+    Unstored,
+    /// Taken over by a newer attempt, nothing written: answer with this error
+    /// ([`Error::FenceLost`]).
+    Lost(Error),
 }
 
 /// How long a completion lost to an unavailable store is retried.

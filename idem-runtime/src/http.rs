@@ -16,7 +16,6 @@
 //! With the `#[idempotent]` handlers of the `idem` crate, see its README and the refund service
 //! example.
 
-use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -26,31 +25,17 @@ use std::task::{Context, Poll};
 use axum::body::Body;
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
-use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request, StatusCode};
 
+use crate::context::{self, ReplayWatch, Replayed};
 use crate::error::{Error, KeyError};
 use crate::key::{Key, KeyPolicy, ToKey};
 use crate::record::{RecordState, StoredResponse};
 use crate::store::Store;
 
-pub use crate::problem::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
-
-const PROBLEM_JSON: &str = "application/problem+json";
-
-tokio::task_local! {
-    /// Set by [`IdempotencyLayer`] around a request: each HTTP answer a guarded call replayed
-    /// during it, with the bytes its value renders to, so the layer can tell whether the
-    /// handler's response is that value.
-    static REPLAYED: RefCell<Vec<Rendered>>;
-}
-
-/// A replayed answer, as stored, and as its decoded value renders again.
-struct Rendered {
-    stored: StoredResponse,
-    rendered: Vec<u8>,
-}
+pub use crate::problem::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Problem};
 
 /// Which header carries the key, and which keys are accepted. Set on [`IdempotencyLayer`]; the
 /// extractor falls back to `Idempotency-Key` with [`KeyPolicy::DEFAULT`].
@@ -103,66 +88,9 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
     }
 }
 
-/// An RFC 9457 problem detail, rendered as `application/problem+json` with its members in the
-/// order the RFC lists them, then `code`, `detail` and any extension members.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Problem {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    title: &'static str,
-    status: u16,
-    code: String,
-    detail: String,
-    #[serde(flatten)]
-    extra: serde_json::Map<String, serde_json::Value>,
-    #[serde(skip)]
-    retry_after: Option<u64>,
-}
-
-impl Problem {
-    /// A problem with a machine-readable `code` and a human-readable `detail`.
-    pub fn new(status: StatusCode, code: impl Into<String>, detail: impl Into<String>) -> Self {
-        Problem {
-            kind: "about:blank",
-            title: status.canonical_reason().unwrap_or("Error"),
-            status: status.as_u16(),
-            code: code.into(),
-            detail: detail.into(),
-            extra: serde_json::Map::new(),
-            retry_after: None,
-        }
-    }
-
-    /// Adds an extension member, such as `"currentVersion": 7`. The names of the members
-    /// [`Problem::new`] sets (`type`, `title`, `status`, `code`, `detail`) are ignored: the body
-    /// never carries a member twice, and its `status` is always the response's.
-    pub fn with(mut self, name: &str, value: impl Into<serde_json::Value>) -> Self {
-        const STANDARD: [&str; 5] = ["type", "title", "status", "code", "detail"];
-        if !STANDARD.contains(&name) {
-            self.extra.insert(name.to_owned(), value.into());
-        }
-        self
-    }
-
-    /// Sets `Retry-After`, in seconds.
-    pub fn retry_after(mut self, seconds: u64) -> Self {
-        self.retry_after = Some(seconds);
-        self
-    }
-}
-
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = serde_json::to_vec(&self).unwrap_or_default();
-        let mut resp = (status, body).into_response();
-        resp.headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-        if let Some(secs) = self.retry_after {
-            resp.headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from(secs));
-        }
-        resp
+        self.into_http()
     }
 }
 
@@ -173,7 +101,7 @@ pub fn problem(status: StatusCode, code: &str, detail: &str) -> Response {
 
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        crate::problem::ProblemResponse::from_error(&self).into_http()
+        Problem::from_error(&self).into_response()
     }
 }
 
@@ -346,16 +274,21 @@ where
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         req.extensions_mut().insert(self.config.key.clone());
-        let fut = self.inner.call(req);
+        // The handler runs in the request's context, whose replay watch tells the layer which
+        // answers were replayed, and what their values render to.
+        let watch = ReplayWatch::new();
+        let fut = context::Context::current()
+            .watch_replays(&watch)
+            .scope(self.inner.call(req));
         let config = self.config.clone();
-        Box::pin(REPLAYED.scope(RefCell::new(Vec::new()), async move {
+        Box::pin(async move {
             let resp = fut.await?;
-            let replays = REPLAYED.with(|r| r.take());
+            let replays = watch.take();
             if replays.is_empty() {
                 return Ok(resp);
             }
             Ok(answer_replay(resp, replays, config.replay_status).await)
-        }))
+        })
     }
 }
 
@@ -363,7 +296,7 @@ where
 /// that answer's stored bytes and status, marked as a replay.
 async fn answer_replay(
     resp: Response,
-    replays: Vec<Rendered>,
+    replays: Vec<Replayed>,
     status: Option<StatusCode>,
 ) -> Response {
     let (mut parts, body) = resp.into_parts();
@@ -375,9 +308,11 @@ async fn answer_replay(
         }
     };
     let replay = replays.into_iter().rev().find(|r| {
-        r.stored.status == Some(parts.status.as_u16()) && !r.stored.is_error && r.rendered == bytes
+        r.stored.status == Some(parts.status.as_u16())
+            && !r.stored.is_error
+            && r.rendered.as_deref() == Some(&bytes[..])
     });
-    let Some(Rendered { stored, .. }) = replay else {
+    let Some(Replayed { stored, .. }) = replay else {
         return Response::from_parts(parts, Body::from(bytes));
     };
     if let Some(status) = status {
@@ -389,19 +324,15 @@ async fn answer_replay(
 }
 
 /// Tells the layer around this request that a guarded call replayed `stored`, which `value` now
-/// renders to; warns once when there is no layer.
+/// renders to; warns once when nothing watches replays.
 fn note_replay<T: serde::Serialize>(stored: &StoredResponse, value: &T) {
-    let noted = REPLAYED.try_with(|r| {
-        // What axum's `Json` writes for the value: the layer compares the response with it.
-        if let Ok(rendered) = serde_json::to_vec(value) {
-            r.borrow_mut().push(Rendered {
-                stored: stored.clone(),
-                rendered,
-            });
-        }
-    });
-    if noted.is_err() {
+    if !context::replays_watched() {
         warn_without_layer();
+        return;
+    }
+    // What axum's `Json` writes for the value: the layer compares the response with it.
+    if let Ok(rendered) = serde_json::to_vec(value) {
+        context::note_replay(stored, Some(rendered));
     }
 }
 
@@ -469,25 +400,5 @@ mod replay_impls {
             };
             Ok((status, Json(value(&stored)?)))
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn extension_members_never_repeat_a_standard_one() {
-        // Found by fuzzing (fuzz target `problem`): `with("status", …)` wrote a second
-        // `status` member, which most JSON readers take over the first.
-        let p = Problem::new(StatusCode::CONFLICT, "STALE_VERSION", "read it again")
-            .with("status", 500)
-            .with("type", "https://example.com/x")
-            .with("currentVersion", 7);
-        let body = serde_json::to_string(&p).unwrap();
-        assert_eq!(
-            body,
-            r#"{"type":"about:blank","title":"Conflict","status":409,"code":"STALE_VERSION","detail":"read it again","currentVersion":7}"#
-        );
     }
 }

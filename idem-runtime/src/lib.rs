@@ -64,6 +64,7 @@ pub mod admin;
 pub mod cache;
 pub mod clock;
 pub mod consumer;
+pub mod context;
 mod default_store;
 pub mod error;
 pub mod fingerprint;
@@ -98,6 +99,7 @@ pub mod private;
 
 pub use crate::cache::CachedStore;
 pub use crate::clock::{Clock, ManualClock, SystemClock};
+pub use crate::context::Context;
 pub use crate::default_store::{default_store, set_default_store};
 pub use crate::error::{BoxError, Error, KeyError, Result};
 pub use crate::fingerprint::{Fingerprint, Fingerprinter};
@@ -116,6 +118,7 @@ pub use crate::scope::ScopeBuilder;
 pub use crate::store::memory::MemoryStore;
 pub use crate::store::sweeper::{Sweeper, spawn_sweeper};
 pub use crate::store::{DynStore, SharedStore, Store};
+pub use crate::transition::{Created, StateMachine, Transition, Versioned};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use crate::store::TxStore;

@@ -1,26 +1,28 @@
 //! What idem says over HTTP, independent of any web framework: its two headers, and RFC 9457
-//! problem details for its errors (the status, the `application/problem+json` body and the
-//! `Retry-After` seconds of each [`Error`]).
+//! problem details, [`Problem`]: idem's errors ([`Problem::from_error`]: the status, the
+//! `application/problem+json` body and the `Retry-After` seconds of each [`Error`]) and an
+//! application's own.
 //!
 //! The axum integration (`http`, feature `axum`) and the guard for any `http` service (`tower`,
-//! feature `tower`) both speak this, so a request and an error read the same through either.
+//! feature `tower`) both answer with it, so a request and an error read the same through either.
 //!
 //! ```
-//! use idem::problem::ProblemResponse;
+//! use idem::problem::Problem;
 //! use idem::Error;
 //!
-//! let p = ProblemResponse::from_error(&Error::KeyReused);
-//! assert_eq!(p.status.as_u16(), 422);
+//! let p = Problem::from_error(&Error::KeyReused);
+//! assert_eq!(p.status().as_u16(), 422);
 //! assert_eq!(
-//!     &p.body[..],
+//!     &p.body()[..],
 //!     &br#"{"type":"about:blank","title":"Unprocessable Entity","status":422,"code":"KEY_REUSED_WITH_DIFFERENT_BODY","detail":"the idempotency key was already used for a different request"}"#[..]
 //! );
-//! assert_eq!(p.retry_after, None);
+//! assert_eq!(p.retry_after_seconds(), None);
 //! ```
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
+use serde_json::{Map, Value};
 
 use crate::error::{Error, whole_seconds};
 
@@ -34,19 +36,23 @@ pub const IDEMPOTENT_REPLAYED: http::HeaderName =
 /// The media type of a problem detail.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
-/// A problem detail as an HTTP answer: what any framework needs to send it.
+/// An RFC 9457 problem detail, and what any framework needs to send it: its status, its
+/// `application/problem+json` body and its `Retry-After`.
+///
+/// The body's members come in the order the RFC lists them (`type`, `title`, `status`), then
+/// idem's `code` and `detail`, then any extension members ([`Problem::with`]). With the `axum`
+/// feature it is an `IntoResponse`; elsewhere [`Problem::into_http`] makes it an `http`
+/// response.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProblemResponse {
-    /// The HTTP status, also the body's `status` member.
-    pub status: StatusCode,
-    /// The `application/problem+json` body: `type`, `title`, `status`, `code`, `detail`, in
-    /// that order.
-    pub body: Bytes,
-    /// The `Retry-After` header, in seconds, when the client should try again.
-    pub retry_after: Option<u64>,
+pub struct Problem {
+    status: StatusCode,
+    code: String,
+    detail: String,
+    extra: Map<String, Value>,
+    retry_after: Option<u64>,
 }
 
-/// The body's members, in the order the RFC lists them, then idem's `code` and `detail`.
+/// The body's members, in order.
 #[derive(serde::Serialize)]
 struct Body<'a> {
     #[serde(rename = "type")]
@@ -55,22 +61,18 @@ struct Body<'a> {
     status: u16,
     code: &'a str,
     detail: &'a str,
+    #[serde(flatten)]
+    extra: &'a Map<String, Value>,
 }
 
-impl ProblemResponse {
+impl Problem {
     /// A problem with a machine-readable `code` and a human-readable `detail`.
-    pub fn new(status: StatusCode, code: &str, detail: &str) -> Self {
-        let body = Body {
-            kind: "about:blank",
-            title: status.canonical_reason().unwrap_or("Error"),
-            status: status.as_u16(),
-            code,
-            detail,
-        };
-        ProblemResponse {
+    pub fn new(status: StatusCode, code: impl Into<String>, detail: impl Into<String>) -> Self {
+        Problem {
             status,
-            // Serializing strings and a number into a Vec cannot fail.
-            body: serde_json::to_vec(&body).unwrap_or_default().into(),
+            code: code.into(),
+            detail: detail.into(),
+            extra: Map::new(),
             retry_after: None,
         }
     }
@@ -95,15 +97,67 @@ impl ProblemResponse {
             }
             other => other.to_string(),
         };
-        let mut p = ProblemResponse::new(status, error.code(), &detail);
-        p.retry_after = error.retry_after().map(whole_seconds);
-        p
+        Problem {
+            retry_after: error.retry_after().map(whole_seconds),
+            ..Problem::new(status, error.code(), detail)
+        }
     }
 
-    /// The answer as an `http` response, with `Content-Type: application/problem+json` and
+    /// Adds an extension member, such as `"currentVersion": 7`. The names of the members
+    /// [`Problem::new`] sets (`type`, `title`, `status`, `code`, `detail`) are ignored: the body
+    /// never carries a member twice, and its `status` is always the response's.
+    pub fn with(mut self, name: &str, value: impl Into<Value>) -> Self {
+        const STANDARD: [&str; 5] = ["type", "title", "status", "code", "detail"];
+        if !STANDARD.contains(&name) {
+            self.extra.insert(name.to_owned(), value.into());
+        }
+        self
+    }
+
+    /// Sets `Retry-After`, in seconds.
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
+    }
+
+    /// The HTTP status, also the body's `status` member.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The machine-readable code.
+    pub fn code(&self) -> &str {
+        &self.code
+    }
+
+    /// The human-readable detail.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// The `Retry-After` header, in seconds, when the client should try again.
+    pub fn retry_after_seconds(&self) -> Option<u64> {
+        self.retry_after
+    }
+
+    /// The `application/problem+json` body.
+    pub fn body(&self) -> Bytes {
+        let body = Body {
+            kind: "about:blank",
+            title: self.status.canonical_reason().unwrap_or("Error"),
+            status: self.status.as_u16(),
+            code: &self.code,
+            detail: &self.detail,
+            extra: &self.extra,
+        };
+        // Serializing strings, a number and JSON values into a Vec cannot fail.
+        serde_json::to_vec(&body).unwrap_or_default().into()
+    }
+
+    /// The problem as an `http` response, with `Content-Type: application/problem+json` and
     /// `Retry-After` when set.
     pub fn into_http<B: From<Bytes>>(self) -> Response<B> {
-        let mut resp = Response::new(B::from(self.body));
+        let mut resp = Response::new(B::from(self.body()));
         *resp.status_mut() = self.status;
         resp.headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
@@ -123,11 +177,11 @@ mod tests {
 
     #[test]
     fn in_progress_carries_retry_after_in_whole_seconds() {
-        let p = ProblemResponse::from_error(&Error::InProgress {
+        let p = Problem::from_error(&Error::InProgress {
             retry_after: Duration::from_millis(2_100),
         });
-        assert_eq!(p.status, StatusCode::CONFLICT);
-        assert_eq!(p.retry_after, Some(3));
+        assert_eq!(p.status(), StatusCode::CONFLICT);
+        assert_eq!(p.retry_after_seconds(), Some(3));
         let resp: Response<Bytes> = p.into_http();
         assert_eq!(resp.headers()[RETRY_AFTER], "3");
         assert_eq!(resp.headers()[CONTENT_TYPE], PROBLEM_JSON);
@@ -138,11 +192,26 @@ mod tests {
 
     #[test]
     fn internal_errors_do_not_leak_the_driver_message() {
-        let p = ProblemResponse::from_error(&Error::Unavailable("10.0.0.7:5432 refused".into()));
-        assert_eq!(p.status, StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(p.retry_after, Some(1));
-        let text = std::str::from_utf8(&p.body).unwrap();
+        let p = Problem::from_error(&Error::Unavailable("10.0.0.7:5432 refused".into()));
+        assert_eq!(p.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(p.retry_after_seconds(), Some(1));
+        let body = p.body();
+        let text = std::str::from_utf8(&body).unwrap();
         assert!(text.contains("IDEMPOTENCY_STORE_UNAVAILABLE"), "{text}");
         assert!(!text.contains("10.0.0.7"), "{text}");
+    }
+
+    #[test]
+    fn extension_members_never_repeat_a_standard_one() {
+        // Found by fuzzing (fuzz target `problem`): `with("status", …)` wrote a second
+        // `status` member, which most JSON readers take over the first.
+        let p = Problem::new(StatusCode::CONFLICT, "STALE_VERSION", "read it again")
+            .with("status", 500)
+            .with("type", "https://example.com/x")
+            .with("currentVersion", 7);
+        assert_eq!(
+            &p.body()[..],
+            br#"{"type":"about:blank","title":"Conflict","status":409,"code":"STALE_VERSION","detail":"read it again","currentVersion":7}"#
+        );
     }
 }

@@ -33,6 +33,11 @@
 //! lease ran out. At the delivery limit, a message another consumer is still working on is
 //! waited for here (kept alive) rather than dead-lettered.
 //!
+//! All of this reaches the guarded calls a handler makes through the [`Context`] the runner
+//! runs it in (the consumer's policy, its retry hint, its replay and claim watches). A handler
+//! that moves work onto a task of its own spawns it with [`context::spawn`](crate::context::spawn)
+//! and awaits it; the [`context`](crate::context) module says what a plain `tokio::spawn` loses.
+//!
 //! Handlers are `#[idempotent]` functions (key = the message's key, scope naming the consumer)
 //! or closures guarded by the runner itself ([`Consumer::guarded`]):
 //!
@@ -75,9 +80,10 @@ use futures_util::{Stream, StreamExt};
 use serde::de::DeserializeOwned;
 use serde::{Serialize, Serializer};
 
+use crate::context::{ClaimWatch, Context, ReplayWatch};
 use crate::error::{BoxError, Error};
 use crate::fingerprint::Fingerprint;
-use crate::flow::{self, ClaimWatch, Prepared, RetryHint, WithClaim};
+use crate::flow::{self, Prepared, RetryHint, WithClaim};
 use crate::guard::{ClaimInfo, End};
 use crate::key::Key;
 use crate::record::Policy;
@@ -706,19 +712,20 @@ impl<S: Store> Consumer<S> {
         let mut waits = 0;
         loop {
             let watch = ClaimWatch::new();
-            // A live claim elsewhere is retried when its lease runs out: a redelivery costs more
-            // than a client's retry. `#[idempotent]` functions the handler calls start from the
-            // consumer's policy, so their records live as long as redeliveries can come. The
-            // handler's future is boxed: the seams around it would otherwise move it, whole,
-            // through several frames of the stack.
-            let call = flow::watch_claims(
-                &watch,
-                flow::watch_replays(flow::with_retry_hint(
-                    RetryHint::REMAINING_LEASE,
-                    flow::with_default_policy(self.policy, Box::pin(handler.call(msg.clone()))),
-                )),
-            );
-            let (result, replays) = self.while_alive(delivery, &watch, every, call).await;
+            let replays = ReplayWatch::new();
+            // The handler's context: a live claim elsewhere is retried when its lease runs out
+            // (a redelivery costs more than a client's retry); `#[idempotent]` functions it
+            // calls start from the consumer's policy, so their records live as long as
+            // redeliveries can come; their replays and claims are watched. The handler's future
+            // is boxed: the seams around it would otherwise move it, whole, through several
+            // frames of the stack.
+            let call = Context::current()
+                .policy(self.policy)
+                .retry_hint(RetryHint::REMAINING_LEASE)
+                .watch_replays(&replays)
+                .watch_claims(&watch)
+                .scope(Box::pin(handler.call(msg.clone())));
+            let result = self.while_alive(delivery, &watch, every, call).await;
             // An `Ok` is acked only if every claim the handler took was recorded.
             let unrecorded = result.as_ref().ok().and_then(|()| unrecorded(&watch));
             let ran = match (&result, &unrecorded) {
@@ -731,7 +738,7 @@ impl<S: Store> Consumer<S> {
                     }
                 }
                 (Ok(()), None) => Ran::Done {
-                    replayed: !replays.is_empty(),
+                    replayed: !replays.replays().is_empty(),
                 },
                 (Err(e), _) => Ran::Failed {
                     idem: e.as_idem(),
@@ -930,10 +937,10 @@ fn renew_every(every: Duration, watch: &ClaimWatch) -> Duration {
         .max(Duration::from_millis(10))
 }
 
-/// Why the handler's work is not recorded, when it is not: a claim it took was lost to a newer
-/// attempt, or its answer could not be stored. Its delivery is then retried, never acked: the
-/// redelivery is answered by the newer attempt's record, or re-claims the record once its lease
-/// ran out.
+/// Why the handler's work is not recorded, when it is not, as the completion policy
+/// (`Guard::record`) left its claims: one was lost to a newer attempt, or its answer could not
+/// be stored. Its delivery is then retried, never acked: the redelivery is answered by the newer
+/// attempt's record, or re-claims the record once its lease ran out.
 fn unrecorded(watch: &ClaimWatch) -> Option<Error> {
     watch.claims().into_iter().find_map(|w| {
         let end = w.claim.end();

@@ -11,7 +11,7 @@ use futures_util::{Stream, StreamExt};
 use tokio::sync::oneshot;
 
 use crate::consumer::{Consumer, Delivery, Handler, Settlement, retry_delay};
-use crate::flow::ClaimWatch;
+use crate::context::ClaimWatch;
 use crate::key::Key;
 use crate::store::Store;
 

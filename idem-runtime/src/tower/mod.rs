@@ -78,15 +78,17 @@
 //!    - an unavailable store: 503 `IDEMPOTENCY_STORE_UNAVAILABLE` with `Retry-After`.
 //! 5. Claimed: the inner service runs with the buffered body, and its answer is read whole.
 //!    An answer the rule stores ([`GuardLayer::store_if`]: by default a 2xx whose gRPC status,
-//!    if any, is `0`) completes the record ([`Guard::complete`](crate::Guard::complete)); any
-//!    other answer, an inner service error or an answer body that fails mid-stream releases it
-//!    ([`Guard::release`](crate::Guard::release)), so a retry runs again. A future dropped
-//!    before the end (the client went away) releases the claim through the guard's drop.
+//!    if any, is `0`) completes the record, under the completion policy every guarded call
+//!    shares: an answer that cannot be stored is still sent, and its claim kept until its
+//!    lease runs out; a record a newer attempt took over answers 409 `REQUEST_SUPERSEDED`
+//!    ([`Error::FenceLost`]). Any other answer, an inner service error or an answer body that
+//!    fails mid-stream releases the claim ([`Guard::release`](crate::Guard::release)), so a
+//!    retry runs again. A future dropped before the end (the client went away) releases the
+//!    claim through the guard's drop.
 //!
 //! Other methods pass through untouched, their bodies streamed. Errors are RFC 9457
-//! `application/problem+json` bodies, the same as the axum integration's
-//! ([`ProblemResponse`]). Tracing events and metrics for every
-//! outcome come from the core, as for `#[idempotent]`.
+//! `application/problem+json` bodies, the same type as the axum integration's ([`Problem`]).
+//! Tracing events and metrics for every outcome come from the core, as for `#[idempotent]`.
 //!
 //! # Scope
 //!
@@ -157,8 +159,9 @@ use http_body::Body;
 use crate::error::{BoxError, Error, KeyError, Result};
 use crate::fingerprint::{Fingerprint, Fingerprinter};
 use crate::flow::{Begun, begin};
+use crate::guard::Recorded;
 use crate::key::{Key, KeyPolicy};
-use crate::problem::ProblemResponse;
+use crate::problem::Problem;
 use crate::record::Policy;
 use crate::scope::ScopeBuilder;
 use crate::store::Store;
@@ -286,7 +289,7 @@ enum Decision {
     /// Guarded under this key, for this principal (`None`: an anonymous caller, allowed).
     Guard(Key, Option<String>),
     /// Guarded, and refused: its key is missing or malformed, or it has no principal.
-    Refuse(ProblemResponse),
+    Refuse(Problem),
 }
 
 impl Config {
@@ -297,16 +300,14 @@ impl Config {
         }
         let Some(value) = parts.headers.get(&self.header) else {
             return if required {
-                Decision::Refuse(ProblemResponse::from_error(&Error::InvalidKey(
-                    KeyError::Missing,
-                )))
+                Decision::Refuse(Problem::from_error(&Error::InvalidKey(KeyError::Missing)))
             } else {
                 Decision::PassThrough
             };
         };
         let key = match key_of(value, self.key_policy) {
             Ok(key) => key,
-            Err(e) => return Decision::Refuse(ProblemResponse::from_error(&e)),
+            Err(e) => return Decision::Refuse(Problem::from_error(&e)),
         };
         match self.principal.as_ref().and_then(|f| f(parts)) {
             Some(principal) => Decision::Guard(key, Some(principal)),
@@ -315,7 +316,7 @@ impl Config {
                 if self.principal.is_none() {
                     warn_no_principal();
                 }
-                Decision::Refuse(ProblemResponse::new(
+                Decision::Refuse(Problem::new(
                     StatusCode::UNAUTHORIZED,
                     MISSING_PRINCIPAL,
                     "the request has no authenticated principal, so whose key this is cannot be told",
@@ -559,7 +560,7 @@ where
 }
 
 fn problem<B>(e: &Error) -> Response<GuardBody<B>> {
-    ProblemResponse::from_error(e).into_http()
+    Problem::from_error(e).into_http()
 }
 
 /// One request through the guard.
@@ -600,7 +601,7 @@ where
         Err(body::ReadError::TooLarge) => return Ok(too_large(limit)),
         Err(body::ReadError::Failed(e)) => {
             tracing::debug!(target: "idem", error = %e, "the request body could not be read");
-            return Ok(ProblemResponse::new(
+            return Ok(Problem::new(
                 StatusCode::BAD_REQUEST,
                 "INVALID_REQUEST_BODY",
                 "the request body could not be read",
@@ -687,23 +688,9 @@ where
         trailers,
         body: data,
     };
-    match stored.encode() {
-        Ok(record) => match guard.complete(&record).await {
-            Ok(()) => {}
-            // A newer attempt owns the record; its answer is the one that will be replayed.
-            Err(e @ Error::FenceLost { .. }) => return Ok(problem(&e)),
-            // The effect happened and this is its answer: hand it back. The record stays
-            // claimed until its lease runs out (see Guard::complete).
-            Err(e) => {
-                tracing::error!(target: "idem", error = %e, "could not store the response; returning it unstored");
-            }
-        },
-        Err(e) => {
-            // The side effect happened but its answer cannot be stored: keep the claim (a retry
-            // gets "in progress", then re-claims after the lease) rather than run it twice.
-            tracing::error!(target: "idem", error = %e, "cannot encode the response for storage");
-            guard.keep_claimed();
-        }
+    // The completion policy decides what becomes of the answer and of the claim.
+    if let Recorded::Lost(e) = guard.record(stored.encode()).await {
+        return Ok(problem(&e));
     }
     let StoredHttpResponse { trailers, body, .. } = stored;
     Ok(Response::from_parts(
@@ -734,10 +721,10 @@ fn replay<B>(stored: StoredHttpResponse) -> Response<GuardBody<B>> {
 }
 
 fn too_large<B>(limit: usize) -> Response<GuardBody<B>> {
-    ProblemResponse::new(
+    Problem::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         "REQUEST_BODY_TOO_LARGE",
-        &format!("the request body is longer than {limit} bytes"),
+        format!("the request body is longer than {limit} bytes"),
     )
     .into_http()
 }
