@@ -75,9 +75,78 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::task::futures::TaskLocalFuture;
 
-use crate::flow::RetryHint;
 use crate::guard::ClaimInfo;
 use crate::record::{Policy, StoredResponse};
+
+/// How the `Retry-After` of an "in progress" answer is chosen: by default how long the running
+/// attempt is likely to need, not how long its lease still runs (five minutes by default, for a
+/// body that may take 50 ms).
+///
+/// With [`HintBasis::Observed`] (the default) the hint is the typical duration of the
+/// operation's completed calls, observed in this process (`#[idempotent]` functions measure
+/// their calls; the typical duration is the median of the recent ones, so a few slow callers do
+/// not raise every caller's hint), or `unobserved` before the first one completes; never below
+/// `min` and never
+/// beyond what is left of the running claim's lease (after that the claim is re-claimable, and a
+/// retry then gets the answer or takes over). With [`HintBasis::RemainingLease`] it is what is
+/// left of the lease, at least `min`: what a message consumer, whose redelivery costs more than
+/// a client's retry, waits for.
+///
+/// Install one for the process with [`set_retry_hint`](crate::flow::set_retry_hint) at start-up, or for the calls inside a
+/// future with [`with_retry_hint`] (the message consumer does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryHint {
+    /// The shortest hint. Default one second, `Retry-After`'s resolution.
+    pub min: Duration,
+    /// The hint for an operation none of whose calls has completed in this process yet (and for
+    /// calls guarded by hand with [`begin`](crate::flow::begin), which are not measured). Default one second.
+    pub unobserved: Duration,
+    /// What the hint is based on.
+    pub basis: HintBasis,
+}
+
+/// What a [`RetryHint`] is based on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HintBasis {
+    /// The operation's observed duration, bounded by the running claim's remaining lease.
+    Observed,
+    /// The running claim's remaining lease.
+    RemainingLease,
+}
+
+impl RetryHint {
+    /// One second at least, one second when nothing is known yet, from observed durations.
+    pub const DEFAULT: RetryHint = RetryHint {
+        min: Duration::from_secs(1),
+        unobserved: Duration::from_secs(1),
+        basis: HintBasis::Observed,
+    };
+
+    /// What is left of the running claim's lease, one second at least.
+    pub const REMAINING_LEASE: RetryHint = RetryHint {
+        basis: HintBasis::RemainingLease,
+        ..RetryHint::DEFAULT
+    };
+
+    /// The hint for a claim with `lease_left`, for an operation whose calls typically take
+    /// `typical`.
+    pub fn hint(&self, lease_left: Duration, typical: Option<Duration>) -> Duration {
+        match self.basis {
+            HintBasis::Observed => typical
+                .unwrap_or(self.unobserved)
+                .min(lease_left)
+                .max(self.min),
+            HintBasis::RemainingLease => lease_left.max(self.min),
+        }
+    }
+}
+
+impl Default for RetryHint {
+    fn default() -> Self {
+        RetryHint::DEFAULT
+    }
+}
 
 tokio::task_local! {
     /// The context of the guarded calls on this task: see the module documentation.

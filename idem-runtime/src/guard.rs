@@ -43,8 +43,6 @@ use crate::observe::{self, Outcome};
 use crate::record::{ClaimRef, Claimed, Policy, StoredResponse};
 use crate::store::Store;
 
-pub use crate::flow::{Begun, begin};
-
 /// What a guarded body knows about its claim: `#[idempotent(…, claim = c)]` hands it to the body
 /// as `c`, and [`Guard::info`] gives it by hand.
 ///

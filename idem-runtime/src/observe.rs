@@ -117,27 +117,13 @@ pub(crate) fn purged(store: &str, n: u64) {
     let _ = (store, n);
 }
 
-/// Counts a delivery a consumer settled with its broker (the broker took the settlement).
-pub(crate) fn settled(s: &crate::consumer::Settlement) {
+/// Counts a delivery a consumer settled with its broker (the broker took the settlement), by
+/// the settlement's label (`completed`, `replayed`, `in_progress`, `retried`, `dead_lettered`).
+pub(crate) fn settled(settlement: &'static str) {
     #[cfg(feature = "metrics")]
-    {
-        use crate::consumer::Settlement;
-        macro_rules! count {
-            ($label:literal) => {
-                metrics::counter!("idem_consumer_settlements_total", "settlement" => $label)
-                    .increment(1)
-            };
-        }
-        match s {
-            Settlement::Completed => count!("completed"),
-            Settlement::Replayed => count!("replayed"),
-            Settlement::InProgress(_) => count!("in_progress"),
-            Settlement::Retry(_) => count!("retried"),
-            Settlement::DeadLetter(_) => count!("dead_lettered"),
-        }
-    }
+    metrics::counter!("idem_consumer_settlements_total", "settlement" => settlement).increment(1);
     #[cfg(not(feature = "metrics"))]
-    let _ = s;
+    let _ = settlement;
 }
 
 /// Counts an outbox event a relay published and marked sent.
@@ -164,13 +150,13 @@ pub(crate) fn outbox_publish_failed(refused: bool) {
 
 /// Records how many events an outbox holds waiting and parked.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn outbox_backlog(counts: &crate::outbox::OutboxCounts) {
+pub(crate) fn outbox_backlog(pending: u64, parked: u64) {
     #[cfg(feature = "metrics")]
     {
         // A gauge holds an f64; counts beyond 2^53 are not a concern.
-        metrics::gauge!("idem_outbox_pending").set(counts.pending as f64);
-        metrics::gauge!("idem_outbox_parked").set(counts.parked as f64);
+        metrics::gauge!("idem_outbox_pending").set(pending as f64);
+        metrics::gauge!("idem_outbox_parked").set(parked as f64);
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = counts;
+    let _ = (pending, parked);
 }

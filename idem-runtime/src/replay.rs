@@ -180,3 +180,8 @@ pub(crate) fn encode_final<E: FinalError>(err: &E) -> Result<StoredResponse, Err
 pub(crate) fn decode_final<E: FinalError>(stored: StoredResponse) -> Result<E, Error> {
     E::decode(stored)
 }
+
+/// The replay marker of an `Ok` type, as a value: what generated code fixes the marker with
+/// ([`ErrorOps::replayed_as`](crate::flow::ErrorOps::replayed_as)).
+#[derive(Debug)]
+pub struct Shape<M>(pub(crate) std::marker::PhantomData<fn() -> M>);

@@ -265,6 +265,18 @@ pub enum Settlement {
 }
 
 impl Settlement {
+    /// Its name in metrics and logs: `completed`, `replayed`, `in_progress`, `retried`,
+    /// `dead_lettered`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Settlement::Completed => "completed",
+            Settlement::Replayed => "replayed",
+            Settlement::InProgress(_) => "in_progress",
+            Settlement::Retry(_) => "retried",
+            Settlement::DeadLetter(_) => "dead_lettered",
+        }
+    }
+
     /// Whether the broker was told to forget the message because it was processed.
     pub fn is_ack(&self) -> bool {
         matches!(self, Settlement::Completed | Settlement::Replayed)
@@ -420,7 +432,7 @@ struct Counters {
 
 impl Counters {
     fn settled(&self, s: &Settlement) {
-        crate::observe::settled(s);
+        crate::observe::settled(s.label());
         let c = match s {
             Settlement::Completed => &self.completed,
             Settlement::Replayed => &self.replayed,
@@ -510,7 +522,7 @@ where
             flow::run::<S, Result<T, E>, marker::Serde, _>(
                 &self.store,
                 prepared,
-                crate::private::errors::<E, _>(),
+                flow::ErrorOps::releasing(),
                 WithClaim(move |claim| f(msg, claim)),
             )
             .await

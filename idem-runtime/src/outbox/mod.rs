@@ -476,7 +476,7 @@ impl<O: OutboxBackend, P: Publisher> Relay<O, P> {
             if last_count.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
                 last_count = Some(tokio::time::Instant::now());
                 match self.outbox.counts().await {
-                    Ok(counts) => crate::observe::outbox_backlog(&counts),
+                    Ok(counts) => crate::observe::outbox_backlog(counts.pending, counts.parked),
                     Err(e) => {
                         tracing::warn!(target: "idem", error = %e, "counting the outbox's events failed")
                     }

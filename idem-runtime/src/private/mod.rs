@@ -205,11 +205,7 @@ pub trait ErrorType: Sized {
 #[diagnostic::do_not_recommend]
 impl<E: From<Error>> ErrorType for E {
     fn errors<M>() -> ErrorOps<E, M> {
-        ErrorOps {
-            from_idem: E::from,
-            finals: None,
-            replay: PhantomData,
-        }
+        ErrorOps::releasing()
     }
 }
 
@@ -250,9 +246,7 @@ pub fn errors_final<E: ErrorType + FinalErrorType, M>() -> ErrorOps<E, M> {
     E::with_finals(E::errors())
 }
 
-/// The replay marker of an `Ok` type, as a value ([`ErrorOps::replayed_as`]).
-#[derive(Debug)]
-pub struct Shape<M>(PhantomData<fn() -> M>);
+pub use crate::replay::Shape;
 
 /// Picks the marker of an `Ok` type written like an HTTP answer (`Json<T>`,
 /// `(StatusCode, Json<T>)`) by method resolution: `(&ShapeProbe::<T>::new()).shape()` is
