@@ -22,7 +22,7 @@ use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use http_body_util::BodyExt;
-use idem::http::{IdempotencyKey, IdempotencyLayer};
+use idem::axum::{IdempotencyKey, IdempotencyLayer};
 use idem::tower::GuardLayer;
 use idem::{ManualClock, MemoryStore, SqliteStore, Store, idempotent};
 use serde::{Deserialize, Serialize};

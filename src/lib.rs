@@ -52,7 +52,7 @@
 //!
 //! ```
 //! use axum::{extract::{Path, State}, http::{Request, StatusCode}, routing::post, Json, Router};
-//! use idem::http::{IdempotencyKey, IdempotencyLayer};
+//! use idem::axum::{IdempotencyKey, IdempotencyLayer};
 //! use idem::{idempotent, SqliteStore};
 //! use serde::{Deserialize, Serialize};
 //! use tower::ServiceExt as _;
@@ -129,7 +129,7 @@
 )]
 #![cfg_attr(
     not(feature = "axum"),
-    doc = "- `axum`: the `http` module: the `IdempotencyKey` extractor, problem+json errors, \
+    doc = "- `axum`: the `axum` module: the `IdempotencyKey` extractor, problem+json errors, \
            the replay layer, the lookup by key."
 )]
 #![cfg_attr(

@@ -36,7 +36,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
-use idem::http::{IdempotencyKey, IdempotencyLayer};
+use idem::axum::{IdempotencyKey, IdempotencyLayer};
 use idem::{ClaimRef, PgStore, RecordState, SqliteStore, Store, idempotent};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, SqlitePool};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::routing::post;
 use axum::{Json, Router, extract::State, http::StatusCode};
-use idem::http::{IdempotencyKey, IdempotencyLayer};
+use idem::axum::{IdempotencyKey, IdempotencyLayer};
 use idem::{Idempotent, KeyPolicy, MemoryStore, PgStore, idempotent};
 use reqwest::header::HeaderName;
 
@@ -177,7 +177,7 @@ async fn replays_and_lookups_are_not_cached_and_lookups_keep_the_stored_status()
     let lookup = {
         let store = store.clone();
         move |axum::extract::Path((scope, key)): axum::extract::Path<(String, String)>| async move {
-            idem::http::lookup(&store, &scope, &idem::Key::parse(&key).unwrap()).await
+            idem::axum::lookup(&store, &scope, &idem::Key::parse(&key).unwrap()).await
         }
     };
     let app = Router::new()
@@ -295,7 +295,7 @@ async fn checkout(
         Err(e) => return e.into_response(),
     };
     if fail_later {
-        return idem::http::problem(
+        return idem::axum::problem(
             StatusCode::SERVICE_UNAVAILABLE,
             "PAYMENT_PROVIDER_DOWN",
             "the payment step failed",

@@ -10,7 +10,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem::http::{IdempotencyKey, IdempotencyLayer, Problem};
+use idem::axum::{IdempotencyKey, IdempotencyLayer, Problem};
 use idem::{Key, Store, Transition, Versioned, idempotent};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -414,7 +414,7 @@ pub async fn order_by_key<D: Db, S: Store + Clone>(
 ) -> Result<Response, AppError> {
     let key = Key::parse(&key)?;
     let scope = idem::scope!("order:<user.id>")?;
-    Ok(idem::http::lookup(&app.idem, &scope, &key).await)
+    Ok(idem::axum::lookup(&app.idem, &scope, &key).await)
 }
 
 // ---- payments ----------------------------------------------------------------------------------

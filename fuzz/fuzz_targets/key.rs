@@ -12,7 +12,7 @@ use std::task::{Context, Poll, Waker};
 
 use axum::extract::FromRequestParts;
 use http::{HeaderValue, Request};
-use idem::http::IdempotencyKey;
+use idem::axum::IdempotencyKey;
 use idem::{Error, Key, KeyError, KeyPolicy, ToKey};
 use libfuzzer_sys::fuzz_target;
 

@@ -9,7 +9,7 @@
 //! - axum handlers under `#[idempotent]` returning `Json<T>`, `(StatusCode, Json<T>)` and a
 //!   serde type, behind `IdempotencyLayer`: a body that decodes replays the stored bytes exactly
 //!   (when the stored status is the one the handler answers); one that does not is a 500;
-//! - `idem::http::lookup`: the stored bytes with the stored status (200 without one, 422 for a
+//! - `idem::axum::lookup`: the stored bytes with the stored status (200 without one, 422 for a
 //!   final error without one), a 500 problem+json for a stored status that is not one; every
 //!   answer `Cache-Control: no-store`.
 //!
@@ -32,7 +32,7 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use idem::http::{IdempotencyKey, IdempotencyLayer};
+use idem::axum::{IdempotencyKey, IdempotencyLayer};
 use idem::record::{BeginOutcome, Record, RecordState};
 use idem::store::{Operation, Reply};
 use idem::tower::{GuardBody, GuardLayer, StoredHttpResponse};
@@ -147,7 +147,7 @@ fn world() -> &'static World {
                     let store = store.clone();
                     move || async move {
                         let key = Key::parse("k").unwrap();
-                        idem::http::lookup(&store, "s", &key).await
+                        idem::axum::lookup(&store, "s", &key).await
                     }
                 }),
             )

@@ -40,7 +40,7 @@
     not(feature = "redis"),
     doc = "- `redis`: `RedisStore`, Redis or Valkey, standalone or cluster."
 )]
-//! - `axum`: the `http` module: the `IdempotencyKey` extractor, problem+json errors, the replay
+//! - `axum`: the `axum` module: the `IdempotencyKey` extractor, problem+json errors, the replay
 //!   layer.
 //! - `tower`: the `tower` module: a layer that guards any `http` service (axum, tonic, hyper)
 //!   without annotating its handlers.
@@ -61,6 +61,9 @@
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod admin;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub mod axum;
 pub mod cache;
 pub mod clock;
 pub mod consumer;
@@ -70,9 +73,6 @@ pub mod error;
 pub mod fingerprint;
 pub mod flow;
 pub mod guard;
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub mod http;
 pub mod key;
 pub mod lifecycle;
 mod observe;

@@ -320,7 +320,7 @@ impl Backoff {
     }
 }
 
-/// How a handler's call ended, as [`decide`] reads it.
+/// How a handler's call ended, as [`next_step`] reads it.
 #[derive(Debug)]
 enum Ran<'a> {
     /// `Ok`; `replayed` when a guarded call replayed instead of running.
@@ -341,7 +341,7 @@ enum Step {
 }
 
 /// The one mapping from a handler's outcome to an acknowledgement.
-fn decide(ran: Ran<'_>, delivered: u32, max: Option<u32>, backoff: &Backoff) -> Step {
+fn next_step(ran: Ran<'_>, delivered: u32, max: Option<u32>, backoff: &Backoff) -> Step {
     let last = max.is_some_and(|max| delivered >= max);
     let (idem, is_final, reason) = match ran {
         Ran::Done { replayed: false } => return Step::Settle(Settlement::Completed),
@@ -758,7 +758,7 @@ impl<S: Store> Consumer<S> {
                     reason: e.to_string(),
                 },
             };
-            match decide(ran, attempts(msg.delivered, &watch), max, &self.backoff) {
+            match next_step(ran, attempts(msg.delivered, &watch), max, &self.backoff) {
                 Step::Settle(s) if self.ordered && retry_delay(&s).is_some() => {
                     self.hold(delivery, &msg.key, every, &s).await;
                     msg.delivered = msg.delivered.saturating_add(1);
@@ -1032,54 +1032,59 @@ mod tests {
     fn every_outcome_maps_to_its_acknowledgement() {
         let settle = Step::Settle;
         assert_eq!(
-            decide(Ran::Done { replayed: false }, 1, None, &B),
+            next_step(Ran::Done { replayed: false }, 1, None, &B),
             settle(Settlement::Completed)
         );
         assert_eq!(
-            decide(Ran::Done { replayed: true }, 9, Some(3), &B),
+            next_step(Ran::Done { replayed: true }, 9, Some(3), &B),
             settle(Settlement::Replayed)
         );
         let busy = Error::InProgress {
             retry_after: Duration::from_secs(7),
         };
         assert_eq!(
-            decide(failed(Some(&busy), false), 1, Some(5), &B),
+            next_step(failed(Some(&busy), false), 1, Some(5), &B),
             settle(Settlement::InProgress(Duration::from_secs(7)))
         );
         assert_eq!(
-            decide(failed(Some(&busy), false), 5, Some(5), &B),
+            next_step(failed(Some(&busy), false), 5, Some(5), &B),
             Step::Wait(Duration::from_secs(7))
         );
         assert!(
-            dead(decide(failed(Some(&Error::KeyReused), false), 1, None, &B))
-                .contains("different payload")
+            dead(next_step(
+                failed(Some(&Error::KeyReused), false),
+                1,
+                None,
+                &B
+            ))
+            .contains("different payload")
         );
         let bad_key = Error::InvalidKey(crate::error::KeyError::Empty);
         assert!(
-            dead(decide(failed(Some(&bad_key), false), 1, None, &B))
+            dead(next_step(failed(Some(&bad_key), false), 1, None, &B))
                 .contains("invalid idempotency key")
         );
-        assert_eq!(dead(decide(failed(None, true), 1, Some(5), &B)), "boom");
+        assert_eq!(dead(next_step(failed(None, true), 1, Some(5), &B)), "boom");
         assert_eq!(
-            decide(failed(None, false), 1, Some(5), &B),
+            next_step(failed(None, false), 1, Some(5), &B),
             settle(Settlement::Retry(Duration::from_millis(100)))
         );
         assert_eq!(
-            decide(failed(None, false), 3, None, &B),
+            next_step(failed(None, false), 3, None, &B),
             settle(Settlement::Retry(Duration::from_millis(400)))
         );
         let down = Error::Unavailable("db down".into());
         assert_eq!(
-            decide(failed(Some(&down), false), 2, Some(5), &B),
+            next_step(failed(Some(&down), false), 2, Some(5), &B),
             settle(Settlement::Retry(Duration::from_millis(200)))
         );
-        let limit = dead(decide(failed(None, false), 5, Some(5), &B));
+        let limit = dead(next_step(failed(None, false), 5, Some(5), &B));
         assert!(
             limit.contains("delivery limit reached (5 of 5)") && limit.ends_with("boom"),
             "{limit}"
         );
         assert!(
-            dead(decide(failed(Some(&down), false), 6, Some(5), &B)).contains("delivery limit")
+            dead(next_step(failed(Some(&down), false), 6, Some(5), &B)).contains("delivery limit")
         );
     }
 

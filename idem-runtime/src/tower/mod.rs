@@ -283,7 +283,7 @@ impl<St> fmt::Debug for GuardLayer<St> {
 }
 
 /// What the guard does with a request, by its method, key and principal.
-enum Decision {
+enum Admission {
     /// Not guarded: hand it on as it is.
     PassThrough,
     /// Guarded under this key, for this principal (`None`: an anonymous caller, allowed).
@@ -293,30 +293,30 @@ enum Decision {
 }
 
 impl Config {
-    fn decide(&self, parts: &Parts) -> Decision {
+    fn admit(&self, parts: &Parts) -> Admission {
         let required = self.require_key.contains(&parts.method);
         if !required && !self.when_keyed.contains(&parts.method) {
-            return Decision::PassThrough;
+            return Admission::PassThrough;
         }
         let Some(value) = parts.headers.get(&self.header) else {
             return if required {
-                Decision::Refuse(Problem::from_error(&Error::InvalidKey(KeyError::Missing)))
+                Admission::Refuse(Problem::from_error(&Error::InvalidKey(KeyError::Missing)))
             } else {
-                Decision::PassThrough
+                Admission::PassThrough
             };
         };
         let key = match key_of(value, self.key_policy) {
             Ok(key) => key,
-            Err(e) => return Decision::Refuse(Problem::from_error(&e)),
+            Err(e) => return Admission::Refuse(Problem::from_error(&e)),
         };
         match self.principal.as_ref().and_then(|f| f(parts)) {
-            Some(principal) => Decision::Guard(key, Some(principal)),
-            None if self.allow_anonymous => Decision::Guard(key, None),
+            Some(principal) => Admission::Guard(key, Some(principal)),
+            None if self.allow_anonymous => Admission::Guard(key, None),
             None => {
                 if self.principal.is_none() {
                     warn_no_principal();
                 }
-                Decision::Refuse(Problem::new(
+                Admission::Refuse(Problem::new(
                     StatusCode::UNAUTHORIZED,
                     MISSING_PRINCIPAL,
                     "the request has no authenticated principal, so whose key this is cannot be told",
@@ -579,13 +579,13 @@ where
     ResB::Error: Into<BoxError>,
 {
     let (parts, req_body) = req.into_parts();
-    let (key, principal) = match config.decide(&parts) {
-        Decision::PassThrough => {
+    let (key, principal) = match config.admit(&parts) {
+        Admission::PassThrough => {
             let req = Request::from_parts(parts, GuardBody::inner(req_body));
             return Ok(inner.call(req).await?.map(GuardBody::inner));
         }
-        Decision::Refuse(refusal) => return Ok(refusal.into_http()),
-        Decision::Guard(key, principal) => (key, principal),
+        Admission::Refuse(refusal) => return Ok(refusal.into_http()),
+        Admission::Guard(key, principal) => (key, principal),
     };
 
     let limit = config.body_limit;

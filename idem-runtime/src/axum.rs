@@ -3,7 +3,7 @@
 //!
 //! ```
 //! use axum::{http::StatusCode, routing::post, Router};
-//! use idem::http::IdempotencyLayer;
+//! use idem::axum::IdempotencyLayer;
 //!
 //! # async fn create_order() {}
 //! let app: Router = Router::new()
@@ -342,7 +342,7 @@ pub(crate) fn warn_without_layer() {
     ONCE.call_once(|| {
         tracing::warn!(
             target: "idem",
-            "an HTTP response was replayed outside idem::http::IdempotencyLayer: add the layer for byte-identical replays and the Idempotent-Replayed header"
+            "an HTTP response was replayed outside idem::axum::IdempotencyLayer: add the layer for byte-identical replays and the Idempotent-Replayed header"
         );
     });
 }
