@@ -148,21 +148,7 @@ impl Dialect for Pg {
         format!("split_part({col}, ':', 1)")
     }
 
-    fn fetch_all<'a>(
-        conn: &'a mut PgConnection,
-        sql: &'a SqlStr,
-        args: &'a [Arg<'a>],
-    ) -> impl Future<Output = Result<Vec<PgRow>>> + Send + 'a {
-        sql::fetch_all::<sqlx::Postgres>(conn, sql, args)
-    }
-
-    fn fetch<'a>(
-        conn: &'a mut PgConnection,
-        sql: &'a SqlStr,
-        args: &'a [Arg<'a>],
-    ) -> impl Future<Output = Result<Option<PgRow>>> + Send + 'a {
-        sql::fetch::<sqlx::Postgres>(conn, sql, args)
-    }
+    sql::run_statements!(sqlx::Postgres, PgConnection, PgRow);
 }
 
 /// A store on PostgreSQL.

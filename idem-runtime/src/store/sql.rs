@@ -181,21 +181,15 @@ where
     }
 }
 
-/// Runs `sql` with `args` on `conn` and returns its first row: the one way statements run.
-pub(crate) async fn fetch<DB>(
-    conn: &mut DB::Connection,
-    sql: &SqlStr,
-    args: &[Arg<'_>],
-) -> Result<Option<DB::Row>>
+/// `sql` with `args` bound: the one way statements are prepared.
+fn bound<'q, DB>(sql: &SqlStr, args: &'q [Arg<'_>]) -> sqlx::query::Query<'q, DB, DB::Arguments>
 where
     DB: sqlx::Database,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    DB::Arguments: sqlx::IntoArguments<DB>,
-    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    for<'q> &'q [u8]: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    for<'q> Option<i32>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    for<'q> bool: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'a> &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'a> &'a [u8]: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'a> i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'a> Option<i32>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'a> bool: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
 {
     let mut q = sqlx::query::<DB>(sql.clone());
     for arg in args {
@@ -207,7 +201,29 @@ where
             Arg::Bool(v) => q.bind(v),
         };
     }
-    q.fetch_optional(&mut *conn).await.map_err(map_err)
+    q
+}
+
+/// Runs `sql` with `args` on `conn` and returns its first row.
+pub(crate) async fn fetch<DB>(
+    conn: &mut DB::Connection,
+    sql: &SqlStr,
+    args: &[Arg<'_>],
+) -> Result<Option<DB::Row>>
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'a> &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'a> &'a [u8]: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'a> i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'a> Option<i32>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'a> bool: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+{
+    bound::<DB>(sql, args)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(map_err)
 }
 
 /// Runs `sql` with `args` on `conn` and returns every row.
@@ -220,24 +236,39 @@ where
     DB: sqlx::Database,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
-    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    for<'q> &'q [u8]: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    for<'q> Option<i32>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    for<'q> bool: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'a> &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'a> &'a [u8]: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'a> i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'a> Option<i32>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'a> bool: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
 {
-    let mut q = sqlx::query::<DB>(sql.clone());
-    for arg in args {
-        q = match *arg {
-            Arg::Text(v) => q.bind(v),
-            Arg::Bytes(v) => q.bind(v),
-            Arg::Int(v) => q.bind(v),
-            Arg::OptInt4(v) => q.bind(v),
-            Arg::Bool(v) => q.bind(v),
-        };
-    }
-    q.fetch_all(&mut *conn).await.map_err(map_err)
+    bound::<DB>(sql, args)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(map_err)
 }
+
+/// A dialect's `fetch` and `fetch_all`: the shared functions on its database.
+macro_rules! run_statements {
+    ($db:ty, $conn:ty, $row:ty) => {
+        fn fetch_all<'a>(
+            conn: &'a mut $conn,
+            sql: &'a SqlStr,
+            args: &'a [Arg<'a>],
+        ) -> impl Future<Output = Result<Vec<$row>>> + Send + 'a {
+            sql::fetch_all::<$db>(conn, sql, args)
+        }
+
+        fn fetch<'a>(
+            conn: &'a mut $conn,
+            sql: &'a SqlStr,
+            args: &'a [Arg<'a>],
+        ) -> impl Future<Output = Result<Option<$row>>> + Send + 'a {
+            sql::fetch::<$db>(conn, sql, args)
+        }
+    };
+}
+pub(crate) use run_statements;
 
 fn sql(s: String) -> SqlStr {
     AssertSqlSafe(s).into_sql_str()

@@ -111,21 +111,7 @@ impl Dialect for Lite {
         )
     }
 
-    fn fetch_all<'a>(
-        conn: &'a mut SqliteConnection,
-        sql: &'a SqlStr,
-        args: &'a [Arg<'a>],
-    ) -> impl Future<Output = Result<Vec<SqliteRow>>> + Send + 'a {
-        sql::fetch_all::<sqlx::Sqlite>(conn, sql, args)
-    }
-
-    fn fetch<'a>(
-        conn: &'a mut SqliteConnection,
-        sql: &'a SqlStr,
-        args: &'a [Arg<'a>],
-    ) -> impl Future<Output = Result<Option<SqliteRow>>> + Send + 'a {
-        sql::fetch::<sqlx::Sqlite>(conn, sql, args)
-    }
+    sql::run_statements!(sqlx::Sqlite, SqliteConnection, SqliteRow);
 }
 
 /// Whether `url` names an in-memory database (`sqlite::memory:`, `sqlite://:memory:`,
