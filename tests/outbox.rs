@@ -620,10 +620,18 @@ async fn an_operator_parks_an_event_and_sends_it_back<O: Operate>(outbox: O) {
     let relay = Relay::new(outbox.clone(), broker.clone());
     while relay.run_once().await.unwrap() > 0 {}
     assert_eq!(broker.ids(), ["A-1", "B-0"]);
-    let sent: Vec<String> = outbox.sent().await.into_iter().map(|p| p.event.id).collect();
+    let sent: Vec<String> = outbox
+        .sent()
+        .await
+        .into_iter()
+        .map(|p| p.event.id)
+        .collect();
     assert_eq!(sent, ["B-0", "A-1"], "newest first");
     let b0 = outbox.sent().await[0].seq;
-    assert!(!outbox.hold(b0, "too late").await, "a sent event is not parked");
+    assert!(
+        !outbox.hold(b0, "too late").await,
+        "a sent event is not parked"
+    );
     assert!(!outbox.hold(9_999, "no such").await);
 
     assert!(outbox.unpark(a0).await);
