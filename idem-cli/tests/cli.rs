@@ -434,14 +434,11 @@ mod postgres {
             .connect(&made.url)
             .await
             .unwrap();
-        idem::outbox::PgOutbox::with_table(
-            store.pool().clone(),
-            &table(&made, OUTBOX_TABLE),
-        )
-        .unwrap()
-        .migrate()
-        .await
-        .unwrap();
+        idem::outbox::PgOutbox::with_table(store.pool().clone(), &table(&made, OUTBOX_TABLE))
+            .unwrap()
+            .migrate()
+            .await
+            .unwrap();
         drop(store);
 
         let out = idem(&[

@@ -72,7 +72,7 @@ pub(crate) struct RedriveArgs {
 enum Broker {
     Nats {
         context: async_nats::jetstream::Context,
-        stream: async_nats::jetstream::stream::Stream,
+        stream: Box<async_nats::jetstream::stream::Stream>,
     },
     Amqp {
         connection: lapin::Connection,
@@ -95,7 +95,10 @@ impl Broker {
                     .get_stream(name)
                     .await
                     .map_err(|e| Failure::Failed(format!("no JetStream stream {name:?}: {e}")))?;
-                Ok(Broker::Nats { context, stream })
+                Ok(Broker::Nats {
+                    context,
+                    stream: Box::new(stream),
+                })
             }
             (None, None, Some(url), Some(queue)) => {
                 let connection =
