@@ -487,6 +487,8 @@ trait Operate: OutboxBackend + Clone + 'static {
     async fn pending(&self) -> Vec<PendingEvent>;
     async fn unpark(&self, seq: i64) -> bool;
     async fn unpark_all(&self) -> u64;
+    async fn hold(&self, seq: i64, reason: &str) -> bool;
+    async fn sent(&self) -> Vec<PendingEvent>;
     async fn upgrade(&self);
     /// Rewrites an event's id behind the outbox's back: a row written before ids were checked.
     async fn corrupt_id(&self, id: &str, to: &str);
@@ -513,6 +515,12 @@ macro_rules! operate {
             }
             async fn unpark_all(&self) -> u64 {
                 <$outbox>::unpark_all(self).await.unwrap()
+            }
+            async fn hold(&self, seq: i64, reason: &str) -> bool {
+                <$outbox>::hold(self, seq, reason).await.unwrap()
+            }
+            async fn sent(&self) -> Vec<PendingEvent> {
+                <$outbox>::sent(self, 100).await.unwrap()
             }
             async fn upgrade(&self) {
                 self.migrate().await.unwrap()
@@ -584,6 +592,69 @@ async fn a_refused_event_is_parked_and_its_partition_goes_on<O: Operate>(outbox:
     assert_eq!(broker.ids(), ["B-0", "A-1", "A-2", "A-0"]);
     let counts = outbox.counts().await.unwrap();
     assert_eq!((counts.pending, counts.parked, counts.sent), (0, 0, 4));
+}
+
+/// An operator parks a waiting event: the relays leave it, its partition goes on, the sent
+/// events are listed newest first; sent back, it is published. Only a waiting event can be
+/// parked so.
+async fn an_operator_parks_an_event_and_sends_it_back<O: Operate>(outbox: O) {
+    outbox
+        .add(&[event("A", 0), event("A", 1), event("B", 0)])
+        .await;
+    let pending = outbox.pending().await;
+    assert_eq!(pending.len(), 3);
+    assert!(
+        pending.iter().all(|p| p.age < Duration::from_secs(60)),
+        "{pending:?}"
+    );
+    let a0 = pending[0].seq;
+    assert!(outbox.hold(a0, "held for the audit").await);
+    assert!(!outbox.hold(a0, "again").await, "already parked");
+    let parked = outbox.parked().await;
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].event, event("A", 0));
+    assert_eq!(parked[0].last_error.as_deref(), Some("held for the audit"));
+    assert_eq!(parked[0].failures, 0, "an operator's park is no refusal");
+
+    let broker = Recorder::default();
+    let relay = Relay::new(outbox.clone(), broker.clone());
+    while relay.run_once().await.unwrap() > 0 {}
+    assert_eq!(broker.ids(), ["A-1", "B-0"]);
+    let sent: Vec<String> = outbox
+        .sent()
+        .await
+        .into_iter()
+        .map(|p| p.event.id)
+        .collect();
+    assert_eq!(sent, ["B-0", "A-1"], "newest first");
+    let b0 = outbox.sent().await[0].seq;
+    assert!(
+        !outbox.hold(b0, "too late").await,
+        "a sent event is not parked"
+    );
+    assert!(!outbox.hold(9_999, "no such").await);
+
+    assert!(outbox.unpark(a0).await);
+    assert_eq!(relay.run_once().await.unwrap(), 1);
+    assert_eq!(broker.ids(), ["A-1", "B-0", "A-0"]);
+    let counts = outbox.counts().await.unwrap();
+    assert_eq!((counts.pending, counts.parked, counts.sent), (0, 0, 3));
+}
+
+#[tokio::test]
+async fn on_sqlite_an_operator_parks_an_event_and_sends_it_back() {
+    let (_store, outbox, _file) = sqlite_outbox().await;
+    an_operator_parks_an_event_and_sends_it_back(outbox).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+async fn on_postgres_an_operator_parks_an_event_and_sends_it_back() {
+    let (outbox, _schema) = pg_outbox().await;
+    an_operator_parks_an_event_and_sends_it_back(outbox).await;
 }
 
 /// Counts every counter by name.

@@ -42,6 +42,12 @@ enum Command {
     Records(cmd::records::Command),
     /// Delete every record whose retention has ended.
     Purge(cmd::purge::Args),
+    /// Look at the outbox's events, park them and send parked ones back.
+    #[command(subcommand)]
+    Outbox(cmd::outbox::Command),
+    /// List dead letters (NATS JetStream, RabbitMQ) and re-drive them under their original key.
+    #[command(subcommand)]
+    DeadLetters(cmd::dead_letters::Command),
 }
 
 /// Why a command did not succeed, and so its exit code.
@@ -81,6 +87,8 @@ fn main() -> ExitCode {
             Command::Schema(args) => cmd::schema::run(args),
             Command::Records(command) => cmd::records::run(command).await,
             Command::Purge(args) => cmd::purge::run(args).await,
+            Command::Outbox(command) => cmd::outbox::run(command).await,
+            Command::DeadLetters(command) => cmd::dead_letters::run(command).await,
         }
     });
     match result {

@@ -15,6 +15,11 @@
 //!   attempt number as well, the higher of the two, so a limit set with
 //!   [`Consumer::max_deliveries`](crate::consumer::Consumer::max_deliveries) dead-letters a
 //!   message that keeps failing on classic and quorum queues alike.
+//! - **Re-driving dead letters**: [`dead_letters`] lists a dead-letter queue, and [`redrive`]
+//!   publishes its messages back where they were first published (the exchange and routing
+//!   key of their `x-death` header), with their `message_id`, so a consumer that handled one
+//!   replays it; each is removed from the dead-letter queue only once the broker confirmed
+//!   its publish.
 //! - **Still working**: nothing to say; RabbitMQ holds an unacked delivery for its consumer until
 //!   the channel closes (or its `consumer_timeout`).
 //!
@@ -236,6 +241,281 @@ impl Delivery for AmqpDelivery {
 
     async fn keep_alive(&self) -> Result<(), BoxError> {
         Ok(())
+    }
+}
+
+/// A message of a dead-letter queue, as [`dead_letters`] and [`redrive`] read it: its key and
+/// what the broker's `x-death` header says of its latest dead-lettering (`None` where the
+/// header does not say: a message published to the queue directly).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// Its place in the queue when it was read, from 1.
+    pub position: usize,
+    /// Its `message_id`: its key, which a re-drive keeps.
+    pub message_id: Option<String>,
+    /// The exchange it was published to.
+    pub exchange: Option<String>,
+    /// The routing key it was published with.
+    pub routing_key: Option<String>,
+    /// The queue that dead-lettered it.
+    pub queue: Option<String>,
+    /// Why the broker dead-lettered it (`rejected`: a runner gave it up; `expired`,
+    /// `maxlen`, `delivery_limit`).
+    pub reason: Option<String>,
+    /// How many times it was dead-lettered from that queue for that reason.
+    pub count: Option<u64>,
+    /// How many times it had been delivered (`x-delivery-count`, quorum queues).
+    pub delivered: Option<u64>,
+    /// Its payload's size in bytes.
+    pub size: usize,
+}
+
+/// The headers the broker writes when it dead-letters or delivers a message: left behind by a
+/// re-drive, so the copy starts afresh.
+const BROKER_HEADERS: &[&str] = &[
+    "x-death",
+    "x-first-death-",
+    "x-last-death-",
+    "x-delivery-count",
+];
+
+fn text(value: &AMQPValue) -> Option<String> {
+    match value {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        _ => None,
+    }
+}
+
+fn number(value: &AMQPValue) -> Option<u64> {
+    match value {
+        AMQPValue::LongLongInt(n) => u64::try_from(*n).ok(),
+        AMQPValue::LongInt(n) => u64::try_from(*n).ok(),
+        AMQPValue::LongUInt(n) => Some(u64::from(*n)),
+        AMQPValue::ShortInt(n) => u64::try_from(*n).ok(),
+        AMQPValue::ShortUInt(n) => Some(u64::from(*n)),
+        AMQPValue::Timestamp(n) => Some(*n),
+        _ => None,
+    }
+}
+
+impl DeadLetter {
+    fn read(position: usize, delivery: &lapin::message::Delivery) -> Self {
+        let properties = &delivery.properties;
+        let headers = properties.headers().as_ref().map(|h| h.inner());
+        // The latest dead-lettering is the first entry of `x-death`.
+        let death = headers
+            .and_then(|h| h.get("x-death"))
+            .and_then(|v| match v {
+                AMQPValue::FieldArray(a) => a.as_slice().first(),
+                _ => None,
+            })
+            .and_then(|v| match v {
+                AMQPValue::FieldTable(t) => Some(t.inner()),
+                _ => None,
+            });
+        let field = |name: &str| death.and_then(|d| d.get(name));
+        DeadLetter {
+            position,
+            message_id: properties
+                .message_id()
+                .as_ref()
+                .map(|m| m.as_str().to_owned()),
+            exchange: field("exchange").and_then(text),
+            routing_key: field("routing-keys")
+                .and_then(|v| match v {
+                    AMQPValue::FieldArray(a) => a.as_slice().first(),
+                    _ => None,
+                })
+                .and_then(text),
+            queue: field("queue").and_then(text),
+            reason: field("reason").and_then(text),
+            count: field("count").and_then(number),
+            delivered: headers
+                .and_then(|h| h.get("x-delivery-count"))
+                .and_then(number),
+            size: delivery.data.len(),
+        }
+    }
+}
+
+fn unavailable(e: impl Into<BoxError>) -> Error {
+    Error::Unavailable(e.into())
+}
+
+/// Takes up to `limit` messages of `queue` on `channel` without acknowledging them: the
+/// caller settles each.
+async fn take(
+    channel: &lapin::Channel,
+    queue: &str,
+    limit: usize,
+) -> Result<Vec<lapin::message::Delivery>, Error> {
+    let name = short_string("queue name", queue)?;
+    let mut taken = Vec::new();
+    while taken.len() < limit {
+        let got = channel
+            .basic_get(
+                name.clone(),
+                lapin::options::BasicGetOptions { no_ack: false },
+            )
+            .await
+            .map_err(unavailable)?;
+        match got {
+            Some(message) => taken.push(message.delivery),
+            None => break,
+        }
+    }
+    Ok(taken)
+}
+
+/// Gives `deliveries` back to their queue, in their places.
+async fn give_back(deliveries: &[lapin::message::Delivery]) -> Result<(), Error> {
+    for delivery in deliveries {
+        delivery
+            .acker
+            .nack(BasicNackOptions {
+                requeue: true,
+                ..BasicNackOptions::default()
+            })
+            .await
+            .map_err(unavailable)?;
+    }
+    Ok(())
+}
+
+/// The first `limit` messages of the dead-letter queue `queue`, read on a channel of
+/// `connection` and given back at once (AMQP 0.9.1 cannot look at a queue without taking its
+/// messages: each is taken unacknowledged and requeued in its place, so a quorum queue counts
+/// it as a delivery).
+pub async fn dead_letters(
+    connection: &lapin::Connection,
+    queue: &str,
+    limit: usize,
+) -> Result<Vec<DeadLetter>, Error> {
+    let channel = connection.create_channel().await.map_err(unavailable)?;
+    let taken = take(&channel, queue, limit).await?;
+    let letters = taken
+        .iter()
+        .enumerate()
+        .map(|(i, d)| DeadLetter::read(i + 1, d))
+        .collect();
+    give_back(&taken).await?;
+    let _ = channel.close(200, "listed".into()).await;
+    Ok(letters)
+}
+
+/// Re-drives the dead letters of `queue` that `select` picks (among the first `limit`): each is
+/// published, on a channel of `connection` in confirm mode, to the exchange and with the routing
+/// key it was first published with (its `x-death` header), with its properties (its
+/// `message_id`, its key, above all) and its headers except the broker's (`x-death`,
+/// `x-delivery-count`), and is removed from `queue` only once the broker confirmed the publish
+/// and a queue took it. Those not picked stay, in their places. Returns the ones re-driven.
+///
+/// A picked message without an `x-death` header (none was dead-lettered) is refused with
+/// [`Error::Config`] and stays; so does one the broker did not take (no queue bound, a nack),
+/// with the error. Every message not yet re-driven stays in the queue.
+pub async fn redrive(
+    connection: &lapin::Connection,
+    queue: &str,
+    limit: usize,
+    mut select: impl FnMut(&DeadLetter) -> bool,
+) -> Result<Vec<DeadLetter>, Error> {
+    let channel = connection.create_channel().await.map_err(unavailable)?;
+    channel
+        .confirm_select(lapin::options::ConfirmSelectOptions::default())
+        .await
+        .map_err(unavailable)?;
+    let taken = take(&channel, queue, limit).await?;
+    let mut kept = Vec::new();
+    let mut redriven = Vec::new();
+    let mut failure = None;
+    for (i, delivery) in taken.into_iter().enumerate() {
+        let letter = DeadLetter::read(i + 1, &delivery);
+        if failure.is_some() || !select(&letter) {
+            kept.push(delivery);
+            continue;
+        }
+        match publish_back(&channel, &letter, &delivery).await {
+            Ok(()) => {
+                let acked = delivery
+                    .acker
+                    .ack(BasicAckOptions::default())
+                    .await
+                    .map_err(unavailable)?;
+                if !acked {
+                    return Err(unavailable(format!(
+                        "re-drove dead letter {:?} but could not remove it: its channel closed",
+                        letter.message_id
+                    )));
+                }
+                redriven.push(letter);
+            }
+            Err(e) => {
+                failure = Some(e);
+                kept.push(delivery);
+            }
+        }
+    }
+    give_back(&kept).await?;
+    let _ = channel.close(200, "re-driven".into()).await;
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(redriven),
+    }
+}
+
+/// Publishes `delivery` back where `letter` says it came from; returns once a queue took it.
+async fn publish_back(
+    channel: &lapin::Channel,
+    letter: &DeadLetter,
+    delivery: &lapin::message::Delivery,
+) -> Result<(), Error> {
+    let (Some(exchange), Some(routing_key)) = (&letter.exchange, &letter.routing_key) else {
+        return Err(Error::Config(format!(
+            "dead letter {} ({:?}) has no x-death header: it was not dead-lettered, and where it \
+             came from is unknown",
+            letter.position, letter.message_id
+        )));
+    };
+    let mut properties = delivery.properties.clone();
+    if let Some(headers) = properties.headers() {
+        let mut kept = FieldTable::default();
+        for (name, value) in headers.inner() {
+            let broker = BROKER_HEADERS
+                .iter()
+                .any(|prefix| name.as_str().starts_with(prefix));
+            if !broker {
+                kept.insert(name.clone(), value.clone());
+            }
+        }
+        properties = properties.with_headers(kept);
+    }
+    let confirm = channel
+        .basic_publish(
+            short_string("exchange name", exchange)?,
+            short_string("routing key", routing_key)?,
+            lapin::options::BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
+            &delivery.data,
+            properties,
+        )
+        .await
+        .map_err(unavailable)?
+        .await
+        .map_err(unavailable)?;
+    match confirm {
+        lapin::Confirmation::Ack(None) => Ok(()),
+        lapin::Confirmation::Ack(Some(returned)) => Err(unavailable(format!(
+            "the broker could not route dead letter {:?} (exchange {exchange:?}, routing key \
+             {routing_key:?}): {} {}",
+            letter.message_id, returned.reply_code, returned.reply_text
+        ))),
+        _ => Err(unavailable(format!(
+            "the broker did not take dead letter {:?}",
+            letter.message_id
+        ))),
     }
 }
 

@@ -41,9 +41,10 @@
 //!   one than [`JetStreamSource::retain`], by default [`MESSAGE_RETAIN`]): a message redelivered
 //!   or replayed after its record expired would run again.
 //!
-//! **Re-driving a dead letter** (once its cause is fixed): publish its payload with its headers
-//! to the subject in its `Idem-Original-Subject` header, then delete it from the dead-letter
-//! stream. Back on its subject, its `Idem-Key` is its key, so consumers that processed the
+//! **Re-driving a dead letter** (once its cause is fixed): [`redrive`] publishes its payload
+//! with its headers to the subject in its `Idem-Original-Subject` header and, once the server
+//! confirmed, deletes it from the dead-letter stream ([`dead_letters`] lists them; the `idem
+//! dead-letters` command does both). Back on its subject, its `Idem-Key` is its key, so consumers that processed the
 //! message replay it and the one that gave up runs it; publishing the same dead letter twice is
 //! deduplicated by the original stream's duplicate window (its `Nats-Msg-Id` comes with it).
 //!
@@ -112,6 +113,10 @@ pub const KEY: &str = "Idem-Key";
 pub const ORIGINAL_SUBJECT: &str = "Idem-Original-Subject";
 /// Header of a dead letter: the stream and stream sequence it came from, `<stream>:<seq>`.
 pub const ORIGINAL_SEQUENCE: &str = "Idem-Original-Sequence";
+
+/// Header of a dead letter: how many times the message had been delivered when it was given
+/// up.
+pub const DELIVERED: &str = "Idem-Delivered";
 
 /// The prefix of JetStream's own headers: none is copied into a dead letter.
 const JETSTREAM_HEADERS: &str = "Nats-";
@@ -377,6 +382,7 @@ impl JetStreamDelivery {
         headers.insert(REASON, text_value(reason));
         headers.insert(CONSUMER, text_value(&self.shared.consumer));
         headers.insert(KEY, exact_value(KEY, &self.key)?);
+        headers.insert(DELIVERED, text_value(&self.delivered.to_string()));
         headers.insert(
             ORIGINAL_SUBJECT,
             exact_value(ORIGINAL_SUBJECT, &self.msg.subject)?,
@@ -513,6 +519,145 @@ impl Delivery for JetStreamDelivery {
     async fn keep_alive(&self) -> Result<(), BoxError> {
         self.msg.ack_with(AckKind::Progress).await
     }
+}
+
+/// A dead letter in a dead-letter stream, as [`dead_letters`] reads it: its place and what its
+/// `Idem-…` headers say (`None` where a header is missing: a message that no runner
+/// dead-lettered).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// Its sequence in the dead-letter stream: what [`redrive`] takes.
+    pub sequence: u64,
+    /// The subject it was published to ([`ORIGINAL_SUBJECT`]).
+    pub original_subject: Option<String>,
+    /// The stream and sequence it came from ([`ORIGINAL_SEQUENCE`]).
+    pub origin: Option<String>,
+    /// Its key ([`KEY`]): re-driven, it is processed under this key.
+    pub key: Option<String>,
+    /// The consumer that gave it up ([`CONSUMER`]).
+    pub consumer: Option<String>,
+    /// How many times it had been delivered ([`DELIVERED`]).
+    pub delivered: Option<u32>,
+    /// Why it was given up ([`REASON`]).
+    pub reason: Option<String>,
+    /// Its payload's size in bytes.
+    pub size: usize,
+}
+
+impl DeadLetter {
+    fn read(message: &jetstream::message::StreamMessage) -> Self {
+        let header = |name: &str| message.headers.get(name).map(|v| v.as_str().to_owned());
+        DeadLetter {
+            sequence: message.sequence,
+            original_subject: header(ORIGINAL_SUBJECT),
+            origin: header(ORIGINAL_SEQUENCE),
+            key: header(KEY),
+            consumer: header(CONSUMER),
+            delivered: header(DELIVERED).and_then(|d| d.parse().ok()),
+            reason: header(REASON),
+            size: message.payload.len(),
+        }
+    }
+}
+
+/// An error of the server, or of reaching it, as [`Error::Unavailable`].
+fn unavailable(e: impl Into<BoxError>) -> Error {
+    Error::Unavailable(e.into())
+}
+
+/// Whether a raw-message error says there is no such message.
+fn not_found(e: &jetstream::stream::RawMessageError) -> bool {
+    use jetstream::stream::RawMessageErrorKind;
+    matches!(e.kind(), RawMessageErrorKind::NoMessageFound)
+}
+
+/// The dead letters of `stream`, oldest first, at most `limit`, starting at sequence `from`
+/// (1: the start). Reading them changes nothing.
+pub async fn dead_letters(
+    stream: &jetstream::stream::Stream,
+    from: u64,
+    limit: usize,
+) -> Result<Vec<DeadLetter>, Error> {
+    let mut letters = Vec::new();
+    let mut next = from.max(1);
+    while letters.len() < limit {
+        match stream.get_first_raw_message_by_subject(">", next).await {
+            Ok(message) => {
+                next = message.sequence + 1;
+                letters.push(DeadLetter::read(&message));
+            }
+            Err(e) if not_found(&e) => break,
+            Err(e) => return Err(unavailable(e)),
+        }
+    }
+    Ok(letters)
+}
+
+/// What [`redrive`] did with a dead letter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redriven {
+    /// The dead letter, as it was.
+    pub letter: DeadLetter,
+    /// Where the copy was stored: its stream and sequence.
+    pub stream: String,
+    /// Its sequence there.
+    pub stream_sequence: u64,
+    /// Whether the stream took it for a copy of a message it already holds (its `Nats-Msg-Id`
+    /// within the stream's duplicate window): a dead letter re-driven twice is stored once.
+    pub duplicate: bool,
+}
+
+/// Re-drives the dead letter at `sequence` of the dead-letter stream `stream`: publishes its
+/// payload and headers through `context` to the subject in its [`ORIGINAL_SUBJECT`] header and,
+/// only once the server confirmed that publish, deletes it from the dead-letter stream. Back on
+/// its subject it is keyed by its [`KEY`] header, its original key: a consumer that processed
+/// the message replays it, and the one that gave up runs it.
+///
+/// A message without an [`ORIGINAL_SUBJECT`] header (no runner dead-lettered it) is refused with
+/// [`Error::Config`], as is a sequence the stream does not hold; a publish
+/// that is not confirmed leaves the dead letter where it is ([`Error::Unavailable`]), and a
+/// confirmed publish whose deletion fails says so: re-driving it again is deduplicated within
+/// the original stream's duplicate window.
+pub async fn redrive(
+    context: &jetstream::Context,
+    stream: &jetstream::stream::Stream,
+    sequence: u64,
+) -> Result<Redriven, Error> {
+    let message = match stream.get_raw_message(sequence).await {
+        Ok(message) => message,
+        Err(e) if not_found(&e) => {
+            return Err(Error::Config(format!(
+                "no dead letter at sequence {sequence}"
+            )));
+        }
+        Err(e) => return Err(unavailable(e)),
+    };
+    let letter = DeadLetter::read(&message);
+    let Some(subject) = letter.original_subject.clone() else {
+        return Err(Error::Config(format!(
+            "the message at sequence {sequence} is no dead letter: it has no {ORIGINAL_SUBJECT} \
+             header"
+        )));
+    };
+    let ack = context
+        .publish_with_headers(subject, message.headers.clone(), message.payload.clone())
+        .await
+        .map_err(unavailable)?
+        .await
+        .map_err(unavailable)?;
+    stream.delete_message(sequence).await.map_err(|e| {
+        unavailable(format!(
+            "re-drove the dead letter at sequence {sequence} (stored as {}:{}) but could not \
+             delete it: {e}",
+            ack.stream, ack.sequence
+        ))
+    })?;
+    Ok(Redriven {
+        letter,
+        stream: ack.stream,
+        stream_sequence: ack.sequence,
+        duplicate: ack.duplicate,
+    })
 }
 
 /// Publishes outbox events through JetStream: the event's id as `Nats-Msg-Id`, so the stream's

@@ -192,7 +192,7 @@ pub struct ClaimedEvent {
     pub event: Event,
 }
 
-/// An event waiting to be published, or parked.
+/// An event in the outbox as operators list it: waiting to be published, parked, or sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingEvent {
     /// Its place in the outbox.
@@ -205,6 +205,8 @@ pub struct PendingEvent {
     pub event: Event,
     /// Why its last publish failed (for a parked event: why it was parked), if it did.
     pub last_error: Option<String>,
+    /// How long ago it was enqueued, by the database's clock.
+    pub age: Duration,
 }
 
 /// How many events an outbox holds.

@@ -46,10 +46,12 @@ pub(crate) struct OutboxStatements {
     pub(crate) mark_sent: SqlStr,
     pub(crate) retry: SqlStr,
     pub(crate) park: SqlStr,
+    pub(crate) hold: SqlStr,
     pub(crate) unpark: SqlStr,
     pub(crate) unpark_all: SqlStr,
     pub(crate) pending: SqlStr,
     pub(crate) parked: SqlStr,
+    pub(crate) sent: SqlStr,
     pub(crate) counts: SqlStr,
     pub(crate) purge: SqlStr,
 }
@@ -91,6 +93,12 @@ impl OutboxStatements {
         let columns = "seq, id, topic, partition_key, payload, attempts, failures";
         // Unsent and not parked: what a relay may still publish.
         let waiting = "sent_at IS NULL AND parked_at IS NULL";
+        // What operators see of an event: its columns, its last error and how long ago it
+        // was enqueued, in milliseconds by the database's clock.
+        let listed = format!(
+            "{columns}, last_error, -({}) AS age_ms",
+            D::ms_until("created_at")
+        );
         Ok(OutboxStatements {
             table: table.to_owned(),
             channel,
@@ -137,6 +145,11 @@ impl OutboxStatements {
                 "UPDATE {t} SET parked_at = {now}, lease_until = NULL, lease_owner = NULL, \
                  last_error = $2, failures = failures + 1 WHERE seq = $1 AND sent_at IS NULL"
             )),
+            // An operator's park: only an event still waiting, its refusals left as they are.
+            hold: sql(format!(
+                "UPDATE {t} SET parked_at = {now}, lease_until = NULL, lease_owner = NULL, \
+                 last_error = $2 WHERE seq = $1 AND sent_at IS NULL AND parked_at IS NULL"
+            )),
             unpark: sql(format!(
                 "UPDATE {t} SET parked_at = NULL, failures = 0, lease_until = NULL, \
                  lease_owner = NULL WHERE seq = $1 AND parked_at IS NOT NULL AND sent_at IS NULL"
@@ -146,11 +159,14 @@ impl OutboxStatements {
                  lease_owner = NULL WHERE parked_at IS NOT NULL AND sent_at IS NULL"
             )),
             pending: sql(format!(
-                "SELECT {columns}, last_error FROM {t} WHERE {waiting} ORDER BY seq LIMIT $1"
+                "SELECT {listed} FROM {t} WHERE {waiting} ORDER BY seq LIMIT $1"
             )),
             parked: sql(format!(
-                "SELECT {columns}, last_error FROM {t} \
+                "SELECT {listed} FROM {t} \
                  WHERE parked_at IS NOT NULL AND sent_at IS NULL ORDER BY seq LIMIT $1"
+            )),
+            sent: sql(format!(
+                "SELECT {listed} FROM {t} WHERE sent_at IS NOT NULL ORDER BY seq DESC LIMIT $1"
             )),
             counts: sql(format!(
                 "SELECT (SELECT count(*) FROM {t} WHERE {waiting}) AS pending, \
@@ -274,6 +290,27 @@ macro_rules! outbox_backend {
                 self.list(&self.sql.parked, limit).await
             }
 
+            /// The most recently sent events not yet purged, newest first, at most `limit`.
+            pub async fn sent(&self, limit: u32) -> Result<Vec<PendingEvent>> {
+                self.list(&self.sql.sent, limit).await
+            }
+
+            /// Parks the waiting event `seq` on an operator's word, with `reason` as its last
+            /// error: no relay claims it, and its partition's later events go on without it
+            /// (see the module's "Parking"), until [`Self::unpark`] sends it back. Its
+            /// refusals are left as they are. `false` when no such event is waiting (sent,
+            /// already parked, or not in the outbox). A relay publishing it at that moment
+            /// still marks it sent once the broker confirmed it.
+            pub async fn hold(&self, seq: i64, reason: &str) -> Result<bool> {
+                let done = sqlx::query(self.sql.hold.clone())
+                    .bind(seq)
+                    .bind(reason)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(map_err)?;
+                Ok(done.rows_affected() > 0)
+            }
+
             /// Sends the parked event `seq` back to the relays, its refusals forgotten: it is
             /// published next in its partition (before the partition's events still waiting,
             /// after those sent while it was parked). `false` when no such event is parked.
@@ -306,7 +343,9 @@ macro_rules! outbox_backend {
                 rows.iter()
                     .map(|row| {
                         let claimed = read_claimed(row)?;
+                        let age_ms: i64 = row.try_get("age_ms")?;
                         Ok(PendingEvent {
+                            age: Duration::from_millis(u64::try_from(age_ms).unwrap_or(0)),
                             seq: claimed.seq,
                             attempts: claimed.attempts,
                             failures: claimed.failures,
