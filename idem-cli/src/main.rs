@@ -7,7 +7,8 @@
 //! for people and, with `--json`, one JSON document for scripts.
 //!
 //! Exit codes: 0 done, 1 the command failed (the store could not be reached, no such record),
-//! 2 the command was wrong (arguments, no store named, a URL of no known store).
+//! 2 the command was wrong (arguments, no store named, a URL of no known store, a release
+//! without a terminal to confirm it on and without `--yes`).
 
 #![warn(
     missing_docs,
@@ -37,11 +38,13 @@ struct Cli {
 enum Command {
     /// Print the DDL of the SQL stores' tables (records, outbox, PostgreSQL's notify trigger).
     Schema(cmd::schema::Args),
-    /// Look at idempotency records.
+    /// Look at idempotency records; release a claim stuck in progress.
     #[command(subcommand)]
     Records(cmd::records::Command),
-    /// Delete every record whose retention has ended.
+    /// Delete every record whose retention has ended (or, with --dry-run, count them).
     Purge(cmd::purge::Args),
+    /// Counts by state and scope prefix, the oldest claim in progress, records expiring soon.
+    Stats(cmd::stats::Args),
 }
 
 /// Why a command did not succeed, and so its exit code.
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
             Command::Schema(args) => cmd::schema::run(args),
             Command::Records(command) => cmd::records::run(command).await,
             Command::Purge(args) => cmd::purge::run(args).await,
+            Command::Stats(args) => cmd::stats::run(args).await,
         }
     });
     match result {
@@ -94,5 +98,19 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
         Err(Failure::Quiet) => ExitCode::FAILURE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    #[test]
+    fn every_command_is_well_formed() {
+        // Unique argument names across flattened groups, valid defaults, and the rest of clap's
+        // own checks, for every subcommand.
+        Cli::command().debug_assert();
     }
 }

@@ -4,3 +4,4 @@
 pub(crate) mod purge;
 pub(crate) mod records;
 pub(crate) mod schema;
+pub(crate) mod stats;
