@@ -292,8 +292,8 @@ async fn release(args: ReleaseArgs) -> Result<(), Failure> {
         ForcedRelease::Released { fence } => {
             if !args.json {
                 println!(
-                    "released scope {scope:?}, key {key:?}: fence now {fence}. The next request \
-                     with this key runs; the previous owner can no longer complete."
+                    "released scope {scope:?}, key {key:?}: its fence is now {fence}\nthe next \
+                     request with this key runs; the previous owner can no longer complete"
                 );
             }
             Ok(())
