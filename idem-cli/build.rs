@@ -1,8 +1,8 @@
 //! Which services the tests can reach, decided when they are built: `DATABASE_URL` pointing at
-//! PostgreSQL sets `cfg(idem_postgres)`, `NATS_URL` (nats://…) `cfg(idem_nats)`, `AMQP_URL`
-//! (amqp://…) `cfg(idem_amqp)`. Without one, its tests are compiled `#[ignore]`d, unless
-//! `IDEM_REQUIRE_POSTGRES=1` (`IDEM_REQUIRE_NATS=1`, `IDEM_REQUIRE_AMQP=1`) makes its absence an
-//! error (CI).
+//! PostgreSQL sets `cfg(idem_postgres)`, `IDEM_REDIS_URL` (redis://…) `cfg(idem_redis)`,
+//! `NATS_URL` (nats://…) `cfg(idem_nats)`, `AMQP_URL` (amqp://…) `cfg(idem_amqp)`. Without one,
+//! its tests are compiled `#[ignore]`d, unless `IDEM_REQUIRE_POSTGRES=1` (`IDEM_REQUIRE_REDIS=1`,
+//! `IDEM_REQUIRE_NATS=1`, `IDEM_REQUIRE_AMQP=1`) makes its absence an error (CI).
 
 /// A service: its `cfg`, the variable naming it and the schemes it takes, the variable that
 /// makes it required, and an example.
@@ -13,6 +13,13 @@ const SERVICES: &[(&str, &str, &[&str], &str, &str)] = &[
         &["postgres://", "postgresql://"],
         "IDEM_REQUIRE_POSTGRES",
         "DATABASE_URL=postgres://postgres@127.0.0.1:5432/test",
+    ),
+    (
+        "idem_redis",
+        "IDEM_REDIS_URL",
+        &["redis://", "rediss://", "valkey://"],
+        "IDEM_REQUIRE_REDIS",
+        "IDEM_REDIS_URL=redis://127.0.0.1:6379",
     ),
     (
         "idem_nats",

@@ -5,6 +5,9 @@
 mod common;
 
 #[allow(dead_code)]
+#[path = "../examples/refund_service/admin.rs"]
+mod admin;
+#[allow(dead_code)]
 #[path = "../examples/refund_service/app.rs"]
 mod app;
 #[allow(dead_code)]

@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::admin;
 use crate::db::{Db, Order, OrderStatus, PgDb, SqliteDb};
 use crate::events::{self, Events};
 use crate::gateway::{DemoGateway, GatewayError, MoneyMove};
@@ -83,7 +84,8 @@ fn decode_hex(hex: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// Connects to `database_url` (PostgreSQL), or opens the SQLite file it names, and returns the
-/// router with a description of where things are kept. Idempotency records go to `redis` when
+/// router (the API, and idem's admin view under `/admin` for operators) with a description of
+/// where things are kept. Idempotency records go to `redis` when
 /// given, else into the same database as the orders. With `nats_url`, a relay publishes the
 /// outbox's events to JetStream; without it they wait in the outbox (`GET /api/outbox`).
 pub async fn build(
@@ -111,23 +113,29 @@ async fn with_events<D: Events>(
         events::start_relay(db.clone(), url).await?;
     }
     let webhook_secret = WebhookSecret::from_env();
+    let admin_token = admin::AdminToken::from_env();
     Ok(match redis {
-        Some(idem) => (
-            router(App {
-                db,
-                idem,
-                webhook_secret,
-            }),
-            format!("{database}; idempotency records in Redis"),
-        ),
-        None => {
-            let idem = db.store().clone();
+        Some(idem) => {
+            let admin = admin::router(idem.clone(), admin_token);
             let app = App {
                 db,
                 idem,
                 webhook_secret,
             };
-            (router(app), database)
+            (
+                router(app).nest("/admin", admin),
+                format!("{database}; idempotency records in Redis"),
+            )
+        }
+        None => {
+            let idem = db.store().clone();
+            let admin = admin::router(idem.clone(), admin_token);
+            let app = App {
+                db,
+                idem,
+                webhook_secret,
+            };
+            (router(app).nest("/admin", admin), database)
         }
     })
 }

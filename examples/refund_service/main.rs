@@ -12,8 +12,10 @@
 //! ```
 //!
 //! See the README for a walkthrough with curl. `GET /metrics` serves idem's counters in the
-//! Prometheus text format.
+//! Prometheus text format; `/admin` is idem's admin view of the records, for operators with the
+//! `ADMIN_TOKEN` (`Authorization: Bearer …`).
 
+mod admin;
 mod app;
 mod db;
 mod events;
@@ -38,6 +40,8 @@ Configured by the environment:
   NATS_URL                nats://…: publish the outbox's events to JetStream
   PAYMENT_WEBHOOK_SECRET  the secret the payment gateway signs its callbacks with
                           (default: the development secret dev-webhook-secret)
+  ADMIN_TOKEN             the token operators send to /admin (Authorization: Bearer …)
+                          (default: the development token dev-admin-token)
   RUST_LOG                the log filter (default info)
 ";
 
@@ -98,6 +102,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "payment callbacks are checked against the development secret {:?}: set {} to the gateway's secret",
             app::DEV_WEBHOOK_SECRET,
             app::WEBHOOK_SECRET_VAR
+        );
+    }
+    if admin::AdminToken::from_env().is_dev() {
+        tracing::warn!(
+            "the admin view /admin admits the development token {:?}: set {} to an operators' secret",
+            admin::DEV_ADMIN_TOKEN,
+            admin::ADMIN_TOKEN_VAR
         );
     }
     axum::serve(listener, router)

@@ -7,7 +7,8 @@
 //! for people and, with `--json`, one JSON document for scripts.
 //!
 //! Exit codes: 0 done, 1 the command failed (the store could not be reached, no such record),
-//! 2 the command was wrong (arguments, no store named, a URL of no known store).
+//! 2 the command was wrong (arguments, no store named, a URL of no known store, a release
+//! without a terminal to confirm it on and without `--yes`).
 
 #![warn(
     missing_docs,
@@ -37,10 +38,10 @@ struct Cli {
 enum Command {
     /// Print the DDL of the SQL stores' tables (records, outbox, PostgreSQL's notify trigger).
     Schema(cmd::schema::Args),
-    /// Look at idempotency records.
+    /// Look at idempotency records; release a claim stuck in progress.
     #[command(subcommand)]
     Records(cmd::records::Command),
-    /// Delete every record whose retention has ended.
+    /// Delete every record whose retention has ended (or, with --dry-run, count them).
     Purge(cmd::purge::Args),
     /// Look at the outbox's events, park them and send parked ones back.
     #[command(subcommand)]
@@ -48,6 +49,8 @@ enum Command {
     /// List dead letters (NATS JetStream, RabbitMQ) and re-drive them under their original key.
     #[command(subcommand)]
     DeadLetters(cmd::dead_letters::Command),
+    /// Counts by state and scope prefix, the oldest claim in progress, records expiring soon.
+    Stats(cmd::stats::Args),
 }
 
 /// Why a command did not succeed, and so its exit code.
@@ -89,6 +92,7 @@ fn main() -> ExitCode {
             Command::Purge(args) => cmd::purge::run(args).await,
             Command::Outbox(command) => cmd::outbox::run(command).await,
             Command::DeadLetters(command) => cmd::dead_letters::run(command).await,
+            Command::Stats(args) => cmd::stats::run(args).await,
         }
     });
     match result {
@@ -102,5 +106,19 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
         Err(Failure::Quiet) => ExitCode::FAILURE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    #[test]
+    fn every_command_is_well_formed() {
+        // Unique argument names across flattened groups, valid defaults, and the rest of clap's
+        // own checks, for every subcommand.
+        Cli::command().debug_assert();
     }
 }

@@ -1,6 +1,7 @@
 //! How commands print: aligned tables for people, one JSON document for scripts.
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use crate::Failure;
 
@@ -18,7 +19,6 @@ impl Table {
     }
 
     /// A table of items under `columns`.
-    #[allow(dead_code)] // for the listing commands
     pub(crate) fn with_header(columns: &[&str]) -> Self {
         Table {
             header: Some(columns.iter().map(|c| (*c).to_owned()).collect()),
@@ -66,6 +66,28 @@ impl Table {
     }
 }
 
+/// A duration as people read it: `4m 58s`, `850ms`.
+pub(crate) fn duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    // The larger unit, and the next one unless it is zero.
+    let two = |big: u64, unit: &str, small: u64, small_unit: &str| match small {
+        0 => format!("{big}{unit}"),
+        _ => format!("{big}{unit} {small}{small_unit}"),
+    };
+    match secs {
+        0 => format!("{}ms", d.as_millis()),
+        1..60 => format!("{secs}s"),
+        60..3600 => two(secs / 60, "m", secs % 60, "s"),
+        3600..86_400 => two(secs / 3600, "h", secs % 3600 / 60, "m"),
+        _ => two(secs / 86_400, "d", secs % 86_400 / 3600, "h"),
+    }
+}
+
+/// A duration in whole milliseconds, for JSON.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// Prints `value` as pretty JSON on stdout.
 pub(crate) fn json(value: &serde_json::Value) -> Result<(), Failure> {
     let text = serde_json::to_string_pretty(value)
@@ -86,5 +108,16 @@ mod tests {
             t.render(),
             "scope      state\nrefund:A1  completed\nx          in_progress\n"
         );
+    }
+
+    #[test]
+    fn durations_read_well() {
+        assert_eq!(duration(Duration::from_millis(850)), "850ms");
+        assert_eq!(duration(Duration::from_secs(42)), "42s");
+        assert_eq!(duration(Duration::from_secs(298)), "4m 58s");
+        assert_eq!(duration(Duration::from_secs(7260)), "2h 1m");
+        assert_eq!(duration(Duration::from_secs(86_400 + 7200)), "1d 2h");
+        assert_eq!(duration(Duration::from_secs(3600)), "1h");
+        assert_eq!(duration(Duration::from_secs(300)), "5m");
     }
 }

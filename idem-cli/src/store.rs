@@ -17,12 +17,12 @@ pub(crate) struct StoreArgs {
     pub(crate) table: String,
     /// The key prefix of a Redis store.
     #[arg(
-        long,
+        long = "redis-prefix",
         value_name = "PREFIX",
         env = "IDEM_STORE_PREFIX",
-        default_value = "idem:"
+        default_value = idem::store::redis::DEFAULT_PREFIX
     )]
-    pub(crate) prefix: String,
+    pub(crate) redis_prefix: String,
 }
 
 /// The kinds of store a URL can name.
@@ -126,14 +126,14 @@ pub(crate) async fn open(args: &StoreArgs) -> Result<(SharedStore, String), Fail
         // refusal is for services that rely on their records staying.
         Kind::Redis => SharedStore::new(
             RedisStore::builder()
-                .prefix(&args.prefix)
+                .prefix(&args.redis_prefix)
                 .allow_eviction(true)
                 .connect(&url)
                 .await?,
         ),
         Kind::RedisCluster => SharedStore::new(
             RedisStore::builder()
-                .prefix(&args.prefix)
+                .prefix(&args.redis_prefix)
                 .allow_eviction(true)
                 .connect_cluster(url.split(',').map(str::trim))
                 .await?,

@@ -44,6 +44,7 @@ use serde_json::{Value, json};
 
 use crate::error::Error;
 use crate::lifecycle::State;
+pub use crate::store::admin::parse_age;
 use crate::store::{ForcedRelease, RecordInfo, RecordQuery, Store, StoreAdmin, StoreStats};
 
 /// The most bytes of a stored answer or recovery point a page shows.
@@ -101,28 +102,6 @@ fn base(original: &Uri, seen: &Uri) -> String {
         full.strip_suffix(tail).unwrap_or("")
     };
     base.to_owned()
-}
-
-/// `90s`, `5m`, `2h`, `1d`, or a number of seconds: how old a record must be to be listed.
-pub fn parse_age(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (digits, unit) = text.split_at(
-        text.find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len()),
-    );
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not an age: write 90s, 5m, 2h or 1d"))?;
-    let secs = match unit {
-        "" | "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return Err(format!("{text:?} is not an age: write 90s, 5m, 2h or 1d")),
-    };
-    n.checked_mul(secs)
-        .map(Duration::from_secs)
-        .ok_or_else(|| format!("{text:?} is too long an age"))
 }
 
 /// The query of the record list, from `state`, `prefix`, `older_than` and `limit`.

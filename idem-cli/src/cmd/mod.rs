@@ -6,3 +6,4 @@ pub(crate) mod outbox;
 pub(crate) mod purge;
 pub(crate) mod records;
 pub(crate) mod schema;
+pub(crate) mod stats;

@@ -1,23 +1,55 @@
-//! `idem records …`: looking at idempotency records.
+//! `idem records …`: looking at idempotency records, and releasing a claim stuck in progress.
 
+use std::io::{BufRead as _, IsTerminal as _, Write as _};
 use std::time::Duration;
 
-use idem::{Record, RecordState, Store as _};
-use serde_json::json;
+use idem::lifecycle::State;
+use idem::store::{ForcedRelease, RecordInfo, RecordQuery, StoreAdmin as _};
+use serde_json::{Value, json};
 
 use crate::Failure;
 use crate::output::{self, Table};
 use crate::store::{self, StoreArgs};
 
-/// How many bytes of a stored body are shown unless `--full` asks for all.
+/// How many bytes of a stored body or a recovery point are shown unless `--full` asks for all.
 const BODY_PREVIEW: usize = 512;
+
+/// The most records one `records list` returns.
+const MAX_LIMIT: usize = 10_000;
 
 /// `idem records`.
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum Command {
-    /// Show the live record of one request: its state, fence, lease, fingerprint and stored
-    /// answer.
+    /// List records, oldest first: scope, key, state, attempt, age, lease left, expiry.
+    List(ListArgs),
+    /// Show one record in full: state, fence, attempt, lease, fingerprint, recovery point and
+    /// stored answer.
     Show(ShowArgs),
+    /// Release a claim stuck in progress (its owner crashed): the next request with the key
+    /// runs again, and the old owner, if it wakes up, can no longer complete.
+    Release(ReleaseArgs),
+}
+
+/// `idem records list`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ListArgs {
+    /// Only records in this state: in_progress, completed or released.
+    #[arg(long, value_name = "STATE", value_parser = parse_state)]
+    state: Option<State>,
+    /// Only records whose scope starts with this text (`order:`, `refund:ORD-1`).
+    #[arg(long, value_name = "SCOPE_PREFIX")]
+    prefix: Option<String>,
+    /// Only records first claimed longer ago than this: 90s, 5m, 2h, 1d.
+    #[arg(long, value_name = "AGE", value_parser = idem::store::admin::parse_age)]
+    older_than: Option<Duration>,
+    /// At most this many records (1 to 10000).
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = parse_limit)]
+    limit: usize,
+    /// Print one JSON document: an array of records.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    store: StoreArgs,
 }
 
 /// `idem records show`.
@@ -27,10 +59,27 @@ pub(crate) struct ShowArgs {
     scope: String,
     /// The idempotency key the client sent.
     key: String,
-    /// Show the whole stored body, not its first 512 bytes.
+    /// Show the whole stored body and recovery point, not their first 512 bytes.
     #[arg(long)]
     full: bool,
-    /// Print one JSON document (`null` when there is no live record).
+    /// Print one JSON document (`null` when there is no such record).
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+/// `idem records release`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ReleaseArgs {
+    /// The record's scope, as the service rendered it (`order:1`).
+    scope: String,
+    /// The idempotency key the client sent.
+    key: String,
+    /// Release without asking: what scripts (and anything without a terminal) must pass.
+    #[arg(long)]
+    yes: bool,
+    /// Print one JSON document: `{"released": true, "fence": N}`, or why nothing was released.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -40,53 +89,132 @@ pub(crate) struct ShowArgs {
 /// Runs a `records` command.
 pub(crate) async fn run(command: Command) -> Result<(), Failure> {
     match command {
+        Command::List(args) => list(args).await,
         Command::Show(args) => show(args).await,
+        Command::Release(args) => release(args).await,
     }
+}
+
+fn parse_state(text: &str) -> Result<State, String> {
+    State::parse(text)
+        .map_err(|_| format!("{text:?} is not a state: in_progress, completed or released"))
+}
+
+fn parse_limit(text: &str) -> Result<usize, String> {
+    text.parse()
+        .ok()
+        .filter(|n| (1..=MAX_LIMIT).contains(n))
+        .ok_or_else(|| format!("{text:?} is not a limit between 1 and {MAX_LIMIT}"))
+}
+
+async fn list(args: ListArgs) -> Result<(), Failure> {
+    let (store, shown) = store::open(&args.store).await?;
+    let mut query = RecordQuery::new().limit(args.limit);
+    if let Some(state) = args.state {
+        query = query.state(state);
+    }
+    if let Some(prefix) = args.prefix {
+        query = query.scope_prefix(prefix);
+    }
+    if let Some(age) = args.older_than {
+        query = query.older_than(age);
+    }
+    let records = store.list(&query).await?;
+    if args.json {
+        return output::json(&Value::Array(records.iter().map(record_json).collect()));
+    }
+    if records.is_empty() {
+        println!("no records match in {shown}");
+        return Ok(());
+    }
+    let mut t = Table::with_header(&[
+        "scope",
+        "key",
+        "state",
+        "attempt",
+        "age",
+        "lease left",
+        "expires in",
+    ]);
+    for r in &records {
+        t.row([
+            r.scope.clone(),
+            r.key.clone(),
+            r.state.as_str().to_owned(),
+            r.attempt.to_string(),
+            output::duration(r.age),
+            r.lease_remaining
+                .map_or_else(|| "-".to_owned(), output::duration),
+            expiry(r.expires_in),
+        ]);
+    }
+    print!("{}", t.render());
+    if records.len() == args.limit {
+        eprintln!(
+            "idem: the first {} records shown: --limit N for more",
+            args.limit
+        );
+    }
+    Ok(())
 }
 
 async fn show(args: ShowArgs) -> Result<(), Failure> {
     let (store, shown) = store::open(&args.store).await?;
-    let record = store.lookup(&args.scope, &args.key).await?;
-    let Some(record) = record else {
+    let Some(record) = store.inspect(&args.scope, &args.key).await? else {
         if args.json {
-            output::json(&serde_json::Value::Null)?;
+            output::json(&Value::Null)?;
         }
         eprintln!(
-            "idem: no live record for scope {:?}, key {:?} in {shown} (never claimed, released, \
-             or past its retention)",
+            "idem: no record for scope {:?}, key {:?} in {shown} (never claimed, or purged)",
             args.scope, args.key
         );
         return Err(Failure::Quiet);
     };
-    let body = Body::of(&record, args.full);
+    let body = record
+        .response
+        .as_ref()
+        .map(|r| Shown::of(&r.body, args.full));
+    let point = record
+        .recovery_point
+        .as_deref()
+        .map(|p| Shown::of(p, args.full));
     if args.json {
-        let response = record.response.as_ref();
-        return output::json(&json!({
-            "scope": args.scope,
-            "key": args.key,
-            "state": state(&record),
-            "fence": record.fence,
-            "lease_remaining_ms": record.lease_remaining.map(|d| d.as_millis() as u64),
-            "fingerprint": record.fingerprint.to_string(),
-            "response": response.map(|r| json!({
+        let mut v = record_json(&record);
+        if let Some(p) = &point {
+            v["recovery_point"] = p.json();
+        }
+        if let (Some(r), Some(b)) = (&record.response, &body) {
+            v["response"] = json!({
                 "status": r.status,
                 "is_error": r.is_error,
-                "body_bytes": r.body.len(),
-                "body": body.as_ref().and_then(|b| b.text.clone()),
-                "body_hex": body.as_ref().and_then(|b| b.hex.clone()),
-                "body_truncated": body.as_ref().is_some_and(|b| b.truncated),
-            })),
-        }));
+                "body_bytes": b.total,
+                "body": b.text,
+                "body_hex": b.hex,
+                "body_truncated": b.truncated,
+            });
+        }
+        return output::json(&v);
     }
     let mut t = Table::pairs();
-    t.row(["scope", &args.scope])
-        .row(["key", &args.key])
-        .row(["state", state(&record)])
-        .row(["fence", &record.fence.to_string()]);
+    t.row(["scope", &record.scope])
+        .row(["key", &record.key])
+        .row(["state", record.state.as_str()])
+        .row(["fence", &record.fence.to_string()])
+        .row(["attempt", &record.attempt.to_string()])
+        .row(["age", &output::duration(record.age)]);
     if let Some(lease) = record.lease_remaining {
-        t.row(["lease left", &human(lease)]);
+        let left = if lease.is_zero() {
+            "0s (ran out: the next request takes the claim over)".to_owned()
+        } else {
+            output::duration(lease)
+        };
+        t.row(["lease left", &left]);
     }
-    t.row(["fingerprint", &record.fingerprint.to_string()]);
+    t.row(["expires in", &expiry(record.expires_in)])
+        .row(["fingerprint", &record.fingerprint.to_string()]);
+    if let Some(p) = &point {
+        t.row(["recovery point", &format!("{}: {}", p.note(), p.content())]);
+    }
     if let Some(r) = &record.response {
         let status = r
             .status
@@ -101,77 +229,181 @@ async fn show(args: ShowArgs) -> Result<(), Failure> {
         ]);
     }
     if let Some(b) = &body {
-        let note = match (b.truncated, &b.text) {
-            (true, _) => format!(
-                "{} bytes, the first {BODY_PREVIEW} shown (--full for all)",
-                b.total
-            ),
-            (false, Some(_)) => format!("{} bytes", b.total),
-            (false, None) => format!("{} bytes, not UTF-8: hex", b.total),
-        };
-        t.row(["body", &note]);
+        t.row(["body", &b.note()]);
     }
     print!("{}", t.render());
     if let Some(b) = body {
         println!();
-        println!("{}", b.text.or(b.hex).unwrap_or_default());
+        println!("{}", b.content());
     }
     Ok(())
 }
 
-/// A record's state as the store writes it.
-fn state(record: &Record) -> &'static str {
-    match record.state {
-        RecordState::InProgress => "in_progress",
-        RecordState::Completed => "completed",
+async fn release(args: ReleaseArgs) -> Result<(), Failure> {
+    let (store, shown) = store::open(&args.store).await?;
+    let (scope, key) = (args.scope.as_str(), args.key.as_str());
+    if !args.yes {
+        if !std::io::stdin().is_terminal() {
+            return Err(Failure::Usage(
+                "records release asks for a confirmation on a terminal: pass --yes to release \
+                 without one"
+                    .into(),
+            ));
+        }
+        // Say what would be released, and ask only when there is something to release.
+        match store.inspect(scope, key).await? {
+            Some(r) if r.state == State::InProgress && !r.expires_in.is_zero() => {
+                let lease = r
+                    .lease_remaining
+                    .map_or_else(|| "-".to_owned(), output::duration);
+                eprint!(
+                    "Release the claim on scope {scope:?}, key {key:?} in {shown} (attempt {}, \
+                     claimed {} ago, lease left {lease})? Its owner, if it is still running, \
+                     will be refused its completion. [y/N] ",
+                    r.attempt,
+                    output::duration(r.age),
+                );
+                let _ = std::io::stderr().flush();
+                let mut answer = String::new();
+                std::io::stdin()
+                    .lock()
+                    .read_line(&mut answer)
+                    .map_err(|e| Failure::Failed(format!("could not read the answer: {e}")))?;
+                if !matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
+                    eprintln!("idem: nothing released");
+                    return Err(Failure::Quiet);
+                }
+            }
+            _ => {}
+        }
+    }
+    let done = store.force_release(scope, key).await?;
+    if args.json {
+        output::json(&match done {
+            ForcedRelease::Released { fence } => json!({"released": true, "fence": fence}),
+            ForcedRelease::NotInProgress(state) => {
+                json!({"released": false, "reason": "not_in_progress", "state": state.as_str()})
+            }
+            ForcedRelease::NotFound => json!({"released": false, "reason": "not_found"}),
+            _ => json!({"released": false, "reason": "unknown"}),
+        })?;
+    }
+    match done {
+        ForcedRelease::Released { fence } => {
+            if !args.json {
+                println!(
+                    "released scope {scope:?}, key {key:?}: its fence is now {fence}\nthe next \
+                     request with this key runs; the previous owner can no longer complete"
+                );
+            }
+            Ok(())
+        }
+        ForcedRelease::NotInProgress(state) => {
+            eprintln!(
+                "idem: nothing released: the record of scope {scope:?}, key {key:?} is {}, not \
+                 in progress",
+                state.as_str()
+            );
+            Err(Failure::Quiet)
+        }
+        ForcedRelease::NotFound => {
+            eprintln!(
+                "idem: nothing released: no record for scope {scope:?}, key {key:?} in {shown} \
+                 (never claimed, or purged)"
+            );
+            Err(Failure::Quiet)
+        }
+        _ => {
+            eprintln!("idem: nothing released: the store answered what this tool does not know");
+            Err(Failure::Quiet)
+        }
     }
 }
 
-/// A duration as people read it: `4m 58s`, `850ms`.
-fn human(d: Duration) -> String {
-    let secs = d.as_secs();
-    match secs {
-        0 => format!("{}ms", d.as_millis()),
-        1..60 => format!("{secs}s"),
-        60..3600 => format!("{}m {}s", secs / 60, secs % 60),
-        _ => format!("{}h {}m", secs / 3600, secs % 3600 / 60),
+/// A record as JSON, without its recovery point and answer (`show` adds them): the fields and
+/// names of the admin view's API.
+fn record_json(r: &RecordInfo) -> Value {
+    json!({
+        "scope": r.scope,
+        "key": r.key,
+        "state": r.state.as_str(),
+        "fence": r.fence,
+        "attempt": r.attempt,
+        "fingerprint": r.fingerprint.to_string(),
+        "age_ms": output::millis(r.age),
+        "lease_remaining_ms": r.lease_remaining.map(output::millis),
+        "expires_in_ms": output::millis(r.expires_in),
+    })
+}
+
+/// When a record's retention ends, or that it has.
+fn expiry(left: Duration) -> String {
+    if left.is_zero() {
+        "expired".to_owned()
+    } else {
+        output::duration(left)
     }
 }
 
-/// A stored body as shown: UTF-8 text, or hex when it is not; cut to [`BODY_PREVIEW`] bytes
+/// Stored bytes as shown: UTF-8 text, or hex when they are not; cut to [`BODY_PREVIEW`] bytes
 /// unless all was asked for.
-struct Body {
+struct Shown {
     text: Option<String>,
     hex: Option<String>,
     truncated: bool,
     total: usize,
 }
 
-impl Body {
-    fn of(record: &Record, full: bool) -> Option<Body> {
-        let bytes = &record.response.as_ref()?.body;
+impl Shown {
+    fn of(bytes: &[u8], full: bool) -> Shown {
         let total = bytes.len();
         let shown = if full { total } else { total.min(BODY_PREVIEW) };
-        Some(match std::str::from_utf8(bytes) {
+        match std::str::from_utf8(bytes) {
             Ok(text) => {
                 // Cut on a character boundary.
                 let mut end = shown;
                 while !text.is_char_boundary(end) {
                     end -= 1;
                 }
-                Body {
+                Shown {
                     text: Some(text[..end].to_owned()),
                     hex: None,
                     truncated: end < total,
                     total,
                 }
             }
-            Err(_) => Body {
+            Err(_) => Shown {
                 text: None,
                 hex: Some(bytes[..shown].iter().map(|b| format!("{b:02x}")).collect()),
                 truncated: shown < total,
                 total,
             },
+        }
+    }
+
+    /// Its size, and how it is shown.
+    fn note(&self) -> String {
+        match (self.truncated, &self.text) {
+            (true, _) => format!(
+                "{} bytes, the first {BODY_PREVIEW} shown (--full for all)",
+                self.total
+            ),
+            (false, Some(_)) => format!("{} bytes", self.total),
+            (false, None) => format!("{} bytes, not UTF-8: hex", self.total),
+        }
+    }
+
+    /// The text, or the hex.
+    fn content(&self) -> &str {
+        self.text.as_deref().or(self.hex.as_deref()).unwrap_or("")
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "bytes": self.total,
+            "text": self.text,
+            "hex": self.hex,
+            "truncated": self.truncated,
         })
     }
 }
@@ -181,10 +413,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_read_well() {
-        assert_eq!(human(Duration::from_millis(850)), "850ms");
-        assert_eq!(human(Duration::from_secs(42)), "42s");
-        assert_eq!(human(Duration::from_secs(298)), "4m 58s");
-        assert_eq!(human(Duration::from_secs(7260)), "2h 1m");
+    fn states_and_limits_parse_or_say_why_not() {
+        assert_eq!(parse_state("in_progress"), Ok(State::InProgress));
+        assert!(parse_state("stuck").unwrap_err().contains("in_progress"));
+        assert_eq!(parse_limit("5"), Ok(5));
+        assert!(parse_limit("0").is_err());
+        assert!(parse_limit("10001").is_err());
+    }
+
+    #[test]
+    fn long_text_is_cut_on_a_character_boundary_and_bytes_are_hex() {
+        let text = "é".repeat(BODY_PREVIEW);
+        let s = Shown::of(text.as_bytes(), false);
+        assert!(s.truncated);
+        assert_eq!(s.text.as_deref().map(str::len), Some(BODY_PREVIEW));
+        assert_eq!(
+            Shown::of(text.as_bytes(), true).text.as_deref(),
+            Some(&*text)
+        );
+        let s = Shown::of(&[0xff, 0x00], false);
+        assert_eq!(s.content(), "ff00");
+        assert_eq!(s.note(), "2 bytes, not UTF-8: hex");
     }
 }

@@ -220,3 +220,26 @@ impl StoreStats {
         }
     }
 }
+
+/// `90s`, `5m`, `2h`, `1d`, or a number of seconds: an age as operators write it (`idem records
+/// list --older-than 5m`, the admin view's filter).
+pub fn parse_age(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (digits, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not an age: write 90s, 5m, 2h or 1d"))?;
+    let secs = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{text:?} is not an age: write 90s, 5m, 2h or 1d")),
+    };
+    n.checked_mul(secs)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{text:?} is too long an age"))
+}

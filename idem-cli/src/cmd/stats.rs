@@ -1,0 +1,88 @@
+//! `idem stats`: a store at a glance — counts by state and by scope prefix, the oldest claim in
+//! progress, and how many records expire soon.
+
+use std::time::Duration;
+
+use idem::store::{StateCounts, StoreAdmin as _};
+use serde_json::{Value, json};
+
+use crate::Failure;
+use crate::output::{self, Table};
+use crate::store::{self, StoreArgs};
+
+/// `idem stats`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// What "expiring soon" means: 90s, 5m, 2h, 1d.
+    #[arg(long, value_name = "AGE", default_value = "1h", value_parser = idem::store::admin::parse_age)]
+    expiring_within: Duration,
+    /// Print one JSON document.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+/// Prints the store's counts.
+pub(crate) async fn run(args: Args) -> Result<(), Failure> {
+    let (store, shown) = store::open(&args.store).await?;
+    let stats = store.stats(args.expiring_within).await?;
+    if args.json {
+        return output::json(&json!({
+            "states": counts_json(&stats.states),
+            "expired": stats.expired,
+            "oldest_in_progress_ms": stats.oldest_in_progress.map(output::millis),
+            "expiring_soon": stats.expiring_soon,
+            "expiring_within_ms": output::millis(args.expiring_within),
+            "by_prefix": stats
+                .by_prefix
+                .iter()
+                .map(|(p, c)| json!({"prefix": p, "counts": counts_json(c)}))
+                .collect::<Vec<_>>(),
+        }));
+    }
+    let within = output::duration(args.expiring_within);
+    let mut t = Table::pairs();
+    t.row(["store", &shown])
+        .row(["live records", &stats.states.total().to_string()])
+        .row(["in_progress", &stats.states.in_progress.to_string()])
+        .row(["completed", &stats.states.completed.to_string()])
+        .row(["released", &stats.states.released.to_string()])
+        .row([
+            "oldest in progress".to_owned(),
+            stats
+                .oldest_in_progress
+                .map_or_else(|| "-".to_owned(), output::duration),
+        ])
+        .row([
+            format!("expiring within {within}"),
+            stats.expiring_soon.to_string(),
+        ])
+        .row([
+            "expired".to_owned(),
+            format!("{} (waiting for the purge)", stats.expired),
+        ]);
+    print!("{}", t.render());
+    if !stats.by_prefix.is_empty() {
+        let mut t = Table::with_header(&["prefix", "in_progress", "completed", "released"]);
+        for (prefix, c) in &stats.by_prefix {
+            t.row([
+                prefix.clone(),
+                c.in_progress.to_string(),
+                c.completed.to_string(),
+                c.released.to_string(),
+            ]);
+        }
+        println!();
+        print!("{}", t.render());
+    }
+    Ok(())
+}
+
+fn counts_json(c: &StateCounts) -> Value {
+    json!({
+        "in_progress": c.in_progress,
+        "completed": c.completed,
+        "released": c.released,
+    })
+}
