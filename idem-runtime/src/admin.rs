@@ -219,9 +219,17 @@ fn json_error(status: StatusCode, code: &str, detail: &str) -> Response {
 }
 
 fn store_error_json(e: &Error) -> Response {
-    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    json_error(store_status(e), e.code(), &e.to_string())
+}
+
+/// The status of a store's error, logged: the view could not do what it was asked.
+fn store_status(e: &Error) -> StatusCode {
     tracing::warn!(target: "idem", error = %e, "the admin view could not read the store");
-    json_error(status, e.code(), &e.to_string())
+    StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+fn store_error_page(e: &Error, base: &str) -> Response {
+    error_page(store_status(e), base, &e.to_string())
 }
 
 async fn api_records<S: Store + Clone>(
@@ -429,9 +437,7 @@ async fn overview<S: Store + Clone>(
     ) {
         (Ok(s), Ok(f)) => (s, f),
         (Err(e), _) | (_, Err(e)) => {
-            let status =
-                StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            return error_page(status, &base, &e.to_string());
+            return store_error_page(&e, &base);
         }
     };
     let mut body = String::new();
@@ -544,9 +550,7 @@ async fn record_page<S: Store + Clone>(
             );
         }
         Err(e) => {
-            let status =
-                StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            return error_page(status, &base, &e.to_string());
+            return store_error_page(&e, &base);
         }
     };
     let mut body = String::new();
@@ -634,9 +638,7 @@ async fn release_form<S: Store + Clone>(
             }
         }
         Err(e) => {
-            let status =
-                StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            return error_page(status, &base, &e.to_string());
+            return store_error_page(&e, &base);
         }
     };
     // After a POST, a GET: reloading the page does not release again.

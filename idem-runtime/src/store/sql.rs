@@ -182,7 +182,10 @@ where
 }
 
 /// `sql` with `args` bound: the one way statements are prepared.
-fn bound<'q, DB>(sql: &SqlStr, args: &'q [Arg<'_>]) -> sqlx::query::Query<'q, DB, DB::Arguments>
+pub(crate) fn bound<'q, DB>(
+    sql: &SqlStr,
+    args: &'q [Arg<'_>],
+) -> sqlx::query::Query<'q, DB, DB::Arguments>
 where
     DB: sqlx::Database,
     for<'a> &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
@@ -204,51 +207,8 @@ where
     q
 }
 
-/// Runs `sql` with `args` on `conn` and returns its first row.
-pub(crate) async fn fetch<DB>(
-    conn: &mut DB::Connection,
-    sql: &SqlStr,
-    args: &[Arg<'_>],
-) -> Result<Option<DB::Row>>
-where
-    DB: sqlx::Database,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    DB::Arguments: sqlx::IntoArguments<DB>,
-    for<'a> &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    for<'a> &'a [u8]: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    for<'a> i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    for<'a> Option<i32>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    for<'a> bool: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-{
-    bound::<DB>(sql, args)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(map_err)
-}
-
-/// Runs `sql` with `args` on `conn` and returns every row.
-pub(crate) async fn fetch_all<DB>(
-    conn: &mut DB::Connection,
-    sql: &SqlStr,
-    args: &[Arg<'_>],
-) -> Result<Vec<DB::Row>>
-where
-    DB: sqlx::Database,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    DB::Arguments: sqlx::IntoArguments<DB>,
-    for<'a> &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    for<'a> &'a [u8]: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    for<'a> i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    for<'a> Option<i32>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    for<'a> bool: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-{
-    bound::<DB>(sql, args)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(map_err)
-}
-
-/// A dialect's `fetch` and `fetch_all`: the shared functions on its database.
+/// A dialect's `fetch` and `fetch_all` on its database: statements bound by [`bound`], their
+/// errors sorted by [`map_err`].
 macro_rules! run_statements {
     ($db:ty, $conn:ty, $row:ty) => {
         fn fetch_all<'a>(
@@ -256,7 +216,8 @@ macro_rules! run_statements {
             sql: &'a SqlStr,
             args: &'a [Arg<'a>],
         ) -> impl Future<Output = Result<Vec<$row>>> + Send + 'a {
-            sql::fetch_all::<$db>(conn, sql, args)
+            let q = sql::bound::<$db>(sql, args);
+            async move { q.fetch_all(&mut *conn).await.map_err(sql::map_err) }
         }
 
         fn fetch<'a>(
@@ -264,7 +225,8 @@ macro_rules! run_statements {
             sql: &'a SqlStr,
             args: &'a [Arg<'a>],
         ) -> impl Future<Output = Result<Option<$row>>> + Send + 'a {
-            sql::fetch::<$db>(conn, sql, args)
+            let q = sql::bound::<$db>(sql, args);
+            async move { q.fetch_optional(&mut *conn).await.map_err(sql::map_err) }
         }
     };
 }
