@@ -16,6 +16,9 @@
 #![no_main]
 
 #[allow(dead_code)]
+#[path = "../../examples/refund_service/admin.rs"]
+mod admin;
+#[allow(dead_code)]
 #[path = "../../examples/refund_service/app.rs"]
 mod app;
 #[allow(dead_code)]
