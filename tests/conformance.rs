@@ -38,21 +38,22 @@ async fn sqlite_read_first() -> Env<SqliteStore> {
     Env::new(store).keep(file)
 }
 
+/// Group commit off: every request runs the single-row statements.
 async fn postgres() -> Env<PgStore> {
     let schema = PgSchema::create(&common::pg_url(), 16).await;
     let store = PgStore::builder()
+        .group_commit(None)
         .build(schema.pool.clone())
         .await
         .expect("create the table");
     Env::new(store).keep(schema)
 }
 
-/// Group commit on: concurrent claims and completions share statements (a lone one runs the
-/// single-row statement, which is what most sequential cases exercise).
+/// Group commit as by default: concurrent claims and completions share statements (a lone one
+/// runs the single-row statement, which is what most sequential cases exercise).
 async fn postgres_group() -> Env<PgStore> {
     let schema = PgSchema::create(&common::pg_url(), 16).await;
     let store = PgStore::builder()
-        .group_commit(GroupCommit::default())
         .build(schema.pool.clone())
         .await
         .expect("create the table");

@@ -14,7 +14,8 @@
 //! request inserts one business row (`bench_orders`), guarded in each way:
 //!
 //! - `unguarded`: the insert alone;
-//! - `separate`: `#[idempotent]` with separate commits (claim, insert, complete);
+//! - `separate`: `#[idempotent]` with separate commits (claim, insert, complete); on PostgreSQL
+//!   with group commit off (`group_commit(None)`);
 //! - `transactional`: `#[idempotent(transaction = tx)]` (claim, insert, complete, one commit);
 //! - `separate_group`: `separate` on PostgreSQL with group commit (`PgStoreBuilder::group_commit`):
 //!   concurrent claims share one statement, concurrent completions another;
@@ -724,7 +725,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             for stmt in SCHEMA {
                 sqlx::query(stmt).execute(&pool).await?;
             }
-            let store = idem::PgStore::builder().build(pool.clone()).await?;
+            let store = idem::PgStore::builder()
+                .group_commit(None)
+                .build(pool.clone())
+                .await?;
             let mut config =
                 idem::GroupCommit::default().max_wait(Duration::from_micros(a.group_wait_us));
             if let Some(min) = a.group_min {

@@ -1215,7 +1215,8 @@ macro_rules! engine_store_api {
             /// A store on `pool`, with the default table. The table is not created: call
             #[doc = concat!("[`", stringify!($store), "::migrate`], or use the builder.")]
             /// Expired records are purged in the background once a minute, as with the
-            /// builder's defaults (inside a Tokio runtime).
+            /// builder's defaults (inside a Tokio runtime); everything else is the builder's
+            /// default too.
             pub fn new(pool: $pool) -> $store {
                 $store::on_engine(
                     Engine::new(pool.clone(), pool, sql::DEFAULT_TABLE)
@@ -1301,7 +1302,7 @@ impl<S> Default for SqlStoreBuilder<S> {
             purge_every: DEFAULT_PURGE_EVERY,
             background_purge: true,
             #[cfg(feature = "postgres")]
-            group_commit: None,
+            group_commit: Some(crate::store::group::GroupCommit::default()),
             store: PhantomData,
         }
     }
