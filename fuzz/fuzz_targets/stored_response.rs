@@ -23,7 +23,6 @@
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use axum::body::Body;
