@@ -5,7 +5,8 @@
 //! cargo run --release --example bench -- --store sqlite|postgres|memory|redis --concurrency N --seconds S
 //!     [--rounds R]     rounds of every variant, interleaved (default 3)
 //!     [--variants a,b] only these variants (unguarded always runs: ratios are against it)
-//!     [--read-first true] SQLite: claims read on the readers first (`SqliteStoreBuilder::read_first`)
+//!     [--read-first true|false] SQLite: claims always (never) read on the readers first
+//!                      (`SqliteStoreBuilder::read_first`; default: the store chooses as it goes)
 //!     [--group-wait-us N] PostgreSQL, `separate_group`: the batch's `max_wait` (default 200)
 //!     [--group-min N] PostgreSQL, `separate_group`: `GroupCommit::min_in_flight` (default its own)
 //! ```
@@ -551,7 +552,7 @@ struct Args {
     seconds: f64,
     rounds: usize,
     only: Option<Vec<String>>,
-    read_first: bool,
+    read_first: Option<bool>,
     group_wait_us: u64,
     group_min: Option<usize>,
 }
@@ -568,7 +569,7 @@ fn args() -> Args {
         seconds: 2.0,
         rounds: 3,
         only: None,
-        read_first: false,
+        read_first: None,
         group_wait_us: 200,
         group_min: None,
     };
@@ -584,7 +585,7 @@ fn args() -> Args {
             "--seconds" => a.seconds = value.parse().expect("--seconds S"),
             "--rounds" => a.rounds = value.parse().expect("--rounds R"),
             "--variants" => a.only = Some(value.split(',').map(str::to_owned).collect()),
-            "--read-first" => a.read_first = value.parse().expect("--read-first true|false"),
+            "--read-first" => a.read_first = Some(value.parse().expect("--read-first true|false")),
             "--group-wait-us" => a.group_wait_us = value.parse().expect("--group-wait-us N"),
             "--group-min" => a.group_min = Some(value.parse().expect("--group-min N")),
             other => cli::usage(USAGE, Some(&format!("unknown flag {other}"))),
@@ -689,10 +690,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             _file = dir;
             // One writer connection for idem's writes and the business inserts alike; readers
             // for replays.
-            let store = idem::SqliteStore::builder()
-                .read_first(a.read_first)
-                .connect(&url)
-                .await?;
+            let mut builder = idem::SqliteStore::builder();
+            if let Some(read_first) = a.read_first {
+                builder = builder.read_first(read_first);
+            }
+            let store = builder.connect(&url).await?;
             let pool = store.pool().clone();
             for stmt in SCHEMA {
                 sqlx::query(stmt).execute(&pool).await?;

@@ -687,12 +687,27 @@ mod transactional {
             policy,
             timing,
         } = prepared.split()?;
-        let mut tx = store.begin_transaction().await?;
-        let outcome = store
-            .begin_in(&mut tx, request(&scope, &key, &fingerprint, &policy))
-            .await;
+        let req = request(&scope, &key, &fingerprint, &policy);
+        // A replay is answered before a transaction opens where the store can read first; a
+        // first claim goes straight to the transaction.
+        let (tx, outcome) = match store.answer_first(req).await {
+            Ok(None) => {
+                let mut tx = store.begin_transaction().await?;
+                let outcome = store.begin_in(&mut tx, req).await;
+                (Some(tx), outcome)
+            }
+            Ok(Some(answer)) => (None, Ok(answer)),
+            Err(e) => (None, Err(e)),
+        };
+        // Past this point a transaction that is dropped (a replay, a refusal, an error) wrote
+        // nothing: its rollback is queued on the connection rather than waited for.
         match started(&scope, &key, outcome, timing)? {
             Started::Claimed(c) => {
+                let Some(tx) = tx else {
+                    return Err(Error::Store(
+                        "the store answered a claim without a transaction".into(),
+                    ));
+                };
                 let claim = ClaimInfo::new(scope, key, c);
                 context::note_claim(&claim, None);
                 Ok(Ok(TxClaim {
@@ -703,11 +718,7 @@ mod transactional {
                     timing: timing.and_then(|t| Some((t, t.start()?))),
                 }))
             }
-            Started::Replay(stored) => {
-                // Nothing was written: ending the transaction either way costs the same.
-                tx.commit().await.map_err(map_err)?;
-                Ok(Err(stored))
-            }
+            Started::Replay(stored) => Ok(Err(stored)),
         }
     }
 

@@ -12,8 +12,7 @@ use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
 use crate::store::group::{ClaimJob, ClaimReply, CompleteJob, Group};
 use crate::store::schema::Database;
 use crate::store::sql::{
-    self, ATTEMPTS, AddColumn, Arg, Columns as _, CurRow, Dialect, DialectStatements, Engine, Next,
-    Shared, SqlStoreBuilder, Statements, Types, contention, map_err,
+    self, AddColumn, Arg, Dialect, Engine, Next, SqlStoreBuilder, Types, map_err,
 };
 use crate::store::{Operation, Reply, Store, TxStore};
 
@@ -55,44 +54,17 @@ impl Dialect for Pg {
         format!("(EXTRACT(EPOCH FROM {col}) * 1000000)::int8")
     }
 
-    fn statements(t: &str, shared: &Shared) -> DialectStatements {
-        let Shared {
-            cur_columns,
-            insert_columns,
-            insert_values,
-        } = shared;
-        DialectStatements {
-            select: None,
-            // One statement on the common paths: a first claim inserts, anything else reads. It
-            // writes nothing when the record exists, so a replay costs a lookup. Take-overs are
-            // the shared `reclaim` statement.
-            insert: AssertSqlSafe(format!(
-                "WITH cur AS (SELECT {cur_columns} FROM {t} WHERE scope = $1 AND key = $2), \
-                 ins AS (INSERT INTO {t} ({insert_columns}) SELECT {insert_values} \
-                   WHERE NOT EXISTS (SELECT 1 FROM cur) \
-                   ON CONFLICT (scope, key) DO NOTHING RETURNING fence) \
-                 SELECT true AS inserted, fence, NULL::bytea AS fingerprint, NULL::text AS state, \
-                        NULL::int4 AS response_status, false AS response_error, \
-                        NULL::bytea AS response_body, false AS expired, 0::int8 AS lease_left_ms, \
-                        0::int8 AS lease_stamp \
-                   FROM ins \
-                 UNION ALL \
-                 SELECT false, fence, fingerprint, state, response_status, response_error, \
-                        response_body, expired, lease_left_ms, lease_stamp \
-                   FROM cur"
+    fn purge(t: &str) -> Vec<SqlStr> {
+        vec![
+            AssertSqlSafe(format!(
+                "WITH gone AS (DELETE FROM {t} WHERE ctid = ANY(ARRAY( \
+                   SELECT ctid FROM {t} WHERE expires_at <= now() LIMIT {}) \
+                 ) RETURNING 1) \
+                 SELECT count(*) AS deleted FROM gone",
+                Self::PURGE_BATCH
             ))
             .into_sql_str(),
-            purge: vec![
-                AssertSqlSafe(format!(
-                    "WITH gone AS (DELETE FROM {t} WHERE ctid = ANY(ARRAY( \
-                       SELECT ctid FROM {t} WHERE expires_at <= now() LIMIT {}) \
-                     ) RETURNING 1) \
-                     SELECT count(*) AS deleted FROM gone",
-                    Self::PURGE_BATCH
-                ))
-                .into_sql_str(),
-            ],
-        }
+        ]
     }
 
     fn migration_start() -> Option<SqlStr> {
@@ -154,10 +126,13 @@ impl Dialect for Pg {
 /// A store on PostgreSQL.
 ///
 /// Leases and retention are read against the database's `now()`, so instances with skewed
-/// clocks agree. `begin` is one statement on the common paths: a data-modifying CTE that reads
-/// the record and inserts it when absent (`INSERT … ON CONFLICT DO NOTHING`), and writes nothing
-/// when it exists, so a replay costs a lookup. Taking over an abandoned, expired or released
-/// record is a second statement, an `UPDATE` that applies only if the record is still as read.
+/// clocks agree. `begin` inserts first, as a hand-written guard does: a new key is one
+/// `INSERT … ON CONFLICT DO NOTHING`, an existing one that insert (which writes nothing) and a
+/// `SELECT`. While recent claims keep finding their record (retries), it reads first instead,
+/// so that a replay is one `SELECT`; in transactional mode that read comes before the
+/// transaction opens, and a new key costs exactly what a hand-written inbox pays. Taking over
+/// an abandoned, expired or released record is an `UPDATE` that applies only if the record is
+/// still as read.
 /// `complete`, `release` and `checkpoint` are one `UPDATE … WHERE fence = $n` each; completion
 /// changes no indexed column, so it is a HOT update on a table with room on its pages.
 ///
@@ -248,29 +223,6 @@ impl PgStore {
     pub fn pool(&self) -> &PgPool {
         &self.inner.writer
     }
-
-    async fn begin_on(
-        &self,
-        conn: &mut PgConnection,
-        req: BeginRequest<'_>,
-    ) -> Result<BeginOutcome> {
-        let args = Statements::claim_args(&req);
-        for _ in 0..ATTEMPTS {
-            let row = Pg::fetch(conn, &self.inner.sql.first.insert, &args).await?;
-            // No row: a concurrent first claim committed after this statement's snapshot was
-            // taken (our insert waited for it, then did nothing). The next statement sees it.
-            let Some(row) = row else { continue };
-            if row.boolean("inserted").map_err(map_err)? {
-                return Ok(BeginOutcome::Claimed(Engine::<Pg>::first_claim(&row)?));
-            }
-            let cur = CurRow::read(&row, req.scope, req.key)?;
-            if let Some(outcome) = self.inner.settle(conn, &req, &cur).await? {
-                return Ok(outcome);
-            }
-            // Lost a race with another attempt: look again.
-        }
-        Err(contention(req.scope, req.key))
-    }
 }
 
 impl PgStore {
@@ -358,8 +310,7 @@ impl PgStore {
         {
             return Ok(outcome);
         }
-        let mut conn = self.inner.write_conn().await?;
-        self.begin_on(&mut conn, req).await
+        self.inner.begin(None, &req).await
     }
 
     /// `complete`, batched with others in flight when group commit is on.
@@ -380,12 +331,15 @@ impl PgStore {
 
 impl PgStore {
     /// `begin` inside the caller's transaction.
+    /// Inside a transaction the plain insert goes first: a first claim costs what a
+    /// hand-written inbox's `INSERT … ON CONFLICT DO NOTHING` does, and a duplicate waits on
+    /// the unique index, then reads the committed record.
     async fn begin_in_transaction(
         &self,
         conn: &mut PgConnection,
         req: BeginRequest<'_>,
     ) -> Result<BeginOutcome> {
-        self.begin_on(conn, req).await
+        self.inner.claim_on(conn, &req).await
     }
 }
 

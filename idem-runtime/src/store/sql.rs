@@ -10,6 +10,7 @@
 
 use std::future::Future;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -76,8 +77,9 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     fn ms_until(col: &str) -> String;
     /// The timestamp column `col` as an integer that changes whenever it does.
     fn stamp(col: &str) -> String;
-    /// The first-claim statement(s) and the purge, which the databases write differently.
-    fn statements(t: &str, shared: &Shared) -> DialectStatements;
+    /// The statements that delete a batch of expired records from table `t`, the last one
+    /// returning how many (`deleted`).
+    fn purge(t: &str) -> Vec<SqlStr>;
     /// A statement run first in a migration's transaction, before any table is created: what
     /// serialises concurrent migrations where the transaction does not, and keeps them quiet.
     fn migration_start() -> Option<SqlStr>;
@@ -236,30 +238,16 @@ fn sql(s: String) -> SqlStr {
     AssertSqlSafe(s).into_sql_str()
 }
 
-/// Statement text both databases share, from which each dialect writes its own first claim.
-pub(crate) struct Shared {
-    /// The columns `begin` reads from an existing record ([`CurRow`]).
-    pub(crate) cur_columns: String,
-    /// The inserted columns of a first claim, and their values (`$1`…`$5`).
-    pub(crate) insert_columns: &'static str,
-    pub(crate) insert_values: String,
-}
-
-/// What each dialect writes its own way.
-pub(crate) struct DialectStatements {
-    /// The first claim: SQLite reads (`select`), then inserts (`insert`); PostgreSQL does both
-    /// in one statement (`insert`, and no `select`).
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-    pub(crate) select: Option<SqlStr>,
-    pub(crate) insert: SqlStr,
-    /// Deletes a batch of expired records; the last statement returns how many.
-    pub(crate) purge: Vec<SqlStr>,
-}
-
 /// Every statement of one store, built once from its table name.
 pub(crate) struct Statements {
     pub(crate) table: String,
-    pub(crate) first: DialectStatements,
+    /// Deletes a batch of expired records; the last statement returns how many.
+    pub(crate) purge: Vec<SqlStr>,
+    /// A first claim alone: `INSERT … ON CONFLICT DO NOTHING RETURNING fence`, no row when the
+    /// record exists (or a concurrent claim committed it while this one waited on the index).
+    pub(crate) insert: SqlStr,
+    /// The record's columns ([`CurRow`]), by scope and key.
+    pub(crate) select: SqlStr,
     reclaim: SqlStr,
     complete: SqlStr,
     release: SqlStr,
@@ -354,25 +342,25 @@ impl Statements {
         );
         // A fenced write applies only while its owner holds a live claim (`lifecycle::owns`).
         let owned = format!("fence = $3 AND state = '{in_progress}' AND expires_at > {now}");
-        let shared = Shared {
-            cur_columns: format!(
-                "fence, fingerprint, state, response_status, response_error, response_body, \
-                 expires_at <= {now} AS expired, {} AS lease_left_ms, {} AS lease_stamp",
-                D::ms_until("lease_until"),
-                D::stamp("lease_until"),
-            ),
-            insert_columns: "scope, key, fingerprint, state, fence, lease_until, expires_at, \
-                             created_at, updated_at",
-            insert_values: format!(
-                "$1, $2, $3, '{in_progress}', {}, {}, {}, {now}, {now}",
+        Ok(Statements {
+            table: table.to_owned(),
+            purge: D::purge(&t),
+            insert: sql(format!(
+                "INSERT INTO {t} (scope, key, fingerprint, state, fence, lease_until, expires_at, \
+                 created_at, updated_at) \
+                 VALUES ($1, $2, $3, '{in_progress}', {}, {}, {}, {now}, {now}) \
+                 ON CONFLICT (scope, key) DO NOTHING RETURNING fence",
                 D::NOW_MS,
                 D::after("$4"),
                 D::after("$5"),
-            ),
-        };
-        Ok(Statements {
-            table: table.to_owned(),
-            first: D::statements(&t, &shared),
+            )),
+            select: sql(format!(
+                "SELECT fence, fingerprint, state, response_status, response_error, response_body, \
+                 expires_at <= {now} AS expired, {} AS lease_left_ms, {} AS lease_stamp \
+                 FROM {t} WHERE scope = $1 AND key = $2",
+                D::ms_until("lease_until"),
+                D::stamp("lease_until"),
+            )),
             // A take-over applies only to the record exactly as it was read: what to do was
             // decided from that, and anything since (a completion, a release, a checkpoint, a
             // competing take-over) changed its fence, state or lease.
@@ -654,6 +642,64 @@ fn within(scope: &str, key: &str, e: Error) -> Error {
     Error::Store(format!("record (scope {scope:?}, key {key:?}): {e}").into())
 }
 
+/// Whether a claim reads the record on the readers before it writes. Reading first answers a
+/// replay without the writer (one reader statement) and costs a new key a statement more (the
+/// read that finds nothing, then the insert); inserting first is the reverse. Unless the
+/// builder fixed it, the store reads first while recent claims found their record often
+/// enough to pay for the reads: a score that a claim which found its record raises by
+/// [`ReadFirst::FOUND`] and one that did not lowers by one, so reads stay on while more than
+/// about one claim in `FOUND + 1` is a replay (or a refusal), and a run of new keys turns
+/// them off within a few claims.
+pub(crate) struct ReadFirst {
+    always: Option<bool>,
+    score: AtomicU32,
+}
+
+impl ReadFirst {
+    const FOUND: u32 = 8;
+    const CAP: u32 = 64;
+
+    pub(crate) fn adaptive() -> ReadFirst {
+        ReadFirst {
+            always: None,
+            score: AtomicU32::new(0),
+        }
+    }
+
+    pub(crate) fn always(on: bool) -> ReadFirst {
+        ReadFirst {
+            always: Some(on),
+            score: AtomicU32::new(0),
+        }
+    }
+
+    /// Whether this claim should read first.
+    pub(crate) fn now(&self) -> bool {
+        self.always
+            .unwrap_or_else(|| self.score.load(Ordering::Relaxed) > 0)
+    }
+
+    /// A claim found its record (on a reader, or under its insert).
+    fn answered(&self) {
+        if self.always.is_none() {
+            let _ = self
+                .score
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                    (s < Self::CAP).then(|| (s + Self::FOUND).min(Self::CAP))
+                });
+        }
+    }
+
+    /// A claim found no record to answer from.
+    fn missed(&self) {
+        if self.always.is_none() {
+            let _ = self
+                .score
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| s.checked_sub(1));
+        }
+    }
+}
+
 /// One SQL store: its pools and statements. `PgStore` and `SqliteStore` each hold one.
 pub(crate) struct Engine<D: Dialect> {
     /// Writes and transactions.
@@ -662,9 +708,8 @@ pub(crate) struct Engine<D: Dialect> {
     /// split).
     pub(crate) reader: sqlx::Pool<D::Db>,
     pub(crate) sql: Statements,
-    /// SQLite: answer replays from the readers before taking the writer
-    /// (`SqlStoreBuilder::read_first`).
-    pub(crate) read_first: bool,
+    /// Whether a claim reads on the readers before it writes (`SqlStoreBuilder::read_first`).
+    pub(crate) read_first: ReadFirst,
     /// The background purge, when there is one: it ends when the engine is dropped, with the
     /// last handle of its store.
     purging: OnceLock<Sweeper>,
@@ -680,7 +725,7 @@ impl<D: Dialect> Engine<D> {
             writer,
             reader,
             sql: Statements::new::<D>(table)?,
-            read_first: false,
+            read_first: ReadFirst::adaptive(),
             purging: OnceLock::new(),
         })
     }
@@ -780,22 +825,103 @@ impl<D: Dialect> Engine<D> {
         }))
     }
 
-    /// Decides on `cur` and applies the decision on `conn`: the answer, or `None` to read again.
-    /// (SQLite decides before it takes the writer, and applies the decision itself.)
-    #[cfg(feature = "postgres")]
-    pub(crate) async fn settle(
+    /// The answer the readers can give to `req` before anything is written: `Some` when the
+    /// committed record settles it (a replay, a reused key, a claim in progress), `None` when a
+    /// claim must be taken on the writer (no record, or one to take over).
+    pub(crate) async fn answer_on_reader(
+        &self,
+        req: &BeginRequest<'_>,
+    ) -> Result<Option<BeginOutcome>> {
+        let mut reader = self.read_conn().await?;
+        let key = [Arg::Text(req.scope), Arg::Text(req.key)];
+        let Some(row) = D::fetch(&mut reader, &self.sql.select, &key).await? else {
+            self.read_first.missed();
+            return Ok(None);
+        };
+        Ok(match next(req, &CurRow::read(&row, req.scope, req.key)?)? {
+            Next::Answer(outcome) => {
+                self.read_first.answered();
+                Some(outcome)
+            }
+            Next::TakeOver { .. } => {
+                self.read_first.missed();
+                None
+            }
+        })
+    }
+
+    /// [`crate::store::TxStore::answer_first`]: the readers' answer while claims read first
+    /// ([`ReadFirst`]), `None` at once while they do not.
+    pub(crate) async fn answer_first_in_tx(
+        &self,
+        req: &BeginRequest<'_>,
+    ) -> Result<Option<BeginOutcome>> {
+        if !self.read_first.now() {
+            return Ok(None);
+        }
+        self.answer_on_reader(req).await
+    }
+
+    /// [`crate::Store::begin`]: on the readers first while claims read first ([`ReadFirst`]),
+    /// then on the writer (`tx`, when it is the caller's transaction's connection).
+    pub(crate) async fn begin(
+        &self,
+        tx: Option<&mut <D::Db as sqlx::Database>::Connection>,
+        req: &BeginRequest<'_>,
+    ) -> Result<BeginOutcome> {
+        if tx.is_none()
+            && self.read_first.now()
+            && let Some(outcome) = self.answer_on_reader(req).await?
+        {
+            return Ok(outcome);
+        }
+        // A new key, or one to take over: on the writer.
+        match tx {
+            Some(conn) => self.claim_on(conn, req).await,
+            None => {
+                let mut writer = self.write_conn().await?;
+                self.claim_on(&mut writer, req).await
+            }
+        }
+    }
+
+    /// `begin` on `conn`, the insert first: a first claim is one statement, as in a hand-written
+    /// inbox. When the key exists, it is read on the same connection and decided on; a
+    /// take-over applies only to the record as read, and when something changed it first, the
+    /// loop reads again. Inside a transaction, the insert waits on the unique index for a
+    /// concurrent claim's transaction, then finds its committed record (or claims, if it rolled
+    /// back).
+    pub(crate) async fn claim_on(
         &self,
         conn: &mut <D::Db as sqlx::Database>::Connection,
         req: &BeginRequest<'_>,
-        cur: &CurRow,
-    ) -> Result<Option<BeginOutcome>> {
-        match next(req, cur)? {
-            Next::Answer(outcome) => Ok(Some(outcome)),
-            Next::TakeOver { reclaim, keep } => Ok(self
-                .take_over(conn, req, cur, reclaim, keep)
-                .await?
-                .map(BeginOutcome::Claimed)),
+    ) -> Result<BeginOutcome> {
+        let args = Statements::claim_args(req);
+        let key = [Arg::Text(req.scope), Arg::Text(req.key)];
+        for attempt in 0..ATTEMPTS {
+            if let Some(row) = D::fetch(conn, &self.sql.insert, &args).await? {
+                if attempt == 0 {
+                    self.read_first.missed();
+                }
+                return Ok(BeginOutcome::Claimed(Self::first_claim(&row)?));
+            }
+            if attempt == 0 {
+                self.read_first.answered();
+            }
+            // It exists: read it. Gone again (purged in between): insert again.
+            let Some(row) = D::fetch(conn, &self.sql.select, &key).await? else {
+                continue;
+            };
+            let cur = CurRow::read(&row, req.scope, req.key)?;
+            let (reclaim, keep) = match next(req, &cur)? {
+                Next::Answer(outcome) => return Ok(outcome),
+                Next::TakeOver { reclaim, keep } => (reclaim, keep),
+            };
+            if let Some(claimed) = self.take_over(conn, req, &cur, reclaim, keep).await? {
+                return Ok(BeginOutcome::Claimed(claimed));
+            }
         }
+        Err(contention(req.scope, req.key))
     }
 
     /// [`crate::Store::complete`] on `conn` (the pool's, or a transaction's).
@@ -1002,7 +1128,7 @@ impl<D: Dialect> Engine<D> {
     async fn purge_batch(&self) -> Result<u64> {
         let mut conn = self.write_conn().await?;
         let mut deleted = 0;
-        for stmt in &self.sql.first.purge {
+        for stmt in &self.sql.purge {
             if let Some(row) = D::fetch(&mut conn, stmt, &[]).await? {
                 deleted = row.int8("deleted").map_err(map_err)?;
             }
@@ -1246,6 +1372,10 @@ macro_rules! engine_store_api {
                 self.inner.begin_transaction()
             }
 
+            async fn answer_first(&self, req: BeginRequest<'_>) -> Result<Option<BeginOutcome>> {
+                self.inner.answer_first_in_tx(&req).await
+            }
+
             async fn begin_in(
                 &self,
                 conn: &mut $conn,
@@ -1285,7 +1415,7 @@ pub(crate) use engine_store_api;
 pub struct SqlStoreBuilder<S> {
     pub(crate) table: String,
     pub(crate) create_table: bool,
-    pub(crate) read_first: bool,
+    pub(crate) read_first: Option<bool>,
     purge_every: Duration,
     background_purge: bool,
     #[cfg(feature = "postgres")]
@@ -1298,7 +1428,7 @@ impl<S> Default for SqlStoreBuilder<S> {
         SqlStoreBuilder {
             table: DEFAULT_TABLE.to_owned(),
             create_table: true,
-            read_first: false,
+            read_first: None,
             purge_every: DEFAULT_PURGE_EVERY,
             background_purge: true,
             #[cfg(feature = "postgres")]
@@ -1350,7 +1480,9 @@ impl<S> SqlStoreBuilder<S> {
             ));
         }
         let mut engine = Engine::new(writer, reader, &self.table)?;
-        engine.read_first = self.read_first;
+        if let Some(always) = self.read_first {
+            engine.read_first = ReadFirst::always(always);
+        }
         if self.create_table {
             engine.migrate().await?;
         }
@@ -1361,6 +1493,67 @@ impl<S> SqlStoreBuilder<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One claim as `Engine::begin` scores it: a read first while reads are on (which answers
+    /// a found record), then the insert; whether it read first.
+    fn claim(rf: &ReadFirst, found: bool) -> bool {
+        let read = rf.now();
+        if read {
+            if found {
+                rf.answered();
+                return true;
+            }
+            rf.missed();
+        }
+        if found {
+            rf.answered()
+        } else {
+            rf.missed()
+        }
+        read
+    }
+
+    /// Of `n` claims of which every `every`-th finds its record, how many read first.
+    fn reads(rf: &ReadFirst, n: usize, every: usize) -> usize {
+        (1..=n).filter(|i| claim(rf, i % every == 0)).count()
+    }
+
+    #[test]
+    fn reading_first_follows_the_share_of_claims_that_find_their_record() {
+        let rf = ReadFirst::adaptive();
+        assert!(!rf.now(), "a new store inserts first");
+        assert_eq!(reads(&rf, 100, usize::MAX), 0, "new keys never read first");
+        rf.answered();
+        assert!(rf.now(), "one record found turns reads on");
+        for _ in 0..ReadFirst::FOUND {
+            rf.missed();
+        }
+        assert!(!rf.now(), "as many new keys turn them off again");
+        // Retries common (one in four, one in two, all): nearly every claim reads first.
+        for every in [4, 2, 1] {
+            let rf = ReadFirst::adaptive();
+            let n = reads(&rf, 400, every);
+            assert!(n >= 390, "one in {every}: {n} of 400 read first");
+        }
+        // Retries rare (one in twenty, one in a hundred): few reads.
+        for every in [20, 100] {
+            let rf = ReadFirst::adaptive();
+            let n = reads(&rf, 400, every);
+            assert!(n <= 400 / 4, "one in {every}: {n} of 400 read first");
+        }
+        // The score is capped: a long run of replays is undone by a bounded run of new keys.
+        let rf = ReadFirst::adaptive();
+        assert_eq!(reads(&rf, 1_000, 1), 999);
+        assert!(reads(&rf, 1_000, usize::MAX) <= ReadFirst::CAP as usize);
+        assert!(!rf.now());
+        for (on, rf) in [
+            (true, ReadFirst::always(true)),
+            (false, ReadFirst::always(false)),
+        ] {
+            assert_eq!(reads(&rf, 100, 3), if on { 100 } else { 0 });
+            assert_eq!(reads(&rf, 100, usize::MAX), if on { 100 } else { 0 });
+        }
+    }
 
     #[test]
     fn identifiers() {

@@ -15,10 +15,7 @@ use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
 use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
 use crate::store::schema::Database;
-use crate::store::sql::{
-    self, ATTEMPTS, AddColumn, Arg, CurRow, Dialect, DialectStatements, Engine, Next, Shared,
-    SqlStoreBuilder, Statements, Types, contention, map_err,
-};
+use crate::store::sql::{self, AddColumn, Arg, Dialect, Engine, SqlStoreBuilder, Types, map_err};
 use crate::store::{Operation, Reply, Store, TxStore};
 
 /// The store's clock: milliseconds since the Unix epoch, read by SQLite itself.
@@ -59,30 +56,16 @@ impl Dialect for Lite {
         col.to_owned()
     }
 
-    fn statements(t: &str, shared: &Shared) -> DialectStatements {
-        let Shared {
-            cur_columns,
-            insert_columns,
-            insert_values,
-        } = shared;
-        let sql = |s: String| AssertSqlSafe(s).into_sql_str();
-        DialectStatements {
-            select: Some(sql(format!(
-                "SELECT {cur_columns} FROM {t} WHERE scope = $1 AND key = $2"
-            ))),
-            insert: sql(format!(
-                "INSERT INTO {t} ({insert_columns}) VALUES ({insert_values}) \
-                 ON CONFLICT (scope, key) DO NOTHING RETURNING fence"
-            )),
-            purge: vec![
-                sql(format!(
-                    "DELETE FROM {t} WHERE (scope, key) IN ( \
-                       SELECT scope, key FROM {t} WHERE expires_at <= {NOW} LIMIT {})",
-                    Self::PURGE_BATCH
-                )),
-                "SELECT changes() AS deleted".into_sql_str(),
-            ],
-        }
+    fn purge(t: &str) -> Vec<SqlStr> {
+        vec![
+            AssertSqlSafe(format!(
+                "DELETE FROM {t} WHERE (scope, key) IN ( \
+                   SELECT scope, key FROM {t} WHERE expires_at <= {NOW} LIMIT {})",
+                Self::PURGE_BATCH
+            ))
+            .into_sql_str(),
+            "SELECT changes() AS deleted".into_sql_str(),
+        ]
     }
 
     fn migration_start() -> Option<SqlStr> {
@@ -132,8 +115,10 @@ fn is_in_memory(url: &str) -> bool {
 ///
 /// `begin` inserts first, on the writer, as a hand-written guard does: a new key is one
 /// `INSERT … ON CONFLICT DO NOTHING`, an existing one that insert (which does nothing) and a
-/// `SELECT` on the same connection. With [`read_first`](SqlStoreBuilder::read_first) it reads
-/// first on the readers instead, so that replays never wait for the writer.
+/// `SELECT` on the same connection. While recent claims keep finding their record (retries),
+/// it reads first on the readers instead, so that replays never wait for the writer; in
+/// transactional mode that read comes before the transaction opens.
+/// [`read_first`](SqlStoreBuilder::read_first) fixes either order.
 ///
 /// Expired records are deleted in the background, once a minute by default, in batches of
 /// 1,000 between which live claims take the writer; see [Retention](SqlStoreBuilder#retention)
@@ -157,14 +142,18 @@ pub struct SqliteStore {
 pub type SqliteStoreBuilder = SqlStoreBuilder<SqliteStore>;
 
 impl SqlStoreBuilder<SqliteStore> {
-    /// Whether a claim first reads on the readers, and answers a replay or "in progress" from
-    /// there without taking the writer (default: no). By default the insert goes first, on the
-    /// writer: a new key is one statement, and an existing one an insert that does nothing and
-    /// a read. Reading first makes replays several times faster (they never queue behind
-    /// writes) and new keys slower (a read, then the insert): choose it where most requests are
-    /// retries. `BENCHMARKS.md` has both.
+    /// Whether a claim always (`true`) or never (`false`) first reads on the readers, and
+    /// answers a replay or "in progress" from there without taking the writer. Inserting
+    /// first, on the writer, makes a new key one statement, and an existing one an insert that
+    /// does nothing and a read; reading first makes replays several times faster (they never
+    /// queue behind writes) and new keys slower (a read, then the insert).
+    ///
+    /// By default the store chooses as it goes: it inserts first while claims are new keys,
+    /// and reads first while recent claims found their record (more than about one in nine),
+    /// in both modes (in transactional mode, the read comes before the transaction opens). Fix
+    /// it here for a workload known in advance. `BENCHMARKS.md` has all three.
     pub fn read_first(mut self, read_first: bool) -> Self {
-        self.read_first = read_first;
+        self.read_first = Some(read_first);
         self
     }
 
@@ -250,71 +239,12 @@ impl SqliteStore {
     pub fn reader_pool(&self) -> &SqlitePool {
         &self.inner.reader
     }
-
-    /// The insert goes first, on the writer (outside a transaction, the writer pool's one
-    /// connection; inside one, the caller's, which holds the write lock already): a first claim
-    /// is one statement, as in a hand-written guard. When the key exists, it is read on the same
-    /// connection and decided on: in this process nothing else writes between the two, so the
-    /// take-over, when there is one, applies at once; another process may, and then the loop
-    /// reads again.
-    async fn begin_on(
-        &self,
-        tx: Option<&mut SqliteConnection>,
-        req: BeginRequest<'_>,
-    ) -> Result<BeginOutcome> {
-        let sql = &self.inner.sql;
-        let select = sql
-            .first
-            .select
-            .as_ref()
-            .expect("SQLite reads its rows itself");
-        let args = Statements::claim_args(&req);
-        let key = [Arg::Text(req.scope), Arg::Text(req.key)];
-        if self.inner.read_first && tx.is_none() {
-            let mut reader = self.inner.read_conn().await?;
-            if let Some(row) = Lite::fetch(&mut reader, select, &key).await?
-                && let Next::Answer(outcome) =
-                    sql::next(&req, &CurRow::read(&row, req.scope, req.key)?)?
-            {
-                return Ok(outcome);
-            }
-            // A new key, or one to take over: on the writer, as below.
-        }
-        let mut writer = None;
-        let conn: &mut SqliteConnection = match tx {
-            Some(conn) => conn,
-            None => &mut *writer.insert(self.inner.write_conn().await?),
-        };
-        for _ in 0..ATTEMPTS {
-            if let Some(row) = Lite::fetch(conn, &sql.first.insert, &args).await? {
-                return Ok(BeginOutcome::Claimed(Engine::<Lite>::first_claim(&row)?));
-            }
-            // It exists: read it. Gone again (purged in between): insert again.
-            let Some(row) = Lite::fetch(conn, select, &key).await? else {
-                continue;
-            };
-            let cur = CurRow::read(&row, req.scope, req.key)?;
-            let (reclaim, keep) = match sql::next(&req, &cur)? {
-                Next::Answer(outcome) => return Ok(outcome),
-                Next::TakeOver { reclaim, keep } => (reclaim, keep),
-            };
-            if let Some(claimed) = self
-                .inner
-                .take_over(conn, &req, &cur, reclaim, keep)
-                .await?
-            {
-                return Ok(BeginOutcome::Claimed(claimed));
-            }
-            // Changed since our read, by another process: start over.
-        }
-        Err(contention(req.scope, req.key))
-    }
 }
 
 impl Store for SqliteStore {
     async fn call(&self, op: Operation<'_>) -> Result<Reply> {
         match op {
-            Operation::Begin(req) => self.begin_on(None, req).await.map(Reply::Begun),
+            Operation::Begin(req) => self.inner.begin(None, &req).await.map(Reply::Begun),
             op => self.inner.call(op).await,
         }
     }
@@ -331,7 +261,7 @@ impl SqliteStore {
         conn: &mut SqliteConnection,
         req: BeginRequest<'_>,
     ) -> Result<BeginOutcome> {
-        self.begin_on(Some(conn), req).await
+        self.inner.begin(Some(conn), &req).await
     }
 }
 

@@ -42,6 +42,24 @@ pub trait TxStore: Store {
         &self,
     ) -> impl Future<Output = Result<sqlx::Transaction<'static, Self::Database>>> + Send;
 
+    /// The answer to `req` that a read outside any transaction can give: `Some` when the record
+    /// as committed settles the request (a replay, a reused key, a claim held by another
+    /// attempt), `None` when only a claim inside a transaction can tell (no record yet, or one to
+    /// take over). The transactional flow asks it before it opens a transaction, so that a
+    /// replay costs one read and never waits for, or holds, the writer.
+    ///
+    /// The default reads nothing and answers `None`. `SqliteStore` and `PgStore` read on
+    /// their readers while recent claims found their record often enough to pay for the read
+    /// (retries), and answer `None` without reading while claims are new keys, which then cost
+    /// no statement more than a hand-written inbox.
+    fn answer_first(
+        &self,
+        req: BeginRequest<'_>,
+    ) -> impl Future<Output = Result<Option<BeginOutcome>>> + Send {
+        let _ = req;
+        std::future::ready(Ok(None))
+    }
+
     /// [`Store::begin`], inside the caller's transaction.
     fn begin_in(
         &self,
