@@ -343,7 +343,7 @@ enum Step {
 /// The needles of `step`'s write on PostgreSQL.
 fn pg_needles(step: Step) -> Vec<&'static [u8]> {
     match step {
-        Step::Claim => vec![b"ins AS (INSERT INTO"],
+        Step::Claim => vec![b"ON CONFLICT (scope, key) DO NOTHING RETURNING fence"],
         Step::Body => vec![b"INSERT INTO effects"],
         Step::Complete => vec![b"SET state = 'completed'"],
         Step::Release => vec![b"SET state = 'released'"],
