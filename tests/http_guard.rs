@@ -941,17 +941,22 @@ async fn the_fingerprint_is_method_path_with_query_and_body() {
 
 fn expected_fingerprint() -> Fingerprint {
     use sha2_free::digest;
-    let mut input = b"idem/fingerprint/v1\0".to_vec();
+    // Encoding version 2: the domain "idem" and the version byte; each part a tag, its length
+    // (one byte of varint: every part is shorter than 128) and its bytes.
+    let mut input = b"idem\x02".to_vec();
     for (tag, bytes) in [
         (0x09u8, &b"POST"[..]),
         (0x09, &b"/orders?x=1"[..]),
         (0x0A, &b"{}"[..]),
     ] {
         input.push(tag);
-        input.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        input.push(u8::try_from(bytes.len()).unwrap());
         input.extend_from_slice(bytes);
     }
-    Fingerprint::from_bytes(digest(&input))
+    // The version byte, then the first 31 bytes of the digest.
+    let mut fp = [2; 32];
+    fp[1..].copy_from_slice(&digest(&input)[..31]);
+    Fingerprint::from_bytes(fp)
 }
 
 /// sha256 written out (FIPS 180-4), so the pinned fingerprint does not come from the code it

@@ -1,12 +1,13 @@
 //! The fingerprint canonicaliser (`idem::fingerprint`), on arbitrary serde data models.
 //!
 //! A fuzzed value drives every `Serializer` method. Properties:
-//! - `canonical_bytes` is exactly the documented layout (encoding version 1), written here
+//! - `canonical_bytes` is exactly the documented layout (encoding version 2), written here
 //!   independently from the module's documentation, after the documented normalisation (integers
 //!   widened, floats to `f64` with one NaN, newtypes transparent, map entries sorted);
 //! - the encoding is unambiguous: a decoder written from the same documentation reads the bytes
 //!   back into the normalised value, using every byte;
-//! - `Fingerprint::of` and `Fingerprinter` hash the domain tag and those bytes, in order;
+//! - `Fingerprint::of` and `Fingerprinter` hash the domain tag and those bytes, in order, and
+//!   keep the version byte and 31 bytes of the digest;
 //! - map entry order never changes a fingerprint;
 //! - a `Serialize` that fails is `Error::Encode`, never a panic.
 
@@ -23,11 +24,12 @@ use serde::ser::{
 };
 use sha2::{Digest, Sha256};
 
-/// Field and variant names (serde wants `&'static str`). A field name's `u64` length is read
-/// where an end tag could be; no name here is 14 bytes long, whose length would start with the
-/// end tag's byte (Rust identifiers never make that ambiguous: see README.md).
+/// Field and variant names (serde wants `&'static str`). A field name is written as a string,
+/// whose tag is not the end tag, so every length is safe: "abcdefghijklmn" (14, the end tag's
+/// byte in version 1) included.
 const NAMES: &[&str] = &[
     "",
+    "abcdefghijklmn",
     "a",
     "id",
     "qty",
@@ -355,8 +357,37 @@ fn normalize(v: &V) -> C {
     }
 }
 
+/// LEB128: 7 bits a byte, low first, the high bit on every byte but the last.
+fn put_varint(out: &mut Vec<u8>, mut v: u128) {
+    loop {
+        let low = (v & 0x7F) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(low);
+            return;
+        }
+        out.push(low | 0x80);
+    }
+}
+
+fn zigzag(v: i128) -> u128 {
+    if v < 0 {
+        (((-(v + 1)) as u128) << 1) | 1
+    } else {
+        (v as u128) << 1
+    }
+}
+
+fn unzigzag(z: u128) -> i128 {
+    if z & 1 == 1 {
+        -((z >> 1) as i128) - 1
+    } else {
+        (z >> 1) as i128
+    }
+}
+
 fn put_len(out: &mut Vec<u8>, bytes: &[u8]) {
-    out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+    put_varint(out, bytes.len() as u128);
     out.extend_from_slice(bytes);
 }
 
@@ -374,19 +405,19 @@ fn encode_into(c: &C, out: &mut Vec<u8>) {
         C::Bool(true) => out.push(TRUE),
         C::I64(x) => {
             out.push(I64);
-            out.extend_from_slice(&x.to_le_bytes());
+            put_varint(out, zigzag(i128::from(*x)));
         }
         C::U64(x) => {
             out.push(U64);
-            out.extend_from_slice(&x.to_le_bytes());
+            put_varint(out, u128::from(*x));
         }
         C::I128(x) => {
             out.push(I128);
-            out.extend_from_slice(&x.to_le_bytes());
+            put_varint(out, zigzag(*x));
         }
         C::U128(x) => {
             out.push(U128);
-            out.extend_from_slice(&x.to_le_bytes());
+            put_varint(out, *x);
         }
         C::F64(bits) => {
             out.push(F64);
@@ -394,7 +425,7 @@ fn encode_into(c: &C, out: &mut Vec<u8>) {
         }
         C::Char(c) => {
             out.push(CHAR);
-            out.extend_from_slice(&c.to_le_bytes());
+            put_varint(out, u128::from(*c));
         }
         C::Str(s) => {
             out.push(STR);
@@ -425,6 +456,7 @@ fn encode_into(c: &C, out: &mut Vec<u8>) {
         C::Struct(fs) => {
             out.push(STRUCT);
             for (n, v) in fs {
+                out.push(STR);
                 put_len(out, n);
                 encode_into(v, out);
             }
@@ -461,8 +493,24 @@ impl Decoder<'_> {
     fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
         self.take(N)?.try_into().ok()
     }
+    /// A varint as the encoder writes it: at most 19 bytes (128 bits), and no trailing zero
+    /// byte (a longer form of a shorter number).
+    fn varint(&mut self) -> Option<u128> {
+        let mut v = 0u128;
+        for i in 0..19 {
+            let b = self.byte()?;
+            v |= u128::from(b & 0x7F).checked_shl(7 * i)?;
+            if b & 0x80 == 0 {
+                if b == 0 && i > 0 {
+                    return None;
+                }
+                return Some(v);
+            }
+        }
+        None
+    }
     fn len_bytes(&mut self) -> Option<Vec<u8>> {
-        let n = usize::try_from(u64::from_le_bytes(self.array()?)).ok()?;
+        let n = usize::try_from(self.varint()?).ok()?;
         self.take(n).map(<[u8]>::to_vec)
     }
     fn value(&mut self) -> Option<C> {
@@ -470,12 +518,12 @@ impl Decoder<'_> {
             UNIT => C::Unit,
             FALSE => C::Bool(false),
             TRUE => C::Bool(true),
-            I64 => C::I64(i64::from_le_bytes(self.array()?)),
-            U64 => C::U64(u64::from_le_bytes(self.array()?)),
-            I128 => C::I128(i128::from_le_bytes(self.array()?)),
-            U128 => C::U128(u128::from_le_bytes(self.array()?)),
+            I64 => C::I64(i64::try_from(unzigzag(self.varint()?)).ok()?),
+            U64 => C::U64(u64::try_from(self.varint()?).ok()?),
+            I128 => C::I128(unzigzag(self.varint()?)),
+            U128 => C::U128(self.varint()?),
             F64 => C::F64(u64::from_le_bytes(self.array()?)),
-            CHAR => C::Char(u32::from_le_bytes(self.array()?)),
+            CHAR => C::Char(u32::try_from(self.varint()?).ok()?),
             STR => C::Str(self.len_bytes()?),
             BYTES => C::Bytes(self.len_bytes()?),
             NONE => C::None,
@@ -499,6 +547,9 @@ impl Decoder<'_> {
             STRUCT => {
                 let mut fs = Vec::new();
                 while self.peek()? != END {
+                    if self.byte()? != STR {
+                        return None;
+                    }
                     fs.push((self.len_bytes()?, self.value()?));
                 }
                 self.byte();
@@ -510,15 +561,20 @@ impl Decoder<'_> {
     }
 }
 
-const DOMAIN: &[u8] = b"idem/fingerprint/v1\0";
+/// The domain tag and the encoding's version.
+const DOMAIN: &[u8] = b"idem\x02";
 
+/// The version byte, then the first 31 bytes of the sha256 of the domain and the parts.
 fn digest(parts: &[&[u8]]) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(DOMAIN);
     for p in parts {
         h.update(p);
     }
-    h.finalize().into()
+    let full: [u8; 32] = h.finalize().into();
+    let mut out = [2; 32];
+    out[1..].copy_from_slice(&full[..31]);
+    out
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -1,18 +1,27 @@
 //! Fingerprints: sha256 over a canonical encoding of a request's arguments.
 //!
-//! The encoding is idem's own (version 1, below), not JSON: it is the same in every process and
+//! The encoding is idem's own (version 2, below), not JSON: it is the same in every process and
 //! run, does not depend on the iteration order of maps (entries are sorted by their encoded key),
 //! and is streamed into the hash without building an intermediate value, except for the entries
 //! of maps, which must be buffered to be sorted.
 //!
-//! # Encoding, version 1
+//! # Encoding, version 2
 //!
-//! Every value is a tag byte and a payload; integers are little-endian; strings and byte strings
-//! carry a `u64` length; sequences, tuples, structs and maps end with an end tag that never starts
-//! a value, so concatenations are unambiguous. Signed integers are widened to `i64` (or `i128`),
-//! unsigned to `u64` (or `u128`), floats to `f64` with every NaN made one NaN. Struct fields are
-//! written as name and value in declaration order; newtype structs are transparent. The hash input
-//! starts with the domain tag `idem/fingerprint/v1`.
+//! Every value is a tag byte and a payload. Unsigned integers are widened to `u64` (or `u128`)
+//! and written as LEB128 varints (7 bits a byte, low first, the high bit set on every byte but
+//! the last); signed ones are widened to `i64` (or `i128`) and zigzag-mapped first (0, -1, 1, -2
+//! … to 0, 1, 2, 3 …); a `char` is the varint of its scalar value; floats are widened to `f64`,
+//! every NaN made one NaN, and written as their 8 bits, little-endian. Strings and byte strings
+//! carry their length as a varint. Sequences, tuples, structs and maps end with an end tag that
+//! never starts a value; struct fields are written as a string (the name) and a value, in
+//! declaration order, so a field never starts with the end tag either. A varint is prefix-free,
+//! so concatenations are unambiguous. Newtype structs are transparent.
+//!
+//! The hash input is the domain tag `idem` and the version byte 2, then the arguments' encodings
+//! in order: short requests fit one block of sha256 (55 bytes: a UUID, an amount and a currency
+//! do). The fingerprint is the version byte followed by the first 31 bytes of the digest, so a
+//! stored fingerprint says which encoding made it and a later version of the encoding can
+//! recognise the records of this one instead of taking them for another request.
 
 use std::fmt;
 
@@ -21,11 +30,22 @@ use sha2::{Digest, Sha256};
 
 use crate::error::Error;
 
-/// A request fingerprint: 32 bytes of sha256.
+/// A request fingerprint: 32 bytes, the encoding's version (its first byte) and 31 bytes of
+/// sha256.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Fingerprint([u8; 32]);
 
 impl Fingerprint {
+    /// The version of the encoding this release fingerprints with: the first byte of every
+    /// fingerprint it makes.
+    pub const VERSION: u8 = 2;
+
+    /// The version of the encoding that made this fingerprint (its first byte), as read back
+    /// from a store.
+    pub const fn version(&self) -> u8 {
+        self.0[0]
+    }
+
     /// Wraps raw digest bytes (as read back from a store).
     pub const fn from_bytes(bytes: [u8; 32]) -> Self {
         Fingerprint(bytes)
@@ -92,7 +112,9 @@ impl Default for Fingerprinter {
     }
 }
 
-const DOMAIN: &[u8] = b"idem/fingerprint/v1\0";
+/// The start of the hash input: the domain tag and the encoding's version. Shorter than
+/// version 1's (`idem/fingerprint/v1` and a zero byte), which it never starts like.
+const DOMAIN: &[u8] = &[b'i', b'd', b'e', b'm', Fingerprint::VERSION];
 
 impl Fingerprinter {
     /// A fingerprinter with nothing added.
@@ -113,7 +135,11 @@ impl Fingerprinter {
 
     /// The fingerprint of everything added.
     pub fn finish(self) -> Fingerprint {
-        Fingerprint(self.hasher.finalize().into())
+        let digest = self.hasher.finalize();
+        let mut out = [0; 32];
+        out[0] = Fingerprint::VERSION;
+        out[1..].copy_from_slice(&digest[..31]);
+        Fingerprint(out)
     }
 }
 
@@ -189,11 +215,22 @@ impl<W: Sink> Canon<'_, W> {
         self.out.put(&[t]);
     }
 
-    fn len_bytes(&mut self, t: Option<u8>, bytes: &[u8]) {
-        if let Some(t) = t {
-            self.tag(t);
+    /// A tag and a varint, in one write.
+    fn tagged_varint(&mut self, t: u8, mut v: u128) {
+        let mut buf = [0u8; 20];
+        buf[0] = t;
+        let mut n = 1;
+        while v >= 0x80 {
+            buf[n] = (v as u8) | 0x80;
+            v >>= 7;
+            n += 1;
         }
-        self.out.put(&(bytes.len() as u64).to_le_bytes());
+        buf[n] = v as u8;
+        self.out.put(&buf[..=n]);
+    }
+
+    fn len_bytes(&mut self, t: u8, bytes: &[u8]) {
+        self.tagged_varint(t, bytes.len() as u128);
         self.out.put(bytes);
     }
 
@@ -227,13 +264,13 @@ impl<'a, 'b, W: Sink> ser::Serializer for &'a mut Canon<'b, W> {
         self.serialize_i64(v.into())
     }
     fn serialize_i64(self, v: i64) -> Result<(), CanonError> {
-        self.tag(tag::I64);
-        self.out.put(&v.to_le_bytes());
+        let zigzag = ((v << 1) ^ (v >> 63)) as u64;
+        self.tagged_varint(tag::I64, zigzag.into());
         Ok(())
     }
     fn serialize_i128(self, v: i128) -> Result<(), CanonError> {
-        self.tag(tag::I128);
-        self.out.put(&v.to_le_bytes());
+        let zigzag = ((v << 1) ^ (v >> 127)) as u128;
+        self.tagged_varint(tag::I128, zigzag);
         Ok(())
     }
     fn serialize_u8(self, v: u8) -> Result<(), CanonError> {
@@ -246,13 +283,11 @@ impl<'a, 'b, W: Sink> ser::Serializer for &'a mut Canon<'b, W> {
         self.serialize_u64(v.into())
     }
     fn serialize_u64(self, v: u64) -> Result<(), CanonError> {
-        self.tag(tag::U64);
-        self.out.put(&v.to_le_bytes());
+        self.tagged_varint(tag::U64, v.into());
         Ok(())
     }
     fn serialize_u128(self, v: u128) -> Result<(), CanonError> {
-        self.tag(tag::U128);
-        self.out.put(&v.to_le_bytes());
+        self.tagged_varint(tag::U128, v);
         Ok(())
     }
     fn serialize_f32(self, v: f32) -> Result<(), CanonError> {
@@ -264,21 +299,21 @@ impl<'a, 'b, W: Sink> ser::Serializer for &'a mut Canon<'b, W> {
         } else {
             v.to_bits()
         };
-        self.tag(tag::F64);
-        self.out.put(&bits.to_le_bytes());
+        let mut buf = [tag::F64; 9];
+        buf[1..].copy_from_slice(&bits.to_le_bytes());
+        self.out.put(&buf);
         Ok(())
     }
     fn serialize_char(self, v: char) -> Result<(), CanonError> {
-        self.tag(tag::CHAR);
-        self.out.put(&u32::from(v).to_le_bytes());
+        self.tagged_varint(tag::CHAR, u32::from(v).into());
         Ok(())
     }
     fn serialize_str(self, v: &str) -> Result<(), CanonError> {
-        self.len_bytes(Some(tag::STR), v.as_bytes());
+        self.len_bytes(tag::STR, v.as_bytes());
         Ok(())
     }
     fn serialize_bytes(self, v: &[u8]) -> Result<(), CanonError> {
-        self.len_bytes(Some(tag::BYTES), v);
+        self.len_bytes(tag::BYTES, v);
         Ok(())
     }
     fn serialize_none(self) -> Result<(), CanonError> {
@@ -302,7 +337,7 @@ impl<'a, 'b, W: Sink> ser::Serializer for &'a mut Canon<'b, W> {
         _index: u32,
         variant: &'static str,
     ) -> Result<(), CanonError> {
-        self.len_bytes(Some(tag::VARIANT), variant.as_bytes());
+        self.len_bytes(tag::VARIANT, variant.as_bytes());
         self.tag(tag::UNIT);
         Ok(())
     }
@@ -320,7 +355,7 @@ impl<'a, 'b, W: Sink> ser::Serializer for &'a mut Canon<'b, W> {
         variant: &'static str,
         value: &T,
     ) -> Result<(), CanonError> {
-        self.len_bytes(Some(tag::VARIANT), variant.as_bytes());
+        self.len_bytes(tag::VARIANT, variant.as_bytes());
         value.serialize(self)
     }
     fn serialize_seq(self, _len: Option<usize>) -> Result<Self::SerializeSeq, CanonError> {
@@ -344,7 +379,7 @@ impl<'a, 'b, W: Sink> ser::Serializer for &'a mut Canon<'b, W> {
         variant: &'static str,
         _len: usize,
     ) -> Result<Self::SerializeTupleVariant, CanonError> {
-        self.len_bytes(Some(tag::VARIANT), variant.as_bytes());
+        self.len_bytes(tag::VARIANT, variant.as_bytes());
         self.serialize_seq(None)
     }
     fn serialize_map(self, len: Option<usize>) -> Result<Self::SerializeMap, CanonError> {
@@ -369,7 +404,7 @@ impl<'a, 'b, W: Sink> ser::Serializer for &'a mut Canon<'b, W> {
         variant: &'static str,
         _len: usize,
     ) -> Result<Self::SerializeStructVariant, CanonError> {
-        self.len_bytes(Some(tag::VARIANT), variant.as_bytes());
+        self.len_bytes(tag::VARIANT, variant.as_bytes());
         self.tag(tag::STRUCT);
         Ok(Compound { ser: self })
     }
@@ -388,7 +423,8 @@ impl<W: Sink> Compound<'_, '_, W> {
         name: &'static str,
         value: &T,
     ) -> Result<(), CanonError> {
-        self.ser.len_bytes(None, name.as_bytes());
+        // As a string: its tag is not the end tag, whatever the name's length.
+        self.ser.len_bytes(tag::STR, name.as_bytes());
         self.element(value)
     }
     fn end(self) -> Result<(), CanonError> {
@@ -514,28 +550,66 @@ mod tests {
         assert_ne!(f(&1u64), f(&1i64));
         assert_eq!(f(&1u8), f(&1u64));
         assert_eq!(f(&f64::NAN), f(&-f64::NAN));
+        assert_ne!(f(&-1i64), f(&1i64));
+        assert_ne!(f(&(127u64, 0u8)), f(&128u64));
+        assert_ne!(f(&i64::MIN), f(&i64::MAX));
+    }
+
+    #[test]
+    fn varints_are_leb128() {
+        let enc = |v: &dyn erased::Ser| v.canon();
+        assert_eq!(enc(&0u8), [tag::U64, 0]);
+        assert_eq!(enc(&127u64), [tag::U64, 0x7F]);
+        assert_eq!(enc(&128u64), [tag::U64, 0x80, 0x01]);
+        assert_eq!(enc(&-1i32), [tag::I64, 0x01]);
+        assert_eq!(enc(&1i64), [tag::I64, 0x02]);
+        assert_eq!(enc(&u64::MAX).len(), 11);
+        assert_eq!(enc(&u128::MAX).len(), 20);
+        assert_eq!(enc(&i128::MIN).len(), 20);
+        assert_eq!(enc(&"ab"), [tag::STR, 2, b'a', b'b']);
+    }
+
+    #[test]
+    fn a_field_name_never_reads_as_the_end() {
+        struct Fourteen;
+        impl Serialize for Fourteen {
+            fn serialize<S: ser::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                use ser::SerializeStruct as _;
+                let mut st = s.serialize_struct("Fourteen", 1)?;
+                st.serialize_field("abcdefghijklmn", &1u8)?;
+                st.end()
+            }
+        }
+        let bytes = canonical_bytes(&Fourteen).unwrap();
+        assert_eq!(&bytes[..3], &[tag::STRUCT, tag::STR, 14]);
     }
 
     #[test]
     fn known_vector() {
         // The encoding is a compatibility promise: records written by one release must still
-        // match requests fingerprinted by the next. The digest was computed independently
-        // from the documented layout: domain, SEQ, STR len "ORD-1", U64 250, END.
+        // match requests fingerprinted by the next (or be told apart by their version byte).
+        // The digest was computed independently from the documented layout (Python's hashlib):
+        // "idem" 02, SEQ, STR 05 "ORD-1", U64 FA 01, END; then version 02 and 31 bytes.
         let fp = Fingerprint::of(&("ORD-1", 250u32)).unwrap();
         assert_eq!(
             fp.to_string(),
-            "e784740e8d8b1f2266e0be80c02dbab03820913dde50e91ad088f2f2f16ede54"
+            "0296f1a20f275fc230a28594d7527d599f3e894bcadfbb97833bad940ded3cf2"
         );
+        assert_eq!(fp.version(), Fingerprint::VERSION);
     }
 
     mod erased {
         use super::*;
         pub(super) trait Ser {
             fn fp(&self) -> Fingerprint;
+            fn canon(&self) -> Vec<u8>;
         }
         impl<T: Serialize> Ser for T {
             fn fp(&self) -> Fingerprint {
                 Fingerprint::of(self).unwrap()
+            }
+            fn canon(&self) -> Vec<u8> {
+                canonical_bytes(self).unwrap()
             }
         }
     }

@@ -32,7 +32,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -49,7 +49,7 @@ use crate::store::Store;
 /// Clones share what is learnt about the claim while it runs: whether it was lost
 /// ([`ClaimInfo::lost`]). Two `ClaimInfo`s are equal when they name the same claim (scope, key,
 /// fence and what the store said of it).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ClaimInfo {
     scope: String,
     key: Key,
@@ -57,7 +57,27 @@ pub struct ClaimInfo {
     reclaimed: bool,
     recovery_point: Option<Vec<u8>>,
     attempt: u32,
-    state: Arc<ClaimState>,
+    /// What the holders of the claim learn about it, shared from the first clone on. A claim
+    /// that is never cloned (a guard whose body does not take its claim, outside a consumer)
+    /// has nobody to tell, so it allocates nothing and reads no clock: its end is kept in
+    /// `end_alone`, and handed to the shared state if a clone comes later.
+    state: OnceLock<Arc<ClaimState>>,
+    end_alone: AtomicU8,
+}
+
+impl Clone for ClaimInfo {
+    fn clone(&self) -> Self {
+        ClaimInfo {
+            scope: self.scope.clone(),
+            key: self.key.clone(),
+            fence: self.fence,
+            reclaimed: self.reclaimed,
+            recovery_point: self.recovery_point.clone(),
+            attempt: self.attempt,
+            state: OnceLock::from(Arc::clone(self.shared())),
+            end_alone: AtomicU8::new(End::Running as u8),
+        }
+    }
 }
 
 impl PartialEq for ClaimInfo {
@@ -114,8 +134,21 @@ impl ClaimInfo {
             reclaimed: claimed.reclaimed,
             recovery_point: claimed.recovery_point,
             attempt: claimed.attempt,
-            state: Arc::default(),
+            state: OnceLock::new(),
+            end_alone: AtomicU8::new(End::Running as u8),
         }
+    }
+
+    /// The state shared with the clones, created by the first that needs it with what this
+    /// claim knows so far (only its end: a claim is marked lost through the shared state, and
+    /// its lease is only followed once it is shared).
+    fn shared(&self) -> &Arc<ClaimState> {
+        self.state.get_or_init(|| {
+            Arc::new(ClaimState {
+                end: AtomicU8::new(self.end_alone.load(Ordering::Acquire)),
+                ..ClaimState::default()
+            })
+        })
     }
 
     /// The scope.
@@ -165,7 +198,9 @@ impl ClaimInfo {
     /// completion found the record taken over by a newer attempt (its lease had run out). Its
     /// body's work will not be recorded; the newer attempt's will.
     pub fn is_lost(&self) -> bool {
-        self.state.lost.load(Ordering::Acquire)
+        self.state
+            .get()
+            .is_some_and(|s| s.lost.load(Ordering::Acquire))
     }
 
     /// Completes when this claim is known to be lost (see [`ClaimInfo::is_lost`]); never, while
@@ -186,7 +221,7 @@ impl ClaimInfo {
     /// Under the consumer the delivery of a handler whose claim was lost is not acked: it is
     /// retried, and answered by the newer attempt's record.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let state = self.state.clone();
+        let state = Arc::clone(self.shared());
         async move {
             loop {
                 let notified = state.lost_notify.notified();
@@ -202,13 +237,15 @@ impl ClaimInfo {
 
     /// Records that the claim was taken over.
     pub(crate) fn mark_lost(&self) {
-        self.state.lost.store(true, Ordering::Release);
-        self.state.lost_notify.notify_waiters();
+        let state = self.shared();
+        state.lost.store(true, Ordering::Release);
+        state.lost_notify.notify_waiters();
     }
 
     /// How the claim ended, as far as this process knows.
     pub(crate) fn end(&self) -> End {
-        match self.state.end.load(Ordering::Acquire) {
+        let end = self.state.get().map_or(&self.end_alone, |s| &s.end);
+        match end.load(Ordering::Acquire) {
             0 => End::Running,
             1 => End::Finishing,
             2 => End::Completed,
@@ -218,26 +255,25 @@ impl ClaimInfo {
     }
 
     fn set_end(&self, end: End) {
-        self.state.end.store(end as u8, Ordering::Release);
+        let state = self.state.get().map_or(&self.end_alone, |s| &s.end);
+        state.store(end as u8, Ordering::Release);
     }
 
-    /// The lease was granted or renewed just now, for `lease`.
+    /// The lease was granted or renewed just now, for `lease`. Followed only once the claim is
+    /// shared: its one reader is a completion retried while the lease lives, and that patience
+    /// is given only to claims a watcher holds a clone of.
     pub(crate) fn renewed(&self, lease: Duration) {
-        let until = Instant::now().checked_add(lease);
-        *self
-            .state
-            .lease_until
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = until;
+        if let Some(state) = self.state.get() {
+            *state.lease_until.lock().unwrap_or_else(|p| p.into_inner()) =
+                Instant::now().checked_add(lease);
+        }
     }
 
-    /// Until when the lease is known to run, once it was granted through a [`Guard`].
+    /// Until when the lease is known to run, once it was granted through a [`Guard`] to a
+    /// shared claim.
     pub(crate) fn lease_until(&self) -> Option<Instant> {
-        *self
-            .state
-            .lease_until
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let state = self.state.get()?;
+        *state.lease_until.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The identity and fence, as presented to the store's fenced writes.
@@ -611,4 +647,51 @@ pub(crate) fn digest(parts: &[&str]) -> String {
         out.push_str(&format!("{b:02x}"));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim() -> ClaimInfo {
+        let claimed = Claimed {
+            fence: 7,
+            reclaimed: false,
+            recovery_point: None,
+            attempt: 1,
+        };
+        ClaimInfo::new("s".into(), Key::parse("k").unwrap(), claimed)
+    }
+
+    /// A claim nobody shares allocates nothing, and a clone taken later still learns what
+    /// it knew and what it learns after.
+    #[test]
+    fn a_claim_shares_its_state_from_the_first_clone() {
+        let alone = claim();
+        alone.set_end(End::Finishing);
+        alone.renewed(Duration::from_secs(1));
+        assert!(alone.state.get().is_none());
+        assert_eq!(alone.lease_until(), None);
+        let clone = alone.clone();
+        assert_eq!(clone.end(), End::Finishing);
+        alone.set_end(End::Completed);
+        assert_eq!(clone.end(), End::Completed);
+        alone.renewed(Duration::from_secs(1));
+        assert!(clone.lease_until().is_some());
+        assert!(!clone.is_lost());
+        alone.mark_lost();
+        assert!(clone.is_lost());
+        assert_eq!(clone, alone);
+    }
+
+    /// Marking an unshared claim lost shares it, so a later clone knows.
+    #[test]
+    fn lost_before_any_clone_is_kept() {
+        let alone = claim();
+        alone.set_end(End::Released);
+        alone.mark_lost();
+        let clone = alone.clone();
+        assert!(clone.is_lost());
+        assert_eq!(clone.end(), End::Released);
+    }
 }

@@ -58,8 +58,8 @@ struct Inner {
 
 struct Entry {
     hash: u64,
-    /// Scope and key in one allocation: `ident[..scope_len]` is the scope.
-    ident: Box<str>,
+    /// Scope then key: `ident.bytes()[..scope_len]` is the scope.
+    ident: Ident,
     scope_len: usize,
     fingerprint: Fingerprint,
     state: State,
@@ -75,10 +75,11 @@ impl Entry {
     /// The record as an operator sees it at `now`; with its recovery point and answer when
     /// `full`.
     fn info(&self, now: i64, full: bool) -> RecordInfo {
-        let (scope, key) = self.ident.split_at(self.scope_len);
+        let (scope, key) = self.ident.bytes().split_at(self.scope_len);
         RecordInfo {
-            scope: scope.to_owned(),
-            key: key.to_owned(),
+            // Both were `str`s, written one after the other: nothing is lost.
+            scope: String::from_utf8_lossy(scope).into_owned(),
+            key: String::from_utf8_lossy(key).into_owned(),
             state: self.state,
             fence: self.fence,
             attempt: self.attempt,
@@ -97,10 +98,45 @@ impl Entry {
     }
 
     fn is(&self, scope: &str, key: &str) -> bool {
+        let ident = self.ident.bytes();
         self.scope_len == scope.len()
-            && self.ident.len() == scope.len() + key.len()
-            && self.ident.starts_with(scope)
-            && self.ident.ends_with(key)
+            && ident.len() == scope.len() + key.len()
+            && ident.starts_with(scope.as_bytes())
+            && ident.ends_with(key.as_bytes())
+    }
+}
+
+/// How many bytes of scope and key an entry holds without an allocation: a scope such as
+/// `refund:ORD-1` and a UUID key (36) fit.
+const INLINE_IDENT: usize = 62;
+
+/// A record's identity, scope then key: inside the entry when it fits, in one allocation when
+/// it does not.
+enum Ident {
+    Inline { len: u8, bytes: [u8; INLINE_IDENT] },
+    Boxed(Box<[u8]>),
+}
+
+impl Ident {
+    fn new(scope: &str, key: &str) -> Ident {
+        let len = scope.len() + key.len();
+        match u8::try_from(len) {
+            Ok(short) if len <= INLINE_IDENT => {
+                let mut bytes = [0; INLINE_IDENT];
+                bytes[..scope.len()].copy_from_slice(scope.as_bytes());
+                bytes[scope.len()..len].copy_from_slice(key.as_bytes());
+                Ident::Inline { len: short, bytes }
+            }
+            _ => Ident::Boxed([scope.as_bytes(), key.as_bytes()].concat().into()),
+        }
+    }
+
+    #[inline]
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Ident::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Ident::Boxed(b) => b,
+        }
     }
 }
 
@@ -231,13 +267,10 @@ impl MemoryStore {
         let entry = shard.entry(hash, |e| e.is(req.scope, req.key), |e| e.hash);
         let e = match entry {
             TableEntry::Vacant(v) => {
-                let mut ident = String::with_capacity(req.scope.len() + req.key.len());
-                ident.push_str(req.scope);
-                ident.push_str(req.key);
                 let fence = first_fence(now);
                 v.insert(Entry {
                     hash,
-                    ident: ident.into_boxed_str(),
+                    ident: Ident::new(req.scope, req.key),
                     scope_len: req.scope.len(),
                     fingerprint: *req.fingerprint,
                     state: State::InProgress,
@@ -451,5 +484,54 @@ impl MemoryStore {
                     Duration::from_millis(e.lease_until.saturating_sub(now).max(0) as u64)
                 }),
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Policy;
+
+    fn begin(store: &MemoryStore, scope: &str, key: &str) -> BeginOutcome {
+        store.begin_now(BeginRequest {
+            scope,
+            key,
+            fingerprint: &Fingerprint::from_bytes([1; 32]),
+            policy: &Policy::DEFAULT,
+        })
+    }
+
+    /// Identities held in the entry and in an allocation of their own are told apart by where
+    /// the scope ends, not only by their bytes.
+    #[test]
+    fn identities_inline_and_boxed() {
+        let store = MemoryStore::new();
+        let long = "k".repeat(INLINE_IDENT);
+        let cases = [
+            ("ab", "c".to_owned()),
+            ("a", "bc".to_owned()),
+            ("ab", long.clone()),
+            ("a", format!("b{long}")),
+        ];
+        for (scope, key) in &cases {
+            assert!(matches!(
+                begin(&store, scope, key),
+                BeginOutcome::Claimed(_)
+            ));
+        }
+        for (scope, key) in &cases {
+            assert!(matches!(
+                begin(&store, scope, key),
+                BeginOutcome::InProgress { .. }
+            ));
+            let found = store.lookup_now(scope, key).expect("claimed");
+            assert_eq!(found.state, RecordState::InProgress);
+        }
+        assert_eq!(store.len(), cases.len());
+        let mut listed = Vec::new();
+        store.each(|e| listed.push(e.info(0, false)));
+        for (scope, key) in &cases {
+            assert!(listed.iter().any(|r| r.scope == *scope && r.key == *key));
+        }
     }
 }

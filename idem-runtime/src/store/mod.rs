@@ -7,6 +7,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
+
+use futures_util::FutureExt as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -269,13 +271,10 @@ pub trait Store: Send + Sync + 'static {
         &'a self,
         req: BeginRequest<'a>,
     ) -> impl Future<Output = Result<BeginOutcome>> + Send + 'a {
-        let call = self.call(Operation::Begin(req));
-        async move {
-            match call.await? {
-                Reply::Begun(outcome) => Ok(outcome),
-                other => Err(mismatched("begin", &other)),
-            }
-        }
+        self.call(Operation::Begin(req)).map(|reply| match reply? {
+            Reply::Begun(outcome) => Ok(outcome),
+            other => Err(mismatched("begin", &other)),
+        })
     }
 
     /// [`Operation::Complete`].
@@ -442,12 +441,17 @@ async fn expect<T>(
     pick(call.await?).map_err(|other| mismatched(operation, &other))
 }
 
-/// The typed end of a write that answers [`Reply::Done`].
-async fn done(call: impl Future<Output = Result<Reply>>, operation: &'static str) -> Result<()> {
-    match call.await? {
+/// The typed end of a write that answers [`Reply::Done`]. A combinator rather than an `async`
+/// block: nothing to keep across the await but the call itself, so the future a guarded call
+/// carries is the store's own plus a tag.
+fn done<'a>(
+    call: impl Future<Output = Result<Reply>> + Send + 'a,
+    operation: &'static str,
+) -> impl Future<Output = Result<()>> + Send + 'a {
+    call.map(move |reply| match reply? {
         Reply::Done => Ok(()),
         other => Err(mismatched(operation, &other)),
-    }
+    })
 }
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
