@@ -3,32 +3,43 @@
 //!
 //! # Design
 //!
-//! One record is one hash, named `{prefix}{<digest>}`: the digest is the first 128 bits of the
-//! sha256 of the scope and the key, each preceded by its length in four big-endian bytes (so
-//! that no split of the same bytes gives the same name), in hex, inside a hash tag so that every
-//! key a script could touch is in one cluster slot. The hash stores the scope and the key
-//! themselves, and every script compares them with the caller's before it decides anything: a
-//! digest collision or a foreign writer is an [`Error::Store`], never someone else's answer.
+//! One record is one string value, named `{prefix}{<digest>}`: the digest is the first 128 bits
+//! of the sha256 of the scope and the key, each preceded by its length in four big-endian bytes
+//! (so that no split of the same bytes gives the same name), in hex, inside a hash tag so that
+//! every key a script could touch is in one cluster slot. The record stores the scope and the
+//! key themselves, and every operation compares them with the caller's before it decides
+//! anything: a digest collision or a foreign writer is an [`Error::Store`], never someone else's
+//! answer.
 //!
 //! Every operation is one Lua script on that one key, atomic on the server (`record.lua` shared,
 //! then `begin.lua`, `complete.lua`, `release.lua`, `checkpoint.lua`, `renew.lua`,
-//! `lookup.lua`). `begin` decides exactly as every other store does (the rule in
-//! `lifecycle::decide`, re-stated in Lua because it must run inside the script), and `complete`,
-//! `release`, `checkpoint` and `renew` apply only while the fence is the caller's. Scripts are sent as `EVALSHA`; a server that does not know
-//! one (after a restart or a failover) gets it again, transparently.
+//! `force_release.lua`, `read.lua`). `begin` decides exactly as every other store does (the rule
+//! in `lifecycle::decide`, re-stated in Lua because it must run inside the script), and
+//! `complete`, `release`, `checkpoint` and `renew` apply only while the fence is the caller's.
+//! Scripts are sent as `EVALSHA`; a server that does not know one (after a restart or a
+//! failover) gets it again, transparently. (Redis Functions, `FCALL`, cost the same per call on
+//! Redis 7.0 and would need loading on every node, so they are not used.)
 //!
 //! Time is the server's: scripts that need the time read `TIME`, so leases, retention and first
-//! fences never depend on the clocks of the service's instances. A record's first fence is the server's clock
-//! in milliseconds and grows by one on every take-over or claim after a release; a record that
-//! expired and is created again therefore starts above every fence of its previous life.
-//! Retention is the key's own expiry (`PEXPIRE`, counted on the server's clock from the claim):
-//! a key that exists is within its retention, Redis deletes expired records by itself, so no
-//! sweeper is needed and [`Store::purge_expired`] does nothing.
+//! fences never depend on the clocks of the service's instances. A record's first fence is the
+//! server's clock in milliseconds and grows by one on every take-over or claim after a release;
+//! a record that expired and is created again therefore starts above every fence of its
+//! previous life. Retention is the key's own expiry (`SET … PX`, counted on the server's clock
+//! from the claim, kept by every later write with `KEEPTTL`): a key that exists is within its
+//! retention, Redis deletes expired records by itself, so no sweeper is needed and
+//! [`Store::purge_expired`] does nothing.
 //!
-//! The hash holds `meta` (`<version> <state> <fence> <lease_until> <status> <error>`: what every
-//! decision reads, in one field), `scope`, `key`, `fp` (the fingerprint), and, when there is one,
-//! `recovery` and the response's `body`. A replay reads one hash and does not need the clock;
-//! a completion is one conditional write.
+//! The value is a first line of text, `idem2 <state> <fence> <lease_until> <attempt> <status>
+//! <error> <identity length> <recovery length or -> <body length>`, then the identity (the
+//! scope's length, a space, the scope, the key), the 32 bytes of the fingerprint, the recovery
+//! point and the response's body (the format is described in full in `record.lua`). Reading a
+//! record is one `GET` and writing it one `SET`, and the two usual cases are decided before any
+//! parsing in Lua: `begin` answers a completed record by returning it as it is (this client
+//! checks it whole, then replays it or answers key reused; no clock, no write), and writes a
+//! first claim straight away; `complete` recognises a claim in progress under the caller's
+//! fence by its first bytes and writes the completed record from parts this client rendered.
+//! Everything else goes through the full check of `record.lua`; `lookup`, inspection and listing
+//! read the value with the server's clock (`read.lua`) and decode it here, with the same checks.
 //!
 //! # Durability is the operator's choice
 //!
@@ -56,7 +67,7 @@
 //! Connection loss, timeouts and the server's transient refusals (`CLUSTERDOWN`, `TRYAGAIN`,
 //! `LOADING`, `MASTERDOWN`, `READONLY`, `OOM`, `BUSY`) are [`Error::Unavailable`]: safe to retry,
 //! HTTP 503. A key that holds something other than an idem record of the requested identity (a
-//! value of another type, a hash with missing or malformed fields, another scope and key) is an
+//! value of another type, a string that is not a well-formed record, another scope and key) is an
 //! [`Error::Store`] naming the key; the body never runs over it.
 //!
 //! Transactional mode does not apply: records live outside the database, so `RedisStore` does
@@ -513,7 +524,7 @@ impl Store for RedisStore {
                 self.write(claim, &inv).await.map(|()| Reply::Done)
             }
             Operation::Lookup { scope, key } => self.run_lookup(scope, key).await.map(Reply::Found),
-            // Each record is a key with an expiry (`PEXPIREAT`, the end of its retention on the
+            // Each record is a key with an expiry (`SET … PX`, the end of its retention on the
             // server's clock), and Redis deletes expired keys by itself: nothing to purge.
             Operation::PurgeExpired | Operation::PurgeBatch => Ok(Reply::Purged(0)),
             Operation::CountExpired => Ok(Reply::Counted(0)),
