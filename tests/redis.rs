@@ -139,6 +139,43 @@ fn claim<'a>(scope: &'a str, key: &'a str, fence: u64) -> ClaimRef<'a> {
     ClaimRef { scope, key, fence }
 }
 
+/// A record's value as the store writes it (format 2, described in the store's `record.lua`):
+/// state `i`, `c` or `r`.
+#[allow(clippy::too_many_arguments)]
+fn record_value(
+    state: &str,
+    fence: u64,
+    lease_until: i64,
+    (status, error): (&str, &str),
+    (scope, key): (&str, &str),
+    fp: &Fingerprint,
+    recovery: Option<&[u8]>,
+    body: &[u8],
+) -> Vec<u8> {
+    let ident = format!("{} {scope}{key}", scope.len());
+    let rlen = recovery.map_or_else(|| "-".to_owned(), |r| r.len().to_string());
+    let mut v = format!(
+        "idem2 {state} {fence} {lease_until} 1 {status} {error} {} {rlen} {}\n{ident}",
+        ident.len(),
+        body.len()
+    )
+    .into_bytes();
+    v.extend_from_slice(fp.as_bytes());
+    v.extend_from_slice(recovery.unwrap_or_default());
+    v.extend_from_slice(body);
+    v
+}
+
+/// The fields of a record's first line.
+fn first_line(value: &[u8]) -> Vec<String> {
+    let end = value.iter().position(|&b| b == b'\n').unwrap();
+    String::from_utf8(value[..end].to_vec())
+        .unwrap()
+        .split(' ')
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Retries `f` until it stops answering `Unavailable` (a connection coming back), or 10 s.
 async fn until_available<T, F, Fut>(mut f: F) -> Result<T, Error>
 where
@@ -180,27 +217,16 @@ async fn values_that_are_not_our_records_are_store_errors_and_never_run_the_body
     let order = "A1";
     let scope = idem::scope!("foreign:<order>").unwrap();
 
-    // A genuine record, to copy and break field by field.
+    // A genuine record, to copy and break part by part.
     let good_key = "k-genuine";
     assert_eq!(guarded(&store, order, good_key).await.unwrap(), 7);
-    let genuine: Vec<(String, Vec<u8>)> = conn
-        .hgetall(store.record_key(&scope, good_key))
-        .await
-        .unwrap();
+    let genuine: Vec<u8> = conn.get(store.record_key(&scope, good_key)).await.unwrap();
     let runs_before = FOREIGN_RUNS.load(Ordering::SeqCst);
 
-    // A copy of the genuine record under another key, with some fields replaced (`Some`) or
-    // left out (`None`).
-    let record = |key: &str, overrides: &[(&str, Option<&[u8]>)]| {
-        let mut cmd = redis::cmd("HSET");
-        cmd.arg(store.record_key(&scope, key));
-        for (f, v) in &genuine {
-            match overrides.iter().find(|(o, _)| o == f) {
-                Some((_, Some(new))) => cmd.arg(f).arg(*new),
-                Some((_, None)) => continue,
-                None => cmd.arg(f).arg(v),
-            };
-        }
+    // `value` under the key of `key`.
+    let record = |key: &str, value: Vec<u8>| {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(store.record_key(&scope, key)).arg(value);
         cmd
     };
     let plain = |name: &str, key: &str, args: &[&str]| {
@@ -208,27 +234,21 @@ async fn values_that_are_not_our_records_are_store_errors_and_never_run_the_body
         cmd.arg(store.record_key(&scope, key)).arg(args);
         cmd
     };
-    // The genuine meta field, with one of its six parts replaced.
-    let meta = String::from_utf8(
-        genuine
-            .iter()
-            .find(|(f, _)| f == "meta")
-            .map(|(_, v)| v.clone())
-            .unwrap(),
-    )
-    .unwrap();
-    let meta_with = |part: usize, value: &str| {
-        let mut parts: Vec<&str> = meta.split(' ').collect();
-        parts[part] = value;
-        parts.join(" ").into_bytes()
+    // The genuine record with one part of its first line replaced.
+    let header = first_line(&genuine);
+    let rest = &genuine[genuine.iter().position(|&b| b == b'\n').unwrap()..];
+    let with = |part: usize, value: &str| {
+        let mut parts = header.clone();
+        parts[part] = value.to_owned();
+        let mut v = parts.join(" ").into_bytes();
+        v.extend_from_slice(rest);
+        v
     };
-    let (v2, bad_fence, huge_fence, paused, bad_flag) = (
-        meta_with(0, "2"),
-        meta_with(2, "12ab"),
-        meta_with(2, "123456789012345678"),
-        meta_with(1, "paused"),
-        meta_with(5, "yes"),
-    );
+    let truncated = genuine[..genuine.len() - 1].to_vec();
+    // Ten bytes of the fingerprint gone.
+    let fp_at =
+        genuine.iter().position(|&b| b == b'\n').unwrap() + 1 + header[7].parse::<usize>().unwrap();
+    let short_fp = [&genuine[..fp_at], &genuine[fp_at + 10..]].concat();
     let cases: Vec<(&str, &str, redis::Cmd)> = vec![
         ("a string", "k-string", plain("SET", "k-string", &["hello"])),
         ("a list", "k-list", plain("RPUSH", "k-list", &["a"])),
@@ -238,49 +258,49 @@ async fn values_that_are_not_our_records_are_store_errors_and_never_run_the_body
             plain("HSET", "k-hash", &["name", "x"]),
         ),
         (
-            "a record without its meta field",
-            "k-no-meta",
-            record("k-no-meta", &[("meta", None)]),
-        ),
-        (
             "an unknown format version",
-            "k-version-2",
-            record("k-version-2", &[("meta", Some(&v2))]),
+            "k-version-3",
+            record("k-version-3", with(0, "idem3")),
         ),
         (
             "another identity's record",
             "k-other-identity",
-            record("k-other-identity", &[]),
+            record("k-other-identity", genuine.clone()),
         ),
         (
             "a fence that is not a number",
             "k-bad-fence",
-            record("k-bad-fence", &[("meta", Some(&bad_fence))]),
+            record("k-bad-fence", with(2, "12ab")),
         ),
         (
             "a fence out of range",
             "k-huge-fence",
-            record("k-huge-fence", &[("meta", Some(&huge_fence))]),
+            record("k-huge-fence", with(2, "123456789012345678")),
         ),
         (
             "an unknown state",
             "k-bad-state",
-            record("k-bad-state", &[("meta", Some(&paused))]),
+            record("k-bad-state", with(1, "p")),
+        ),
+        (
+            "a record shorter than its first line says",
+            "k-truncated",
+            record("k-truncated", truncated),
         ),
         (
             "a short fingerprint",
             "k-short-fp",
-            record("k-short-fp", &[("fp", Some(b"0123456789"))]),
-        ),
-        (
-            "a completed record without its body",
-            "k-no-body",
-            record("k-no-body", &[("body", None)]),
+            record("k-short-fp", short_fp),
         ),
         (
             "a completed record with a bad error flag",
             "k-bad-flag",
-            record("k-bad-flag", &[("meta", Some(&bad_flag))]),
+            record("k-bad-flag", with(6, "y")),
+        ),
+        (
+            "a completed record without its error flag",
+            "k-no-flag",
+            record("k-no-flag", with(6, "-")),
         ),
     ];
     for (what, key, cmd) in cases {
@@ -688,9 +708,9 @@ async fn retention_is_the_keys_expiry_on_the_servers_clock() {
         .unwrap();
     let left = expire_at - server_now;
     assert!((19_000..=20_000).contains(&left), "{left} ms of retention");
-    let meta: String = conn.hget(&name, "meta").await.unwrap();
-    let parts: Vec<&str> = meta.split(' ').collect();
-    assert_eq!(&parts[..2], ["1", "in_progress"], "{meta}");
+    let value: Vec<u8> = conn.get(&name).await.unwrap();
+    let parts = first_line(&value);
+    assert_eq!(&parts[..2], ["idem2", "i"], "{parts:?}");
     assert_eq!(parts[2], c.fence.to_string());
     let lease_left = parts[3].parse::<i64>().unwrap() - server_now;
     assert!(
@@ -923,33 +943,38 @@ async fn begin_script_decides_every_row_as_lifecycle_decide() {
                         names.push(name.clone());
                         let now = server_now_ms(&mut raw).await;
                         let state_text = match state {
-                            State::InProgress => "in_progress",
-                            State::Completed => "completed",
-                            State::Released => "released",
+                            State::InProgress => "i",
+                            State::Completed => "c",
+                            State::Released => "r",
                         };
                         let fence = 1_000u64;
                         let (status, error) = match state {
                             State::Completed => ("201", "0"),
                             _ => ("-", "-"),
                         };
-                        let mut fields: Vec<(&str, Vec<u8>)> = vec![
-                            (
-                                "meta",
-                                format!(
-                                    "1 {state_text} {fence} {} {status} {error}",
-                                    now + lease_left_ms
-                                )
-                                .into_bytes(),
+                        let value = match state {
+                            State::Completed => record_value(
+                                state_text,
+                                fence,
+                                now + lease_left_ms,
+                                (status, error),
+                                ("decide", &key),
+                                &mine,
+                                None,
+                                b"{\"done\":1}",
                             ),
-                            ("scope", b"decide".to_vec()),
-                            ("key", key.clone().into_bytes()),
-                            ("fp", mine.as_bytes().to_vec()),
-                        ];
-                        match state {
-                            State::Completed => fields.push(("body", b"{\"done\":1}".to_vec())),
-                            _ => fields.push(("recovery", b"step-2".to_vec())),
-                        }
-                        let _: () = raw.hset_multiple(&name, &fields).await.unwrap();
+                            _ => record_value(
+                                state_text,
+                                fence,
+                                now + lease_left_ms,
+                                (status, error),
+                                ("decide", &key),
+                                &mine,
+                                Some(b"step-2"),
+                                b"",
+                            ),
+                        };
+                        let _: () = raw.set(&name, value).await.unwrap();
                         if expired {
                             // Retention is the key's expiry: an expired record is a key that
                             // Redis no longer has.
@@ -995,17 +1020,17 @@ async fn begin_script_decides_every_row_as_lifecycle_decide() {
                             }
                             BeginOutcome::Claimed(c) => {
                                 assert_eq!(c.fence, fence + 1, "{what}: a take-over adds one");
-                                let written: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
-                                    .arg(&name)
-                                    .arg(&["meta", "fp", "body"])
-                                    .query_async(&mut raw)
-                                    .await
-                                    .unwrap();
-                                let meta = String::from_utf8(written[0].clone().unwrap()).unwrap();
-                                assert!(meta.starts_with("1 in_progress 1001 "), "{what}: {meta}");
-                                assert!(meta.ends_with(" - -"), "{what}: {meta}");
-                                assert_eq!(written[1].as_deref(), Some(&fp.as_bytes()[..]));
-                                assert_eq!(written[2], None, "{what}: the old answer is gone");
+                                let written: Vec<u8> = raw.get(&name).await.unwrap();
+                                let parts = first_line(&written);
+                                assert_eq!(&parts[..3], ["idem2", "i", "1001"], "{what}");
+                                assert_eq!(&parts[5..7], ["-", "-"], "{what}");
+                                assert_eq!(parts[9], "0", "{what}: the old answer is gone");
+                                let ident = format!("6 decide{key}");
+                                let fp_at = written.len()
+                                    - 32
+                                    - c.recovery_point.as_ref().map_or(0, Vec::len);
+                                assert_eq!(&written[fp_at - ident.len()..fp_at], ident.as_bytes());
+                                assert_eq!(&written[fp_at..fp_at + 32], &fp.as_bytes()[..]);
                                 let ttl: i64 = raw.pttl(&name).await.unwrap();
                                 assert!(ttl > 50_000, "{what}: retention counts again ({ttl} ms)");
                             }

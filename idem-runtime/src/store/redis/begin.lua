@@ -1,24 +1,19 @@
--- begin: claim, replay, in progress, key reused, or take over; one atomic step.
--- ARGV: scope, key, fingerprint, lease ms, retain ms, '1' to take over an abandoned claim
--- ('0': fail closed).
--- Returns {1, fence, reclaimed 0/1, attempt, recovery point or nil}
---       | {2, status or nil, '0'/'1', body}
+-- begin: claim, replay, in progress, key reused, or take over; one atomic step. The script is
+-- begin_fast.lua, then record.lua, then this file.
+-- ARGV: identity, fingerprint, lease ms, retain ms, '1' to take over an abandoned claim ('0':
+-- fail closed), ' 1 - - <ilen> - 0\n' (begin_fast.lua).
+-- Returns the record itself when it is completed (begin_fast.lua)
+--       | {1, fence, reclaimed 0/1, attempt, recovery point or nil}
 --       | {3, retry after ms} | {4} (key reused) | {0, why the key is not an idem record}.
-local scope, key, fp = ARGV[1], ARGV[2], ARGV[3]
+local ident, fp = ARGV[1], ARGV[2]
 
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  -- The first claim (or the first since the record expired): the fence starts at the server's
-  -- clock, above every fence an expired life of the record handed out.
-  local now = now_ms()
-  local fence = math.max(now, 1)
-  redis.call('HSET', KEYS[1], 'meta',
-    meta('in_progress', fence, now + tonumber(ARGV[4]), '-', '-'),
-    'scope', scope, 'key', key, 'fp', fp)
-  redis.call('PEXPIRE', KEYS[1], ARGV[5])
-  return {1, fence, 0, 1}
+-- What begin_fast.lua did not answer: a value of another type, a record to decide on, or a
+-- malformed one.
+if type(v) == 'table' then
+  return {0, 'a value that is not a string (' .. tostring(v.err) .. ')'}
 end
 
-local rec, why = load(scope, key)
+local rec, why = parse(v, ident)
 if not rec then
   return {0, why}
 end
@@ -29,46 +24,40 @@ end
 local function take(reclaimed, continues)
   local now = now_ms()
   local fence = rec.fence + 1
-  local attempt = 1
+  local attempt, recovery = 1, nil
   if continues then
-    attempt = rec.attempt + 1
+    attempt = tonumber(rec.attempt) + 1
+    recovery = recovery_of(rec)
   end
-  redis.call('HSET', KEYS[1], 'meta',
-    meta('in_progress', fence, now + tonumber(ARGV[4]), '-', '-'), 'fp', fp,
-    'attempt', attempt)
-  if rec.body then
-    redis.call('HDEL', KEYS[1], 'body')
+  if recovery then
+    redis.call('SET', KEYS[1],
+      header('i', fence, now + tonumber(ARGV[3]), attempt, '-', '-', #ident, #recovery, 0)
+        .. ident .. fp .. recovery,
+      'PX', ARGV[4])
+    return {1, fence, reclaimed, attempt, recovery}
   end
-  if rec.recovery and not continues then
-    redis.call('HDEL', KEYS[1], 'recovery')
-  end
-  redis.call('PEXPIRE', KEYS[1], ARGV[5])
-  if continues and rec.recovery then
-    return {1, fence, reclaimed, attempt, rec.recovery}
-  end
+  redis.call('SET', KEYS[1],
+    header('i', fence, now + tonumber(ARGV[3]), attempt, '-', '-', #ident, '-', 0)
+      .. ident .. fp,
+    'PX', ARGV[4])
   return {1, fence, reclaimed, attempt}
 end
 
 -- The rule of lifecycle::decide, row by row. A record whose retention ended is no longer here
--- (the key expired), which is the first claim above.
-local same = rec.fp == fp
-if rec.state == 'released' then
+-- (the key expired), which is the first claim in begin_fast.lua. A completed record was
+-- answered there too; one that reaches this point is malformed, and parse said so.
+local same = fp_of(rec) == fp
+if rec.state == 'r' then
   return take(0, same)
 end
 if not same then
   return {4}
 end
-if rec.state == 'completed' then
-  if rec.status == '-' then
-    return {2, false, rec.error, rec.body}
-  end
-  return {2, rec.status, rec.error, rec.body}
-end
 local left = rec.lease_until - now_ms()
 if left > 0 then
   return {3, left}
 end
-if ARGV[6] ~= '1' then
-  return {3, tonumber(ARGV[4])}
+if ARGV[5] ~= '1' then
+  return {3, tonumber(ARGV[3])}
 end
 return take(1, true)

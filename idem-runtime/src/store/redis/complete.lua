@@ -1,27 +1,31 @@
--- complete: store the response and mark the record completed, if the fence still owns it.
--- ARGV: scope, key, fence, status ('-' for none), '1' for a final error else '0', body.
+-- complete: store the response and mark the record completed, if the fence still owns it. The
+-- script is complete_fast.lua, then record.lua, then this file.
+-- ARGV: identity, fence, status ('-' for none), '1' for a final error else '0', body, then the
+-- parts complete_fast.lua puts together: 'idem2 i <fence> ', 'idem2 c <fence> ',
+-- ' <status> <error> <ilen> - <blen>\n', and the identity's length in decimal.
 -- Returns {1} done | {2} fence lost | {0, why the key is not an idem record}.
--- A key that exists is within its retention: no clock is needed.
-local rec, why = load(ARGV[1], ARGV[2])
+-- A key that exists is within its retention: no clock is needed, and the expiry is kept.
+local rec, why = load()
 if rec == false then
   return {0, why}
 end
-if rec == nil or rec.fence_text ~= ARGV[3] then
+if rec == nil or rec.fence_text ~= ARGV[2] then
   return {2}
 end
-if rec.state == 'completed' then
+local body = ARGV[5]
+if rec.state == 'c' then
   -- A retry of a completion whose reply was lost: done already, by this fence, with this answer.
-  if rec.status == ARGV[4] and rec.error == ARGV[5] and rec.body == ARGV[6] then
+  if rec.status == ARGV[3] and rec.error == ARGV[4] and body_of(rec) == body then
     return {1}
   end
   return {2}
 end
-if rec.state ~= 'in_progress' then
+if rec.state ~= 'i' then
   return {2}
 end
-redis.call('HSET', KEYS[1], 'meta',
-  meta('completed', rec.fence_text, rec.lease_text, ARGV[4], ARGV[5]), 'body', ARGV[6])
-if rec.recovery then
-  redis.call('HDEL', KEYS[1], 'recovery')
-end
+redis.call('SET', KEYS[1],
+  header('c', rec.fence_text, rec.lease_text, rec.attempt, ARGV[3], ARGV[4], #ARGV[1], '-',
+    #body)
+    .. ARGV[1] .. fp_of(rec) .. body,
+  'KEEPTTL')
 return {1}

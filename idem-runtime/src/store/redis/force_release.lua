@@ -1,19 +1,22 @@
 -- force_release: the operator's release of a claim stuck in progress. The record becomes
 -- released and its fence moves on, so the owner presumed gone cannot complete, release or
 -- checkpoint over the next attempt if it wakes up.
--- ARGV: scope, key.
+-- ARGV: identity.
 -- Returns {1} no record | {2, state} not in progress | {3, new fence}
 --       | {0, why the key is not an idem record}.
-local rec, why = load(ARGV[1], ARGV[2])
+local rec, why = load()
 if rec == false then
   return {0, why}
 end
 if rec == nil then
   return {1}
 end
-if rec.state ~= 'in_progress' then
+if rec.state ~= 'i' then
   return {2, rec.state}
 end
 local fence = rec.fence + 1
-redis.call('HSET', KEYS[1], 'meta', meta('released', fence, rec.lease_text, '-', '-'))
+redis.call('SET', KEYS[1],
+  header('r', fence, rec.lease_text, rec.attempt, '-', '-', #ARGV[1], rec.rlen,
+    0) .. string.sub(rec.v, rec.fp_at - #ARGV[1]),
+  'KEEPTTL')
 return {3, fence}

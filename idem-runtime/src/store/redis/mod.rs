@@ -3,32 +3,43 @@
 //!
 //! # Design
 //!
-//! One record is one hash, named `{prefix}{<digest>}`: the digest is the first 128 bits of the
-//! sha256 of the scope and the key, each preceded by its length in four big-endian bytes (so
-//! that no split of the same bytes gives the same name), in hex, inside a hash tag so that every
-//! key a script could touch is in one cluster slot. The hash stores the scope and the key
-//! themselves, and every script compares them with the caller's before it decides anything: a
-//! digest collision or a foreign writer is an [`Error::Store`], never someone else's answer.
+//! One record is one string value, named `{prefix}{<digest>}`: the digest is the first 128 bits
+//! of the sha256 of the scope and the key, each preceded by its length in four big-endian bytes
+//! (so that no split of the same bytes gives the same name), in hex, inside a hash tag so that
+//! every key a script could touch is in one cluster slot. The record stores the scope and the
+//! key themselves, and every operation compares them with the caller's before it decides
+//! anything: a digest collision or a foreign writer is an [`Error::Store`], never someone else's
+//! answer.
 //!
 //! Every operation is one Lua script on that one key, atomic on the server (`record.lua` shared,
 //! then `begin.lua`, `complete.lua`, `release.lua`, `checkpoint.lua`, `renew.lua`,
-//! `lookup.lua`). `begin` decides exactly as every other store does (the rule in
-//! `lifecycle::decide`, re-stated in Lua because it must run inside the script), and `complete`,
-//! `release`, `checkpoint` and `renew` apply only while the fence is the caller's. Scripts are sent as `EVALSHA`; a server that does not know
-//! one (after a restart or a failover) gets it again, transparently.
+//! `force_release.lua`, `read.lua`). `begin` decides exactly as every other store does (the rule
+//! in `lifecycle::decide`, re-stated in Lua because it must run inside the script), and
+//! `complete`, `release`, `checkpoint` and `renew` apply only while the fence is the caller's.
+//! Scripts are sent as `EVALSHA`; a server that does not know one (after a restart or a
+//! failover) gets it again, transparently. (Redis Functions, `FCALL`, cost the same per call on
+//! Redis 7.0 and would need loading on every node, so they are not used.)
 //!
 //! Time is the server's: scripts that need the time read `TIME`, so leases, retention and first
-//! fences never depend on the clocks of the service's instances. A record's first fence is the server's clock
-//! in milliseconds and grows by one on every take-over or claim after a release; a record that
-//! expired and is created again therefore starts above every fence of its previous life.
-//! Retention is the key's own expiry (`PEXPIRE`, counted on the server's clock from the claim):
-//! a key that exists is within its retention, Redis deletes expired records by itself, so no
-//! sweeper is needed and [`Store::purge_expired`] does nothing.
+//! fences never depend on the clocks of the service's instances. A record's first fence is the
+//! server's clock in milliseconds and grows by one on every take-over or claim after a release;
+//! a record that expired and is created again therefore starts above every fence of its
+//! previous life. Retention is the key's own expiry (`SET … PX`, counted on the server's clock
+//! from the claim, kept by every later write with `KEEPTTL`): a key that exists is within its
+//! retention, Redis deletes expired records by itself, so no sweeper is needed and
+//! [`Store::purge_expired`] does nothing.
 //!
-//! The hash holds `meta` (`<version> <state> <fence> <lease_until> <status> <error>`: what every
-//! decision reads, in one field), `scope`, `key`, `fp` (the fingerprint), and, when there is one,
-//! `recovery` and the response's `body`. A replay reads one hash and does not need the clock;
-//! a completion is one conditional write.
+//! The value is a first line of text, `idem2 <state> <fence> <lease_until> <attempt> <status>
+//! <error> <identity length> <recovery length or -> <body length>`, then the identity (the
+//! scope's length, a space, the scope, the key), the 32 bytes of the fingerprint, the recovery
+//! point and the response's body (the format is described in full in `record.lua`). Reading a
+//! record is one `GET` and writing it one `SET`, and the two usual cases are decided before any
+//! parsing in Lua: `begin` answers a completed record by returning it as it is (this client
+//! checks it whole, then replays it or answers key reused; no clock, no write), and writes a
+//! first claim straight away; `complete` recognises a claim in progress under the caller's
+//! fence by its first bytes and writes the completed record from parts this client rendered.
+//! Everything else goes through the full check of `record.lua`; `lookup`, inspection and listing
+//! read the value with the server's clock (`read.lua`) and decode it here, with the same checks.
 //!
 //! # Durability is the operator's choice
 //!
@@ -56,7 +67,7 @@
 //! Connection loss, timeouts and the server's transient refusals (`CLUSTERDOWN`, `TRYAGAIN`,
 //! `LOADING`, `MASTERDOWN`, `READONLY`, `OOM`, `BUSY`) are [`Error::Unavailable`]: safe to retry,
 //! HTTP 503. A key that holds something other than an idem record of the requested identity (a
-//! value of another type, a hash with missing or malformed fields, another scope and key) is an
+//! value of another type, a string that is not a well-formed record, another scope and key) is an
 //! [`Error::Store`] naming the key; the body never runs over it.
 //!
 //! Transactional mode does not apply: records live outside the database, so `RedisStore` does
@@ -98,13 +109,14 @@ struct Scripts {
     release: Script,
     checkpoint: Script,
     renew: Script,
-    lookup: Script,
-    info: Script,
+    read: Script,
     force_release: Script,
 }
 
-/// Each script is the shared prelude followed by its own body. `Script` keeps the SHA1, so the
-/// server is sent the hash, and the source only when it does not know the hash yet.
+/// Each script is the shared prelude followed by its own body; `begin` and `complete` first try
+/// their usual case (`begin_fast.lua`: a replay or a first claim; `complete_fast.lua`: a claim
+/// in progress under the caller's fence) before the prelude is even set up. `Script` keeps the SHA1,
+/// so the server is sent the hash, and the source only when it does not know the hash yet.
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     macro_rules! script {
         ($file:literal) => {
@@ -112,13 +124,20 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         };
     }
     Scripts {
-        begin: script!("begin.lua"),
-        complete: script!("complete.lua"),
+        begin: Script::new(concat!(
+            include_str!("begin_fast.lua"),
+            include_str!("record.lua"),
+            include_str!("begin.lua")
+        )),
+        complete: Script::new(concat!(
+            include_str!("complete_fast.lua"),
+            include_str!("record.lua"),
+            include_str!("complete.lua")
+        )),
         release: script!("release.lua"),
         checkpoint: script!("checkpoint.lua"),
         renew: script!("renew.lua"),
-        lookup: script!("lookup.lua"),
-        info: script!("info.lua"),
+        read: script!("read.lua"),
         force_release: script!("force_release.lua"),
     }
 });
@@ -505,22 +524,27 @@ impl Store for RedisStore {
                 self.write(claim, &inv).await.map(|()| Reply::Done)
             }
             Operation::Lookup { scope, key } => self.run_lookup(scope, key).await.map(Reply::Found),
-            // Each record is a key with an expiry (`PEXPIREAT`, the end of its retention on the
+            // Each record is a key with an expiry (`SET … PX`, the end of its retention on the
             // server's clock), and Redis deletes expired keys by itself: nothing to purge.
             Operation::PurgeExpired | Operation::PurgeBatch => Ok(Reply::Purged(0)),
             Operation::CountExpired => Ok(Reply::Counted(0)),
             Operation::Inspect { scope, key } => {
                 let name = self.record_key(scope, key);
-                let found = self.info(&name, scope, key, true).await?;
+                let found = self.info(&name, Some((scope, key)), true).await?;
                 Ok(Reply::Records(found.into_iter().collect()))
             }
             Operation::ForceRelease { scope, key } => {
                 let mut inv = SCRIPTS.force_release.prepare_invoke();
-                inv.key(self.record_key(scope, key)).arg(scope).arg(key);
+                inv.key(self.record_key(scope, key))
+                    .arg(identity(scope, key));
                 let reply = self.run(&inv).await?;
                 let done = match tag(&reply)? {
                     1 => ForcedRelease::NotFound,
-                    2 => ForcedRelease::NotInProgress(state_at(&reply, 1)?),
+                    2 => ForcedRelease::NotInProgress(match &bytes_at(&reply, 1)?[..] {
+                        b"c" => State::Completed,
+                        b"r" => State::Released,
+                        _ => return Err(protocol("force_release answered an unknown state")),
+                    }),
                     3 => ForcedRelease::Released {
                         fence: int_at(&reply, 1).and_then(non_negative)?,
                     },
@@ -536,7 +560,7 @@ impl Store for RedisStore {
             Operation::List(query) => {
                 let mut found = Vec::new();
                 for name in self.scan().await? {
-                    if let Some(info) = self.info(&name, "", "", false).await?
+                    if let Some(info) = self.info(&name, None, false).await?
                         && query.matches(&info)
                     {
                         found.push(info);
@@ -549,7 +573,7 @@ impl Store for RedisStore {
             Operation::Stats { expiring_within } => {
                 let mut stats = StoreStats::default();
                 for name in self.scan().await? {
-                    if let Some(info) = self.info(&name, "", "", false).await? {
+                    if let Some(info) = self.info(&name, None, false).await? {
                         stats.count(&info, expiring_within);
                     }
                 }
@@ -572,70 +596,38 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
-    /// The record under the Redis key `name` as an operator sees it; `scope` and `key` empty
-    /// for whatever identity it holds (a key found by a scan).
+    /// The record under the Redis key `name` as an operator sees it; `identity` `None` for
+    /// whatever identity it holds (a key found by a scan).
     async fn info(
         &self,
         name: &str,
-        scope: &str,
-        key: &str,
+        identity: Option<(&str, &str)>,
         full: bool,
     ) -> Result<Option<RecordInfo>> {
-        let mut inv = SCRIPTS.info.prepare_invoke();
-        inv.key(name)
-            .arg(scope)
-            .arg(key)
-            .arg(if full { "1" } else { "0" });
-        let reply = self.run(&inv).await?;
-        match tag(&reply)? {
-            1 => Ok(None),
-            2 => {
-                let state = state_at(&reply, 3)?;
-                let fence = int_at(&reply, 4).and_then(non_negative)?;
-                let now = int_at(&reply, 9)?;
-                let text_at = |i| {
-                    String::from_utf8(bytes_at(&reply, i)?)
-                        .map_err(|_| protocol("a scope or key that is not UTF-8"))
-                };
-                Ok(Some(RecordInfo {
-                    scope: text_at(1)?,
-                    key: text_at(2)?,
-                    state,
-                    fence,
-                    attempt: int_at(&reply, 5)
-                        .and_then(non_negative)
-                        .map(|n| u32::try_from(n).unwrap_or(u32::MAX))?,
-                    fingerprint: Fingerprint::from_slice(&bytes_at(&reply, 6)?).ok_or_else(
-                        || protocol("the info script answered a malformed fingerprint"),
-                    )?,
-                    age: RecordInfo::age_from(fence, now),
-                    lease_remaining: (state == State::InProgress)
-                        .then(|| int_at(&reply, 7).map(RecordInfo::ms_left))
-                        .transpose()?,
-                    // A key without an expiry (-1) has none to wait for; Redis deletes the
-                    // others itself when theirs ends.
-                    expires_in: RecordInfo::ms_left(int_at(&reply, 8)?),
-                    recovery_point: opt_bytes_at(&reply, 10)?,
-                    response: if full && state == State::Completed {
-                        Some(response_at(&reply, 11)?)
-                    } else {
-                        None
-                    },
-                }))
-            }
-            0 if scope.is_empty() => Err(Error::Store(
-                format!(
-                    "the Redis key {name} under the store's prefix holds {}, not an idem record",
-                    reply
-                        .get(1)
-                        .and_then(text)
-                        .unwrap_or_else(|| "something unreadable".into())
-                )
-                .into(),
-            )),
-            0 => Err(not_ours(self, scope, key, &reply)),
-            other => Err(protocol(format!("the info script answered tag {other}"))),
-        }
+        let Some(Read {
+            record,
+            now,
+            retention_left,
+        }) = self.read(name, identity).await?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(RecordInfo {
+            scope: record.scope,
+            key: record.key,
+            state: record.state,
+            fence: record.fence,
+            attempt: record.attempt,
+            fingerprint: record.fingerprint,
+            age: RecordInfo::age_from(record.fence, now),
+            lease_remaining: (record.state == State::InProgress)
+                .then(|| RecordInfo::ms_left(record.lease_until - now)),
+            // A key without an expiry (-1) has none to wait for; Redis deletes the others
+            // itself when theirs ends.
+            expires_in: RecordInfo::ms_left(retention_left),
+            recovery_point: if full { record.recovery } else { None },
+            response: if full { record.response } else { None },
+        }))
     }
 
     /// Every key under the store's prefix, on every primary of a cluster: a scan, for
@@ -708,33 +700,50 @@ impl RedisStore {
         }
     }
 
-    /// The record's key and the claim's scope, key and fence: the first arguments of every
-    /// fenced script.
+    /// The record's key and the claim's identity and fence: the first arguments of every fenced
+    /// script.
     fn fenced<'i>(
         &self,
         inv: &'i mut ScriptInvocation<'static>,
         claim: ClaimRef<'_>,
     ) -> &'i mut ScriptInvocation<'static> {
         inv.key(self.record_key(claim.scope, claim.key))
-            .arg(claim.scope)
-            .arg(claim.key)
+            .arg(identity(claim.scope, claim.key))
             .arg(claim.fence)
     }
 
     async fn run_begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
         let name = self.record_key(req.scope, req.key);
+        let ident = identity(req.scope, req.key);
+        let first_line_end = format!(" 1 - - {} - 0\n", ident.len());
         let mut inv = SCRIPTS.begin.prepare_invoke();
         inv.key(&name)
-            .arg(req.scope)
-            .arg(req.key)
+            .arg(ident)
             .arg(&req.fingerprint.as_bytes()[..])
             .arg(ms(req.policy.lease))
             .arg(ms(req.policy.retain))
             .arg(match req.policy.expired_lease {
                 ExpiredLease::FailClosed => "0",
                 _ => "1",
-            });
-        let reply = self.run(&inv).await?;
+            })
+            .arg(first_line_end);
+        let reply = match self.inner.conn.invoke(&inv).await.map_err(map_err)? {
+            // A completed record, as it is: checked here whole, then replayed or refused.
+            Value::BulkString(value) => {
+                let record = self.unpack(&value, req.scope, req.key)?;
+                return match record.response {
+                    Some(response) if record.fingerprint == *req.fingerprint => {
+                        Ok(BeginOutcome::Replay(response))
+                    }
+                    Some(_) => Ok(BeginOutcome::KeyReused),
+                    None => Err(protocol("the begin script answered a record not completed")),
+                };
+            }
+            Value::Array(items) => items,
+            other => {
+                return Err(protocol(format!("the begin script answered {other:?}")));
+            }
+        };
         match tag(&reply)? {
             1 => Ok(BeginOutcome::Claimed(Claimed {
                 fence: int_at(&reply, 1).and_then(non_negative)?,
@@ -744,7 +753,6 @@ impl RedisStore {
                 })?,
                 recovery_point: opt_bytes_at(&reply, 4)?,
             })),
-            2 => Ok(BeginOutcome::Replay(response_at(&reply, 1)?)),
             3 => Ok(BeginOutcome::InProgress {
                 retry_after: Duration::from_millis(int_at(&reply, 1).and_then(non_negative)?),
             }),
@@ -755,58 +763,271 @@ impl RedisStore {
     }
 
     async fn run_complete(&self, claim: ClaimRef<'_>, response: &StoredResponse) -> Result<()> {
+        let status = response
+            .status
+            .map_or_else(|| "-".to_owned(), |s| s.to_string());
+        let error = if response.is_error { "1" } else { "0" };
+        let ident_len = identity(claim.scope, claim.key).len();
+        let fence = claim.fence;
         let mut inv = SCRIPTS.complete.prepare_invoke();
         self.fenced(&mut inv, claim)
-            .arg(
-                response
-                    .status
-                    .map_or_else(|| "-".to_owned(), |s| s.to_string()),
-            )
-            .arg(if response.is_error { "1" } else { "0" })
-            .arg(&response.body[..]);
+            .arg(&status)
+            .arg(error)
+            .arg(&response.body[..])
+            // The parts complete_fast.lua puts around what it keeps of the record.
+            .arg(format!("idem2 i {fence} "))
+            .arg(format!("idem2 c {fence} "))
+            .arg(format!(
+                " {status} {error} {ident_len} - {}\n",
+                response.body.len()
+            ))
+            .arg(ident_len);
         self.write(claim, &inv).await
     }
 
     async fn run_lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
-        let name = self.record_key(scope, key);
-        let mut inv = SCRIPTS.lookup.prepare_invoke();
-        inv.key(&name).arg(scope).arg(key);
+        let Some(read) = self
+            .read(&self.record_key(scope, key), Some((scope, key)))
+            .await?
+        else {
+            return Ok(None);
+        };
+        let record = read.record;
+        let (state, response, lease_remaining) = match record.state {
+            State::Released => return Ok(None),
+            State::Completed => (RecordState::Completed, record.response, None),
+            State::InProgress => (
+                RecordState::InProgress,
+                None,
+                Some(Duration::from_millis(
+                    u64::try_from(record.lease_until - read.now).unwrap_or(0),
+                )),
+            ),
+        };
+        Ok(Some(Record {
+            fingerprint: record.fingerprint,
+            state,
+            fence: record.fence,
+            response,
+            lease_remaining,
+        }))
+    }
+
+    /// The record under the Redis key `name`, read whole with the server's clock and the key's
+    /// remaining retention: checked against `identity` when one is given, else whatever
+    /// identity it holds (a key found by a scan).
+    async fn read(&self, name: &str, identity: Option<(&str, &str)>) -> Result<Option<Read>> {
+        let mut inv = SCRIPTS.read.prepare_invoke();
+        inv.key(name);
         let reply = self.run(&inv).await?;
         match tag(&reply)? {
-            1 => Ok(None),
-            2 => {
-                let state = bytes_at(&reply, 1)?;
-                let completed = match &state[..] {
-                    b"completed" => true,
-                    b"in_progress" => false,
-                    _ => return Err(protocol("the lookup script answered an unknown state")),
-                };
-                let fingerprint =
-                    Fingerprint::from_slice(&bytes_at(&reply, 3)?).ok_or_else(|| {
-                        protocol("the lookup script answered a malformed fingerprint")
-                    })?;
-                let left = int_at(&reply, 4)?;
-                Ok(Some(Record {
-                    fingerprint,
-                    state: if completed {
-                        RecordState::Completed
-                    } else {
-                        RecordState::InProgress
-                    },
-                    fence: int_at(&reply, 2).and_then(non_negative)?,
-                    response: if completed {
-                        Some(response_at(&reply, 5)?)
-                    } else {
-                        None
-                    },
-                    lease_remaining: (!completed)
-                        .then(|| Duration::from_millis(u64::try_from(left).unwrap_or(0))),
-                }))
-            }
-            0 => Err(not_ours(self, scope, key, &reply)),
-            other => Err(protocol(format!("the lookup script answered tag {other}"))),
+            1 => {}
+            0 => return Err(self.not_a_record(name, identity, &text_at(&reply, 1))),
+            other => return Err(protocol(format!("the read script answered tag {other}"))),
+        }
+        let Some(value) = opt_bytes_at(&reply, 1)? else {
+            return Ok(None);
+        };
+        let record = match identity {
+            Some((scope, key)) => self.unpack(&value, scope, key)?,
+            None => unpack(&value).map_err(|why| self.not_a_record(name, None, &why))?,
+        };
+        Ok(Some(Read {
+            record,
+            now: int_at(&reply, 2)?,
+            retention_left: int_at(&reply, 3)?,
+        }))
+    }
+
+    /// `value` checked as the record of `(scope, key)`, and decoded.
+    fn unpack(&self, value: &[u8], scope: &str, key: &str) -> Result<Unpacked> {
+        let name = self.record_key(scope, key);
+        let record =
+            unpack(value).map_err(|why| self.not_a_record(&name, Some((scope, key)), &why))?;
+        if record.scope != scope || record.key != key {
+            return Err(self.not_a_record(
+                &name,
+                Some((scope, key)),
+                "the record of another scope and key",
+            ));
+        }
+        Ok(record)
+    }
+
+    /// The Redis key `name` holds something that is not an idem record (of this identity, when
+    /// one is given), for the reason `why`.
+    fn not_a_record(&self, name: &str, identity: Option<(&str, &str)>, why: &str) -> Error {
+        match identity {
+            Some((scope, key)) => Error::Store(
+                format!(
+                    "the Redis key {name} for scope {scope:?} and key {key:?} holds {why}, not an idem record: refusing to touch it (nothing was run)"
+                )
+                .into(),
+            ),
+            None => Error::Store(
+                format!(
+                    "the Redis key {name} under the store's prefix holds {why}, not an idem record"
+                )
+                .into(),
+            ),
         }
     }
+}
+
+/// A record read whole (`read.lua`).
+struct Read {
+    record: Unpacked,
+    /// The server's clock, ms since the epoch.
+    now: i64,
+    /// The key's time to live in ms (`PTTL`: -1 for none).
+    retention_left: i64,
+}
+
+/// A record decoded from its value (the format is described in `record.lua`).
+#[derive(Debug)]
+struct Unpacked {
+    state: State,
+    fence: u64,
+    lease_until: i64,
+    attempt: u32,
+    scope: String,
+    key: String,
+    fingerprint: Fingerprint,
+    recovery: Option<Vec<u8>>,
+    /// The stored response of a completed record.
+    response: Option<StoredResponse>,
+}
+
+/// The identity of `(scope, key)` as a record stores it: the scope's length in decimal, a
+/// space, the scope, the key.
+fn identity(scope: &str, key: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(scope.len() + key.len() + 5);
+    out.extend_from_slice(scope.len().to_string().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(scope.as_bytes());
+    out.extend_from_slice(key.as_bytes());
+    out
+}
+
+/// Decodes a record's value, with every check `parse` in `record.lua` makes; the reason when
+/// `value` is not a record.
+fn unpack(value: &[u8]) -> Result<Unpacked, String> {
+    let malformed = || "a value whose first line is not that of an idem record".to_owned();
+    let Some(newline) = value.iter().position(|&b| b == b'\n') else {
+        return Err(malformed());
+    };
+    let head = std::str::from_utf8(&value[..newline]).map_err(|_| malformed())?;
+    let parts: Vec<&str> = head.split(' ').collect();
+    if let Some(version) = parts[0].strip_prefix("idem")
+        && version != "2"
+        && !version.is_empty()
+        && version.bytes().all(|b| b.is_ascii_digit())
+        && parts.len() > 1
+    {
+        return Err(format!("a record of unknown format version {version}"));
+    }
+    let &[
+        "idem2",
+        state,
+        fence,
+        lease_until,
+        attempt,
+        status,
+        error,
+        ilen,
+        rlen,
+        blen,
+    ] = &parts[..]
+    else {
+        return Err(malformed());
+    };
+    let digits = |s: &str, max: usize| {
+        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .then_some(())
+            .ok_or_else(malformed)?;
+        if s.len() > max {
+            return Err("a record whose numbers are out of range".to_owned());
+        }
+        s.parse::<u64>().map_err(|_| malformed())
+    };
+    let state = match state {
+        "i" => State::InProgress,
+        "c" => State::Completed,
+        "r" => State::Released,
+        _ => return Err(malformed()),
+    };
+    if !(status == "-" || (!status.is_empty() && status.bytes().all(|b| b.is_ascii_digit()))) {
+        return Err(malformed());
+    }
+    let error = match error {
+        "0" => Some(false),
+        "1" => Some(true),
+        "-" => None,
+        _ => return Err(malformed()),
+    };
+    let fence = digits(fence, 15)?;
+    let lease_until = digits(lease_until, 15)?;
+    let attempt = digits(attempt, 9)?;
+    let ilen = digits(ilen, 9)?;
+    let rlen = match rlen {
+        "-" => None,
+        n => Some(digits(n, 9)?),
+    };
+    let blen = digits(blen, 9)?;
+    let len = |n: u64| usize::try_from(n).map_err(|_| malformed());
+    let (ilen, rlen_n, blen) = (len(ilen)?, len(rlen.unwrap_or(0))?, len(blen)?);
+    let rest = &value[newline + 1..];
+    if rest.len() != ilen + 32 + rlen_n + blen {
+        return Err("a record whose length is not what its first line says".to_owned());
+    }
+    let (ident, rest) = rest.split_at(ilen);
+    let (fp, rest) = rest.split_at(32);
+    let (recovery, body) = rest.split_at(rlen_n);
+    let bad_identity = || "a record whose identity is malformed".to_owned();
+    let space = ident
+        .iter()
+        .position(|&b| b == b' ')
+        .ok_or_else(bad_identity)?;
+    let scope_len: usize = std::str::from_utf8(&ident[..space])
+        .ok()
+        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(bad_identity)?;
+    let names = &ident[space + 1..];
+    if names.len() < scope_len {
+        return Err(bad_identity());
+    }
+    let (scope, key) = names.split_at(scope_len);
+    let text = |b: &[u8]| String::from_utf8(b.to_vec()).map_err(|_| bad_identity());
+    let response = match (state, error) {
+        (State::Completed, Some(is_error)) => Some(StoredResponse {
+            status: match status {
+                "-" => None,
+                s => Some(
+                    s.parse::<u16>()
+                        .map_err(|_| "a completed record whose response is malformed".to_owned())?,
+                ),
+            },
+            is_error,
+            body: bytes::Bytes::copy_from_slice(body),
+        }),
+        (State::Completed, None) => {
+            return Err("a completed record whose response is malformed".to_owned());
+        }
+        (_, None) if status == "-" && blen == 0 => None,
+        _ => return Err("a record in progress or released with a response".to_owned()),
+    };
+    Ok(Unpacked {
+        state,
+        fence,
+        lease_until: i64::try_from(lease_until).map_err(|_| malformed())?,
+        attempt: u32::try_from(attempt).map_err(|_| malformed())?,
+        scope: text(scope)?,
+        key: text(key)?,
+        fingerprint: Fingerprint::from_slice(fp).ok_or_else(malformed)?,
+        recovery: rlen.map(|_| recovery.to_vec()),
+        response,
+    })
 }
 
 // ---- replies -----------------------------------------------------------------------------------
@@ -817,13 +1038,6 @@ fn protocol(what: impl Into<String>) -> Error {
 
 fn tag(reply: &[Value]) -> Result<i64> {
     int_at(reply, 0)
-}
-
-/// A record's state at `i`.
-fn state_at(reply: &[Value], i: usize) -> Result<State> {
-    let text =
-        String::from_utf8(bytes_at(reply, i)?).map_err(|_| protocol("a state that is not text"))?;
-    State::parse(&text)
 }
 
 /// One page of a SCAN, `[cursor, [names]]`: its names added to `names`, and the next cursor.
@@ -881,46 +1095,21 @@ fn opt_bytes_at(reply: &[Value], i: usize) -> Result<Option<Vec<u8>>> {
     }
 }
 
-/// A stored response at `i`: status (or nil), error flag `'0'`/`'1'`, body.
-fn response_at(reply: &[Value], i: usize) -> Result<StoredResponse> {
-    let status = match opt_bytes_at(reply, i)? {
-        None => None,
-        Some(s) => Some(
-            std::str::from_utf8(&s)
-                .ok()
-                .and_then(|s| s.parse::<u16>().ok())
-                .ok_or_else(|| protocol("a stored status that is not an HTTP status"))?,
-        ),
-    };
-    let is_error = match &opt_bytes_at(reply, i + 1)?.unwrap_or_default()[..] {
-        b"1" => true,
-        b"0" => false,
-        _ => return Err(protocol("a stored error flag that is not 0 or 1")),
-    };
-    let body = match reply.get(i + 2) {
-        Some(Value::BulkString(b)) => bytes::Bytes::from(b.clone()),
-        other => return Err(protocol(format!("expected a stored body, got {other:?}"))),
-    };
-    Ok(StoredResponse {
-        status,
-        is_error,
-        body,
-    })
-}
-
 /// The key holds something that is not an idem record of this identity.
 fn not_ours(store: &RedisStore, scope: &str, key: &str, reply: &[Value]) -> Error {
-    let why = reply
-        .get(1)
-        .and_then(text)
-        .unwrap_or_else(|| "something unreadable".into());
-    Error::Store(
-        format!(
-            "the Redis key {} for scope {scope:?} and key {key:?} holds {why}, not an idem record: refusing to touch it (nothing was run)",
-            store.record_key(scope, key)
-        )
-        .into(),
+    store.not_a_record(
+        &store.record_key(scope, key),
+        Some((scope, key)),
+        &text_at(reply, 1),
     )
+}
+
+/// The text at `i` of a script's answer: the reason it gives.
+fn text_at(reply: &[Value], i: usize) -> String {
+    reply
+        .get(i)
+        .and_then(text)
+        .unwrap_or_else(|| "something unreadable".into())
 }
 
 // ---- errors ------------------------------------------------------------------------------------

@@ -1,14 +1,16 @@
 -- renew: extend the lease of a claim that runs long, if the fence still owns the record; the
 -- recovery point stays as it is.
--- ARGV: scope, key, fence, lease ms.
+-- ARGV: identity, fence, lease ms.
 -- Returns {1} done | {2} fence lost | {0, why the key is not an idem record}.
-local rec, why = load(ARGV[1], ARGV[2])
+local rec, why = load()
 if rec == false then
   return {0, why}
 end
-if rec == nil or rec.fence_text ~= ARGV[3] or rec.state ~= 'in_progress' then
+if rec == nil or rec.fence_text ~= ARGV[2] or rec.state ~= 'i' then
   return {2}
 end
-redis.call('HSET', KEYS[1], 'meta',
-  meta('in_progress', rec.fence_text, now_ms() + tonumber(ARGV[4]), '-', '-'))
+redis.call('SET', KEYS[1],
+  header('i', rec.fence_text, now_ms() + tonumber(ARGV[3]), rec.attempt, '-', '-', #ARGV[1],
+    rec.rlen, 0) .. string.sub(rec.v, rec.fp_at - #ARGV[1]),
+  'KEEPTTL')
 return {1}
