@@ -1439,6 +1439,23 @@ impl<S> Default for SqlStoreBuilder<S> {
 }
 
 impl<S> SqlStoreBuilder<S> {
+    /// Whether a claim always (`true`) or never (`false`) first reads the record on the
+    /// readers (SQLite's reader pool, PostgreSQL's pool), and answers a replay or "in progress"
+    /// from there without a write: a replay is then one `SELECT` that never waits for SQLite's
+    /// writer, and in transactional mode no transaction opens for it. Inserting first makes a
+    /// new key one statement, as in a hand-written guard, and an existing one an insert that
+    /// does nothing and a read; reading first makes replays several times faster and new keys
+    /// a statement dearer (a read, then the insert).
+    ///
+    /// By default the store chooses as it goes: it inserts first while claims are new keys,
+    /// and reads first while recent claims found their record (more than about one in nine),
+    /// in both modes. Fix it here for a workload known in advance. `BENCHMARKS.md` has all
+    /// three. (PostgreSQL's group commit, when it batches, reads in its batch statement.)
+    pub fn read_first(mut self, read_first: bool) -> Self {
+        self.read_first = Some(read_first);
+        self
+    }
+
     /// The table holding the records (default `idem_records`): an identifier, checked
     /// (`schema.table` on PostgreSQL).
     pub fn table(mut self, table: impl Into<String>) -> Self {

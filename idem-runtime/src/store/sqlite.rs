@@ -142,21 +142,6 @@ pub struct SqliteStore {
 pub type SqliteStoreBuilder = SqlStoreBuilder<SqliteStore>;
 
 impl SqlStoreBuilder<SqliteStore> {
-    /// Whether a claim always (`true`) or never (`false`) first reads on the readers, and
-    /// answers a replay or "in progress" from there without taking the writer. Inserting
-    /// first, on the writer, makes a new key one statement, and an existing one an insert that
-    /// does nothing and a read; reading first makes replays several times faster (they never
-    /// queue behind writes) and new keys slower (a read, then the insert).
-    ///
-    /// By default the store chooses as it goes: it inserts first while claims are new keys,
-    /// and reads first while recent claims found their record (more than about one in nine),
-    /// in both modes (in transactional mode, the read comes before the transaction opens). Fix
-    /// it here for a workload known in advance. `BENCHMARKS.md` has all three.
-    pub fn read_first(mut self, read_first: bool) -> Self {
-        self.read_first = Some(read_first);
-        self
-    }
-
     /// A store on an existing pool, for reads and writes.
     pub async fn build(self, pool: SqlitePool) -> Result<SqliteStore> {
         self.build_split(pool.clone(), pool).await
