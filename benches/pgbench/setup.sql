@@ -10,6 +10,8 @@ CREATE TABLE idem_pgbench.idem_records (
     updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (scope, key)
 ) WITH (fillfactor = 80);
 CREATE INDEX ON idem_pgbench.idem_records (expires_at);
+CREATE TABLE idem_pgbench.inbox (key text PRIMARY KEY, request_hash text NOT NULL, result text);
+CREATE TABLE idem_pgbench.orders (order_no text NOT NULL, amount bigint NOT NULL);
 CREATE TABLE idem_pgbench.handwritten_records (
     key text PRIMARY KEY, request_hash text NOT NULL, status text NOT NULL, result text
 );
