@@ -356,13 +356,13 @@ fn pg_needles(step: Step) -> Vec<&'static [u8]> {
 
 /// The needles of `step`'s script call on Redis, for the record of `key`: each script's
 /// arguments tell it apart (the fingerprint is `begin`'s, an answer `complete`'s, a recovery
-/// point `checkpoint`'s; `release` is the one script called with three arguments).
+/// point `checkpoint`'s; `release` is the one script called with two arguments).
 fn redis_needles(step: Step, key: &str, fingerprint: &[u8]) -> Vec<Vec<u8>> {
     let key = key.as_bytes().to_vec();
     match step {
         Step::Claim | Step::TakeOver => vec![b"EVALSHA".to_vec(), key, fingerprint.to_vec()],
         Step::Complete => vec![b"EVALSHA".to_vec(), key, b"\"amount\"".to_vec()],
-        Step::Release => vec![b"*7\r\n$7\r\nEVALSHA".to_vec(), key],
+        Step::Release => vec![b"*6\r\n$7\r\nEVALSHA".to_vec(), key],
         Step::Checkpoint => vec![b"EVALSHA".to_vec(), key, b"step-1".to_vec()],
         Step::Body | Step::Commit | Step::Rollback => unreachable!("no Redis write"),
     }

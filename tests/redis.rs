@@ -952,28 +952,21 @@ async fn begin_script_decides_every_row_as_lifecycle_decide() {
                             State::Completed => ("201", "0"),
                             _ => ("-", "-"),
                         };
-                        let value = match state {
-                            State::Completed => record_value(
-                                state_text,
-                                fence,
-                                now + lease_left_ms,
-                                (status, error),
-                                ("decide", &key),
-                                &mine,
-                                None,
-                                b"{\"done\":1}",
-                            ),
-                            _ => record_value(
-                                state_text,
-                                fence,
-                                now + lease_left_ms,
-                                (status, error),
-                                ("decide", &key),
-                                &mine,
-                                Some(b"step-2"),
-                                b"",
-                            ),
+                        // A completed record carries its answer; the others a recovery point.
+                        let (recovery, body): (Option<&[u8]>, &[u8]) = match state {
+                            State::Completed => (None, &b"{\"done\":1}"[..]),
+                            _ => (Some(&b"step-2"[..]), &b""[..]),
                         };
+                        let value = record_value(
+                            state_text,
+                            fence,
+                            now + lease_left_ms,
+                            (status, error),
+                            ("decide", &key),
+                            &mine,
+                            recovery,
+                            body,
+                        );
                         let _: () = raw.set(&name, value).await.unwrap();
                         if expired {
                             // Retention is the key's expiry: an expired record is a key that
