@@ -278,6 +278,19 @@ impl Driver {
     }
 
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        match self.try_call(method, path, body).await {
+            Ok(v) => v,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// A command's value, or what went wrong (the status and the driver's answer).
+    async fn try_call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, String> {
         let mut req = self.http.request(method, format!("{}{path}", self.url));
         if let Some(body) = body {
             req = req.json(&body);
@@ -285,8 +298,10 @@ impl Driver {
         let resp = req.send().await.unwrap();
         let status = resp.status();
         let v: Value = resp.json().await.unwrap();
-        assert!(status.is_success(), "{path}: {status} {v}");
-        v["value"].clone()
+        if !status.is_success() {
+            return Err(format!("{path}: {status} {v}"));
+        }
+        Ok(v["value"].clone())
     }
 }
 
@@ -337,19 +352,40 @@ impl<'d> Browser<'d> {
     }
 
     async fn find(&self, css: &str) -> String {
+        match self.try_find(css).await {
+            Ok(el) => el,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    async fn try_find(&self, css: &str) -> Result<String, String> {
         let v = self
             .driver
-            .call(
+            .try_call(
                 reqwest::Method::POST,
                 &format!("/session/{}/element", self.session),
                 Some(json!({"using": "css selector", "value": css})),
             )
-            .await;
-        v.as_object()
+            .await?;
+        Ok(v.as_object()
             .and_then(|o| o.values().next())
             .and_then(Value::as_str)
             .unwrap()
-            .to_owned()
+            .to_owned())
+    }
+
+    /// Clicks `css`, which loads another page (a link, a form's button), and waits until the
+    /// new page has replaced the old one, so that what is read next is read from it.
+    async fn click_to_load(&self, css: &str) {
+        let before = self.find("html").await;
+        self.click(css).await;
+        for _ in 0..100 {
+            if self.try_find("html").await.is_ok_and(|now| now != before) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("clicking {css} loaded no new page");
     }
 
     async fn click(&self, css: &str) {
@@ -442,11 +478,11 @@ async fn an_operator_releases_a_stuck_claim_in_a_browser_and_the_retry_runs_once
         listed.contains("k-stuck") && !listed.contains("k-done"),
         "{listed}"
     );
-    browser.click("#records a[href*='k-stuck']").await;
+    browser.click_to_load("#records a[href*='k-stuck']").await;
     assert_eq!(browser.text("#state").await, "in_progress");
     assert_eq!(browser.text("#fence").await, stuck.fence.to_string());
 
-    browser.click("#release").await;
+    browser.click_to_load("#release").await;
     assert_eq!(browser.text("#state").await, "released");
     let notice = browser.text("#notice").await;
     let fence: u64 = browser.text("#fence").await.parse().unwrap();
