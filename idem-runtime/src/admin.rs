@@ -45,7 +45,7 @@ use serde_json::{Value, json};
 use crate::error::Error;
 use crate::lifecycle::State;
 pub use crate::store::admin::parse_age;
-use crate::store::{ForcedRelease, RecordInfo, RecordQuery, Store, StoreAdmin, StoreStats};
+use crate::store::{ForcedRelease, RecordInfo, RecordQuery, Store, StoreAdmin};
 
 /// The most bytes of a stored answer or recovery point a page shows.
 const SHOWN_BYTES: usize = 4096;
@@ -139,17 +139,7 @@ fn identity(params: &HashMap<String, String>) -> Result<(&str, &str), String> {
 // ---- JSON ---------------------------------------------------------------------------------------
 
 fn record_json(r: &RecordInfo) -> Value {
-    let mut v = json!({
-        "scope": r.scope,
-        "key": r.key,
-        "state": r.state.as_str(),
-        "fence": r.fence,
-        "attempt": r.attempt,
-        "fingerprint": r.fingerprint.to_string(),
-        "age_ms": millis(r.age),
-        "lease_remaining_ms": r.lease_remaining.map(millis),
-        "expires_in_ms": millis(r.expires_in),
-    });
+    let mut v = r.summary_json();
     if let Some(point) = &r.recovery_point {
         v["recovery_point"] = text_or_hex(point);
     }
@@ -163,17 +153,6 @@ fn record_json(r: &RecordInfo) -> Value {
     v
 }
 
-fn stats_json(s: &StoreStats) -> Value {
-    let counts = |c: &crate::store::StateCounts| json!({"in_progress": c.in_progress, "completed": c.completed, "released": c.released});
-    json!({
-        "states": counts(&s.states),
-        "expired": s.expired,
-        "oldest_in_progress_ms": s.oldest_in_progress.map(millis),
-        "expiring_soon": s.expiring_soon,
-        "by_prefix": s.by_prefix.iter().map(|(p, c)| json!({"prefix": p, "counts": counts(c)})).collect::<Vec<_>>(),
-    })
-}
-
 fn release_json(done: ForcedRelease) -> Value {
     match done {
         ForcedRelease::Released { fence } => json!({"released": true, "fence": fence}),
@@ -184,10 +163,6 @@ fn release_json(done: ForcedRelease) -> Value {
         #[allow(unreachable_patterns)]
         _ => json!({"released": false}),
     }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Bytes as text when they are UTF-8, else as `{"hex": …}`.
@@ -281,7 +256,7 @@ async fn api_stats<S: Store + Clone>(
         Err(why) => return json_error(StatusCode::BAD_REQUEST, "INVALID_QUERY", &why),
     };
     match admin.store.stats(within).await {
-        Ok(stats) => axum::Json(stats_json(&stats)).into_response(),
+        Ok(stats) => axum::Json(stats.to_json()).into_response(),
         Err(e) => store_error_json(&e),
     }
 }

@@ -121,7 +121,9 @@ async fn list(args: ListArgs) -> Result<(), Failure> {
     }
     let records = store.list(&query).await?;
     if args.json {
-        return output::json(&Value::Array(records.iter().map(record_json).collect()));
+        return output::json(&Value::Array(
+            records.iter().map(RecordInfo::summary_json).collect(),
+        ));
     }
     if records.is_empty() {
         println!("no records match in {shown}");
@@ -179,7 +181,7 @@ async fn show(args: ShowArgs) -> Result<(), Failure> {
         .as_deref()
         .map(|p| Shown::of(p, args.full));
     if args.json {
-        let mut v = record_json(&record);
+        let mut v = record.summary_json();
         if let Some(p) = &point {
             v["recovery_point"] = p.json();
         }
@@ -318,22 +320,6 @@ async fn release(args: ReleaseArgs) -> Result<(), Failure> {
             Err(Failure::Quiet)
         }
     }
-}
-
-/// A record as JSON, without its recovery point and answer (`show` adds them): the fields and
-/// names of the admin view's API.
-fn record_json(r: &RecordInfo) -> Value {
-    json!({
-        "scope": r.scope,
-        "key": r.key,
-        "state": r.state.as_str(),
-        "fence": r.fence,
-        "attempt": r.attempt,
-        "fingerprint": r.fingerprint.to_string(),
-        "age_ms": output::millis(r.age),
-        "lease_remaining_ms": r.lease_remaining.map(output::millis),
-        "expires_in_ms": output::millis(r.expires_in),
-    })
 }
 
 /// When a record's retention ends, or that it has.

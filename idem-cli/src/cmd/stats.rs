@@ -3,8 +3,7 @@
 
 use std::time::Duration;
 
-use idem::store::{StateCounts, StoreAdmin as _};
-use serde_json::{Value, json};
+use idem::store::StoreAdmin as _;
 
 use crate::Failure;
 use crate::output::{self, Table};
@@ -28,18 +27,9 @@ pub(crate) async fn run(args: Args) -> Result<(), Failure> {
     let (store, shown) = store::open(&args.store).await?;
     let stats = store.stats(args.expiring_within).await?;
     if args.json {
-        return output::json(&json!({
-            "states": counts_json(&stats.states),
-            "expired": stats.expired,
-            "oldest_in_progress_ms": stats.oldest_in_progress.map(output::millis),
-            "expiring_soon": stats.expiring_soon,
-            "expiring_within_ms": output::millis(args.expiring_within),
-            "by_prefix": stats
-                .by_prefix
-                .iter()
-                .map(|(p, c)| json!({"prefix": p, "counts": counts_json(c)}))
-                .collect::<Vec<_>>(),
-        }));
+        let mut v = stats.to_json();
+        v["expiring_within_ms"] = output::millis(args.expiring_within).into();
+        return output::json(&v);
     }
     let within = output::duration(args.expiring_within);
     let mut t = Table::pairs();
@@ -77,12 +67,4 @@ pub(crate) async fn run(args: Args) -> Result<(), Failure> {
         print!("{}", t.render());
     }
     Ok(())
-}
-
-fn counts_json(c: &StateCounts) -> Value {
-    json!({
-        "in_progress": c.in_progress,
-        "completed": c.completed,
-        "released": c.released,
-    })
 }

@@ -243,3 +243,55 @@ pub fn parse_age(text: &str) -> Result<Duration, String> {
         .map(Duration::from_secs)
         .ok_or_else(|| format!("{text:?} is too long an age"))
 }
+
+/// A duration in whole milliseconds, as the JSON of records and counts writes it.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl RecordInfo {
+    /// The record as JSON, without its recovery point and answer (which each reader shows its
+    /// own way): the fields and names of the admin view's API and of `idem records --json`.
+    pub fn summary_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "scope": self.scope,
+            "key": self.key,
+            "state": self.state.as_str(),
+            "fence": self.fence,
+            "attempt": self.attempt,
+            "fingerprint": self.fingerprint.to_string(),
+            "age_ms": millis(self.age),
+            "lease_remaining_ms": self.lease_remaining.map(millis),
+            "expires_in_ms": millis(self.expires_in),
+        })
+    }
+}
+
+impl StateCounts {
+    /// The counts as JSON: `{"in_progress": …, "completed": …, "released": …}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "in_progress": self.in_progress,
+            "completed": self.completed,
+            "released": self.released,
+        })
+    }
+}
+
+impl StoreStats {
+    /// The counts as JSON: the fields and names of the admin view's API and of
+    /// `idem stats --json`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "states": self.states.to_json(),
+            "expired": self.expired,
+            "oldest_in_progress_ms": self.oldest_in_progress.map(millis),
+            "expiring_soon": self.expiring_soon,
+            "by_prefix": self
+                .by_prefix
+                .iter()
+                .map(|(p, c)| serde_json::json!({"prefix": p, "counts": c.to_json()}))
+                .collect::<Vec<_>>(),
+        })
+    }
+}
