@@ -26,6 +26,7 @@ async fn claim<S: Store>(store: &S, scope: &str, key: &str) -> Claimed {
         key: k.as_str(),
         fingerprint: &fp,
         policy: &Policy::DEFAULT,
+        request: None,
     };
     match store.begin(req).await.unwrap() {
         BeginOutcome::Claimed(c) => c,

@@ -218,6 +218,7 @@ mod unreadable_records {
                     key: k.as_str(),
                     fingerprint: &fp,
                     policy: &Policy::DEFAULT,
+                    request: None,
                 })
                 .await;
             match begun {
@@ -319,6 +320,7 @@ mod older_tables {
             key: k.as_str(),
             fingerprint: &f,
             policy: &Policy::DEFAULT,
+            request: None,
         };
         let BeginOutcome::Claimed(first) = store.begin(req()).await.unwrap() else {
             panic!("a first claim")
@@ -444,6 +446,7 @@ mod group_commit_races {
                         key: &key,
                         fingerprint: &fp,
                         policy: &Policy::DEFAULT,
+                        request: None,
                     })
                     .await
                     .unwrap();
@@ -492,6 +495,7 @@ mod group_commit_races {
                     key,
                     fingerprint: &fp,
                     policy: &Policy::DEFAULT,
+                    request: None,
                 })
                 .await
                 .unwrap();
@@ -549,6 +553,7 @@ mod group_commit_races {
                         key: &key,
                         fingerprint: &fp,
                         policy: &Policy::DEFAULT,
+                        request: None,
                     })
                     .await
                     .unwrap();
@@ -609,6 +614,7 @@ mod group_commit_races {
                         key: &key,
                         fingerprint: &fp,
                         policy: &Policy::DEFAULT,
+                        request: None,
                     })
                     .await
             }));

@@ -839,8 +839,8 @@ impl idem::Store for CompletionsDown {
         }
         self.inner.call(op).await
     }
-    fn release_in_background(&self, s: String, k: String, f: u64) {
-        self.inner.release_in_background(s, k, f)
+    fn defer(&self, write: idem::store::Deferred) {
+        self.inner.defer(write)
     }
 }
 
@@ -924,8 +924,8 @@ impl Store for ReleaseFails {
             op => self.0.call(op).await,
         }
     }
-    fn release_in_background(&self, s: String, k: String, f: u64) {
-        self.0.release_in_background(s, k, f)
+    fn defer(&self, write: idem::store::Deferred) {
+        self.0.defer(write)
     }
 }
 

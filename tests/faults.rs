@@ -177,6 +177,7 @@ impl Rig {
             key: "warm-up",
             fingerprint: &fp,
             policy: &policy,
+            request: None,
         };
         for complete in [false, true] {
             let idem::BeginOutcome::Claimed(c) = store.begin(req).await.unwrap() else {

@@ -363,6 +363,7 @@ where
             key: key.as_str(),
             fingerprint: &fp,
             policy: &policy,
+            request: None,
         };
         loop {
             calls += 1;
@@ -398,6 +399,7 @@ where
                     tokio::time::sleep(Duration::from_millis(5)).await
                 }
                 Ok(BeginOutcome::KeyReused) => panic!("same fingerprint everywhere"),
+                Ok(BeginOutcome::Parked) => panic!("nothing is parked here"),
                 // A busy database (SQLite's lock across processes): retry, as a client would.
                 Err(idem::Error::Unavailable(_)) => {
                     tokio::time::sleep(Duration::from_millis(5)).await

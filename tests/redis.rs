@@ -125,6 +125,7 @@ fn req<'a>(scope: &'a str, key: &'a str, fp: &'a Fingerprint, p: &'a Policy) -> 
         key,
         fingerprint: fp,
         policy: p,
+        request: None,
     }
 }
 
@@ -902,6 +903,7 @@ fn as_decision(outcome: &BeginOutcome) -> Decision {
         BeginOutcome::Replay(_) => Decision::Replay,
         BeginOutcome::InProgress { retry_after } => Decision::InProgress(*retry_after),
         BeginOutcome::KeyReused => Decision::KeyReused,
+        BeginOutcome::Parked => Decision::Parked,
     }
 }
 
@@ -946,6 +948,7 @@ async fn begin_script_decides_every_row_as_lifecycle_decide() {
                             State::InProgress => "i",
                             State::Completed => "c",
                             State::Released => "r",
+                            State::Parked => "p",
                         };
                         let fence = 1_000u64;
                         let (status, error) = match state {
@@ -984,6 +987,7 @@ async fn begin_script_decides_every_row_as_lifecycle_decide() {
                                 key: &key,
                                 fingerprint: fp,
                                 policy,
+                                request: None,
                             })
                             .await
                             .unwrap();

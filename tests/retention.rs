@@ -28,6 +28,7 @@ async fn write(store: &impl Store, prefix: &str, n: usize, policy: &Policy) {
             key: &key,
             fingerprint: &fp,
             policy,
+            request: None,
         };
         let BeginOutcome::Claimed(c) = store.begin(req).await.unwrap() else {
             panic!("{key} was not claimed");

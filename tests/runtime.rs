@@ -27,8 +27,8 @@ impl<S: Store> Store for Counting<S> {
         }
         self.inner.call(op).await
     }
-    fn release_in_background(&self, s: String, k: String, f: u64) {
-        self.inner.release_in_background(s, k, f)
+    fn defer(&self, write: idem::store::Deferred) {
+        self.inner.defer(write)
     }
 }
 
@@ -38,6 +38,7 @@ fn req<'a>(key: &'a Key, fp: &'a Fingerprint) -> BeginRequest<'a> {
         key: key.as_str(),
         fingerprint: fp,
         policy: &Policy::DEFAULT,
+        request: None,
     }
 }
 
@@ -136,6 +137,7 @@ async fn sweeper_purges_in_the_background() {
         key: "k",
         fingerprint: &f,
         policy: &policy,
+        request: None,
     };
     let BeginOutcome::Claimed(c) = store.begin(r).await.unwrap() else {
         panic!()
@@ -594,8 +596,8 @@ impl Store for Partial {
             other => Err(other.unsupported()),
         }
     }
-    fn release_in_background(&self, s: String, k: String, f: u64) {
-        self.0.release_in_background(s, k, f)
+    fn defer(&self, write: idem::store::Deferred) {
+        self.0.defer(write)
     }
 }
 

@@ -66,7 +66,7 @@ impl Store for Canned {
             other => panic!("a replay reached the store with `{}`", other.name()),
         }
     }
-    fn release_in_background(&self, _: String, _: String, _: u64) {
+    fn defer(&self, _: idem::store::Deferred) {
         panic!("a replay released a record")
     }
 }

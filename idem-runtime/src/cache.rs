@@ -235,7 +235,7 @@ impl<S: Store> Store for CachedStore<S> {
         Ok(Reply::Begun(outcome))
     }
 
-    fn release_in_background(&self, scope: String, key: String, fence: u64) {
-        self.inner().release_in_background(scope, key, fence)
+    fn defer(&self, write: crate::store::Deferred) {
+        self.inner().defer(write)
     }
 }

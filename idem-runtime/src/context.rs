@@ -10,7 +10,8 @@
 //! | default policy | [`Context::policy`], [`with_default_policy`] | start from it where the attribute sets no `lease`, `retain` or `on_expired_lease` | the message consumer: 7 days' retention |
 //! | retry hint | [`Context::retry_hint`], [`with_retry_hint`] | choose the `Retry-After` of their "in progress" answers with it | the message consumer: the remaining lease |
 //! | replay watch | [`Context::watch_replays`], [`watch_replays`] | list every answer they replay (and, for an axum `Json` answer, the bytes its value renders to) | the axum layer (to send the stored bytes, marked), the consumer (to ack as replayed) |
-//! | claim watch | [`Context::watch_claims`], [`watch_claims`] | list every claim they take (separate commits) and count every attempt | the consumer: to renew the leases of a handler that runs long, and to ack only what was recorded |
+//! | claim watch | [`Context::watch_claims`], [`watch_claims`] | list every claim they take (separate commits) and count every attempt | the consumer: to renew the leases of a handler that runs long, and to ack only what was recorded; the completer: to learn how a resumed call ended |
+//! | handed claim | set by the completer only | the resumable call of that scope, key and fingerprint runs under the claim the completer took, instead of beginning its own | the [`Completer`](crate::completer::Completer) |
 //!
 //! A scope inherits what it does not set: `Context::current().policy(p).scope(fut)` keeps the
 //! watches around it. An inner watch of one kind hides the calls inside it from an outer watch
@@ -75,8 +76,9 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::task::futures::TaskLocalFuture;
 
+use crate::fingerprint::Fingerprint;
 use crate::guard::ClaimInfo;
-use crate::record::{Policy, StoredResponse};
+use crate::record::{Claimed, Policy, StoredResponse};
 
 /// How the `Retry-After` of an "in progress" answer is chosen: by default how long the running
 /// attempt is likely to need, not how long its lease still runs (five minutes by default, for a
@@ -163,6 +165,31 @@ pub struct Context {
     retry_hint: Option<RetryHint>,
     replays: Option<ReplayWatch>,
     claims: Option<ClaimWatch>,
+    handoff: Option<Handoff>,
+}
+
+/// A claim the completer took, waiting for the resumable call it belongs to: the call of that
+/// scope, key and fingerprint takes it instead of beginning its own (once).
+#[derive(Debug, Clone)]
+pub(crate) struct Handoff(Arc<Mutex<Option<Handed>>>);
+
+#[derive(Debug)]
+pub(crate) struct Handed {
+    pub(crate) scope: String,
+    pub(crate) key: String,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) claimed: Claimed,
+}
+
+impl Handoff {
+    pub(crate) fn new(handed: Handed) -> Handoff {
+        Handoff(Arc::new(Mutex::new(Some(handed))))
+    }
+
+    /// The claim, if nobody took it: the completer still holds it.
+    pub(crate) fn untaken(&self) -> Option<Handed> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
 }
 
 impl Context {
@@ -200,6 +227,12 @@ impl Context {
     /// Lists in `watch` the claims guarded calls take; see [`watch_claims`].
     pub fn watch_claims(mut self, watch: &ClaimWatch) -> Context {
         self.claims = Some(watch.clone());
+        self
+    }
+
+    /// Hands the completer's claim to the resumable call it belongs to.
+    pub(crate) fn handoff(mut self, handoff: &Handoff) -> Context {
+        self.handoff = Some(handoff.clone());
         self
     }
 
@@ -245,6 +278,21 @@ pub fn with_retry_hint<F: Future>(hint: RetryHint, fut: F) -> TaskLocalFuture<Co
 /// The attribute's own `lease`, `retain` and `on_expired_lease` apply on top.
 pub fn default_policy() -> Policy {
     with(|c| c.policy).flatten().unwrap_or(Policy::DEFAULT)
+}
+
+/// The claim the completer handed to the resumable call of `(scope, key)` with `fingerprint`,
+/// taken: `None` when this task runs no resumption, the claim is another call's, or it was
+/// taken already.
+pub(crate) fn take_handoff(scope: &str, key: &str, fingerprint: &Fingerprint) -> Option<Claimed> {
+    with(|c| {
+        let handoff = c.handoff.as_ref()?;
+        let mut slot = handoff.0.lock().unwrap_or_else(|p| p.into_inner());
+        let ours = slot
+            .as_ref()
+            .is_some_and(|h| h.scope == scope && h.key == key && h.fingerprint == *fingerprint);
+        ours.then(|| slot.take()).flatten().map(|h| h.claimed)
+    })
+    .flatten()
 }
 
 /// The retry hint of this task's context, if it sets one.

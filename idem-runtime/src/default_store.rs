@@ -34,9 +34,12 @@ impl Store for DefaultStore {
     async fn call(&self, op: Operation<'_>) -> Result<Reply> {
         get()?.call(op).await
     }
-    fn release_in_background(&self, scope: String, key: String, fence: u64) {
-        if let Ok(store) = get() {
-            store.release_in_background(scope, key, fence);
+    fn defer(&self, write: crate::store::Deferred) {
+        match get() {
+            Ok(store) => store.defer(write),
+            Err(_) => {
+                tracing::warn!(target: "idem", scope = write.scope, key = write.key, "a claim's write was deferred with no default store installed; the claim runs out its lease")
+            }
         }
     }
 }

@@ -43,6 +43,23 @@ pub enum Error {
         retry_after: Duration,
     },
 
+    /// An earlier attempt of this request did not finish, and the retries of the completer
+    /// were given up: the work is parked for an operator, who retries or releases it (`idem
+    /// records`, the admin view). Retrying the request does not help. HTTP 409,
+    /// `REQUEST_PARKED`.
+    #[error("an earlier attempt of this request did not finish and is parked for an operator")]
+    Parked,
+
+    /// A resumable call's request is too large to store with its claim. Nothing was claimed.
+    /// HTTP 413, `REQUEST_TOO_LARGE_TO_RESUME`.
+    #[error("the request is {len} bytes, but a resumable call stores at most {max}")]
+    RequestTooLarge {
+        /// Its encoded length in bytes.
+        len: usize,
+        /// The limit, [`StoredRequest::MAX_PAYLOAD`](crate::StoredRequest::MAX_PAYLOAD).
+        max: usize,
+    },
+
     /// The key was already used for a request with a different fingerprint (a different body or
     /// different arguments). HTTP 422, `KEY_REUSED_WITH_DIFFERENT_BODY`.
     #[error("the idempotency key was already used for a different request")]
@@ -102,11 +119,12 @@ pub enum Error {
 }
 
 impl Error {
-    /// The HTTP status this error should produce: 400, 409, 422, 500, 501 or 503.
+    /// The HTTP status this error should produce: 400, 409, 413, 422, 500, 501 or 503.
     pub fn status(&self) -> u16 {
         match self {
             Error::InvalidKey(_) | Error::InvalidScope { .. } => 400,
-            Error::InProgress { .. } | Error::FenceLost { .. } => 409,
+            Error::InProgress { .. } | Error::FenceLost { .. } | Error::Parked => 409,
+            Error::RequestTooLarge { .. } => 413,
             Error::KeyReused => 422,
             Error::Unavailable(_) => 503,
             Error::Encode(_)
@@ -125,6 +143,8 @@ impl Error {
             Error::InvalidScope { .. } => "INVALID_IDEMPOTENCY_SCOPE",
             Error::InProgress { .. } => "REQUEST_IN_PROGRESS",
             Error::KeyReused => "KEY_REUSED_WITH_DIFFERENT_BODY",
+            Error::Parked => "REQUEST_PARKED",
+            Error::RequestTooLarge { .. } => "REQUEST_TOO_LARGE_TO_RESUME",
             Error::FenceLost { .. } => "REQUEST_SUPERSEDED",
             Error::Unavailable(_) => "IDEMPOTENCY_STORE_UNAVAILABLE",
             Error::Encode(_)

@@ -41,7 +41,7 @@ use crate::fingerprint::Fingerprint;
 use crate::guard::{ClaimInfo, Guard, Patience, Recorded};
 use crate::key::Key;
 use crate::observe::{self, Outcome};
-use crate::record::{BeginOutcome, BeginRequest, Claimed, Policy, StoredResponse};
+use crate::record::{BeginOutcome, BeginRequest, Claimed, Policy, StoredRequest, StoredResponse};
 use crate::replay::Replay;
 use crate::store::Store;
 
@@ -182,6 +182,7 @@ pub(crate) fn started(
             }),
         ),
         Ok(BeginOutcome::KeyReused) => (Outcome::KeyReused, 0, Err(Error::KeyReused)),
+        Ok(BeginOutcome::Parked) => (Outcome::Parked, 0, Err(Error::Parked)),
         Err(e) => (Outcome::StoreError, 0, Err(e)),
     };
     observe::record(what, scope, key.as_str(), fence);
@@ -216,7 +217,33 @@ pub async fn begin<S: Store>(
     fingerprint: Fingerprint,
     policy: Policy,
 ) -> Result<Begun<'_, S>> {
-    start(store, scope, key, &fingerprint, policy, None).await
+    start(store, scope, key, &fingerprint, policy, None, None).await
+}
+
+/// [`begin`] for a resumable operation: `request` is stored with the claim, so that a
+/// [`Completer`](crate::completer::Completer) with a resume function named
+/// [`StoredRequest::name`] finishes the work if the caller never comes back (its process died,
+/// or the work ended in an unknown outcome, [`Guard::suspend`], that nobody retried). A guard
+/// of a resumable claim dropped before it ends suspends the claim rather than releasing it.
+pub async fn begin_resumable<'s, S: Store>(
+    store: &'s S,
+    scope: String,
+    key: Key,
+    fingerprint: Fingerprint,
+    policy: Policy,
+    request: &StoredRequest,
+) -> Result<Begun<'s, S>> {
+    let request = request.encode();
+    start(
+        store,
+        scope,
+        key,
+        &fingerprint,
+        policy,
+        None,
+        Some(&request),
+    )
+    .await
 }
 
 /// The one start of a separate-commits call, by hand or generated: begins on the store, maps
@@ -230,11 +257,20 @@ async fn start<'s, S: Store>(
     fingerprint: &Fingerprint,
     policy: Policy,
     timing: Option<&Timing>,
+    stored: Option<&[u8]>,
 ) -> Result<Begun<'s, S>> {
-    let outcome = store
-        .begin(request(&scope, &key, fingerprint, &policy))
-        .await;
-    Ok(match started(&scope, &key, outcome, timing)? {
+    // A resumable call that a completer resumes runs under the claim the completer took.
+    let handed = stored.and_then(|_| context::take_handoff(&scope, key.as_str(), fingerprint));
+    let begun = match handed {
+        Some(claimed) => Started::Claimed(claimed),
+        None => {
+            let mut req = request(&scope, &key, fingerprint, &policy);
+            req.request = stored;
+            let outcome = store.begin(req).await;
+            started(&scope, &key, outcome, timing)?
+        }
+    };
+    Ok(match begun {
         Started::Claimed(c) => {
             let claim = ClaimInfo::new(scope, key, c);
             let patience = if context::note_claim(&claim, Some(policy.lease)) {
@@ -242,7 +278,11 @@ async fn start<'s, S: Store>(
             } else {
                 Patience::Brief
             };
-            Begun::Claimed(Guard::new(store, claim, policy).patience(patience))
+            Begun::Claimed(
+                Guard::new(store, claim, policy)
+                    .patience(patience)
+                    .resumable(stored.is_some()),
+            )
         }
         Started::Replay(stored) => Begun::Replay(stored),
     })
@@ -254,12 +294,7 @@ fn request<'a>(
     fingerprint: &'a Fingerprint,
     policy: &'a Policy,
 ) -> BeginRequest<'a> {
-    BeginRequest {
-        scope,
-        key: key.as_str(),
-        fingerprint,
-        policy,
-    }
+    BeginRequest::new(scope, key.as_str(), fingerprint, policy)
 }
 
 /// The return type of a guarded function: a `Result`, possibly behind an alias.
@@ -362,6 +397,8 @@ pub struct Prepared {
     parts: Result<Parts>,
     policy: Policy,
     timing: Option<&'static Timing>,
+    /// The encoded request of a resumable call.
+    request: Option<Vec<u8>>,
 }
 
 #[derive(Debug)]
@@ -378,6 +415,7 @@ struct Call {
     fingerprint: Fingerprint,
     policy: Policy,
     timing: Option<&'static Timing>,
+    request: Option<Vec<u8>>,
 }
 
 impl Prepared {
@@ -400,7 +438,23 @@ impl Prepared {
             parts,
             policy,
             timing: None,
+            request: None,
         }
+    }
+
+    /// Makes the call resumable: its request, for the resume function `name`, is stored with
+    /// its claim ([`StoredRequest`]); `payload` is the call's arguments, encoded, or why they
+    /// could not be (a request too large to store is refused before anything is claimed).
+    pub fn resumable(mut self, name: &str, payload: Result<Vec<u8>>) -> Prepared {
+        match payload.and_then(|payload| StoredRequest::new(name, payload)) {
+            Ok(stored) => self.request = Some(stored.with_policy(&self.policy).encode()),
+            Err(e) => {
+                if self.parts.is_ok() {
+                    self.parts = Err(e);
+                }
+            }
+        }
+        self
     }
 
     /// The call's parts, its policy and its timing, or why it has none.
@@ -416,6 +470,7 @@ impl Prepared {
             fingerprint,
             policy: self.policy,
             timing: self.timing,
+            request: self.request,
         })
     }
 
@@ -487,11 +542,22 @@ where
         fingerprint,
         policy,
         timing,
+        request,
     } = match prepared.split() {
         Ok(call) => call,
         Err(e) => return errors.fail(e),
     };
-    let mut guard = match start(store, scope, key, &fingerprint, policy, timing).await {
+    let begun = start(
+        store,
+        scope,
+        key,
+        &fingerprint,
+        policy,
+        timing,
+        request.as_deref(),
+    )
+    .await;
+    let mut guard = match begun {
         Ok(Begun::Claimed(guard)) => guard,
         Ok(Begun::Replay(stored)) => return replay::<R, M>(stored, &errors),
         Err(e) => return errors.fail(e),
@@ -514,6 +580,9 @@ where
         }
         Err(e) => {
             match errors.stored_final(&e) {
+                // An error after an effect that may have happened is never final: the work is
+                // kept for a retry or the completer to finish.
+                _ if guard.info_unknown() => guard.fail_or_log().await,
                 // The answer is this error whether or not it was stored.
                 Some(Ok(stored)) => observe(&guard.record(Ok(stored)).await),
                 Some(Err(enc)) => {
@@ -521,8 +590,8 @@ where
                     guard.give_up_or_log().await;
                 }
                 // Only successes (and final errors) are worth replaying: free the key for a
-                // real retry.
-                None => guard.give_up_or_log().await,
+                // real retry, unless the body said its effect may have happened.
+                None => guard.fail_or_log().await,
             }
             R::from_err(e)
         }
@@ -654,6 +723,8 @@ mod transactional {
         fingerprint: Fingerprint,
         policy: Policy,
         timing: Option<(&'static Timing, Instant)>,
+        /// The encoded request of a resumable call.
+        request: Option<Vec<u8>>,
     }
 
     impl<T> fmt::Debug for TxClaim<T> {
@@ -686,8 +757,10 @@ mod transactional {
             fingerprint,
             policy,
             timing,
+            request: stored,
         } = prepared.split()?;
-        let req = request(&scope, &key, &fingerprint, &policy);
+        let mut req = request(&scope, &key, &fingerprint, &policy);
+        req.request = stored.as_deref();
         // A replay is answered before a transaction opens where the store can read first; a
         // first claim goes straight to the transaction.
         let (tx, outcome) = match store.answer_first(req).await {
@@ -716,6 +789,7 @@ mod transactional {
                     fingerprint,
                     policy,
                     timing: timing.and_then(|t| Some((t, t.start()?))),
+                    request: stored,
                 }))
             }
             Started::Replay(stored) => Ok(Err(stored)),
@@ -756,32 +830,40 @@ mod transactional {
                     claim,
                     fingerprint,
                     policy,
+                    request: stored_request,
                     ..
                 } = claim;
                 rollback(tx, &claim).await;
                 // The rollback took the claim with it. Outside the transaction, the record is
-                // left as the error means for the next attempt: a final error stored, to be
-                // replayed; any other error released, as in separate commits, so the next
-                // claim knows it is one more attempt (`ClaimInfo::attempt`: what a consumer's
-                // delivery limit counts when its broker cannot). Unless the identity was taken
-                // meanwhile.
+                // left as the error means for the next attempt: suspended when the body said an
+                // effect outside the database may have happened (for a retry or the completer
+                // to finish); a final error stored, to be replayed; any other error released,
+                // as in separate commits, so the next claim knows it is one more attempt
+                // (`ClaimInfo::attempt`: what a consumer's delivery limit counts when its
+                // broker cannot). Unless the identity was taken meanwhile.
+                let unknown = claim.unknown_outcome();
                 let stored = errors.stored_final(&e).and_then(Result::ok);
-                if let Ok(Begun::Claimed(mut guard)) = begin(
+                if let Ok(Begun::Claimed(mut guard)) = super::start(
                     store,
                     claim.scope().to_owned(),
                     claim.key().clone(),
-                    fingerprint,
+                    &fingerprint,
                     policy,
+                    None,
+                    stored_request.as_deref(),
                 )
                 .await
                 {
-                    match stored {
-                        Some(stored) => {
+                    match (unknown, stored) {
+                        (Some(why), _) => {
+                            let _ = guard.suspend(&why).await;
+                        }
+                        (None, Some(stored)) => {
                             if let Err(not_stored) = guard.complete(&stored).await {
                                 tracing::warn!(target: "idem", scope = claim.scope(), key = %claim.key(), error = %not_stored, "could not store a final error after its transaction rolled back: a retry runs the body again");
                             }
                         }
-                        None => guard.give_up_or_log().await,
+                        (None, None) => guard.give_up_or_log().await,
                     }
                 }
                 R::from_err(e)

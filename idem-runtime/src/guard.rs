@@ -39,9 +39,10 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::key::Key;
+use crate::lifecycle::resume_delay;
 use crate::observe::{self, Outcome};
 use crate::record::{ClaimRef, Claimed, Policy, StoredResponse};
-use crate::store::Store;
+use crate::store::{Deferred, DeferredWrite, Store};
 
 /// What a guarded body knows about its claim: `#[idempotent(…, claim = c)]` hands it to the body
 /// as `c`, and [`Guard::info`] gives it by hand.
@@ -105,6 +106,8 @@ pub(crate) struct ClaimState {
     /// Until when the lease is known to run, by this process's clock: from the claim, or the
     /// last renewal, plus the lease.
     lease_until: Mutex<Option<Instant>>,
+    /// Why the effect may have happened, when the body said so ([`ClaimInfo::outcome_unknown`]).
+    unknown: Mutex<Option<String>>,
 }
 
 /// How a claim ended, as far as its holders know.
@@ -122,6 +125,9 @@ pub(crate) enum End {
     /// The effect happened but its answer could not be stored: the record stays claimed until
     /// its lease runs out, then a later attempt re-claims it.
     Unrecorded = 4,
+    /// The outcome is unknown (the effect may have happened): the claim is kept in progress
+    /// for a retry of the same request or the completer to resume ([`Guard::suspend`]).
+    Suspended = 5,
 }
 
 impl ClaimInfo {
@@ -235,6 +241,33 @@ impl ClaimInfo {
         }
     }
 
+    /// Says that the side effect may have happened although the call is about to fail: a
+    /// gateway that timed out, an answer that was lost, a connection that broke after the
+    /// request was sent. When the call then ends with an error, its claim is not released (a
+    /// retry would run the work as new) but kept in progress, suspended: the same request's
+    /// retry resumes it at once (with the recovery point and the next attempt number), a
+    /// [`Completer`](crate::completer::Completer) finishes it when nobody retries (if the call
+    /// is resumable), and operators see `why`. An error that says nothing happened (a
+    /// validation, a declined payment) is returned without this, and releases the claim.
+    ///
+    /// A call that returns `Ok` stores its answer whatever was said here. The latest `why`
+    /// is kept.
+    pub fn outcome_unknown(&self, why: impl Into<String>) {
+        let state = self.shared();
+        *state.unknown.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.into());
+    }
+
+    /// Why the effect may have happened, when the body said so with
+    /// [`ClaimInfo::outcome_unknown`].
+    pub fn unknown_outcome(&self) -> Option<String> {
+        let state = self.state.get()?;
+        state
+            .unknown
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Records that the claim was taken over.
     pub(crate) fn mark_lost(&self) {
         let state = self.shared();
@@ -250,7 +283,8 @@ impl ClaimInfo {
             1 => End::Finishing,
             2 => End::Completed,
             3 => End::Released,
-            _ => End::Unrecorded,
+            4 => End::Unrecorded,
+            _ => End::Suspended,
         }
     }
 
@@ -301,6 +335,12 @@ pub struct Guard<'s, S: Store> {
     policy: Policy,
     patience: Patience,
     armed: bool,
+    /// The call's request is stored with the claim: dropped before it ends, it is suspended
+    /// for the completer, not released.
+    resumable: bool,
+    /// The answer being stored: a guard dropped while the write is in flight hands it to the
+    /// store to finish in the background.
+    pending: Option<StoredResponse>,
 }
 
 impl<S: Store> fmt::Debug for Guard<'_, S> {
@@ -323,7 +363,16 @@ impl<'s, S: Store> Guard<'s, S> {
             policy,
             patience: Patience::Brief,
             armed: true,
+            resumable: false,
+            pending: None,
         }
+    }
+
+    /// Marks a claim whose request is stored with it: a drop before the end suspends it for
+    /// the completer rather than releasing it.
+    pub(crate) fn resumable(mut self, resumable: bool) -> Self {
+        self.resumable = resumable;
+        self
     }
 
     /// How long a completion lost to an unavailable store is retried.
@@ -374,6 +423,16 @@ impl<'s, S: Store> Guard<'s, S> {
         self.claim.clone()
     }
 
+    /// Whether the body said its effect may have happened ([`ClaimInfo::outcome_unknown`]).
+    pub(crate) fn info_unknown(&self) -> bool {
+        self.claim.state.get().is_some_and(|s| {
+            s.unknown
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some()
+        })
+    }
+
     /// Records how far the side effect got (any bytes), and renews the lease.
     pub async fn checkpoint(&mut self, recovery_point: &[u8]) -> Result<()> {
         let result = self
@@ -418,15 +477,17 @@ impl<'s, S: Store> Guard<'s, S> {
     /// claim in place (not released: the side effect happened, so a retry must not run it
     /// again); it is re-claimed when its lease runs out.
     pub async fn complete(mut self, response: &StoredResponse) -> Result<()> {
-        self.finish(response).await
+        self.finish(response.clone()).await
     }
 
     /// [`Guard::complete`], borrowing the guard: a caller that holds the guard in its own
     /// future (the macro's flow) awaits this, so the future does not carry the guard twice.
-    pub(crate) async fn finish(&mut self, response: &StoredResponse) -> Result<()> {
-        // Armed while the write is in flight: a caller dropped mid-completion releases, as it
-        // would mid-body.
+    pub(crate) async fn finish(&mut self, response: StoredResponse) -> Result<()> {
+        // The body returned, so its effect happened: a caller dropped while the write is in
+        // flight must not release the claim. The answer waits in the guard, whose drop hands it
+        // to the store to finish in the background.
         self.claim.set_end(End::Finishing);
+        let response = &*self.pending.insert(response);
         let mut result = self.store.complete(self.claim.claim_ref(), response).await;
         if let Err(Error::Unavailable(_)) = result {
             result = retry_complete(
@@ -438,6 +499,7 @@ impl<'s, S: Store> Guard<'s, S> {
             )
             .await;
         }
+        self.pending = None;
         self.armed = false;
         match &result {
             Ok(()) => self.claim.set_end(End::Completed),
@@ -478,6 +540,59 @@ impl<'s, S: Store> Guard<'s, S> {
         result
     }
 
+    /// Keeps the claim in progress after an outcome that may have had its effect
+    /// ([`Operation::Suspend`](crate::store::Operation::Suspend)): its lease ends now, so the
+    /// same request's retry resumes it at once, and a resumable claim becomes due to the
+    /// completer after [`resume_delay`] of its attempt. Never a release: only an outcome known
+    /// to have done nothing frees the key. A suspension the store cannot write leaves the claim
+    /// as it is (in progress until its lease runs out), which is as safe.
+    pub async fn suspend(mut self, why: &str) -> Result<()> {
+        self.keep_unknown(why).await
+    }
+
+    /// [`Guard::suspend`], borrowing the guard; see [`Guard::finish`].
+    pub(crate) async fn keep_unknown(&mut self, why: &str) -> Result<()> {
+        self.claim.set_end(End::Finishing);
+        let result = self
+            .store
+            .suspend(
+                self.claim.claim_ref(),
+                why,
+                resume_delay(self.claim.attempt),
+            )
+            .await;
+        self.armed = false;
+        match &result {
+            Ok(()) => {
+                self.claim.set_end(End::Suspended);
+                self.claim.observe(Outcome::Suspended);
+            }
+            Err(Error::FenceLost { .. }) => {
+                self.claim.set_end(End::Released);
+                self.claim.mark_lost();
+                self.claim.observe(Outcome::FenceLost);
+            }
+            Err(e) => {
+                self.claim.set_end(End::Suspended);
+                self.claim.observe(Outcome::StoreError);
+                tracing::warn!(target: "idem", scope = self.claim.scope(), key = %self.claim.key(), fence = self.claim.fence(), error = %e, why, "could not suspend a claim whose outcome is unknown: it stays in progress until its lease runs out, then a retry resumes it");
+            }
+        }
+        result
+    }
+
+    /// The end of a call that failed, as what the body said decides: suspended when it said
+    /// its effect may have happened ([`ClaimInfo::outcome_unknown`]), else released. Errors of
+    /// the store are logged: the caller answers with the body's error either way.
+    pub(crate) async fn fail_or_log(&mut self) {
+        match self.claim.unknown_outcome() {
+            Some(why) => {
+                let _ = self.keep_unknown(&why).await;
+            }
+            None => self.give_up_or_log().await,
+        }
+    }
+
     /// [`Guard::give_up`] where the caller answers with the body's error whatever the release
     /// did: a release that failed is logged with its error, since the claim then stays until
     /// its lease runs out and every retry before that is told "in progress".
@@ -512,7 +627,7 @@ impl<'s, S: Store> Guard<'s, S> {
                 return Recorded::Unstored;
             }
         };
-        match self.finish(&stored).await {
+        match self.finish(stored).await {
             Ok(()) => Recorded::Stored,
             Err(e @ Error::FenceLost { .. }) => Recorded::Lost(e),
             Err(e) => {
@@ -616,14 +731,42 @@ fn retry_complete<'a, S: Store>(
 
 impl<S: Store> Drop for Guard<'_, S> {
     fn drop(&mut self) {
-        if self.armed {
-            self.claim.set_end(End::Released);
-            self.claim.observe(Outcome::Released);
-            self.store.release_in_background(
-                std::mem::take(&mut self.claim.scope),
-                self.claim.key.as_str().to_owned(),
-                self.claim.fence,
-            );
+        if !self.armed {
+            return;
+        }
+        // Dropped with its answer being stored: the effect happened, finish storing it. Dropped
+        // mid-body: a resumable call's work, or one the body said may have had its effect, is
+        // kept for a retry or the completer; any other is released at once.
+        let write = match self.pending.take() {
+            Some(response) => DeferredWrite::Complete(response),
+            None => match self.claim.unknown_outcome() {
+                Some(note) => self.suspended_on_drop(note),
+                None if self.resumable => {
+                    self.suspended_on_drop("the call was dropped before it finished".to_owned())
+                }
+                None => {
+                    self.claim.set_end(End::Released);
+                    self.claim.observe(Outcome::Released);
+                    DeferredWrite::Release
+                }
+            },
+        };
+        self.store.defer(Deferred {
+            scope: std::mem::take(&mut self.claim.scope),
+            key: self.claim.key.as_str().to_owned(),
+            fence: self.claim.fence,
+            write,
+        });
+    }
+}
+
+impl<S: Store> Guard<'_, S> {
+    fn suspended_on_drop(&self, note: String) -> DeferredWrite {
+        self.claim.set_end(End::Suspended);
+        self.claim.observe(Outcome::Suspended);
+        DeferredWrite::Suspend {
+            note,
+            resume_in: resume_delay(self.claim.attempt),
         }
     }
 }

@@ -66,6 +66,7 @@ pub mod admin;
 pub mod axum;
 pub mod cache;
 pub mod clock;
+pub mod completer;
 pub mod consumer;
 pub mod context;
 mod default_store;
@@ -111,7 +112,7 @@ pub use crate::guard::{ClaimInfo, Guard, downstream_key};
 pub use crate::key::{Key, KeyPolicy, ToKey};
 pub use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, ExpiredLease, Policy, Record, RecordState,
-    StoredResponse,
+    StoredRequest, StoredResponse, Unfinished,
 };
 pub use crate::replay::{FinalError, Idempotent, Replay};
 pub use crate::scope::ScopeBuilder;

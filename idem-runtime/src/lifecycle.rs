@@ -35,6 +35,9 @@ pub enum State {
     Completed,
     /// Given up by its owner: free for the next claim, but kept so that fences keep growing.
     Released,
+    /// Unfinished work whose retries were given up (the completer's attempts ran out): never
+    /// run again by itself and never purged; an operator retries or releases it.
+    Parked,
 }
 
 impl State {
@@ -44,6 +47,7 @@ impl State {
             State::InProgress => "in_progress",
             State::Completed => "completed",
             State::Released => "released",
+            State::Parked => "parked",
         }
     }
 
@@ -54,6 +58,7 @@ impl State {
             "in_progress" => Ok(State::InProgress),
             "completed" => Ok(State::Completed),
             "released" => Ok(State::Released),
+            "parked" => Ok(State::Parked),
             other => Err(Error::Store(
                 format!("the record holds an unknown state {other:?}").into(),
             )),
@@ -68,7 +73,9 @@ pub struct Seen {
     pub state: State,
     /// Its fingerprint equals the request's.
     pub same_fingerprint: bool,
-    /// Its retention has ended (the identity is free again).
+    /// Its retention has ended (the identity is free again). Never true of a record that holds
+    /// unfinished work ([`unfinished`]): such a record is not purged and keeps its identity
+    /// until it is finished, or an operator releases it.
     pub expired: bool,
     /// Milliseconds left on its lease (zero or less: the lease ran out).
     pub lease_left_ms: i64,
@@ -92,10 +99,19 @@ pub enum Decision {
     InProgress(Duration),
     /// The identity belongs to another request.
     KeyReused,
+    /// The request's unfinished work is parked for an operator: the body does not run.
+    Parked,
 }
 
 /// What `begin` answers for a request that found the record `seen`.
 pub fn decide(seen: Seen, policy: &Policy) -> Decision {
+    if seen.state == State::Parked {
+        return if seen.same_fingerprint {
+            Decision::Parked
+        } else {
+            Decision::KeyReused
+        };
+    }
     if seen.expired || seen.state == State::Released {
         return Decision::Claim {
             reclaim: false,
@@ -113,7 +129,7 @@ pub fn decide(seen: Seen, policy: &Policy) -> Decision {
         State::InProgress if policy.expired_lease == ExpiredLease::FailClosed => {
             Decision::InProgress(policy.lease)
         }
-        State::InProgress | State::Released => Decision::Claim {
+        State::InProgress | State::Released | State::Parked => Decision::Claim {
             reclaim: true,
             continues: true,
         },
@@ -128,6 +144,26 @@ pub fn next_attempt(continues: bool, previous: u32) -> u32 {
     } else {
         1
     }
+}
+
+/// Whether a record holds unfinished work: parked, or in progress for a resumable request
+/// (`resumable`: its request is stored) or after an outcome that may have had its effect
+/// (`unknown`: a suspended claim, [`Operation::Suspend`](crate::store::Operation::Suspend)).
+/// Such a record never expires: the purge keeps it and `begin` never treats its identity as
+/// free, so work that may have happened is finished (by a retry, the completer or an
+/// operator), never forgotten. Stores state the same condition in their own terms.
+pub fn unfinished(state: State, resumable: bool, unknown: bool) -> bool {
+    state == State::Parked || (state == State::InProgress && (resumable || unknown))
+}
+
+/// How long after an unknown outcome at `attempt` the completer resumes the claim: one second
+/// after the first, doubling with each attempt, at most five minutes. A retry by the client
+/// does not wait for it.
+pub fn resume_delay(attempt: u32) -> Duration {
+    const FIRST_MS: u64 = 1_000;
+    const MAX_MS: u64 = 5 * 60 * 1_000;
+    let doublings = attempt.saturating_sub(1).min(20);
+    Duration::from_millis((FIRST_MS << doublings).min(MAX_MS))
 }
 
 /// Whether a fenced write (complete, release, checkpoint) by the owner of `fence` applies to a
@@ -194,11 +230,46 @@ mod tests {
             decide(seen(S::InProgress, true, true, 100), &p),
             claim(false, false)
         );
+        // Parked: never run again by itself, whatever its lease or retention says.
+        for (expired, left) in [(false, 0), (true, -5), (false, 1500)] {
+            assert_eq!(decide(seen(S::Parked, true, expired, left), &p), D::Parked);
+            assert_eq!(
+                decide(seen(S::Parked, true, expired, left), &closed),
+                D::Parked
+            );
+            assert_eq!(
+                decide(seen(S::Parked, false, expired, left), &p),
+                D::KeyReused
+            );
+        }
+    }
+
+    #[test]
+    fn unfinished_work_is_parked_or_in_progress_resumable_or_unknown() {
+        assert!(unfinished(State::Parked, false, false));
+        assert!(unfinished(State::InProgress, true, false));
+        assert!(unfinished(State::InProgress, false, true));
+        assert!(!unfinished(State::InProgress, false, false));
+        for done in [State::Completed, State::Released] {
+            assert!(!unfinished(done, true, true));
+        }
+    }
+
+    #[test]
+    fn resume_delays_double_from_a_second_up_to_five_minutes() {
+        let secs: Vec<u64> = (0..12).map(|a| resume_delay(a).as_secs()).collect();
+        assert_eq!(secs, [1, 1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        assert_eq!(resume_delay(u32::MAX), Duration::from_secs(300));
     }
 
     #[test]
     fn states_round_trip_and_unknown_text_is_an_error() {
-        for s in [State::InProgress, State::Completed, State::Released] {
+        for s in [
+            State::InProgress,
+            State::Completed,
+            State::Released,
+            State::Parked,
+        ] {
             assert_eq!(State::parse(s.as_str()).unwrap(), s);
         }
         for bad in ["", "IN_PROGRESS", "done", "released "] {

@@ -4,7 +4,15 @@
 //! meaning), except `idem_transitions_total` (`transition.rs`):
 //!
 //! - `idem_outcomes_total{outcome}`: `claimed`, `reclaimed`, `replayed`, `in_progress`,
-//!   `key_reused`, `completed`, `released`, `fence_lost`, `store_error`;
+//!   `key_reused`, `completed`, `released`, `fence_lost`, `store_error`, `suspended` (an outcome
+//!   that may have had its effect: the claim is kept for a retry or the completer), `parked`
+//!   (a request refused because its unfinished work is parked);
+//! - `idem_completer_resumed_total{result}`: claims a completer resumed, by how the resumed
+//!   call ended: `completed`, `released`, `suspended` (unknown again), `unrecorded`,
+//!   `taken` (another attempt held or finished it), `failed` (the resume function or the store
+//!   failed); `idem_completer_parked_total`: claims a completer parked after their attempts;
+//! - the gauges `idem_unfinished_claims` and `idem_unfinished_oldest_seconds`: resumable claims
+//!   due to be finished, as a completer last counted them, and how long the oldest has waited;
 //! - `idem_purged_records_total{store}`: expired records a background purge deleted;
 //! - `idem_consumer_settlements_total{settlement}`: deliveries a consumer settled with its
 //!   broker: `completed`, `replayed` (acks), `in_progress`, `retried` (retries), `dead_lettered`;
@@ -25,6 +33,8 @@ pub(crate) enum Outcome {
     Released,
     FenceLost,
     StoreError,
+    Suspended,
+    Parked,
 }
 
 impl Outcome {
@@ -39,6 +49,8 @@ impl Outcome {
             Outcome::Released => "released",
             Outcome::FenceLost => "fence_lost",
             Outcome::StoreError => "store_error",
+            Outcome::Suspended => "suspended",
+            Outcome::Parked => "parked",
         }
     }
 }
@@ -76,6 +88,14 @@ pub(crate) fn record(outcome: Outcome, scope: &str, key: &str, fence: u64) {
             "fence lost: a newer attempt took the record over, so this attempt's write was refused"
         ),
         Outcome::StoreError => event!(error, "the idempotency store failed"),
+        Outcome::Suspended => event!(
+            warn,
+            "suspended: the outcome is unknown (the effect may have happened); the claim is kept for a retry or the completer"
+        ),
+        Outcome::Parked => event!(
+            warn,
+            "refused: this request's unfinished work is parked for an operator"
+        ),
     }
     #[cfg(feature = "metrics")]
     count(outcome);
@@ -99,7 +119,35 @@ fn count(outcome: Outcome) {
         Outcome::Released => count!("released"),
         Outcome::FenceLost => count!("fence_lost"),
         Outcome::StoreError => count!("store_error"),
+        Outcome::Suspended => count!("suspended"),
+        Outcome::Parked => count!("parked"),
     }
+}
+
+/// Counts a claim a completer resumed, by how the resumed call ended.
+pub(crate) fn resumed(result: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idem_completer_resumed_total", "result" => result).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = result;
+}
+
+/// Counts a claim a completer parked.
+pub(crate) fn completer_parked() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idem_completer_parked_total").increment(1);
+}
+
+/// Records how many resumable claims a completer found due, and how long ago the oldest of
+/// them became due.
+pub(crate) fn unfinished(due: u64, oldest: std::time::Duration) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::gauge!("idem_unfinished_claims").set(due as f64);
+        metrics::gauge!("idem_unfinished_oldest_seconds").set(oldest.as_secs_f64());
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (due, oldest);
 }
 
 /// Counts an outbox event a relay parked (its error log is the relay's own).

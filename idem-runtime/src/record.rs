@@ -102,11 +102,16 @@ impl StoredResponse {
 
 /// The state of a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RecordState {
-    /// Claimed; the body is running (or its owner crashed and the lease will tell).
+    /// Claimed; the body is running (or its owner crashed and the lease will tell, or its
+    /// outcome is unknown and a retry or the completer resumes it).
     InProgress,
     /// Done; the response is stored and replayed.
     Completed,
+    /// An earlier attempt did not finish and its retries were given up: it waits for an
+    /// operator, who retries or releases it. Never run again by itself.
+    Parked,
 }
 
 /// A record as [`Store::lookup`](crate::store::Store::lookup) returns it, for clients
@@ -139,6 +144,9 @@ pub enum BeginOutcome {
     },
     /// The identity is taken by a request with another fingerprint.
     KeyReused,
+    /// An earlier attempt of this request did not finish, and the completer gave its retries
+    /// up: it waits for an operator. The body does not run.
+    Parked,
 }
 
 /// A successful claim.
@@ -181,4 +189,216 @@ pub struct BeginRequest<'a> {
     pub fingerprint: &'a Fingerprint,
     /// Lease, retention, expired-lease policy.
     pub policy: &'a Policy,
+    /// The request of a resumable call, encoded ([`StoredRequest::encode`]): stored with the
+    /// claim, so that a [`Completer`](crate::completer::Completer) can finish the call when its
+    /// caller never comes back. `None` for a call that is not resumable; a take-over by such a
+    /// call keeps the request the record holds.
+    pub request: Option<&'a [u8]>,
+}
+
+impl<'a> BeginRequest<'a> {
+    /// A request to begin `(scope, key)` for a call with `fingerprint` under `policy`, not
+    /// resumable.
+    pub fn new(
+        scope: &'a str,
+        key: &'a str,
+        fingerprint: &'a Fingerprint,
+        policy: &'a Policy,
+    ) -> BeginRequest<'a> {
+        BeginRequest {
+            scope,
+            key,
+            fingerprint,
+            policy,
+            request: None,
+        }
+    }
+
+    /// The same request, resumable: `request` is stored with the claim.
+    pub fn resumable(mut self, request: &'a [u8]) -> BeginRequest<'a> {
+        self.request = Some(request);
+        self
+    }
+}
+
+/// The request of a resumable call, as it is stored with its claim: the name of the resume
+/// function that finishes it (registered with a [`Completer`](crate::completer::Completer)), and
+/// the call's arguments, encoded by the caller (`#[idempotent(resumable)]`: the fingerprinted
+/// arguments as a JSON object; the `tower` guard: the HTTP request).
+///
+/// Stored with the call's lease and retention (what the completer's claim takes) as
+/// `idemreq1 <lease ms> <retain ms> <name>\n<payload>`; decoding is strict, so a value that is
+/// not exactly one is an error, never a request to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRequest {
+    name: String,
+    /// The lease and retention of the call, which the completer's claim takes.
+    lease: Duration,
+    retain: Duration,
+    payload: Bytes,
+}
+
+impl StoredRequest {
+    /// The largest payload a resumable call stores: 64 KiB. A larger request is refused before
+    /// it is claimed ([`crate::Error::RequestTooLarge`], HTTP 413): a completer reads every
+    /// stored request it finishes, and a store row holds it until the call completes.
+    pub const MAX_PAYLOAD: usize = 64 * 1024;
+
+    /// The longest name: 200 bytes.
+    pub const MAX_NAME: usize = 200;
+
+    const MAGIC: &'static [u8] = b"idemreq1 ";
+
+    /// A stored request for the resume function `name` (1 to 200 bytes of printable ASCII,
+    /// spaces included: a scope template such as `refund:<order_no>` is a good name), holding
+    /// `payload` (at most [`StoredRequest::MAX_PAYLOAD`] bytes).
+    pub fn new(name: impl Into<String>, payload: impl Into<Bytes>) -> crate::Result<StoredRequest> {
+        let (name, payload) = (name.into(), payload.into());
+        if name.is_empty()
+            || name.len() > Self::MAX_NAME
+            || !name.bytes().all(|b| (0x20..=0x7e).contains(&b))
+        {
+            return Err(crate::Error::Config(format!(
+                "a resume name is 1 to {} bytes of printable ASCII, not {name:?}",
+                Self::MAX_NAME
+            )));
+        }
+        if payload.len() > Self::MAX_PAYLOAD {
+            return Err(crate::Error::RequestTooLarge {
+                len: payload.len(),
+                max: Self::MAX_PAYLOAD,
+            });
+        }
+        Ok(StoredRequest {
+            name,
+            lease: Policy::DEFAULT.lease,
+            retain: Policy::DEFAULT.retain,
+            payload,
+        })
+    }
+
+    /// The same request, to be claimed with `policy`'s lease and retention when it is resumed.
+    pub fn with_policy(mut self, policy: &Policy) -> StoredRequest {
+        self.lease = policy.lease;
+        self.retain = policy.retain;
+        self
+    }
+
+    /// The policy a resumed claim takes: the call's lease and retention, re-claiming an
+    /// abandoned claim.
+    pub fn policy(&self) -> Policy {
+        Policy::DEFAULT.lease(self.lease).retain(self.retain)
+    }
+
+    /// The resume function's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The call's arguments, as its caller encoded them.
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+
+    /// The bytes a store keeps.
+    pub fn encode(&self) -> Vec<u8> {
+        let head = format!("{} {} ", self.lease.as_millis(), self.retain.as_millis());
+        let mut out = Vec::with_capacity(
+            Self::MAGIC.len() + head.len() + self.name.len() + 1 + self.payload.len(),
+        );
+        out.extend_from_slice(Self::MAGIC);
+        out.extend_from_slice(head.as_bytes());
+        out.extend_from_slice(self.name.as_bytes());
+        out.push(b'\n');
+        out.extend_from_slice(&self.payload);
+        out
+    }
+
+    /// The stored request in `bytes`, read exactly.
+    pub fn decode(bytes: &[u8]) -> crate::Result<StoredRequest> {
+        let bad = |why: &str| crate::Error::Decode(format!("a stored request {why}"));
+        let rest = bytes
+            .strip_prefix(Self::MAGIC)
+            .ok_or_else(|| bad("that does not start with `idemreq1 `"))?;
+        let end = rest
+            .iter()
+            .position(|&b| b == b'\n')
+            .ok_or_else(|| bad("without the end of its name"))?;
+        let head = std::str::from_utf8(&rest[..end]).map_err(|_| bad("whose name is not text"))?;
+        let mut parts = head.splitn(3, ' ');
+        let mut ms = || -> crate::Result<Duration> {
+            let text = parts.next().unwrap_or("");
+            if text.is_empty() || text.len() > 15 || !text.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad(
+                    "whose lease or retention is not a number of milliseconds",
+                ));
+            }
+            Ok(Duration::from_millis(text.parse().unwrap_or(0)))
+        };
+        let (lease, retain) = (ms()?, ms()?);
+        let name = parts.next().unwrap_or("");
+        let payload = Bytes::copy_from_slice(&rest[end + 1..]);
+        let mut stored = StoredRequest::new(name, payload)
+            .map_err(|e| bad(&format!("that is not valid: {e}")))?;
+        if lease.is_zero() || retain < lease {
+            return Err(bad("whose lease is zero or longer than its retention"));
+        }
+        (stored.lease, stored.retain) = (lease, retain);
+        Ok(stored)
+    }
+}
+
+/// A resumable claim whose work is due to be finished, as [`Operation::Due`] lists it: in
+/// progress, its request stored, its lease run out (its owner died, or its outcome was unknown)
+/// and its resume time passed.
+///
+/// [`Operation::Due`]: crate::store::Operation::Due
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Unfinished {
+    /// The rendered scope.
+    pub scope: String,
+    /// The key.
+    pub key: String,
+    /// The fence of its last claim: [`Operation::Park`](crate::store::Operation::Park) is
+    /// conditional on it.
+    pub fence: u64,
+    /// Which attempt held it last.
+    pub attempt: u32,
+    /// The request's fingerprint.
+    pub fingerprint: Fingerprint,
+    /// The stored request, encoded ([`StoredRequest::decode`]).
+    pub request: Vec<u8>,
+    /// Why its last attempt did not finish, when it said ([`Operation::Suspend`]).
+    ///
+    /// [`Operation::Suspend`]: crate::store::Operation::Suspend
+    pub note: Option<String>,
+    /// How long ago it became due, by the store's clock.
+    pub overdue: Duration,
+}
+
+impl Unfinished {
+    /// A due claim, as a store read it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        scope: String,
+        key: String,
+        fence: u64,
+        attempt: u32,
+        fingerprint: Fingerprint,
+        request: Vec<u8>,
+        note: Option<String>,
+        overdue: Duration,
+    ) -> Unfinished {
+        Unfinished {
+            scope,
+            key,
+            fence,
+            attempt,
+            fingerprint,
+            request,
+            note,
+            overdue,
+        }
+    }
 }

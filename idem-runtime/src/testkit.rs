@@ -42,8 +42,8 @@
 //!     fn call<'a>(&'a self, op: Operation<'a>) -> impl Future<Output = idem::Result<Reply>> + Send + 'a {
 //!         self.0.call(op)
 //!     }
-//!     fn release_in_background(&self, s: String, k: String, f: u64) {
-//!         self.0.release_in_background(s, k, f)
+//!     fn defer(&self, write: idem::store::Deferred) {
+//!         self.0.defer(write)
 //!     }
 //! }
 //!
@@ -257,12 +257,7 @@ pub mod cases {
         fp: &'a Fingerprint,
         policy: &'a Policy,
     ) -> BeginRequest<'a> {
-        BeginRequest {
-            scope,
-            key: key.as_str(),
-            fingerprint: fp,
-            policy,
-        }
+        BeginRequest::new(scope, key.as_str(), fp, policy)
     }
 
     pub(super) fn claimed(outcome: BeginOutcome) -> crate::Claimed {

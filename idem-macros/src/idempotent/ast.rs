@@ -22,6 +22,7 @@ const GRAMMAR: Grammar = Grammar {
         ("on_cancel", "\"finish\""),
         ("transaction", "tx"),
         ("claim", "claim"),
+        ("resumable", "\"refund\""),
         ("crate", "\"::idem\""),
     ],
 };
@@ -41,6 +42,9 @@ pub(super) struct Args {
     pub(super) on_cancel: Option<LitStr>,
     pub(super) transaction: Option<Ident>,
     pub(super) claim: Option<Ident>,
+    /// `resumable` (named by the scope template) or `resumable = "name"`: where it was written,
+    /// and the name when one was given.
+    pub(super) resumable: Option<(Span, Option<LitStr>)>,
     pub(super) krate: Option<LitStr>,
     /// Names that were written, valid or not: a malformed `scope` is not also a missing one.
     pub(super) given: Given,
@@ -66,6 +70,15 @@ impl Args {
                 "on_cancel" => args.on_cancel = arg.lit_str(cx)?,
                 "transaction" => args.transaction = Some(arg.value()?),
                 "claim" => args.claim = Some(arg.value()?),
+                "resumable" => {
+                    let span = arg.meta.path.span();
+                    let name = if arg.meta.input.peek(syn::Token![=]) {
+                        arg.lit_str(cx)?
+                    } else {
+                        None
+                    };
+                    args.resumable = Some((span, name));
+                }
                 "crate" => args.krate = arg.lit_str(cx)?,
                 _ => {}
             }

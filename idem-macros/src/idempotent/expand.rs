@@ -199,6 +199,32 @@ fn prepared(g: &Gen<'_>) -> TokenStream {
     let key = &m.key;
     let key_private = g.private_at(key.span());
     let key_expr = quote_spanned!(key.span()=> #key_private::key(&(#key)));
+    // A resumable call stores its fingerprinted arguments by name, for its resume function.
+    let resumable = m.resumable.as_ref().map(|name| {
+        let v_args = Gen::local("args");
+        let steps = m.fingerprinted.iter().map(|f| {
+            let span = f.path.root.span();
+            let p = g.private_at(span);
+            let check = if f.read_by_key {
+                Ident::new("KeySource", span)
+            } else {
+                Ident::new("Fingerprintable", span)
+            };
+            let (path, cfgs) = (&f.path, &f.cfgs);
+            let label = quote!(#path).to_string().replace(' ', "");
+            quote_spanned! {span=>
+                #(#cfgs)*
+                #v_args.add(#label, #p::#check::request_value(&#path)?);
+            }
+        });
+        quote! {
+            .resumable(#name, (|| {
+                let mut #v_args = #private::RequestArgs::new();
+                #(#steps)*
+                #v_args.finish()
+            })())
+        }
+    });
     quote! {
         #private::Prepared::new(
             #key_expr,
@@ -211,6 +237,7 @@ fn prepared(g: &Gen<'_>) -> TokenStream {
             #v_policy,
         )
         .timed(&#v_timing)
+        #resumable
     }
 }
 

@@ -25,6 +25,8 @@ pub(super) struct Model {
     pub(super) policy: Policy,
     pub(super) transaction: Option<Ident>,
     pub(super) claim: Option<Ident>,
+    /// The resume name of a resumable function: its request is stored with its claim.
+    pub(super) resumable: Option<String>,
     pub(super) ret: Type,
 }
 
@@ -122,6 +124,7 @@ pub(super) fn validate(
             ),
         );
     }
+    let resumable = resumable(&args, &policy, cx);
     Some(Model {
         krate,
         template: template?,
@@ -132,8 +135,50 @@ pub(super) fn validate(
         policy,
         transaction: args.transaction,
         claim: args.claim,
+        resumable,
         ret: ret?,
     })
+}
+
+/// The resume name of `resumable`: the name given, else the scope template as written. It is
+/// stored with every claim and names the completer's resume function, so it must be a name a
+/// store keeps: 1 to 200 bytes of printable ASCII. Resuming needs a claim that can be taken
+/// over, committed apart from the body.
+fn resumable(args: &Args, policy: &Policy, cx: &mut Ctxt) -> Option<String> {
+    let (span, name) = args.resumable.as_ref()?;
+    if let Some(tx) = &args.transaction {
+        cx.at(
+            *span,
+            format_args!(
+                "`resumable` with `transaction = {tx}`: a transactional call's claim commits with its body, so a call cut off leaves nothing to resume (its transaction rolls back); drop `transaction` to make the call resumable, or drop `resumable`"
+            ),
+        );
+    }
+    if policy.fail_closed {
+        cx.at(
+            *span,
+            "`resumable` with `on_expired_lease = \"fail_closed\"`: a fail-closed claim is never taken over, so nothing could resume it; keep the default \"reclaim\" (and give the call's outside steps a downstream key), or drop `resumable`",
+        );
+    }
+    let (text, at) = match name {
+        Some(lit) => (lit.value(), lit.span()),
+        None => (args.scope.as_ref()?.value(), args.scope.as_ref()?.span()),
+    };
+    if text.is_empty() || text.len() > 200 || !text.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+        let what = if name.is_some() {
+            "the resume name"
+        } else {
+            "the scope template, which names a resumable call unless `resumable = \"name\"` gives another,"
+        };
+        cx.at(
+            at,
+            format_args!(
+                "{what} must be 1 to 200 bytes of printable ASCII: it is stored with every claim and names the completer's resume function"
+            ),
+        );
+        return None;
+    }
+    Some(text)
 }
 
 /// The names the attribute gives the body (`tx`, `claim`) that the body uses although no

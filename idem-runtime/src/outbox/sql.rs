@@ -72,7 +72,9 @@ impl OutboxStatements {
         let t = quote_table(table, D::QUALIFIED_TABLES)?;
         let base = base_name(table);
         let now = D::NOW;
-        let Types { int4, timestamp } = D::TYPES;
+        let Types {
+            int4, timestamp, ..
+        } = D::TYPES;
         let channel = schema::notify_channel(table);
         let lock = D::LOCK;
         let parked_index = format!("{base}_parked_idx");
@@ -112,6 +114,7 @@ impl OutboxStatements {
                     &parked_index,
                     &ADDED_COLUMNS.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
                 ),
+                widen: None,
             },
             enqueue: sql(format!(
                 "INSERT INTO {t} (id, topic, partition_key, payload, created_at) \

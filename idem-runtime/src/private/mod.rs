@@ -53,11 +53,40 @@ pub fn unreachable<R: IdemResult>() -> R::Checked {
 )]
 pub trait Fingerprintable {
     fn add_to(&self, f: &mut Fingerprinter) -> Result<(), Error>;
+    /// The argument as a resumable call stores it.
+    fn request_value(&self) -> Result<serde_json::Value, Error>;
 }
 
 impl<T: serde::Serialize + ?Sized> Fingerprintable for T {
     fn add_to(&self, f: &mut Fingerprinter) -> Result<(), Error> {
         f.add(self)
+    }
+    fn request_value(&self) -> Result<serde_json::Value, Error> {
+        request_value(self)
+    }
+}
+
+fn request_value<T: serde::Serialize + ?Sized>(v: &T) -> Result<serde_json::Value, Error> {
+    serde_json::to_value(v)
+        .map_err(|e| Error::Encode(format!("a resumable call's argument cannot be stored: {e}")))
+}
+
+/// The stored arguments of a resumable call: a JSON object, by argument name.
+#[derive(Debug, Default)]
+pub struct RequestArgs(serde_json::Map<String, serde_json::Value>);
+
+impl RequestArgs {
+    pub fn new() -> Self {
+        RequestArgs::default()
+    }
+
+    pub fn add(&mut self, name: &str, value: serde_json::Value) {
+        self.0.insert(name.to_owned(), value);
+    }
+
+    pub fn finish(self) -> Result<Vec<u8>, Error> {
+        serde_json::to_vec(&self.0)
+            .map_err(|e| Error::Encode(format!("a resumable call's request cannot be stored: {e}")))
     }
 }
 
@@ -70,11 +99,16 @@ impl<T: serde::Serialize + ?Sized> Fingerprintable for T {
 )]
 pub trait KeySource {
     fn add_to(&self, f: &mut Fingerprinter) -> Result<(), Error>;
+    /// The argument as a resumable call stores it.
+    fn request_value(&self) -> Result<serde_json::Value, Error>;
 }
 
 impl<T: serde::Serialize + ?Sized> KeySource for T {
     fn add_to(&self, f: &mut Fingerprinter) -> Result<(), Error> {
         f.add(self)
+    }
+    fn request_value(&self) -> Result<serde_json::Value, Error> {
+        request_value(self)
     }
 }
 

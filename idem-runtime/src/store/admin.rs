@@ -109,6 +109,15 @@ pub struct RecordInfo {
     /// The stored answer of a completed record. Only
     /// [`Operation::Inspect`](super::Operation::Inspect) reads it.
     pub response: Option<StoredResponse>,
+    /// Why its last attempt did not finish: the note of an outcome that may have had its
+    /// effect ([`Operation::Suspend`](super::Operation::Suspend)), or why it was parked.
+    pub note: Option<String>,
+    /// Whether its request is stored, so that a completer can finish it.
+    pub resumable: bool,
+    /// The stored request of a resumable record, encoded
+    /// ([`StoredRequest`](crate::StoredRequest)). Only
+    /// [`Operation::Inspect`](super::Operation::Inspect) reads it.
+    pub request: Option<Vec<u8>>,
 }
 
 impl RecordInfo {
@@ -140,6 +149,23 @@ pub enum ForcedRelease {
     NotFound,
 }
 
+/// What [`Operation::Retry`](super::Operation::Retry) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Retried {
+    /// The parked record is in progress again, its lease run out: a completer resumes it now
+    /// (when its request is stored), as does the request's own retry. Its attempts are counted
+    /// afresh: the record's attempt number starts again at 1.
+    Retried {
+        /// The record's fence; the next claim takes the one after it.
+        fence: u64,
+    },
+    /// The record is not parked: nothing changed.
+    NotParked(State),
+    /// No such record: nothing changed.
+    NotFound,
+}
+
 /// Counts of records by state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -150,6 +176,8 @@ pub struct StateCounts {
     pub completed: u64,
     /// Released records.
     pub released: u64,
+    /// Parked records: unfinished work given up by the completer, waiting for an operator.
+    pub parked: u64,
 }
 
 impl StateCounts {
@@ -159,12 +187,13 @@ impl StateCounts {
             State::InProgress => self.in_progress += n,
             State::Completed => self.completed += n,
             State::Released => self.released += n,
+            State::Parked => self.parked += n,
         }
     }
 
     /// All records counted.
     pub fn total(&self) -> u64 {
-        self.in_progress + self.completed + self.released
+        self.in_progress + self.completed + self.released + self.parked
     }
 }
 
@@ -185,6 +214,12 @@ pub struct StoreStats {
     /// Live records by scope prefix (the scope up to its first `:`, the whole scope when it has
     /// none), sorted by prefix.
     pub by_prefix: Vec<(String, StateCounts)>,
+    /// Claims in progress that hold unfinished work (a stored request, or an outcome that may
+    /// have had its effect) and whose lease ran out: waiting for a retry, the completer or an
+    /// operator.
+    pub unfinished: u64,
+    /// The age of the oldest of them.
+    pub oldest_unfinished: Option<Duration>,
 }
 
 impl StoreStats {
@@ -195,13 +230,17 @@ impl StoreStats {
 
     /// Counts one live record: what stores that count as they read use.
     pub fn count(&mut self, record: &RecordInfo, expiring_within: Duration) {
-        if record.expires_in.is_zero() {
+        if record.expires_in.is_zero() && !record.holds_work() {
             self.expired += 1;
             return;
         }
         self.states.add(record.state, 1);
         if record.state == State::InProgress {
             self.oldest_in_progress = self.oldest_in_progress.max(Some(record.age));
+            if record.is_unfinished() {
+                self.unfinished += 1;
+                self.oldest_unfinished = self.oldest_unfinished.max(Some(record.age));
+            }
         }
         if record.expires_in <= expiring_within {
             self.expiring_soon += 1;
@@ -250,6 +289,21 @@ fn millis(d: Duration) -> u64 {
 }
 
 impl RecordInfo {
+    /// Whether it holds unfinished work and so never expires ([`crate::lifecycle::unfinished`]):
+    /// parked, or in progress with a stored request or after an unknown outcome.
+    pub fn holds_work(&self) -> bool {
+        crate::lifecycle::unfinished(self.state, self.resumable, self.note.is_some())
+    }
+
+    /// Whether it is a claim in progress that holds unfinished work (a stored request, or an
+    /// outcome that may have had its effect) and whose lease ran out: what
+    /// [`StoreStats::unfinished`] counts.
+    pub fn is_unfinished(&self) -> bool {
+        self.state == State::InProgress
+            && (self.resumable || self.note.is_some())
+            && self.lease_remaining.is_some_and(|l| l.is_zero())
+    }
+
     /// The record as JSON, without its recovery point and answer (which each reader shows its
     /// own way): the fields and names of the admin view's API and of `idem records --json`.
     pub fn summary_json(&self) -> serde_json::Value {
@@ -263,17 +317,20 @@ impl RecordInfo {
             "age_ms": millis(self.age),
             "lease_remaining_ms": self.lease_remaining.map(millis),
             "expires_in_ms": millis(self.expires_in),
+            "resumable": self.resumable,
+            "note": self.note,
         })
     }
 }
 
 impl StateCounts {
-    /// The counts as JSON: `{"in_progress": …, "completed": …, "released": …}`.
+    /// The counts as JSON: `{"in_progress": …, "completed": …, "released": …, "parked": …}`.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "in_progress": self.in_progress,
             "completed": self.completed,
             "released": self.released,
+            "parked": self.parked,
         })
     }
 }
@@ -287,6 +344,8 @@ impl StoreStats {
             "expired": self.expired,
             "oldest_in_progress_ms": self.oldest_in_progress.map(millis),
             "expiring_soon": self.expiring_soon,
+            "unfinished": self.unfinished,
+            "oldest_unfinished_ms": self.oldest_unfinished.map(millis),
             "by_prefix": self
                 .by_prefix
                 .iter()

@@ -156,13 +156,15 @@ fn statements(table: &str) -> Result<(SqlStr, SqlStr)> {
     let now = Pg::NOW;
     let in_progress = State::InProgress.as_str();
     let completed = State::Completed.as_str();
+    let holds = crate::store::sql::holds_work();
     // The request columns are named apart from the table's, so that the table's columns read
     // unqualified exactly as in the single-row statement.
     let claim = format!(
         "WITH req AS (SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int8[], \
            $5::int8[]) WITH ORDINALITY AS r(r_scope, r_key, r_fingerprint, r_lease, r_retain, i)), \
          cur AS (SELECT req.i, fence, fingerprint, state, response_status, response_error, \
-           response_body, expires_at <= {now} AS expired, {} AS lease_left_ms, \
+           response_body, (expires_at <= {now} AND NOT {holds}) AS expired, \
+           {} AS lease_left_ms, \
            {} AS lease_stamp \
            FROM req JOIN {t} ON scope = req.r_scope AND key = req.r_key), \
          ins AS (INSERT INTO {t} (scope, key, fingerprint, state, fence, lease_until, \
@@ -190,11 +192,12 @@ fn statements(table: &str) -> Result<(SqlStr, SqlStr)> {
     let complete = format!(
         "UPDATE {t} AS t SET state = '{completed}', response_status = r.r_status, \
            response_error = r.r_error, response_body = r.r_body, recovery_point = NULL, \
-           updated_at = {now} \
+           request = NULL, resume_at = NULL, note = NULL, updated_at = {now} \
          FROM unnest($1::text[], $2::text[], $3::int8[], $4::int4[], $5::boolean[], \
            $6::bytea[]) WITH ORDINALITY AS r(r_scope, r_key, r_fence, r_status, r_error, r_body, i) \
          WHERE t.scope = r.r_scope AND t.key = r.r_key AND t.fence = r.r_fence \
-           AND t.state = '{in_progress}' AND t.expires_at > {now} \
+           AND t.state = '{in_progress}' \
+           AND (t.expires_at > {now} OR t.request IS NOT NULL OR t.note IS NOT NULL) \
          RETURNING r.i"
     );
     Ok((
@@ -471,7 +474,12 @@ impl Job for ClaimJob {
             {
                 // The caller is gone: nobody will run the body, so free the record now rather
                 // than when its lease runs out.
-                lane.engine.release_in_background(job.scope, job.key, fence);
+                lane.engine.defer(crate::store::Deferred {
+                    scope: job.scope,
+                    key: job.key,
+                    fence,
+                    write: crate::store::DeferredWrite::Release,
+                });
             }
         }
         Ok(())

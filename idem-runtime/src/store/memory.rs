@@ -13,11 +13,12 @@ use hashbrown::hash_table::Entry as TableEntry;
 use crate::clock::{Clock, SystemClock, duration_ms};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
+use crate::lifecycle::unfinished;
 use crate::lifecycle::{Decision, Seen, State, decide, next_attempt, owns};
 use crate::record::{
-    BeginOutcome, BeginRequest, ClaimRef, Claimed, Record, RecordState, StoredResponse,
+    BeginOutcome, BeginRequest, ClaimRef, Claimed, Record, RecordState, StoredResponse, Unfinished,
 };
-use crate::store::{ForcedRelease, Operation, RecordInfo, Reply, Store, StoreStats};
+use crate::store::{ForcedRelease, Operation, RecordInfo, Reply, Retried, Store, StoreStats};
 
 const SHARDS: usize = 64;
 
@@ -69,9 +70,45 @@ struct Entry {
     recovery_point: Option<Vec<u8>>,
     attempt: u32,
     response: Option<StoredResponse>,
+    /// What a resumable claim or an unknown outcome adds; most records have none.
+    work: Option<Box<Work>>,
+}
+
+/// The unfinished work a record holds: its stored request, when the completer may resume it,
+/// why its last attempt did not finish.
+#[derive(Default)]
+struct Work {
+    request: Option<Vec<u8>>,
+    resume_at: Option<i64>,
+    note: Option<String>,
 }
 
 impl Entry {
+    /// Whether it holds unfinished work, and so never expires (`lifecycle::unfinished`).
+    fn holds_work(&self) -> bool {
+        let (resumable, unknown) = self
+            .work
+            .as_ref()
+            .map_or((false, false), |w| (w.request.is_some(), w.note.is_some()));
+        unfinished(self.state, resumable, unknown)
+    }
+
+    /// Whether its retention ended at `now`: never while it holds unfinished work.
+    fn expired(&self, now: i64) -> bool {
+        self.expires_at <= now && !self.holds_work()
+    }
+
+    /// Whether the completer may take it at `now`.
+    fn due_at(&self, now: i64) -> Option<i64> {
+        let work = self.work.as_ref()?;
+        let resume_at = work.resume_at?;
+        (self.state == State::InProgress
+            && work.request.is_some()
+            && self.lease_until <= now
+            && resume_at <= now)
+            .then_some(resume_at.max(self.lease_until))
+    }
+
     /// The record as an operator sees it at `now`; with its recovery point and answer when
     /// `full`.
     fn info(&self, now: i64, full: bool) -> RecordInfo {
@@ -94,7 +131,31 @@ impl Entry {
                 None
             },
             response: if full { self.response.clone() } else { None },
+            note: self.work.as_ref().and_then(|w| w.note.clone()),
+            resumable: self.work.as_ref().is_some_and(|w| w.request.is_some()),
+            request: if full {
+                self.work.as_ref().and_then(|w| w.request.clone())
+            } else {
+                None
+            },
         }
+    }
+
+    /// The record as [`Operation::Due`] lists it.
+    fn unfinished(&self, now: i64) -> Unfinished {
+        let (scope, key) = self.ident.bytes().split_at(self.scope_len);
+        let work = self.work.as_deref();
+        let since = self.due_at(now).unwrap_or(now);
+        Unfinished::new(
+            String::from_utf8_lossy(scope).into_owned(),
+            String::from_utf8_lossy(key).into_owned(),
+            self.fence,
+            self.attempt,
+            self.fingerprint,
+            work.and_then(|w| w.request.clone()).unwrap_or_default(),
+            work.and_then(|w| w.note.clone()),
+            RecordInfo::ms_left(now.saturating_sub(since)),
+        )
     }
 
     fn is(&self, scope: &str, key: &str) -> bool {
@@ -205,7 +266,7 @@ impl MemoryStore {
         let hash = self.hash(claim.scope, claim.key);
         let mut shard = self.shard(hash);
         match shard.find_mut(hash, |e| e.is(claim.scope, claim.key)) {
-            Some(e) if owns(claim.fence, e.fence, e.state, e.expires_at <= now) => Ok(f(e, now)),
+            Some(e) if owns(claim.fence, e.fence, e.state, e.expired(now)) => Ok(f(e, now)),
             _ => Err(Error::FenceLost { fence: claim.fence }),
         }
     }
@@ -220,7 +281,7 @@ impl MemoryStore {
             .is_some_and(|e| {
                 e.fence == claim.fence
                     && e.state == State::Completed
-                    && e.expires_at > now
+                    && !e.expired(now)
                     && e.response.as_ref() == Some(response)
             })
     }
@@ -231,7 +292,7 @@ impl MemoryStore {
         for shard in self.inner.shards.iter() {
             let mut shard = lock(shard);
             let before = shard.len();
-            shard.retain(|e| e.expires_at > now);
+            shard.retain(|e| !e.expired(now));
             purged += (before - shard.len()) as u64;
         }
         purged
@@ -280,6 +341,13 @@ impl MemoryStore {
                     recovery_point: None,
                     attempt: 1,
                     response: None,
+                    work: req.request.map(|request| {
+                        Box::new(Work {
+                            request: Some(request.to_vec()),
+                            resume_at: Some(now),
+                            note: None,
+                        })
+                    }),
                 });
                 return BeginOutcome::Claimed(Claimed {
                     fence,
@@ -293,7 +361,7 @@ impl MemoryStore {
         let seen = Seen {
             state: e.state,
             same_fingerprint: e.fingerprint == *req.fingerprint,
-            expired: e.expires_at <= now,
+            expired: e.expired(now),
             lease_left_ms: e.lease_until - now,
         };
         let (reclaim, continues) = match decide(seen, req.policy) {
@@ -307,6 +375,7 @@ impl MemoryStore {
             }
             Decision::InProgress(retry_after) => return BeginOutcome::InProgress { retry_after },
             Decision::KeyReused => return BeginOutcome::KeyReused,
+            Decision::Parked => return BeginOutcome::Parked,
         };
         // A fresh claim over an expired or released record, or a take-over of an abandoned one.
         // The fence keeps growing either way, so no earlier owner can write again.
@@ -318,6 +387,16 @@ impl MemoryStore {
         e.response = None;
         if !continues {
             e.recovery_point = None;
+            // Another request, or one after the record's retention: its work is its own.
+            e.work = None;
+        }
+        // A resumable claim stores its request; a take-over by a call that stores none keeps
+        // the request of the work it continues, and the completer's turn with it.
+        if let Some(request) = req.request {
+            e.work.get_or_insert_with(Box::default).request = Some(request.to_vec());
+        }
+        if let Some(work) = e.work.as_mut().filter(|w| w.request.is_some()) {
+            work.resume_at = Some(now);
         }
         e.attempt = next_attempt(continues, e.attempt);
         BeginOutcome::Claimed(Claimed {
@@ -348,16 +427,9 @@ impl Store for MemoryStore {
         ready(self.call_now(op))
     }
 
-    fn release_in_background(&self, scope: String, key: String, fence: u64) {
-        // In memory, releasing is immediate and cannot block.
-        let _ = self.with_owned(
-            ClaimRef {
-                scope: &scope,
-                key: &key,
-                fence,
-            },
-            |e, _| e.state = State::Released,
-        );
+    fn defer(&self, write: crate::store::Deferred) {
+        // In memory, every write is immediate and cannot block.
+        let _ = self.call_now(write.operation());
     }
 }
 
@@ -371,6 +443,7 @@ impl MemoryStore {
                     e.state = State::Completed;
                     e.response = Some(response.clone());
                     e.recovery_point = None;
+                    e.work = None;
                 })
                 .or_else(|lost| {
                     // The same completion again (a retry whose first reply was lost): done already.
@@ -382,8 +455,76 @@ impl MemoryStore {
                 })
                 .map(|()| Reply::Done),
             Operation::Release(claim) => self
-                .with_owned(claim, |e, _| e.state = State::Released)
+                .with_owned(claim, |e, _| {
+                    e.state = State::Released;
+                    e.work = None;
+                })
                 .map(|()| Reply::Done),
+            Operation::Suspend {
+                claim,
+                note,
+                resume_in,
+            } => self
+                .with_owned(claim, |e, now| {
+                    // A retry of the same request takes it over at once.
+                    e.lease_until = now;
+                    let work = e.work.get_or_insert_with(Box::default);
+                    work.note = Some(note.to_owned());
+                    if work.request.is_some() {
+                        work.resume_at = Some(now.saturating_add(duration_ms(resume_in)));
+                    }
+                })
+                .map(|()| Reply::Done),
+            Operation::Due { limit } => {
+                let now = self.inner.clock.now_ms();
+                let mut due = Vec::new();
+                self.each(|e| {
+                    if let Some(since) = e.due_at(now) {
+                        due.push((since, e.unfinished(now)));
+                    }
+                });
+                due.sort_by_key(|(since, _)| *since);
+                due.truncate(limit);
+                Ok(Reply::Due(due.into_iter().map(|(_, u)| u).collect()))
+            }
+            Operation::Park { claim, note } => {
+                let now = self.inner.clock.now_ms();
+                let hash = self.hash(claim.scope, claim.key);
+                let mut shard = self.shard(hash);
+                match shard.find_mut(hash, |e| e.is(claim.scope, claim.key)) {
+                    Some(e)
+                        if e.state == State::InProgress
+                            && e.fence == claim.fence
+                            && e.lease_until <= now =>
+                    {
+                        e.state = State::Parked;
+                        let work = e.work.get_or_insert_with(Box::default);
+                        work.note = Some(note.to_owned());
+                        work.resume_at = None;
+                        Ok(Reply::Done)
+                    }
+                    _ => Err(Error::FenceLost { fence: claim.fence }),
+                }
+            }
+            Operation::Retry { scope, key } => {
+                let now = self.inner.clock.now_ms();
+                let hash = self.hash(scope, key);
+                let mut shard = self.shard(hash);
+                let done = match shard.find_mut(hash, |e| e.is(scope, key)) {
+                    None => Retried::NotFound,
+                    Some(e) if e.state != State::Parked => Retried::NotParked(e.state),
+                    Some(e) => {
+                        e.state = State::InProgress;
+                        e.lease_until = now;
+                        e.attempt = 1;
+                        if let Some(work) = e.work.as_mut().filter(|w| w.request.is_some()) {
+                            work.resume_at = Some(now);
+                        }
+                        Retried::Retried { fence: e.fence }
+                    }
+                };
+                Ok(Reply::Retried(done))
+            }
             Operation::Checkpoint {
                 claim,
                 recovery_point,
@@ -406,7 +547,7 @@ impl MemoryStore {
             Operation::CountExpired => {
                 let now = self.inner.clock.now_ms();
                 let mut n = 0;
-                self.each(|e| n += u64::from(e.expires_at <= now));
+                self.each(|e| n += u64::from(e.expired(now)));
                 Ok(Reply::Counted(n))
             }
             Operation::List(query) => {
@@ -437,13 +578,14 @@ impl MemoryStore {
                 let mut shard = self.shard(hash);
                 let done = match shard.find_mut(hash, |e| e.is(scope, key)) {
                     None => ForcedRelease::NotFound,
-                    Some(e) if e.expires_at <= now => ForcedRelease::NotFound,
-                    Some(e) if e.state != State::InProgress => {
+                    Some(e) if e.expired(now) => ForcedRelease::NotFound,
+                    Some(e) if !matches!(e.state, State::InProgress | State::Parked) => {
                         ForcedRelease::NotInProgress(e.state)
                     }
                     Some(e) => {
                         e.state = State::Released;
                         e.fence += 1;
+                        e.work = None;
                         ForcedRelease::Released { fence: e.fence }
                     }
                 };
@@ -471,11 +613,12 @@ impl MemoryStore {
         let shard = self.shard(hash);
         shard
             .find(hash, |e| e.is(scope, key))
-            .filter(|e| e.expires_at > now && e.state != State::Released)
+            .filter(|e| !e.expired(now) && e.state != State::Released)
             .map(|e| Record {
                 fingerprint: e.fingerprint,
                 state: match e.state {
                     State::Completed => RecordState::Completed,
+                    State::Parked => RecordState::Parked,
                     _ => RecordState::InProgress,
                 },
                 fence: e.fence,
@@ -493,12 +636,12 @@ mod tests {
     use crate::record::Policy;
 
     fn begin(store: &MemoryStore, scope: &str, key: &str) -> BeginOutcome {
-        store.begin_now(BeginRequest {
+        store.begin_now(BeginRequest::new(
             scope,
             key,
-            fingerprint: &Fingerprint::from_bytes([1; 32]),
-            policy: &Policy::DEFAULT,
-        })
+            &Fingerprint::from_bytes([1; 32]),
+            &Policy::DEFAULT,
+        ))
     }
 
     /// Identities held in the entry and in an allocation of their own are told apart by where

@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse};
+use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse, Unfinished};
 
 pub mod admin;
-pub use admin::{ForcedRelease, RecordInfo, RecordQuery, StateCounts, StoreStats};
+pub use admin::{ForcedRelease, RecordInfo, RecordQuery, Retried, StateCounts, StoreStats};
 
 #[cfg(feature = "postgres")]
 mod group;
@@ -137,6 +137,49 @@ pub enum Operation<'a> {
         /// The window of "expiring soon".
         expiring_within: Duration,
     },
+    /// Keeps the claim in progress after an outcome that may have had its effect (a gateway
+    /// that timed out, an answer lost): never released, so no retry runs the work as new. If
+    /// `claim.fence` still owns the record, its lease ends now (the same request's retry
+    /// resumes it at once, with the recovery point and the next attempt number), `note` is kept
+    /// as why, a resumable record becomes due to the completer `resume_in` from now, and the
+    /// record holds unfinished work: it does not expire until it is finished or released
+    /// ([`lifecycle::unfinished`](crate::lifecycle::unfinished)). Answered with
+    /// [`Reply::Done`].
+    Suspend {
+        /// The claim.
+        claim: ClaimRef<'a>,
+        /// Why the outcome is unknown, for operators.
+        note: &'a str,
+        /// How long the completer waits before it resumes it.
+        resume_in: Duration,
+    },
+    /// At most `limit` resumable claims due to be finished: in progress, their request stored,
+    /// their lease run out and their resume time passed, those due longest first. Answered with
+    /// [`Reply::Due`].
+    Due {
+        /// The most claims to list.
+        limit: usize,
+    },
+    /// Parks unfinished work whose attempts ran out: if the record is in progress with
+    /// `claim.fence` and its lease ran out, it becomes parked with `note`, and is never run
+    /// again by itself (a `begin` is answered [`BeginOutcome::Parked`]) nor purged, until an
+    /// operator retries ([`Operation::Retry`]) or releases it ([`Operation::ForceRelease`]).
+    /// Answered with [`Reply::Done`], or [`Error::FenceLost`] when the record changed.
+    Park {
+        /// The claim as the completer found it due.
+        claim: ClaimRef<'a>,
+        /// Why it is parked (the last error), for operators.
+        note: &'a str,
+    },
+    /// The operator's retry of parked work: the record is in progress again with its lease run
+    /// out, due to the completer now, its attempt number back to 1 (so the completer's limit
+    /// counts afresh), its note kept. Answered with [`Reply::Retried`].
+    Retry {
+        /// The rendered scope.
+        scope: &'a str,
+        /// The key.
+        key: &'a str,
+    },
 }
 
 impl Operation<'_> {
@@ -156,6 +199,10 @@ impl Operation<'_> {
             Operation::Inspect { .. } => "inspect",
             Operation::ForceRelease { .. } => "force_release",
             Operation::Stats { .. } => "stats",
+            Operation::Suspend { .. } => "suspend",
+            Operation::Due { .. } => "due",
+            Operation::Park { .. } => "park",
+            Operation::Retry { .. } => "retry",
         }
     }
 
@@ -188,6 +235,10 @@ pub enum Reply {
     ForceReleased(ForcedRelease),
     /// To [`Operation::Stats`] (boxed: every reply is as large as its largest variant).
     Stats(Box<StoreStats>),
+    /// To [`Operation::Due`].
+    Due(Vec<Unfinished>),
+    /// To [`Operation::Retry`].
+    Retried(Retried),
 }
 
 impl Reply {
@@ -201,6 +252,8 @@ impl Reply {
             Reply::Records(_) => "Records",
             Reply::ForceReleased(_) => "ForceReleased",
             Reply::Stats(_) => "Stats",
+            Reply::Due(_) => "Due",
+            Reply::Retried(_) => "Retried",
         }
     }
 }
@@ -219,7 +272,7 @@ fn mismatched(operation: &'static str, reply: &Reply) -> Error {
 /// A place where idempotency records live.
 ///
 /// A store implements two methods: [`call`](Store::call), one `match` over [`Operation`], and
-/// [`release_in_background`](Store::release_in_background). The typed methods (`begin`,
+/// [`defer`](Store::defer). The typed methods (`begin`,
 /// `complete`, …) are provided on top of `call` and are what callers use; a store does not
 /// override them.
 ///
@@ -244,8 +297,8 @@ fn mismatched(operation: &'static str, reply: &Reply) -> Error {
 ///         self.inner.call(op)
 ///     }
 ///
-///     fn release_in_background(&self, scope: String, key: String, fence: u64) {
-///         self.inner.release_in_background(scope, key, fence)
+///     fn defer(&self, write: idem::store::Deferred) {
+///         self.inner.defer(write)
 ///     }
 /// }
 /// ```
@@ -261,10 +314,13 @@ pub trait Store: Send + Sync + 'static {
     /// ([`Operation::unsupported`]).
     fn call<'a>(&'a self, op: Operation<'a>) -> impl Future<Output = Result<Reply>> + Send + 'a;
 
-    /// Releases a claim from a context that cannot wait (a guard dropped by a panic or a
-    /// cancelled future). Must not block; stores that do I/O spawn it on the current Tokio
-    /// runtime.
-    fn release_in_background(&self, scope: String, key: String, fence: u64);
+    /// Runs a fenced write from a context that cannot wait: a guard dropped by a panic or a
+    /// cancelled future (a release, or a suspension when the work may be half done), or a
+    /// caller dropped while its answer was being stored (a completion: the body returned, so
+    /// its effect happened and the claim must not be released). Must not block: a store that
+    /// does I/O hands it to [`spawn_deferred`] with a handle of its own; one that answers at
+    /// once runs [`Deferred::operation`] through its `call`.
+    fn defer(&self, write: Deferred);
 
     /// [`Operation::Begin`].
     fn begin<'a>(
@@ -333,6 +389,38 @@ pub trait Store: Send + Sync + 'static {
         }
     }
 
+    /// [`Operation::Suspend`].
+    fn suspend<'a>(
+        &'a self,
+        claim: ClaimRef<'a>,
+        note: &'a str,
+        resume_in: Duration,
+    ) -> impl Future<Output = Result<()>> + Send + 'a {
+        let op = Operation::Suspend {
+            claim,
+            note,
+            resume_in,
+        };
+        done(self.call(op), "suspend")
+    }
+
+    /// [`Operation::Due`].
+    fn due(&self, limit: usize) -> impl Future<Output = Result<Vec<Unfinished>>> + Send + '_ {
+        expect(self.call(Operation::Due { limit }), "due", |r| match r {
+            Reply::Due(due) => Ok(due),
+            other => Err(other),
+        })
+    }
+
+    /// [`Operation::Park`].
+    fn park<'a>(
+        &'a self,
+        claim: ClaimRef<'a>,
+        note: &'a str,
+    ) -> impl Future<Output = Result<()>> + Send + 'a {
+        done(self.call(Operation::Park { claim, note }), "park")
+    }
+
     /// [`Operation::PurgeExpired`]: how many records were deleted.
     fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send + '_ {
         let call = self.call(Operation::PurgeExpired);
@@ -387,6 +475,22 @@ pub trait StoreAdmin: Store {
             Reply::ForceReleased(done) => Ok(done),
             other => Err(other),
         })
+    }
+
+    /// [`Operation::Retry`].
+    fn retry<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+    ) -> impl Future<Output = Result<Retried>> + Send + 'a {
+        expect(
+            self.call(Operation::Retry { scope, key }),
+            "retry",
+            |r| match r {
+                Reply::Retried(done) => Ok(done),
+                other => Err(other),
+            },
+        )
     }
 
     /// [`Operation::Stats`].
@@ -461,16 +565,16 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub trait DynStore: Send + Sync + 'static {
     /// See [`Store::call`].
     fn call_dyn<'a>(&'a self, op: Operation<'a>) -> BoxFuture<'a, Result<Reply>>;
-    /// See [`Store::release_in_background`].
-    fn release_in_background_dyn(&self, scope: String, key: String, fence: u64);
+    /// See [`Store::defer`].
+    fn defer_dyn(&self, write: Deferred);
 }
 
 impl<S: Store> DynStore for S {
     fn call_dyn<'a>(&'a self, op: Operation<'a>) -> BoxFuture<'a, Result<Reply>> {
         Box::pin(self.call(op))
     }
-    fn release_in_background_dyn(&self, scope: String, key: String, fence: u64) {
-        self.release_in_background(scope, key, fence)
+    fn defer_dyn(&self, write: Deferred) {
+        self.defer(write)
     }
 }
 
@@ -498,35 +602,92 @@ impl Store for SharedStore {
     fn call<'a>(&'a self, op: Operation<'a>) -> impl Future<Output = Result<Reply>> + Send + 'a {
         self.0.call_dyn(op)
     }
-    fn release_in_background(&self, scope: String, key: String, fence: u64) {
-        self.0.release_in_background_dyn(scope, key, fence)
+    fn defer(&self, write: Deferred) {
+        self.0.defer_dyn(write)
     }
 }
 
-/// The body of [`Store::release_in_background`] for stores that release over I/O: spawns
-/// `release(scope, key)` on the current Tokio runtime and logs a failure other than a lost fence
-/// (someone took the claim over, so nothing is left to release). Outside a runtime it logs and
-/// leaves the claim to run out its lease.
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
-pub(crate) fn spawn_release<F, Fut>(scope: String, key: String, release: F)
-where
-    F: FnOnce(String, String) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<()>> + Send + 'static,
-{
+/// A fenced write to run in the background ([`Store::defer`]): on the claim `(scope, key,
+/// fence)`, one of the writes that end or keep it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deferred {
+    /// The rendered scope.
+    pub scope: String,
+    /// The key.
+    pub key: String,
+    /// The claim's fence.
+    pub fence: u64,
+    /// What to write.
+    pub write: DeferredWrite,
+}
+
+/// What a [`Deferred`] write does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeferredWrite {
+    /// [`Operation::Release`]: the body was dropped before it could have had any effect.
+    Release,
+    /// [`Operation::Complete`] with this answer: the body returned, its caller was dropped
+    /// while the answer was being stored.
+    Complete(StoredResponse),
+    /// [`Operation::Suspend`]: the body was dropped and its work may be half done.
+    Suspend {
+        /// Why, for operators.
+        note: String,
+        /// When the completer may resume it.
+        resume_in: Duration,
+    },
+}
+
+impl Deferred {
+    /// The write as the operation a store runs.
+    pub fn operation(&self) -> Operation<'_> {
+        let claim = ClaimRef {
+            scope: &self.scope,
+            key: &self.key,
+            fence: self.fence,
+        };
+        match &self.write {
+            DeferredWrite::Release => Operation::Release(claim),
+            DeferredWrite::Complete(response) => Operation::Complete { claim, response },
+            DeferredWrite::Suspend { note, resume_in } => Operation::Suspend {
+                claim,
+                note,
+                resume_in: *resume_in,
+            },
+        }
+    }
+}
+
+/// The body of [`Store::defer`] for a store that writes over I/O: spawns the write on the
+/// current Tokio runtime with `store` (a handle of the store), tries it again a few times over
+/// about four seconds while the store is unavailable, and logs a failure other than a lost
+/// fence (someone took the claim over, so there is nothing left to write). Outside a runtime it
+/// logs and leaves the claim to run out its lease.
+pub fn spawn_deferred<S: Store>(store: S, write: Deferred) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(
             target: "idem",
-            scope,
-            key,
-            "a claim was dropped outside a Tokio runtime; it is re-claimed when its lease runs out"
+            scope = write.scope,
+            key = write.key,
+            operation = write.operation().name(),
+            "a claim's write was deferred outside a Tokio runtime; the claim runs out its lease instead"
         );
         return;
     };
     rt.spawn(async move {
-        if let Err(e) = release(scope, key).await
-            && !matches!(e, crate::Error::FenceLost { .. })
+        let mut result = store.call(write.operation()).await;
+        for pause_ms in [50, 200, 1_000, 3_000] {
+            if !matches!(result, Err(Error::Unavailable(_))) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+            result = store.call(write.operation()).await;
+        }
+        if let Err(e) = result
+            && !matches!(e, Error::FenceLost { .. })
         {
-            tracing::warn!(target: "idem", error = %e, "releasing a dropped claim failed; it is re-claimed when its lease runs out");
+            tracing::warn!(target: "idem", scope = write.scope, key = write.key, operation = write.operation().name(), error = %e, "a deferred write of a claim failed; the claim runs out its lease instead");
         }
     });
 }

@@ -36,6 +36,8 @@ impl Dialect for Pg {
     const TYPES: Types = Types {
         int4: "integer",
         timestamp: "timestamptz",
+        bytes: "bytea",
+        text: "text",
     };
     const FALSE: &'static str = "false";
     const QUALIFIED_TABLES: bool = true;
@@ -54,11 +56,11 @@ impl Dialect for Pg {
         format!("(EXTRACT(EPOCH FROM {col}) * 1000000)::int8")
     }
 
-    fn purge(t: &str) -> Vec<SqlStr> {
+    fn purge(t: &str, expired: &str) -> Vec<SqlStr> {
         vec![
             AssertSqlSafe(format!(
                 "WITH gone AS (DELETE FROM {t} WHERE ctid = ANY(ARRAY( \
-                   SELECT ctid FROM {t} WHERE expires_at <= now() LIMIT {}) \
+                   SELECT ctid FROM {t} WHERE {expired} LIMIT {}) \
                  ) RETURNING 1) \
                  SELECT count(*) AS deleted FROM gone",
                 Self::PURGE_BATCH
@@ -118,6 +120,25 @@ impl Dialect for Pg {
 
     fn scope_prefix(col: &str) -> String {
         format!("split_part({col}, ':', 1)")
+    }
+
+    fn allow_states(t: &str, table: &str, states: &str) -> (SqlStr, Vec<SqlStr>) {
+        // The check written inline in the DDL is named `<table>_state_check`; `t` is a checked,
+        // quoted identifier, and the names identifiers, so they can stand in string literals.
+        let check = format!("{}_state_check", sql::base_name(table));
+        let probe = format!(
+            "SELECT count(*)::int8 AS present FROM pg_constraint \
+             WHERE conrelid = to_regclass('{t}') AND contype = 'c' \
+             AND pg_get_constraintdef(oid) LIKE '%parked%'"
+        );
+        let widen = format!(
+            "ALTER TABLE {t} DROP CONSTRAINT IF EXISTS \"{check}\", \
+             ADD CONSTRAINT \"{check}\" CHECK (state IN ({states}))"
+        );
+        (
+            AssertSqlSafe(probe).into_sql_str(),
+            vec![AssertSqlSafe(widen).into_sql_str()],
+        )
     }
 
     sql::run_statements!(sqlx::Postgres, PgConnection, PgRow);
@@ -291,8 +312,8 @@ impl Store for PgStore {
         }
     }
 
-    fn release_in_background(&self, scope: String, key: String, fence: u64) {
-        self.inner.release_in_background(scope, key, fence)
+    fn defer(&self, write: super::Deferred) {
+        super::spawn_deferred(self.clone(), write)
     }
 }
 
@@ -304,8 +325,10 @@ impl PgStore {
             .group
             .as_deref()
             .map(|group| (group, group.claims.enter()));
+        // A resumable claim stores its request: the single-row statement writes it.
         if let Some((group, entered)) = &entered
             && !entered.alone
+            && req.request.is_none()
             && let Some(outcome) = self.begin_batched(group, &req).await?
         {
             return Ok(outcome);

@@ -10,7 +10,8 @@
 //!
 //! A store built with `create_table(false)` (or an outbox never `migrate`d) expects the tables
 //! to exist as written here. Tables created by earlier versions gain the columns added since
-//! (`attempt`; the outbox's `failures` and `parked_at`) when a store migrates.
+//! (`attempt`, `request`, `resume_at`, `note`, the `parked` state; the outbox's `failures`
+//! and `parked_at`) when a store migrates.
 //!
 //! ```
 //! use idem::store::schema::{self, Database};
@@ -30,15 +31,15 @@ pub const RECORDS_TABLE: &str = "idem_records";
 /// The default name of the outbox table.
 pub const OUTBOX_TABLE: &str = "idem_outbox";
 
-/// The records table of PostgreSQL (`idem_records`) and its index on `expires_at`, which the
-/// purge scans. `fillfactor = 80` leaves room on each page for a completion's update to stay
+/// The records table of PostgreSQL (`idem_records`), its index on `expires_at`, which the
+/// purge scans, and its index on `resume_at`, which completers scan. `fillfactor = 80` leaves room on each page for a completion's update to stay
 /// there (it changes no indexed column, so it is a HOT update).
 pub const POSTGRES_RECORDS: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS \"idem_records\" (
     scope text NOT NULL,
     key text NOT NULL,
     fingerprint bytea NOT NULL,
-    state text NOT NULL CHECK (state IN ('in_progress', 'completed', 'released')),
+    state text NOT NULL CHECK (state IN ('in_progress', 'completed', 'released', 'parked')),
     fence bigint NOT NULL,
     lease_until timestamptz NOT NULL,
     expires_at timestamptz NOT NULL,
@@ -47,21 +48,30 @@ pub const POSTGRES_RECORDS: &[&str] = &[
     response_status integer,
     response_error boolean NOT NULL DEFAULT false,
     response_body bytea,
+    request bytea,
+    resume_at timestamptz,
+    note text,
     created_at timestamptz NOT NULL,
     updated_at timestamptz NOT NULL,
     PRIMARY KEY (scope, key)
 ) WITH (fillfactor = 80)",
     "CREATE INDEX IF NOT EXISTS \"idem_records_expires_at_idx\" ON \"idem_records\" (expires_at)",
+    RESUME_INDEX,
 ];
 
-/// The records table of SQLite (`idem_records`) and its index on `expires_at`. Timestamps are
+/// The completers' index: resumable claims in progress, by when they may be resumed (the column
+/// is set only on those).
+const RESUME_INDEX: &str = "CREATE INDEX IF NOT EXISTS \"idem_records_resume_at_idx\" ON \"idem_records\" (resume_at) WHERE resume_at IS NOT NULL";
+
+/// The records table of SQLite (`idem_records`) and its indexes on `expires_at` and
+/// `resume_at`. Timestamps are
 /// integer milliseconds since the Unix epoch, read from SQLite's own clock.
 pub const SQLITE_RECORDS: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS \"idem_records\" (
     scope TEXT NOT NULL,
     key TEXT NOT NULL,
     fingerprint BLOB NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('in_progress', 'completed', 'released')),
+    state TEXT NOT NULL CHECK (state IN ('in_progress', 'completed', 'released', 'parked')),
     fence INTEGER NOT NULL,
     lease_until INTEGER NOT NULL,
     expires_at INTEGER NOT NULL,
@@ -70,11 +80,15 @@ pub const SQLITE_RECORDS: &[&str] = &[
     response_status INTEGER,
     response_error INTEGER NOT NULL DEFAULT 0,
     response_body BLOB,
+    request BLOB,
+    resume_at INTEGER,
+    note TEXT,
     created_at INTEGER NOT NULL,
     updated_at INTEGER NOT NULL,
     PRIMARY KEY (scope, key)
 ) WITHOUT ROWID",
     "CREATE INDEX IF NOT EXISTS \"idem_records_expires_at_idx\" ON \"idem_records\" (expires_at)",
+    RESUME_INDEX,
 ];
 
 /// The outbox table of PostgreSQL (`idem_outbox`) and its indexes: unsent events by partition
@@ -171,6 +185,7 @@ pub fn records(db: Database, table: &str) -> Result<Vec<String>> {
             rename(s, |ident, _| match ident {
                 RECORDS_TABLE => Some(quoted.clone()),
                 "idem_records_expires_at_idx" => Some(format!("\"{base}_expires_at_idx\"")),
+                "idem_records_resume_at_idx" => Some(format!("\"{base}_resume_at_idx\"")),
                 _ => None,
             })
         })

@@ -21,12 +21,12 @@ use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::lifecycle::{self, Decision, Seen, State};
 use crate::record::{
-    BeginOutcome, BeginRequest, ClaimRef, Claimed, Record, RecordState, StoredResponse,
+    BeginOutcome, BeginRequest, ClaimRef, Claimed, Record, RecordState, StoredResponse, Unfinished,
 };
 use crate::store::schema::{self, Database};
 use crate::store::sweeper::{DEFAULT_PURGE_EVERY, Sweeper, spawn_purges};
 use crate::store::{
-    ForcedRelease, Operation, RecordInfo, RecordQuery, Reply, StateCounts, StoreStats,
+    ForcedRelease, Operation, RecordInfo, RecordQuery, Reply, Retried, StateCounts, StoreStats,
 };
 
 /// The default table name of the SQL stores.
@@ -40,6 +40,7 @@ pub(crate) const ATTEMPTS: usize = 8;
 pub(crate) enum Arg<'a> {
     Text(&'a str),
     Bytes(&'a [u8]),
+    OptBytes(Option<&'a [u8]>),
     Int(i64),
     OptInt4(Option<i32>),
     Bool(bool),
@@ -77,9 +78,13 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     fn ms_until(col: &str) -> String;
     /// The timestamp column `col` as an integer that changes whenever it does.
     fn stamp(col: &str) -> String;
-    /// The statements that delete a batch of expired records from table `t`, the last one
-    /// returning how many (`deleted`).
-    fn purge(t: &str) -> Vec<SqlStr>;
+    /// The statements that delete a batch of the records of table `t` for which `expired` (a
+    /// condition on its columns) holds, the last one returning how many (`deleted`).
+    fn purge(t: &str, expired: &str) -> Vec<SqlStr>;
+    /// Widens the `state` check of a table created before `parked` was a state: a query whose
+    /// `present` column is 1 when the check allows it already, and the statements that make
+    /// it do (`states` is the list, written for the DDL).
+    fn allow_states(t: &str, table: &str, states: &str) -> (SqlStr, Vec<SqlStr>);
     /// A statement run first in a migration's transaction, before any table is created: what
     /// serialises concurrent migrations where the transaction does not, and keeps them quiet.
     fn migration_start() -> Option<SqlStr>;
@@ -126,13 +131,20 @@ pub(crate) struct AddColumn {
 
 /// Columns added since the table was first created, with their definitions: tables created
 /// earlier get them when the store migrates.
-const ADDED_COLUMNS: &[(&str, &str)] = &[("attempt", "{int4} NOT NULL DEFAULT 1")];
+const ADDED_COLUMNS: &[(&str, &str)] = &[
+    ("attempt", "{int4} NOT NULL DEFAULT 1"),
+    ("request", "{bytes}"),
+    ("resume_at", "{timestamp}"),
+    ("note", "{text}"),
+];
 
 /// The types of added columns, per dialect (the tables' DDL is in `store::schema`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Types {
     pub(crate) int4: &'static str,
     pub(crate) timestamp: &'static str,
+    pub(crate) bytes: &'static str,
+    pub(crate) text: &'static str,
 }
 
 /// Reading a column of a row, the same way for every database.
@@ -142,6 +154,7 @@ pub(crate) trait Columns {
     fn opt_int4(&self, col: &str) -> Result<Option<i32>, sqlx::Error>;
     fn opt_int8(&self, col: &str) -> Result<Option<i64>, sqlx::Error>;
     fn text(&self, col: &str) -> Result<String, sqlx::Error>;
+    fn opt_text(&self, col: &str) -> Result<Option<String>, sqlx::Error>;
     fn bytes(&self, col: &str) -> Result<Vec<u8>, sqlx::Error>;
     fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, sqlx::Error>;
     fn boolean(&self, col: &str) -> Result<bool, sqlx::Error>;
@@ -172,6 +185,9 @@ where
     fn text(&self, col: &str) -> Result<String, sqlx::Error> {
         self.try_get(col)
     }
+    fn opt_text(&self, col: &str) -> Result<Option<String>, sqlx::Error> {
+        self.try_get(col)
+    }
     fn bytes(&self, col: &str) -> Result<Vec<u8>, sqlx::Error> {
         self.try_get(col)
     }
@@ -192,6 +208,7 @@ where
     DB: sqlx::Database,
     for<'a> &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
     for<'a> &'a [u8]: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'a> Option<&'a [u8]>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
     for<'a> i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
     for<'a> Option<i32>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
     for<'a> bool: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
@@ -201,6 +218,7 @@ where
         q = match *arg {
             Arg::Text(v) => q.bind(v),
             Arg::Bytes(v) => q.bind(v),
+            Arg::OptBytes(v) => q.bind(v),
             Arg::Int(v) => q.bind(v),
             Arg::OptInt4(v) => q.bind(v),
             Arg::Bool(v) => q.bind(v),
@@ -254,6 +272,9 @@ pub(crate) struct Statements {
     checkpoint: SqlStr,
     renew: SqlStr,
     lookup: SqlStr,
+    suspend: SqlStr,
+    due: SqlStr,
+    park: SqlStr,
     /// What operators ask ([`crate::store::admin`]).
     admin: AdminStatements,
     migration: Migration,
@@ -269,6 +290,7 @@ pub(crate) struct AdminStatements {
     now_ms: &'static str,
     inspect: SqlStr,
     force_release: SqlStr,
+    retry: SqlStr,
     count_expired: SqlStr,
     stats: SqlStr,
 }
@@ -282,6 +304,9 @@ pub(crate) struct Migration {
     pub(crate) upgrade: Vec<AddColumn>,
     /// Statements run once the columns are there (an index on an added column).
     pub(crate) finish: Vec<SqlStr>,
+    /// A check to widen, when the table was created before a value it must allow: a query
+    /// whose `present` column is 1 when it allows it already, and what widens it.
+    pub(crate) widen: Option<(SqlStr, Vec<SqlStr>)>,
     /// The dialect's catalog probe that finds the table up to date without locking it.
     pub(crate) up_to_date: Option<SqlStr>,
 }
@@ -312,6 +337,17 @@ impl Migration {
             }
             D::fetch(&mut tx, &add.alter, &[]).await?;
         }
+        if let Some((probe, widen)) = &self.widen {
+            let present = match D::fetch(&mut tx, probe, &[]).await? {
+                Some(row) => row.int8("present").map_err(map_err)? > 0,
+                None => false,
+            };
+            if !present {
+                for stmt in widen {
+                    D::fetch(&mut tx, stmt, &[]).await?;
+                }
+            }
+        }
         for stmt in &self.finish {
             D::fetch(&mut tx, stmt, &[]).await?;
         }
@@ -334,21 +370,36 @@ impl Statements {
     pub(crate) fn new<D: Dialect>(table: &str) -> Result<Statements> {
         let t = quote_table(table, D::QUALIFIED_TABLES)?;
         let now = D::NOW;
-        let int4 = D::TYPES.int4;
-        let (in_progress, completed, released) = (
+        let types = D::TYPES;
+        let (in_progress, completed, released, parked) = (
             State::InProgress.as_str(),
             State::Completed.as_str(),
             State::Released.as_str(),
+            State::Parked.as_str(),
         );
+        let holds = holds_work();
+        let live = format!("(expires_at > {now} OR {holds})");
         // A fenced write applies only while its owner holds a live claim (`lifecycle::owns`).
-        let owned = format!("fence = $3 AND state = '{in_progress}' AND expires_at > {now}");
+        let owned = format!("fence = $3 AND state = '{in_progress}' AND {live}");
+        // What ends a claim clears the work it held.
+        let no_work = "request = NULL, resume_at = NULL, note = NULL";
+        let states = [in_progress, completed, released, parked]
+            .map(|s| format!("'{s}'"))
+            .join(", ");
+        // The completer's index is on a column that tables created earlier gain by migrating:
+        // it is created once the columns are there.
+        let mut create = schema::records(D::DATABASE, table)?;
+        let finish: Vec<SqlStr> = create.split_off(2).into_iter().map(sql).collect();
         Ok(Statements {
             table: table.to_owned(),
-            purge: D::purge(&t),
+            purge: D::purge(&t, &format!("expires_at <= {now} AND NOT {holds}")),
+            // A resumable claim ($6) stores its request and is due to the completer once its
+            // lease runs out.
             insert: sql(format!(
                 "INSERT INTO {t} (scope, key, fingerprint, state, fence, lease_until, expires_at, \
-                 created_at, updated_at) \
-                 VALUES ($1, $2, $3, '{in_progress}', {}, {}, {}, {now}, {now}) \
+                 request, resume_at, created_at, updated_at) \
+                 VALUES ($1, $2, $3, '{in_progress}', {}, {}, {}, $6, \
+                 CASE WHEN $6 IS NULL THEN NULL ELSE {now} END, {now}, {now}) \
                  ON CONFLICT (scope, key) DO NOTHING RETURNING fence",
                 D::NOW_MS,
                 D::after("$4"),
@@ -356,20 +407,27 @@ impl Statements {
             )),
             select: sql(format!(
                 "SELECT fence, fingerprint, state, response_status, response_error, response_body, \
-                 expires_at <= {now} AS expired, {} AS lease_left_ms, {} AS lease_stamp \
+                 (expires_at <= {now} AND NOT {holds}) AS expired, {} AS lease_left_ms, \
+                 {} AS lease_stamp \
                  FROM {t} WHERE scope = $1 AND key = $2",
                 D::ms_until("lease_until"),
                 D::stamp("lease_until"),
             )),
             // A take-over applies only to the record exactly as it was read: what to do was
             // decided from that, and anything since (a completion, a release, a checkpoint, a
-            // competing take-over) changed its fence, state or lease.
+            // competing take-over) changed its fence, state or lease. One that continues the
+            // same request ($6) keeps its work (its request, unless a new one comes with the
+            // claim, $10, and why it did not finish); another starts without.
             reclaim: sql(format!(
                 "UPDATE {t} SET fence = fence + 1, state = '{in_progress}', fingerprint = $3, \
                  lease_until = {}, expires_at = {}, \
                  recovery_point = CASE WHEN $6 THEN recovery_point END, \
                  attempt = CASE WHEN $6 THEN attempt + 1 ELSE 1 END, \
                  response_status = NULL, response_error = {}, response_body = NULL, \
+                 request = COALESCE($10, CASE WHEN $6 THEN request END), \
+                 resume_at = CASE WHEN $10 IS NOT NULL OR ($6 AND request IS NOT NULL) \
+                   THEN {now} END, \
+                 note = CASE WHEN $6 THEN note END, \
                  updated_at = {now} \
                  WHERE scope = $1 AND key = $2 AND fence = $7 AND state = $8 AND {} = $9 \
                  RETURNING fence, recovery_point, attempt",
@@ -384,14 +442,14 @@ impl Statements {
             // that is in fact ours.
             complete: sql(format!(
                 "UPDATE {t} SET state = '{completed}', response_status = $4, response_error = $5, \
-                 response_body = $6, recovery_point = NULL, updated_at = {now} \
+                 response_body = $6, recovery_point = NULL, {no_work}, updated_at = {now} \
                  WHERE scope = $1 AND key = $2 AND (({owned}) OR (fence = $3 \
                  AND state = '{completed}' AND expires_at > {now} \
                  AND response_status IS NOT DISTINCT FROM $4 AND response_error = $5 \
                  AND response_body = $6)) RETURNING fence"
             )),
             release: sql(format!(
-                "UPDATE {t} SET state = '{released}', updated_at = {now} \
+                "UPDATE {t} SET state = '{released}', {no_work}, updated_at = {now} \
                  WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence"
             )),
             checkpoint: sql(format!(
@@ -407,40 +465,67 @@ impl Statements {
             lookup: sql(format!(
                 "SELECT fingerprint, state, fence, response_status, response_error, response_body, \
                  {} AS lease_left_ms \
-                 FROM {t} WHERE scope = $1 AND key = $2 AND state <> '{released}' \
-                 AND expires_at > {now}",
+                 FROM {t} WHERE scope = $1 AND key = $2 AND state <> '{released}' AND {live}",
                 D::ms_until("lease_until"),
+            )),
+            // The lease ends now, so the same request's retry takes it over at once; the
+            // completer waits $5 ms.
+            suspend: sql(format!(
+                "UPDATE {t} SET lease_until = {now}, note = $4, \
+                 resume_at = CASE WHEN request IS NOT NULL THEN {} END, updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence",
+                D::after("$5"),
+            )),
+            due: sql(format!(
+                "SELECT scope, key, fence, attempt, fingerprint, request, note, \
+                 {} AS resume_left_ms, {} AS lease_left_ms \
+                 FROM {t} WHERE resume_at IS NOT NULL AND resume_at <= {now} \
+                 AND state = '{in_progress}' AND lease_until <= {now} \
+                 ORDER BY resume_at LIMIT $1",
+                D::ms_until("resume_at"),
+                D::ms_until("lease_until"),
+            )),
+            park: sql(format!(
+                "UPDATE {t} SET state = '{parked}', note = $4, resume_at = NULL, \
+                 updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND fence = $3 AND state = '{in_progress}' \
+                 AND lease_until <= {now} RETURNING fence"
             )),
             admin: AdminStatements::new::<D>(&t),
             migration: Migration {
-                create: schema::records(D::DATABASE, table)?
-                    .into_iter()
-                    .map(sql)
-                    .collect(),
+                create: create.into_iter().map(sql).collect(),
                 upgrade: ADDED_COLUMNS
                     .iter()
                     .map(|(column, definition)| {
-                        D::add_column(&t, table, column, &definition.replace("{int4}", int4))
+                        let definition = definition
+                            .replace("{int4}", types.int4)
+                            .replace("{bytes}", types.bytes)
+                            .replace("{timestamp}", types.timestamp)
+                            .replace("{text}", types.text);
+                        D::add_column(&t, table, column, &definition)
                     })
                     .collect(),
                 up_to_date: D::up_to_date(
                     &t,
-                    &index_name(table),
+                    &index_name(table, "resume_at"),
                     &ADDED_COLUMNS.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
                 ),
-                finish: Vec::new(),
+                widen: Some(D::allow_states(&t, table, &states)),
+                finish,
             },
         })
     }
 
-    /// The arguments of the first claim: scope, key, fingerprint, lease and retention.
-    pub(crate) fn claim_args<'a>(req: &BeginRequest<'a>) -> [Arg<'a>; 5] {
+    /// The arguments of the first claim: scope, key, fingerprint, lease, retention and the
+    /// stored request.
+    pub(crate) fn claim_args<'a>(req: &BeginRequest<'a>) -> [Arg<'a>; 6] {
         [
             Arg::Text(req.scope),
             Arg::Text(req.key),
             Arg::Bytes(req.fingerprint.as_bytes()),
             Arg::Int(ms(req.policy.lease)),
             Arg::Int(ms(req.policy.retain)),
+            Arg::OptBytes(req.request),
         ]
     }
 }
@@ -448,36 +533,54 @@ impl Statements {
 impl AdminStatements {
     fn new<D: Dialect>(t: &str) -> AdminStatements {
         let now = D::NOW;
-        let (in_progress, released) = (State::InProgress.as_str(), State::Released.as_str());
+        let (in_progress, released, parked) = (
+            State::InProgress.as_str(),
+            State::Released.as_str(),
+            State::Parked.as_str(),
+        );
+        let holds = holds_work();
         let info_columns = format!(
             "scope, key, state, fence, attempt, fingerprint, {} AS now_ms, \
-             {} AS lease_left_ms, {} AS expires_ms",
+             {} AS lease_left_ms, {} AS expires_ms, note, \
+             CASE WHEN request IS NULL THEN 0 ELSE 1 END AS resumable",
             D::NOW_MS,
             D::ms_until("lease_until"),
             D::ms_until("expires_at"),
         );
-        let live = format!("expires_at > {now}");
+        let live = format!("(expires_at > {now} OR {holds})");
+        let expired = format!("(expires_at <= {now} AND NOT {holds})");
+        let unfinished = format!(
+            "state = '{in_progress}' AND (request IS NOT NULL OR note IS NOT NULL) \
+             AND lease_until <= {now}"
+        );
         AdminStatements {
             inspect: sql(format!(
                 "SELECT {info_columns}, recovery_point, response_status, response_error, \
-                 response_body FROM {t} WHERE scope = $1 AND key = $2"
+                 response_body, request FROM {t} WHERE scope = $1 AND key = $2"
             )),
             // The fence moves on, so that the owner that is presumed gone cannot complete,
-            // release or checkpoint over the next attempt if it wakes up.
+            // release or checkpoint over the next attempt if it wakes up. Parked work is
+            // released the same way.
             force_release: sql(format!(
-                "UPDATE {t} SET state = '{released}', fence = fence + 1, updated_at = {now} \
-                 WHERE scope = $1 AND key = $2 AND state = '{in_progress}' AND {live} \
-                 RETURNING fence"
+                "UPDATE {t} SET state = '{released}', fence = fence + 1, request = NULL, \
+                 resume_at = NULL, note = NULL, updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND state IN ('{in_progress}', '{parked}') \
+                 AND {live} RETURNING fence"
             )),
-            count_expired: sql(format!(
-                "SELECT count(*) AS n FROM {t} WHERE expires_at <= {now}"
+            retry: sql(format!(
+                "UPDATE {t} SET state = '{in_progress}', lease_until = {now}, attempt = 1, \
+                 resume_at = CASE WHEN request IS NOT NULL THEN {now} END, updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND state = '{parked}' RETURNING fence"
             )),
+            count_expired: sql(format!("SELECT count(*) AS n FROM {t} WHERE {expired}")),
             stats: sql(format!(
                 "SELECT {prefix} AS prefix, state, \
                  count(*) AS n, \
                  {oldest} AS oldest_fence, \
-                 sum(CASE WHEN expires_at <= {now} THEN 1 ELSE 0 END) AS expired, \
+                 sum(CASE WHEN {expired} THEN 1 ELSE 0 END) AS expired, \
                  sum(CASE WHEN {live} AND {until} <= $1 THEN 1 ELSE 0 END) AS expiring, \
+                 sum(CASE WHEN {unfinished} THEN 1 ELSE 0 END) AS unfinished, \
+                 min(CASE WHEN {unfinished} THEN fence END) AS oldest_unfinished_fence, \
                  max({now_ms}) AS now_ms \
                  FROM {t} GROUP BY {prefix}, state",
                 prefix = D::scope_prefix("scope"),
@@ -563,6 +666,13 @@ fn record_info(row: &impl Columns, full: bool) -> Result<RecordInfo> {
         } else {
             None
         },
+        note: row.opt_text("note").map_err(map_err)?,
+        resumable: row.int4("resumable").map_err(map_err)? != 0,
+        request: if full {
+            row.opt_bytes("request").map_err(map_err)?
+        } else {
+            None
+        },
     })
 }
 
@@ -634,6 +744,7 @@ pub(crate) fn next(req: &BeginRequest<'_>, cur: &CurRow) -> Result<Next> {
         )),
         Decision::InProgress(retry_after) => Next::Answer(BeginOutcome::InProgress { retry_after }),
         Decision::KeyReused => Next::Answer(BeginOutcome::KeyReused),
+        Decision::Parked => Next::Answer(BeginOutcome::Parked),
     })
 }
 
@@ -796,7 +907,7 @@ impl<D: Dialect> Engine<D> {
         reclaim: bool,
         keep: bool,
     ) -> Result<Option<Claimed>> {
-        let [scope, key, fp, lease, retain] = Statements::claim_args(req);
+        let [scope, key, fp, lease, retain, request] = Statements::claim_args(req);
         let args = [
             scope,
             key,
@@ -807,6 +918,7 @@ impl<D: Dialect> Engine<D> {
             Arg::Int(cur.fence),
             Arg::Text(&cur.state),
             Arg::Int(cur.lease_stamp),
+            request,
         ];
         let Some(row) = D::fetch(conn, &self.sql.reclaim, &args).await? else {
             return Ok(None);
@@ -1039,11 +1151,56 @@ impl<D: Dialect> Engine<D> {
                     },
                     // Not released: say why, from the record as it is now.
                     None => match self.inspect(scope, key).await? {
-                        Some(r) if !r.expires_in.is_zero() => ForcedRelease::NotInProgress(r.state),
+                        Some(r) if !r.expires_in.is_zero() || r.holds_work() => {
+                            ForcedRelease::NotInProgress(r.state)
+                        }
                         _ => ForcedRelease::NotFound,
                     },
                 };
                 Ok(Reply::ForceReleased(done))
+            }
+            Operation::Suspend {
+                claim,
+                note,
+                resume_in,
+            } => {
+                let [scope, key, fence] = fenced_args(claim);
+                let args = [scope, key, fence, Arg::Text(note), Arg::Int(ms(resume_in))];
+                let mut conn = self.write_conn().await?;
+                owned(D::fetch(&mut conn, &self.sql.suspend, &args).await?, claim)
+                    .map(|()| Reply::Done)
+            }
+            Operation::Due { limit } => {
+                let args = [Arg::Int(i64::try_from(limit).unwrap_or(i64::MAX))];
+                let mut conn = self.read_conn().await?;
+                let rows = D::fetch_all(&mut conn, &self.sql.due, &args).await?;
+                rows.iter()
+                    .map(unfinished)
+                    .collect::<Result<_>>()
+                    .map(Reply::Due)
+            }
+            Operation::Park { claim, note } => {
+                let [scope, key, fence] = fenced_args(claim);
+                let args = [scope, key, fence, Arg::Text(note)];
+                let mut conn = self.write_conn().await?;
+                owned(D::fetch(&mut conn, &self.sql.park, &args).await?, claim)
+                    .map(|()| Reply::Done)
+            }
+            Operation::Retry { scope, key } => {
+                let args = [Arg::Text(scope), Arg::Text(key)];
+                let mut conn = self.write_conn().await?;
+                let row = D::fetch(&mut conn, &self.sql.admin.retry, &args).await?;
+                drop(conn);
+                let done = match row {
+                    Some(row) => Retried::Retried {
+                        fence: fence_from_db(row.int8("fence").map_err(map_err)?)?,
+                    },
+                    None => match self.inspect(scope, key).await? {
+                        Some(r) => Retried::NotParked(r.state),
+                        None => Retried::NotFound,
+                    },
+                };
+                Ok(Reply::Retried(done))
             }
             Operation::Stats { expiring_within } => {
                 let args = [Arg::Int(ms(expiring_within))];
@@ -1074,12 +1231,17 @@ impl<D: Dialect> Engine<D> {
                             }
                         }
                     }
+                    let now_ms = row.int8("now_ms").map_err(map_err)?;
                     if let Some(oldest) = row.opt_int8("oldest_fence").map_err(map_err)? {
-                        let age = RecordInfo::age_from(
-                            fence_from_db(oldest)?,
-                            row.int8("now_ms").map_err(map_err)?,
-                        );
+                        let age = RecordInfo::age_from(fence_from_db(oldest)?, now_ms);
                         stats.oldest_in_progress = stats.oldest_in_progress.max(Some(age));
+                    }
+                    stats.unfinished += count("unfinished")?;
+                    if let Some(oldest) =
+                        row.opt_int8("oldest_unfinished_fence").map_err(map_err)?
+                    {
+                        let age = RecordInfo::age_from(fence_from_db(oldest)?, now_ms);
+                        stats.oldest_unfinished = stats.oldest_unfinished.max(Some(age));
                     }
                 }
                 stats.by_prefix.sort_by(|a, b| a.0.cmp(&b.0));
@@ -1136,18 +1298,24 @@ impl<D: Dialect> Engine<D> {
         Ok(u64::try_from(deleted).unwrap_or(0))
     }
 
-    /// Releases a dropped claim in the background, on the current Tokio runtime if there is
-    /// one.
-    pub(crate) fn release_in_background(self: &Arc<Self>, scope: String, key: String, fence: u64) {
-        let engine = self.clone();
-        super::spawn_release(scope, key, move |scope, key| async move {
-            let claim = ClaimRef {
-                scope: &scope,
-                key: &key,
-                fence,
-            };
-            engine.release(claim).await
-        });
+    /// Runs a claim's write in the background, on the current Tokio runtime if there is one:
+    /// for the engine's own callers (group commit), which hold it rather than a store.
+    pub(crate) fn defer(self: &Arc<Self>, write: crate::store::Deferred) {
+        super::spawn_deferred(EngineStore(self.clone()), write)
+    }
+}
+
+/// An engine as a store, for writes deferred by the engine's own callers: every operation but
+/// `begin`, which each SQL store answers itself.
+struct EngineStore<D: Dialect>(Arc<Engine<D>>);
+
+impl<D: Dialect> crate::store::Store for EngineStore<D> {
+    fn call<'a>(&'a self, op: Operation<'a>) -> impl Future<Output = Result<Reply>> + Send + 'a {
+        self.0.call(op)
+    }
+
+    fn defer(&self, write: crate::store::Deferred) {
+        self.0.defer(write)
     }
 }
 
@@ -1168,6 +1336,31 @@ fn owned<R>(row: Option<R>, claim: ClaimRef<'_>) -> Result<()> {
     }
 }
 
+/// A row of the `due` statement, read exactly.
+fn unfinished(row: &impl Columns) -> Result<Unfinished> {
+    let scope = row.text("scope").map_err(map_err)?;
+    let key = row.text("key").map_err(map_err)?;
+    let read = || -> Result<Unfinished> {
+        let left = row
+            .int8("resume_left_ms")
+            .map_err(map_err)?
+            .max(row.int8("lease_left_ms").map_err(map_err)?);
+        Ok(Unfinished::new(
+            scope.clone(),
+            key.clone(),
+            fence_from_db(row.int8("fence").map_err(map_err)?)?,
+            u32::try_from(row.int4("attempt").map_err(map_err)?).unwrap_or(1),
+            read_fingerprint(&row.bytes("fingerprint").map_err(map_err)?)?,
+            row.opt_bytes("request")
+                .map_err(map_err)?
+                .ok_or_else(|| Error::Store("a due record without its request".into()))?,
+            row.opt_text("note").map_err(map_err)?,
+            RecordInfo::ms_left(left.saturating_neg()),
+        ))
+    };
+    read().map_err(|e| within(&scope, &key, e))
+}
+
 /// A lookup's row, read exactly: an unreadable record is an error.
 fn record(row: &impl Columns) -> Result<Record> {
     let fingerprint = read_fingerprint(&row.bytes("fingerprint").map_err(map_err)?)?;
@@ -1183,6 +1376,13 @@ fn record(row: &impl Columns) -> Result<Record> {
                 row.boolean("response_error").map_err(map_err)?,
                 row.opt_bytes("response_body").map_err(map_err)?,
             )?),
+            lease_remaining: None,
+        },
+        State::Parked => Record {
+            fingerprint,
+            state: RecordState::Parked,
+            fence,
+            response: None,
             lease_remaining: None,
         },
         // The lookup statement leaves released records out.
@@ -1265,8 +1465,19 @@ pub(crate) fn base_name(name: &str) -> &str {
 }
 
 /// The name of the index on `expires_at` of table `name` (unquoted, in the table's schema).
-fn index_name(name: &str) -> String {
-    format!("{}_expires_at_idx", base_name(name))
+/// The name of the records table's index on `column`, as `store::schema` names it.
+fn index_name(name: &str, column: &str) -> String {
+    format!("{}_{column}_idx", base_name(name))
+}
+
+/// Whether a row holds unfinished work, in SQL (`lifecycle::unfinished`): such a row never
+/// expires.
+pub(crate) fn holds_work() -> String {
+    format!(
+        "(state = '{}' OR (state = '{}' AND (request IS NOT NULL OR note IS NOT NULL)))",
+        State::Parked.as_str(),
+        State::InProgress.as_str()
+    )
 }
 
 /// Sorts a driver error into "retry later" ([`Error::Unavailable`], HTTP 503) and "broken"

@@ -497,6 +497,10 @@ fn ms(d: Duration) -> u64 {
 impl Store for RedisStore {
     async fn call(&self, op: Operation<'_>) -> Result<Reply> {
         match op {
+            op @ (Operation::Suspend { .. }
+            | Operation::Due { .. }
+            | Operation::Park { .. }
+            | Operation::Retry { .. }) => Err(op.unsupported()),
             Operation::Begin(req) => self.run_begin(req).await.map(Reply::Begun),
             Operation::Complete { claim, response } => self
                 .run_complete(claim, response)
@@ -582,16 +586,8 @@ impl Store for RedisStore {
         }
     }
 
-    fn release_in_background(&self, scope: String, key: String, fence: u64) {
-        let store = self.clone();
-        super::spawn_release(scope, key, move |scope, key| async move {
-            let claim = ClaimRef {
-                scope: &scope,
-                key: &key,
-                fence,
-            };
-            store.release(claim).await
-        });
+    fn defer(&self, write: super::Deferred) {
+        super::spawn_deferred(self.clone(), write)
     }
 }
 
@@ -627,6 +623,9 @@ impl RedisStore {
             expires_in: RecordInfo::ms_left(retention_left),
             recovery_point: if full { record.recovery } else { None },
             response: if full { record.response } else { None },
+            note: None,
+            resumable: false,
+            request: None,
         }))
     }
 
@@ -795,6 +794,7 @@ impl RedisStore {
         let record = read.record;
         let (state, response, lease_remaining) = match record.state {
             State::Released => return Ok(None),
+            State::Parked => (RecordState::Parked, None, None),
             State::Completed => (RecordState::Completed, record.response, None),
             State::InProgress => (
                 RecordState::InProgress,
