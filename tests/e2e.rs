@@ -34,6 +34,8 @@ struct Server {
     _pg: Option<common::PgSchema>,
     _file: Option<common::SqliteFile>,
     _redis: Option<common::RedisKeys>,
+    /// The service's completer, where it runs one (records in the database); `None` stops it.
+    completer: Option<idem::completer::Running>,
 }
 
 impl Server {
@@ -85,25 +87,26 @@ impl Server {
     }
 }
 
-async fn serve(url: &str) -> String {
-    let (router, _) = app::build(url, None, None)
+async fn serve(url: &str) -> (String, Option<idem::completer::Running>) {
+    let (router, _, completer) = app::build(url, None, None)
         .await
         .expect("build the service");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-    base
+    (base, completer)
 }
 
 async fn sqlite() -> Server {
     let file = common::SqliteFile::new();
-    let base = serve(&file.url).await;
+    let (base, completer) = serve(&file.url).await;
     Server {
         base,
         db_url: file.url.clone(),
         _pg: None,
         _file: Some(file),
         _redis: None,
+        completer,
     }
 }
 
@@ -117,7 +120,7 @@ async fn redis() -> Server {
         .await
         .expect("connect to Redis");
     let file = common::SqliteFile::new();
-    let (router, _) = app::build(&file.url, Some(store), None)
+    let (router, _, completer) = app::build(&file.url, Some(store), None)
         .await
         .expect("build the service");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -129,6 +132,7 @@ async fn redis() -> Server {
         _pg: None,
         _file: Some(file),
         _redis: Some(keys),
+        completer,
     }
 }
 
@@ -136,13 +140,14 @@ async fn postgres() -> Server {
     let url = common::pg_url();
     let schema = common::PgSchema::create(&url, 2).await;
     let db_url = schema.scoped_url();
-    let base = serve(&db_url).await;
+    let (base, completer) = serve(&db_url).await;
     Server {
         base,
         db_url,
         _pg: Some(schema),
         _file: None,
         _redis: None,
+        completer,
     }
 }
 
@@ -570,7 +575,9 @@ macro_rules! e2e {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             $(#[$attr])*
             async fn a_lost_gateway_answer_is_finished_by_the_same_request() {
-                let s = $start().await;
+                let mut s = $start().await;
+                // The client comes back before any completer would: stop it, to watch the retry.
+                s.completer = None;
                 let c = client();
                 let (no, _) = paid_order(&c, &s, "k-lost").await;
                 let (st, body) = refund(&c, &s, &no, "lost-1", Some("lose-answer")).await;
@@ -675,6 +682,70 @@ macro_rules! e2e {
             }
         }
     };
+}
+
+/// A refund whose gateway answer is lost and that nobody retries: the completer finishes it
+/// (one money move, the order CANCELLED, one `order.refunded` event), and the client's late
+/// retry gets the completer's answer.
+async fn a_lost_answer_nobody_retries_is_finished_by_the_completer(s: Server) {
+    assert!(s.completer.is_some(), "the service runs a completer");
+    let c = client();
+    let (no, _) = paid_order(&c, &s, "k-abandoned").await;
+    let (st, body) = refund(&c, &s, &no, "gone-1", Some("lose-answer")).await;
+    assert_eq!(
+        (st, code(&body).as_str()),
+        (StatusCode::BAD_GATEWAY, "GATEWAY_NO_ANSWER")
+    );
+    assert_eq!(status_of(&s, &no).await, "REFUNDING");
+    // The client never comes back. Within its resume delay and a round or two, the refund is done.
+    let mut status = String::new();
+    for _ in 0..300 {
+        status = status_of(&s, &no).await;
+        if status == "CANCELLED" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, "CANCELLED", "the completer finished the refund");
+    assert_eq!(moves(&c, &s, &no).await, 1, "the money moved once");
+    let outbox: Value = c
+        .get(s.url("/api/outbox"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let refunded = outbox["pending"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["topic"] == "order.refunded" && e["partitionKey"] == no.as_str())
+        .count();
+    assert_eq!(refunded, 1, "one order.refunded event: {outbox}");
+    // The client's late retry is answered with the completer's refund, and moves nothing.
+    let (st, late) = refund(&c, &s, &no, "gone-1", None).await;
+    assert_eq!(st, StatusCode::OK, "{late}");
+    let late: Value = serde_json::from_str(&late).unwrap();
+    assert_eq!(
+        (late["orderNo"].as_str(), late["status"].as_str()),
+        (Some(no.as_str()), Some("CANCELLED"))
+    );
+    assert_eq!(moves(&c, &s, &no).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_answer_nobody_retries_is_finished_by_the_completer_on_sqlite() {
+    a_lost_answer_nobody_retries_is_finished_by_the_completer(sqlite().await).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+async fn a_lost_answer_nobody_retries_is_finished_by_the_completer_on_postgres() {
+    a_lost_answer_nobody_retries_is_finished_by_the_completer(postgres().await).await
 }
 
 e2e!(on_sqlite, sqlite);

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem::axum::{IdempotencyKey, IdempotencyLayer, Problem};
+use idem::completer::{Completer, Resumption, Running};
 use idem::{Key, Store, Transition, Versioned, idempotent};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -19,7 +20,7 @@ use serde_json::{Value, json};
 use crate::admin;
 use crate::db::{Db, Order, OrderStatus, PgDb, SqliteDb};
 use crate::events::{self, Events};
-use crate::gateway::{DemoGateway, GatewayError, MoneyMove};
+use crate::gateway::{DemoGateway, GatewayError, GatewayMode, MoneyMove};
 
 /// The application state: the database (with the simulated payment gateway's ledger and the
 /// outbox), the idempotency store (in the same database, or in Redis), and the secret the
@@ -122,11 +123,13 @@ fn decode_hex(hex: &[u8]) -> Option<Vec<u8>> {
 /// where things are kept. Idempotency records go to `redis` when
 /// given, else into the same database as the orders. With `nats_url`, a relay publishes the
 /// outbox's events to JetStream; without it they wait in the outbox (`GET /api/outbox`).
+/// The service on `database_url`: its router, what it runs on (for the log), and its completer
+/// (dropping it stops it), which runs where the records are in the database.
 pub async fn build(
     database_url: &str,
     redis: Option<idem::RedisStore>,
     nats_url: Option<&str>,
-) -> Result<(Router, String), Box<dyn std::error::Error>> {
+) -> Result<(Router, String, Option<Running>), Box<dyn std::error::Error>> {
     if database_url.starts_with("postgres") {
         let db = PgDb::connect(database_url).await?;
         with_events(db, redis, nats_url, "PostgreSQL".into()).await
@@ -141,7 +144,7 @@ async fn with_events<D: Events>(
     redis: Option<idem::RedisStore>,
     nats_url: Option<&str>,
     database: String,
-) -> Result<(Router, String), Box<dyn std::error::Error>> {
+) -> Result<(Router, String, Option<Running>), Box<dyn std::error::Error>> {
     events::prepare(&db).await?;
     if let Some(url) = nats_url {
         events::start_relay(db.clone(), url).await?;
@@ -156,9 +159,15 @@ async fn with_events<D: Events>(
                 idem,
                 webhook_secret,
             };
+            // Redis keeps no requests yet: a refund whose client went away is finished by the
+            // client's retry with its key, not by a completer.
+            tracing::info!(
+                "idempotency records in Redis: no completer runs; a refund whose client went away is finished by its retry"
+            );
             (
                 router(app).nest("/admin", admin),
                 format!("{database}; idempotency records in Redis"),
+                None,
             )
         }
         None => {
@@ -169,7 +178,10 @@ async fn with_events<D: Events>(
                 idem,
                 webhook_secret,
             };
-            (router(app).nest("/admin", admin), database)
+            let completer = completer(app.clone())
+                .every(Duration::from_secs(2))
+                .start()?;
+            (router(app).nest("/admin", admin), database, Some(completer))
         }
     })
 }
@@ -588,13 +600,18 @@ impl<D: Db, S: Store + Clone> FromRequestParts<App<D, S>> for OwnedOrder {
 ///    and the same request, retried with its key, finishes it.
 ///
 /// The idempotency key makes the same request answer the same (the retry replays the 201);
-/// the guarded transition makes different requests unable to refund twice.
+/// the guarded transition makes different requests unable to refund twice. The call is
+/// resumable: its order number and key are stored with its claim, and when its client never
+/// comes back (the gateway's answer was lost, or the service was killed mid-refund) the
+/// [`completer`] runs it again under its claim, which finishes the refund exactly once.
 #[idempotent(
     scope = "refund:<order_no>",
     key = key,
     store = app.idem,
     skip(app, gateway),
-    claim = claim
+    claim = claim,
+    lease = "20s",
+    resumable
 )]
 pub async fn refund<D: Events, S: Store + Clone>(
     State(app): State<App<D, S>>,
@@ -652,7 +669,9 @@ pub async fn refund<D: Events, S: Store + Clone>(
         }
         Err(GatewayError::AnswerLost) => {
             // The money may have moved: the order stays REFUNDING, owned by this request, and
-            // its retry with the same key finishes the refund without moving money twice.
+            // the claim is kept (never released): its retry with the same key, or the
+            // completer when nobody retries, finishes the refund without moving money twice.
+            claim.outcome_unknown("the payment gateway did not answer");
             return Err(AppError::new(
                 StatusCode::BAD_GATEWAY,
                 "GATEWAY_NO_ANSWER",
@@ -686,6 +705,24 @@ pub async fn refund<D: Events, S: Store + Clone>(
             status: OrderStatus::Cancelled.as_str().into(),
         }),
     ))
+}
+
+/// Finishes the refunds whose client never came back: a refund whose gateway answer was lost
+/// and that nobody retried (after its resume delay, one second and doubling), or one cut off by
+/// a crash (once its 20-second lease ran out). It calls [`refund`] again with the stored order
+/// and key, under the record's claim, with a gateway that works: the gateway's own key (from
+/// the claim's downstream key) makes a money move that already happened answer as it did.
+/// Every instance may run one: the store's claim decides who resumes a refund.
+pub fn completer<D: Events, S: Store + Clone>(app: App<D, S>) -> Completer<S> {
+    Completer::new(app.idem.clone()).resume("refund:<order_no>", move |r: Resumption| {
+        let app = app.clone();
+        async move {
+            let order_no: String = r.arg("order_no")?;
+            let order = OwnedOrder { order_no };
+            let key = IdempotencyKey(r.key().clone());
+            refund(State(app), order, DemoGateway(GatewayMode::Normal), key).await
+        }
+    })
 }
 
 /// An event waiting in the outbox.

@@ -98,7 +98,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let nats = std::env::var("NATS_URL").ok();
     // Before the app: it counts from its first request (and its outbox relay from the start).
     let metrics = metrics::router()?;
-    let (router, database) = app::build(&url, redis, nats.as_deref()).await?;
+    // The completer runs as long as the service: it finishes refunds nobody came back for.
+    let (router, database, _completer) = app::build(&url, redis, nats.as_deref()).await?;
     let router = router.merge(metrics);
     let listener = tokio::net::TcpListener::bind(&addrs[..]).await?;
     let events = match &nats {

@@ -497,10 +497,17 @@ fn ms(d: Duration) -> u64 {
 impl Store for RedisStore {
     async fn call(&self, op: Operation<'_>) -> Result<Reply> {
         match op {
-            op @ (Operation::Suspend { .. }
-            | Operation::Due { .. }
-            | Operation::Park { .. }
-            | Operation::Retry { .. }) => Err(op.unsupported()),
+            // An unknown outcome keeps the claim in progress with its lease ended now, so the
+            // same request's retry resumes it at once; the record keeps its retention (Redis
+            // keeps no request, note or resume time yet: nothing here is due to a completer).
+            Operation::Suspend { claim, .. } => {
+                let mut inv = SCRIPTS.renew.prepare_invoke();
+                self.fenced(&mut inv, claim).arg(0u64);
+                self.write(claim, &inv).await.map(|()| Reply::Done)
+            }
+            op @ (Operation::Due { .. } | Operation::Park { .. } | Operation::Retry { .. }) => {
+                Err(op.unsupported())
+            }
             Operation::Begin(req) => self.run_begin(req).await.map(Reply::Begun),
             Operation::Complete { claim, response } => self
                 .run_complete(claim, response)
@@ -718,6 +725,9 @@ impl RedisStore {
     }
 
     async fn run_begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
+        if req.request.is_some() {
+            warn_no_requests();
+        }
         let name = self.record_key(req.scope, req.key);
         let ident = identity(req.scope, req.key);
         let first_line_end = format!(" 1 - - {} - 0\n", ident.len());
@@ -1176,4 +1186,15 @@ fn map_err(e: RedisError) -> Error {
 
 fn config_err(e: RedisError) -> Error {
     Error::Config(format!("invalid Redis address: {e}"))
+}
+
+/// Warns once that resumable calls on Redis are guarded but not resumable.
+fn warn_no_requests() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        tracing::warn!(
+            target: "idem",
+            "the Redis store does not keep requests: resumable calls are guarded as any other, but no completer can finish one whose caller went away (its retry with the same key resumes it); keep resumable work in a SQL store"
+        );
+    });
 }
