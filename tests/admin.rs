@@ -923,3 +923,128 @@ async fn a_page_left_open_in_a_browser_does_not_release_the_next_claim() {
     browser.close().await;
     in_progress_at(&store, retry.fence).await;
 }
+
+/// A resumable claim on `refund:ORD-5`, parked with `note`, in a view that may release.
+async fn parked_view(note: &str) -> (MemoryStore, u64, Router) {
+    let store = MemoryStore::new();
+    records(&store).await;
+    let request = idem::StoredRequest::new("refund:<order_no>", &br#"{"order_no":"ORD-5"}"#[..])
+        .unwrap()
+        .encode();
+    let fp = Fingerprint::of("ORD-5").unwrap();
+    let req = BeginRequest {
+        request: Some(&request),
+        ..BeginRequest::new("refund:ORD-5", "k-parked", &fp, &Policy::DEFAULT)
+    };
+    let BeginOutcome::Claimed(c) = store.begin(req).await.unwrap() else {
+        panic!("claimed before")
+    };
+    let claim = ClaimRef {
+        scope: "refund:ORD-5",
+        key: "k-parked",
+        fence: c.fence,
+    };
+    // Its last attempt's outcome was unknown, then the completer gave up on it.
+    store
+        .suspend(claim, "the bank timed out", Duration::ZERO)
+        .await
+        .unwrap();
+    store.park(claim, note).await.unwrap();
+    let app = Router::new().nest(
+        "/admin",
+        Admin::new(store.clone()).allow_release(true).router(),
+    );
+    (store, c.fence, app)
+}
+
+async fn state_of(store: &MemoryStore, scope: &str, key: &str) -> idem::lifecycle::State {
+    idem::store::StoreAdmin::inspect(store, scope, key)
+        .await
+        .unwrap()
+        .unwrap()
+        .state
+}
+
+#[tokio::test]
+async fn parked_work_is_counted_shown_and_retried_from_its_page() {
+    use idem::lifecycle::State;
+    let (store, _fence, app) = parked_view("gave up after 8 attempts; last: <b>timeout</b>").await;
+    let (status, overview, _) = send(&app, get("/admin")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(overview.contains("<td id=\"parked\">1</td>"), "{overview}");
+    // Parked work is counted apart from the unfinished work a completer still resumes.
+    assert!(
+        overview.contains("<td id=\"unfinished\">0</td>"),
+        "{overview}"
+    );
+    let (_, listed, _) = send(&app, get("/admin?state=parked")).await;
+    assert!(
+        listed.contains("k-parked") && !listed.contains("k-stuck"),
+        "{listed}"
+    );
+
+    const PAGE: &str = "/admin/record?scope=refund:ORD-5&key=k-parked";
+    let (status, page, _) = send(&app, get(PAGE)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("Parked: its attempts ran out"), "{page}");
+    assert!(page.contains("a completer can resume it"), "{page}");
+    assert!(
+        page.contains("&lt;b&gt;timeout&lt;/b&gt;") && !page.contains("<b>timeout"),
+        "the note is escaped: {page}"
+    );
+    assert!(
+        page.contains("id=\"retry\"") && page.contains("id=\"release\""),
+        "{page}"
+    );
+    let at = page.find("<h2>Release</h2>").expect("a release form too");
+    let (retry_part, release_part) = page.split_at(at);
+    let retry_form = release_form_of(retry_part);
+    let release_form = release_form_of(release_part);
+    assert_ne!(field(retry_part, "token"), field(release_part, "token"));
+
+    // Each form's token does only its own action.
+    let (status, body, _) = send(&app, post_form("/admin/release", retry_form.clone(), &[])).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (status, body, _) = send(&app, post_form("/admin/retry", release_form, &[])).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(
+        state_of(&store, "refund:ORD-5", "k-parked").await,
+        State::Parked
+    );
+    // Another site's post of the page's own retry form is refused.
+    let cross = [("sec-fetch-site", "cross-site")];
+    let (status, _, _) = send(&app, post_form("/admin/retry", retry_form.clone(), &cross)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        state_of(&store, "refund:ORD-5", "k-parked").await,
+        State::Parked
+    );
+
+    // The page's retry: in progress again, and due to a completer at once.
+    let (status, _, location) = send(&app, post_form("/admin/retry", retry_form, &[])).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert!(location.unwrap().contains("retried="));
+    assert_eq!(
+        state_of(&store, "refund:ORD-5", "k-parked").await,
+        State::InProgress
+    );
+    assert_eq!(store.due(10).await.unwrap().len(), 1);
+    let (_, overview, _) = send(&app, get("/admin")).await;
+    assert!(overview.contains("<td id=\"parked\">0</td>"), "{overview}");
+    assert!(
+        overview.contains("<td id=\"unfinished\">1</td>"),
+        "{overview}"
+    );
+
+    // Through the JSON API, what is not parked is not retried.
+    let retry = Request::post("/admin/api/retry")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(r#"{"scope":"refund:ORD-5","key":"k-parked"}"#))
+        .unwrap();
+    let (status, body, _) = send(&app, retry).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["reason"],
+        "not_parked"
+    );
+}

@@ -1061,3 +1061,141 @@ impl Drop for RedisKeys {
         .join();
     }
 }
+
+#[tokio::test]
+async fn parked_work_is_listed_shown_and_retried() {
+    use idem::store::StoreAdmin as _;
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let store = SqliteStore::connect(&url).await.unwrap();
+    // A resumable call whose outcome stayed unknown until its attempts ran out: parked.
+    let request = idem::StoredRequest::new("refund:<order_no>", &br#"{"order_no":"ORD-7"}"#[..])
+        .unwrap()
+        .with_policy(&Policy::DEFAULT);
+    let fp = Fingerprint::of(&"ORD-7").unwrap();
+    let begun = idem::flow::begin_resumable(
+        &store,
+        "refund:ORD-7".into(),
+        Key::parse("k-parked").unwrap(),
+        fp,
+        Policy::DEFAULT,
+        &request,
+    )
+    .await
+    .unwrap();
+    let Begun::Claimed(guard) = begun else {
+        panic!("claimed before")
+    };
+    let fence = guard.fence();
+    guard.suspend("the bank timed out").await.unwrap();
+    let claim = idem::ClaimRef {
+        scope: "refund:ORD-7",
+        key: "k-parked",
+        fence,
+    };
+    store
+        .park(
+            claim,
+            "gave up after 8 attempts; last: the bank timed out\x1b[2J",
+        )
+        .await
+        .unwrap();
+    completed(&store, "refund:ORD-8", "k-done", 201, b"{}").await;
+
+    let listed = json(&idem(&[
+        "records", "list", "--state", "parked", "--json", "--store", &url,
+    ]));
+    let keys: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["k-parked"], "{listed}");
+    let shown = idem(&[
+        "records",
+        "show",
+        "refund:ORD-7",
+        "k-parked",
+        "--store",
+        &url,
+    ]);
+    let text = stdout(&shown);
+    let row = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).filter(|r| r.starts_with(' ')))
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("no {name} row in\n{text}"))
+            .to_owned()
+    };
+    assert_eq!(row("state"), "parked");
+    assert!(
+        row("note").starts_with("gave up after 8 attempts"),
+        "{text}"
+    );
+    assert!(
+        !text.contains('\x1b'),
+        "the note's escape is not printed raw: {text:?}"
+    );
+    assert!(
+        row("request").ends_with("bytes stored: a completer can resume it"),
+        "{text}"
+    );
+    let bad = idem(&["records", "list", "--state", "stuck", "--store", &url]);
+    assert!(
+        stderr(&bad).contains("in_progress, completed, released or parked"),
+        "{}",
+        stderr(&bad)
+    );
+
+    // Retry it: in progress again, due to a completer at once.
+    let retried = json(&idem(&[
+        "records",
+        "retry",
+        "refund:ORD-7",
+        "k-parked",
+        "--json",
+        "--store",
+        &url,
+    ]));
+    assert_eq!(retried["retried"], true, "{retried}");
+    let record = store
+        .inspect("refund:ORD-7", "k-parked")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.state, idem::lifecycle::State::InProgress);
+    assert_eq!(
+        store.due(10).await.unwrap().len(),
+        1,
+        "due to a completer now"
+    );
+    // Retrying what is not parked changes nothing, and says so with exit code 1.
+    let again = idem(&[
+        "records",
+        "retry",
+        "refund:ORD-7",
+        "k-parked",
+        "--store",
+        &url,
+    ]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        stderr(&again).contains("is in_progress, not parked"),
+        "{}",
+        stderr(&again)
+    );
+    let done = idem(&[
+        "records",
+        "retry",
+        "refund:ORD-8",
+        "k-done",
+        "--json",
+        "--store",
+        &url,
+    ]);
+    assert_eq!(json(&done)["reason"], "not_parked");
+    let none = idem(&["records", "retry", "refund:ORD-9", "nope", "--store", &url]);
+    assert_eq!(none.status.code(), Some(1));
+    assert!(stderr(&none).contains("no record"), "{}", stderr(&none));
+}

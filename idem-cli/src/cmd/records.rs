@@ -1,10 +1,11 @@
-//! `idem records …`: looking at idempotency records, and releasing a claim stuck in progress.
+//! `idem records …`: looking at idempotency records, releasing a claim stuck in progress, and
+//! retrying parked work.
 
 use std::io::{BufRead as _, IsTerminal as _, Write as _};
 use std::time::Duration;
 
 use idem::lifecycle::State;
-use idem::store::{ForcedRelease, RecordInfo, RecordQuery, StoreAdmin as _};
+use idem::store::{ForcedRelease, RecordInfo, RecordQuery, Retried, StoreAdmin as _};
 use serde_json::{Value, json};
 
 use crate::Failure;
@@ -28,12 +29,15 @@ pub(crate) enum Command {
     /// Release a claim stuck in progress (its owner crashed): the next request with the key
     /// runs again, and the old owner, if it wakes up, can no longer complete.
     Release(ReleaseArgs),
+    /// Retry parked work (its attempts ran out): it is in progress again, and a completer (or
+    /// the request's own retry) resumes it at once, with its attempts counted afresh.
+    Retry(RetryArgs),
 }
 
 /// `idem records list`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct ListArgs {
-    /// Only records in this state: in_progress, completed or released.
+    /// Only records in this state: in_progress, completed, released or parked.
     #[arg(long, value_name = "STATE", value_parser = parse_state)]
     state: Option<State>,
     /// Only records whose scope starts with this text (`order:`, `refund:ORD-1`).
@@ -90,18 +94,33 @@ pub(crate) struct ReleaseArgs {
     store: StoreArgs,
 }
 
+/// `idem records retry`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct RetryArgs {
+    /// The record's scope, as the service rendered it (`refund:ORD-1`).
+    scope: String,
+    /// The idempotency key the client sent.
+    key: String,
+    /// Print one JSON document: `{"retried": true, "fence": N}`, or why nothing was retried.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
 /// Runs a `records` command.
 pub(crate) async fn run(command: Command) -> Result<(), Failure> {
     match command {
         Command::List(args) => list(args).await,
         Command::Show(args) => show(args).await,
         Command::Release(args) => release(args).await,
+        Command::Retry(args) => retry(args).await,
     }
 }
 
 fn parse_state(text: &str) -> Result<State, String> {
     State::parse(text)
-        .map_err(|_| format!("{text:?} is not a state: in_progress, completed or released"))
+        .map_err(|_| format!("{text:?} is not a state: in_progress, completed, released or parked"))
 }
 
 fn parse_limit(text: &str) -> Result<usize, String> {
@@ -208,6 +227,15 @@ async fn show(args: ShowArgs) -> Result<(), Failure> {
         .row(["fence", &record.fence.to_string()])
         .row(["attempt", &record.attempt.to_string()])
         .row(["age", &output::duration(record.age)]);
+    if let Some(note) = &record.note {
+        t.row(["note", &output::printable(note)]);
+    }
+    if let Some(request) = &record.request {
+        t.row([
+            "request",
+            &format!("{} bytes stored: a completer can resume it", request.len()),
+        ]);
+    }
     if let Some(lease) = record.lease_remaining {
         let left = if lease.is_zero() {
             "0s (ran out: the next request takes the claim over)".to_owned()
@@ -261,8 +289,8 @@ async fn release(args: ReleaseArgs) -> Result<(), Failure> {
         // answer is about the claim shown, so only that claim is released.
         match store.inspect(scope, key).await? {
             Some(r)
-                if r.state == State::InProgress
-                    && !r.expires_in.is_zero()
+                if matches!(r.state, State::InProgress | State::Parked)
+                    && (!r.expires_in.is_zero() || r.holds_work())
                     && fence.is_none_or(|f| f == r.fence) =>
             {
                 fence = Some(r.fence);
@@ -344,6 +372,54 @@ async fn release(args: ReleaseArgs) -> Result<(), Failure> {
         }
         _ => {
             eprintln!("idem: nothing released: the store answered what this tool does not know");
+            Err(Failure::Quiet)
+        }
+    }
+}
+
+async fn retry(args: RetryArgs) -> Result<(), Failure> {
+    let (store, shown) = store::open(&args.store).await?;
+    let (scope, key) = (args.scope.as_str(), args.key.as_str());
+    let done = store.retry(scope, key).await?;
+    if args.json {
+        output::json(&match done {
+            Retried::Retried { fence } => json!({"retried": true, "fence": fence}),
+            Retried::NotParked(state) => {
+                json!({"retried": false, "reason": "not_parked", "state": state.as_str()})
+            }
+            Retried::NotFound => json!({"retried": false, "reason": "not_found"}),
+            _ => json!({"retried": false, "reason": "unknown"}),
+        })?;
+    }
+    match done {
+        Retried::Retried { fence } => {
+            if !args.json {
+                println!(
+                    "retried scope {}, key {}: in progress again (fence {fence}); a completer, or \
+                     the request's retry, resumes it now",
+                    output::printable(scope),
+                    output::printable(key)
+                );
+            }
+            Ok(())
+        }
+        Retried::NotParked(state) => {
+            eprintln!(
+                "idem: nothing retried: the record of scope {scope:?}, key {key:?} is {}, not \
+                 parked",
+                state.as_str()
+            );
+            Err(Failure::Quiet)
+        }
+        Retried::NotFound => {
+            eprintln!(
+                "idem: nothing retried: no record for scope {scope:?}, key {key:?} in {shown} \
+                 (never claimed, or purged)"
+            );
+            Err(Failure::Quiet)
+        }
+        _ => {
+            eprintln!("idem: nothing retried: the store answered what this tool does not know");
             Err(Failure::Quiet)
         }
     }

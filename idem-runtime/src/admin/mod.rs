@@ -67,7 +67,7 @@ use serde_json::{Value, json};
 use crate::error::Error;
 use crate::lifecycle::State;
 pub use crate::store::admin::parse_age;
-use crate::store::{ForcedRelease, RecordInfo, RecordQuery, Store, StoreAdmin};
+use crate::store::{ForcedRelease, RecordInfo, RecordQuery, Retried, Store, StoreAdmin};
 
 /// The most bytes of a stored answer or recovery point a page shows.
 const SHOWN_BYTES: usize = 4096;
@@ -116,10 +116,12 @@ impl<S: Store + Clone> Admin<S> {
             .route("/", get(overview::<S>))
             .route("/record", get(record_page::<S>))
             .route("/release", post(release_form::<S>))
+            .route("/retry", post(retry_form::<S>))
             .route("/api/records", get(api_records::<S>))
             .route("/api/record", get(api_record::<S>))
             .route("/api/stats", get(api_stats::<S>))
             .route("/api/release", post(api_release::<S>))
+            .route("/api/retry", post(api_retry::<S>))
             .with_state(shared)
             .layer(axum::middleware::map_response(protect::secure_headers))
     }
@@ -144,7 +146,7 @@ fn query_of(params: &HashMap<String, String>) -> Result<RecordQuery, String> {
     let mut query = RecordQuery::new();
     if let Some(state) = params.get("state").filter(|s| !s.is_empty()) {
         query = query.state(State::parse(state).map_err(|_| {
-            format!("{state:?} is not a state: in_progress, completed or released")
+            format!("{state:?} is not a state: in_progress, completed, released or parked")
         })?);
     }
     if let Some(prefix) = params.get("prefix").filter(|s| !s.is_empty()) {
@@ -390,7 +392,7 @@ fn page(title: &str, base: &str, body: &str) -> Html<String> {
          <style>body{{font:14px system-ui,sans-serif;margin:2em;color:#222}}table{{border-collapse:collapse}}\
          td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}}\
          th{{background:#f4f4f4}}pre{{background:#f8f8f8;padding:8px;white-space:pre-wrap;word-break:break-all}}\
-         .in_progress{{color:#a60}}.completed{{color:#070}}.released{{color:#777}}.note{{background:#efe;padding:8px}}\
+         .in_progress{{color:#a60}}.completed{{color:#070}}.released{{color:#777}}.parked{{color:#b00}}.note{{background:#efe;padding:8px}}\
          .error{{background:#fee;padding:8px}}</style></head><body>\
          <p><a href=\"{root}\">records</a> · <a href=\"{base}/api/stats\">stats (JSON)</a></p>\
          <h1>{title}</h1>{body}</body></html>",
@@ -488,12 +490,20 @@ async fn overview<S: Store + Clone>(
     let mut body = String::new();
     let _ = write!(
         body,
-        "<table id=\"stats\"><tr><th>in progress</th><th>completed</th><th>released</th><th>expired, to purge</th>\
+        "<table id=\"stats\"><tr><th>in progress</th><th>completed</th><th>released</th><th>parked</th>\
+         <th>unfinished</th><th>oldest unfinished</th><th>expired, to purge</th>\
          <th>oldest claim in progress</th><th>expiring within an hour</th></tr>\
-         <tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr></table>",
+         <tr><td>{}</td><td>{}</td><td>{}</td><td id=\"parked\">{}</td><td id=\"unfinished\">{}</td><td>{}</td>\
+         <td>{}</td><td>{}</td><td>{}</td></tr></table>",
         stats.states.in_progress,
         stats.states.completed,
         stats.states.released,
+        stats.states.parked,
+        stats.unfinished,
+        stats
+            .oldest_unfinished
+            .map(age)
+            .unwrap_or_else(|| "none".into()),
         stats.expired,
         stats
             .oldest_in_progress
@@ -501,14 +511,15 @@ async fn overview<S: Store + Clone>(
             .unwrap_or_else(|| "none".into()),
         stats.expiring_soon,
     );
-    body.push_str("<h2>By scope prefix</h2><table id=\"prefixes\"><tr><th>prefix</th><th>in progress</th><th>completed</th><th>released</th></tr>");
+    body.push_str("<h2>By scope prefix</h2><table id=\"prefixes\"><tr><th>prefix</th><th>in progress</th><th>completed</th><th>released</th><th>parked</th></tr>");
     for (prefix, c) in &stats.by_prefix {
         let _ = write!(
             body,
-            "<tr><td><a href=\"{root}?prefix={p}\">{name}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td><a href=\"{root}?prefix={p}\">{name}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             c.in_progress,
             c.completed,
             c.released,
+            c.parked,
             root = esc(&root(&base)),
             p = url(prefix),
             name = esc(prefix),
@@ -527,13 +538,14 @@ async fn overview<S: Store + Clone>(
         body,
         "<h2>Records</h2><form method=\"get\" action=\"{root}\">\
          state <select name=\"state\"><option value=\"\">any</option>\
-         <option{}>in_progress</option><option{}>completed</option><option{}>released</option></select> \
+         <option{}>in_progress</option><option{}>completed</option><option{}>released</option><option{}>parked</option></select> \
          scope prefix <input name=\"prefix\" value=\"{}\"> \
          older than <input name=\"older_than\" size=\"5\" placeholder=\"5m\" value=\"{}\"> \
          limit <input name=\"limit\" size=\"5\" value=\"{}\"> <button>filter</button></form>",
         selected("in_progress"),
         selected("completed"),
         selected("released"),
+        selected("parked"),
         value("prefix"),
         value("older_than"),
         value("limit"),
@@ -599,7 +611,7 @@ async fn record_page<S: Store + Clone>(
         }
     };
     let mut body = String::new();
-    if let Some(note) = params.get("released") {
+    if let Some(note) = params.get("released").or(params.get("retried")) {
         let _ = write!(body, "<p class=\"note\" id=\"notice\">{}</p>", esc(note));
     }
     let _ = write!(
@@ -623,6 +635,23 @@ async fn record_page<S: Store + Clone>(
         r.fingerprint,
         state = r.state.as_str(),
     );
+    if let Some(note) = &r.note {
+        let what = if r.state == State::Parked {
+            "Parked: its attempts ran out, and it waits for an operator"
+        } else {
+            "Unfinished: its outcome is unknown, and it waits to be resumed"
+        };
+        let _ = write!(
+            body,
+            "<h2>Why it is unfinished</h2><p>{what}{}.</p><pre id=\"why\">{}</pre>",
+            if r.resumable {
+                " (its request is stored: a completer can resume it)"
+            } else {
+                " (by the request's retry)"
+            },
+            esc(note)
+        );
+    }
     if let Some(point) = &r.recovery_point {
         let _ = write!(body, "<h2>Recovery point</h2><pre>{}</pre>", shown(point));
     }
@@ -641,7 +670,10 @@ async fn record_page<S: Store + Clone>(
             shown(&answer.body),
         );
     }
-    if r.state == State::InProgress {
+    if r.state == State::Parked {
+        retry_section(&mut body, &admin, &base, &r);
+    }
+    if matches!(r.state, State::InProgress | State::Parked) {
         release_section(&mut body, &admin, &base, &r);
     }
     page("Record", &base, &body).into_response()
@@ -653,7 +685,10 @@ fn release_section<S>(body: &mut String, admin: &Admin<S>, base: &str, r: &Recor
         body.push_str("<p>This view is read-only: releasing is turned off.</p>");
         return;
     }
-    let Some(token) = admin.forms.token(&r.scope, &r.key, r.fence) else {
+    let Some(token) = admin
+        .forms
+        .token(protect::Action::Release, &r.scope, &r.key, r.fence)
+    else {
         body.push_str(
             "<p class=\"error\">Releasing is refused: the view has no secret to sign its form \
              with (Admin::form_secret).</p>",
@@ -712,7 +747,9 @@ async fn release_form<S: Store + Clone>(
     let fence = req.fence.as_deref().and_then(|f| f.parse::<u64>().ok());
     let Some(fence) = fence.filter(|&f| {
         let token = req.token.as_deref().unwrap_or("");
-        admin.forms.admits(&req.scope, &req.key, f, token)
+        admin
+            .forms
+            .admits(protect::Action::Release, &req.scope, &req.key, f, token)
     }) else {
         return refused(&base, &req, NOT_FROM_THE_PAGE);
     };
@@ -737,6 +774,127 @@ async fn release_form<S: Store + Clone>(
         url(&note)
     ))
     .into_response()
+}
+
+/// The record page's retry form, for parked work: for this record (its fence), signed.
+fn retry_section<S>(body: &mut String, admin: &Admin<S>, base: &str, r: &RecordInfo) {
+    if !admin.allow_release {
+        return;
+    }
+    let Some(token) = admin
+        .forms
+        .token(protect::Action::Retry, &r.scope, &r.key, r.fence)
+    else {
+        return;
+    };
+    let _ = write!(
+        body,
+        "<h2>Retry</h2><p>Once what made it fail is fixed, retrying puts this work in progress          again: a completer resumes it at once (or the request's own retry does), with its          attempts counted afresh. Only this record (fence {fence}) is retried.</p>         <form method=\"post\" action=\"{}/retry\"><input type=\"hidden\" name=\"scope\" value=\"{}\">         <input type=\"hidden\" name=\"key\" value=\"{}\"><input type=\"hidden\" name=\"fence\" value=\"{fence}\">         <input type=\"hidden\" name=\"token\" value=\"{token}\"><button id=\"retry\">Retry this work</button></form>",
+        esc(base),
+        esc(&r.scope),
+        esc(&r.key),
+        fence = r.fence,
+    );
+}
+
+async fn retry_form<S: Store + Clone>(
+    Shared(admin): Shared<Arc<Admin<S>>>,
+    OriginalUri(original): OriginalUri,
+    seen: Uri,
+    headers: HeaderMap,
+    Form(req): Form<ReleaseForm>,
+) -> Response {
+    let base = base(&original, &seen);
+    if !admin.allow_release {
+        return error_page(StatusCode::FORBIDDEN, &base, READ_ONLY);
+    }
+    if let Some(why) = protect::cross_site(&headers, &original) {
+        return refused(
+            &base,
+            &req,
+            &format!("This retry came from another site: {why}."),
+        );
+    }
+    let fence = req.fence.as_deref().and_then(|f| f.parse::<u64>().ok());
+    let admitted = fence.is_some_and(|f| {
+        let token = req.token.as_deref().unwrap_or("");
+        admin
+            .forms
+            .admits(protect::Action::Retry, &req.scope, &req.key, f, token)
+    });
+    if !admitted {
+        return refused(&base, &req, NOT_FROM_THE_PAGE);
+    }
+    let note = match retry(&admin.store, &req.scope, &req.key).await {
+        Ok(Retried::Retried { fence }) => {
+            format!("Retried: in progress again (fence {fence}); a completer resumes it now.")
+        }
+        Ok(Retried::NotParked(state)) => {
+            format!("Nothing retried: the record is {}.", state.as_str())
+        }
+        Ok(_) => "Nothing retried: no such record.".to_owned(),
+        Err(e) => {
+            return store_error_page(&e, &base);
+        }
+    };
+    Redirect::to(&format!(
+        "{base}/record?scope={}&key={}&retried={}",
+        url(&req.scope),
+        url(&req.key),
+        url(&note)
+    ))
+    .into_response()
+}
+
+/// A retry by hand, logged.
+async fn retry<S: Store>(store: &S, scope: &str, key: &str) -> crate::Result<Retried> {
+    let done = store.retry(scope, key).await?;
+    tracing::warn!(target: "idem", scope = %scope, key = %key, outcome = ?done, "parked work was retried by hand from the admin view");
+    Ok(done)
+}
+
+/// The body of a retry through the API: which record.
+#[derive(Debug, serde::Deserialize)]
+struct RetryRequest {
+    scope: String,
+    key: String,
+}
+
+async fn api_retry<S: Store + Clone>(
+    Shared(admin): Shared<Arc<Admin<S>>>,
+    OriginalUri(original): OriginalUri,
+    headers: HeaderMap,
+    axum::Json(req): axum::Json<RetryRequest>,
+) -> Response {
+    if !admin.allow_release {
+        return json_error(StatusCode::FORBIDDEN, "ADMIN_READ_ONLY", READ_ONLY);
+    }
+    if let Some(why) = protect::cross_site(&headers, &original) {
+        return json_error(
+            StatusCode::FORBIDDEN,
+            "ADMIN_CROSS_SITE",
+            &format!("{why}: nothing was retried"),
+        );
+    }
+    match retry(&admin.store, &req.scope, &req.key).await {
+        Ok(done) => {
+            let (status, v) = match done {
+                Retried::Retried { fence } => {
+                    (StatusCode::OK, json!({"retried": true, "fence": fence}))
+                }
+                Retried::NotParked(state) => (
+                    StatusCode::CONFLICT,
+                    json!({"retried": false, "reason": "not_parked", "state": state.as_str()}),
+                ),
+                Retried::NotFound => (
+                    StatusCode::NOT_FOUND,
+                    json!({"retried": false, "reason": "not_found"}),
+                ),
+            };
+            (status, axum::Json(v)).into_response()
+        }
+        Err(e) => store_error_json(&e),
+    }
 }
 
 /// A link to the record of a release form, for the pages that refuse it.

@@ -123,11 +123,15 @@ impl FormKey {
         FormKey((!secret.is_empty()).then(|| secret.into()))
     }
 
-    fn mac(&self, scope: &str, key: &str, fence: u64) -> Option<HmacSha256> {
+    fn mac(&self, action: Action, scope: &str, key: &str, fence: u64) -> Option<HmacSha256> {
         let secret = self.0.as_deref()?;
         let mut mac = HmacSha256::new_from_slice(secret).ok()?;
-        // Lengths first, so that no two (scope, key) pairs are written the same.
-        mac.update(b"idem admin release v1\0");
+        // The action first: a release form's token never retries, nor the other way round.
+        // Lengths next, so that no two (scope, key) pairs are written the same.
+        mac.update(match action {
+            Action::Release => b"idem admin release v1\0".as_slice(),
+            Action::Retry => b"idem admin retry v1\0".as_slice(),
+        });
         for part in [scope, key] {
             mac.update(&(part.len() as u64).to_be_bytes());
             mac.update(part.as_bytes());
@@ -136,21 +140,44 @@ impl FormKey {
         Some(mac)
     }
 
-    /// The token of the form that releases `(scope, key)` at `fence`, in hex; `None` without a
-    /// secret.
-    pub(super) fn token(&self, scope: &str, key: &str, fence: u64) -> Option<String> {
-        let tag = self.mac(scope, key, fence)?.finalize().into_bytes();
+    /// The token of the form that does `action` to `(scope, key)` at `fence`, in hex; `None`
+    /// without a secret.
+    pub(super) fn token(
+        &self,
+        action: Action,
+        scope: &str,
+        key: &str,
+        fence: u64,
+    ) -> Option<String> {
+        let tag = self.mac(action, scope, key, fence)?.finalize().into_bytes();
         Some(super::hex(&tag))
     }
 
-    /// Whether `token` is the token of `(scope, key)` at `fence`; compared in constant time.
-    pub(super) fn admits(&self, scope: &str, key: &str, fence: u64, token: &str) -> bool {
+    /// Whether `token` is the token of `action` on `(scope, key)` at `fence`; compared in
+    /// constant time.
+    pub(super) fn admits(
+        &self,
+        action: Action,
+        scope: &str,
+        key: &str,
+        fence: u64,
+        token: &str,
+    ) -> bool {
         let Some(tag) = unhex(token) else {
             return false;
         };
-        self.mac(scope, key, fence)
+        self.mac(action, scope, key, fence)
             .is_some_and(|mac| mac.verify_slice(&tag).is_ok())
     }
+}
+
+/// What a signed form does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Action {
+    /// Releases a claim (`/release`).
+    Release,
+    /// Retries parked work (`/retry`).
+    Retry,
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
@@ -226,28 +253,36 @@ mod tests {
     #[test]
     fn a_token_admits_only_its_record_fence_and_secret() {
         let key = FormKey::random();
-        let token = key.token("refund:1", "k", 7).unwrap();
+        let token = key.token(Action::Release, "refund:1", "k", 7).unwrap();
         assert_eq!(token.len(), 64);
-        assert!(key.admits("refund:1", "k", 7, &token));
-        assert!(key.admits("refund:1", "k", 7, &token.to_uppercase()));
+        assert!(key.admits(Action::Release, "refund:1", "k", 7, &token));
+        assert!(key.admits(Action::Release, "refund:1", "k", 7, &token.to_uppercase()));
         for (scope, k, fence) in [
             ("refund:1", "k", 8),
             ("refund:1", "j", 7),
             ("refund:", "1k", 7),
         ] {
-            assert!(!key.admits(scope, k, fence, &token), "{scope} {k} {fence}");
+            assert!(
+                !key.admits(Action::Release, scope, k, fence, &token),
+                "{scope} {k} {fence}"
+            );
         }
-        assert!(!FormKey::random().admits("refund:1", "k", 7, &token));
-        assert!(!key.admits("refund:1", "k", 7, ""));
-        assert!(!key.admits("refund:1", "k", 7, "zz"));
-        assert!(!key.admits("refund:1", "k", 7, "é"));
+        assert!(!FormKey::random().admits(Action::Release, "refund:1", "k", 7, &token));
+        assert!(!key.admits(Action::Release, "refund:1", "k", 7, ""));
+        assert!(!key.admits(Action::Release, "refund:1", "k", 7, "zz"));
+        assert!(!key.admits(Action::Release, "refund:1", "k", 7, "é"));
+        // A release's token does not retry, and a retry's does not release.
+        assert!(!key.admits(Action::Retry, "refund:1", "k", 7, &token));
+        let retry = key.token(Action::Retry, "refund:1", "k", 7).unwrap();
+        assert!(key.admits(Action::Retry, "refund:1", "k", 7, &retry));
+        assert!(!key.admits(Action::Release, "refund:1", "k", 7, &retry));
         let given = FormKey::given(b"a shared secret");
         assert_eq!(
-            given.token("s", "k", 1),
-            FormKey::given(b"a shared secret").token("s", "k", 1)
+            given.token(Action::Release, "s", "k", 1),
+            FormKey::given(b"a shared secret").token(Action::Release, "s", "k", 1)
         );
         let none = FormKey::given(b"");
-        assert_eq!(none.token("s", "k", 1), None);
-        assert!(!none.admits("s", "k", 1, &token));
+        assert_eq!(none.token(Action::Release, "s", "k", 1), None);
+        assert!(!none.admits(Action::Release, "s", "k", 1, &token));
     }
 }
