@@ -1028,3 +1028,58 @@ async fn a_source_holds_at_most_its_prefetch_unacknowledged() {
     drop_plain(&q, &five).await;
     q.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn a_dead_letter_no_queue_takes_leaves_the_original_with_the_broker() {
+    let q = Queues::new().await;
+    let work = plain_queue(&q, "nowhere").await;
+    let publisher = AmqpPublisher::connect(&common::amqp_url(), "")
+        .await
+        .unwrap();
+    publisher
+        .publish(&Event::new("m-poison", work.as_str(), "p", "{}"))
+        .await
+        .unwrap();
+    let consumer = Consumer::new("fulfilment", MemoryStore::new())
+        .unwrap()
+        .backoff(Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(50),
+        });
+    let handler = consumer.guarded(|_msg: Message, _claim| async {
+        Err::<(), _>(HandlerError::permanent("no such order"))
+    });
+    // Dead letters to a queue that does not exist: the broker returns each copy unrouted.
+    let channel = q.conn.create_channel().await.unwrap();
+    let deliveries = AmqpSource::new(channel.clone(), work.as_str())
+        .dead_letter_queue(format!("{work}.missing"))
+        .deliveries("worker")
+        .await
+        .unwrap();
+    let refused = running(&consumer, deliveries, handler, 1, async {
+        until(Duration::from_secs(10), || {
+            consumer.stats().ack_failures >= 3
+        })
+        .await
+    })
+    .await;
+    let stats = consumer.stats();
+    assert!(refused, "{stats:?}");
+    // Never counted as dead-lettered, never acked: given back each time.
+    assert_eq!((stats.dead_lettered, stats.acked()), (0, 0), "{stats:?}");
+    assert!(stats.retried >= 3, "{stats:?}");
+    channel.close(200, "stopped".into()).await.unwrap();
+    // Closing the channel gives back what it held: the message is in its queue again.
+    let mut back = None;
+    for _ in 0..50 {
+        back = ready(&q, &work).await;
+        if back == Some(1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(back, Some(1), "the message is still with the broker");
+    drop_plain(&q, &work).await;
+    q.cleanup().await;
+}
