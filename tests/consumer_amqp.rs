@@ -1,10 +1,13 @@
 //! The RabbitMQ adapter against a real broker: the same seam and runner as JetStream, and the
 //! scenarios every broker passes (`rabbitmq::…`, from `common/consumer_scenarios.rs`): one
 //! message id published three times and redelivered after a consumer's channel died mid-handler
-//! has one effect; a poison message goes to the dead-letter exchange while the rest flow. Then
-//! RabbitMQ's own: a message without a `message_id` is dead-lettered unrun, the delivery limit
-//! holds on queues that do not count deliveries, and the outbox's AMQP publisher (which sends
-//! the messages) refuses what the broker would lose.
+//! has one effect; a poison message is published, with its reason, to the dead-letter exchange
+//! while the rest flow. Then RabbitMQ's own: a message without a `message_id` is dead-lettered
+//! unrun, the delivery limit holds on queues that do not count deliveries, a dead letter is
+//! kept where a reject would have had RabbitMQ discard it (a queue without a dead-letter
+//! exchange) and stays with the broker when no queue takes it, a consumer holds at most its
+//! prefetch, and the outbox's AMQP publisher (which sends the messages) refuses what the broker
+//! would lose.
 //!
 //! Each test declares queues and exchanges of its own, deleted at the end. Without `AMQP_URL` at
 //! build time the tests are listed as ignored.
@@ -129,6 +132,15 @@ impl Queues {
 
     /// The messages in the dead-letter queue, taken.
     async fn dead_letters(&self) -> Vec<(Option<String>, Vec<u8>)> {
+        let taken = self.dead_letters_with_reasons().await;
+        taken
+            .into_iter()
+            .map(|(key, payload, _)| (key, payload))
+            .collect()
+    }
+
+    /// The messages in the dead-letter queue, taken, with the reason the runner wrote.
+    async fn dead_letters_with_reasons(&self) -> Vec<(Option<String>, Vec<u8>, Option<String>)> {
         let mut out = Vec::new();
         while let Some(m) = self
             .channel
@@ -143,6 +155,18 @@ impl Queues {
                     .as_ref()
                     .map(|s| s.as_str().to_owned()),
                 m.delivery.data.clone(),
+                match m
+                    .delivery
+                    .properties
+                    .headers()
+                    .as_ref()
+                    .and_then(|h| h.inner().get(idem::consumer::amqp::REASON))
+                {
+                    Some(AMQPValue::LongString(s)) => {
+                        Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+                    }
+                    _ => None,
+                },
             ));
         }
         out
@@ -181,7 +205,8 @@ struct Rabbit {
 impl Broker for Rabbit {
     type Delivery = AmqpDelivery;
     type Subscription = Channel;
-    const KEEPS_REASONS: bool = false;
+    /// The runner publishes its dead letters with their reason.
+    const KEEPS_REASONS: bool = true;
 
     /// A classic queue has no ack wait: it redelivers when the subscription's channel closes.
     async fn open(_ack_wait: Duration) -> Rabbit {
@@ -222,11 +247,11 @@ impl Broker for Rabbit {
     }
 
     async fn dead_letters(&self) -> Vec<DeadLetter> {
-        let taken = self.q.dead_letters().await;
-        let letter = |(key, payload)| DeadLetter {
+        let taken = self.q.dead_letters_with_reasons().await;
+        let letter = |(key, payload, reason)| DeadLetter {
             key,
             payload,
-            reason: None,
+            reason,
         };
         taken.into_iter().map(letter).collect()
     }
@@ -294,7 +319,7 @@ async fn a_message_without_a_message_id_is_dead_lettered_unrun_while_the_rest_fl
         vec![DeadLetter {
             key: None,
             payload: b"anonymous".to_vec(),
-            reason: None,
+            reason: Some("the delivery has no message_id property".to_owned()),
         }]
     );
     broker.close().await;
