@@ -1150,6 +1150,28 @@ mod tests {
     }
 
     #[test]
+    fn a_retry_due_after_the_broker_deletes_the_message_is_a_dead_letter_now() {
+        let retry = || Step::Settle(Settlement::Retry(Duration::from_secs(2)));
+        let left = |s| Some(Duration::from_secs(s));
+        assert_eq!(before_expiry(retry(), None, "down"), retry());
+        assert_eq!(before_expiry(retry(), left(3), "down"), retry());
+        let r = dead(before_expiry(retry(), left(2), "down"));
+        assert!(
+            r.contains("max_age") && r.ends_with("last error: down"),
+            "{r}"
+        );
+        assert!(dead(before_expiry(retry(), left(0), "down")).contains("max_age"));
+        // Only a retry: another consumer's live claim, a completion, a dead letter stand.
+        for other in [
+            Step::Settle(Settlement::InProgress(Duration::from_secs(9))),
+            Step::Settle(Settlement::Completed),
+            Step::Wait(Duration::from_secs(9)),
+        ] {
+            assert_eq!(before_expiry(other.clone(), left(0), "down"), other);
+        }
+    }
+
+    #[test]
     fn backoff_doubles_up_to_its_maximum() {
         assert_eq!(B.delay(0), Duration::from_millis(100));
         assert_eq!(B.delay(1), Duration::from_millis(100));
@@ -1178,6 +1200,7 @@ mod tests {
         let c = Consumer::new("c", crate::MemoryStore::new()).unwrap();
         assert_eq!(c.policy.retain, Duration::from_secs(604_800));
         assert_eq!(c.policy.lease, crate::record::DEFAULT_LEASE);
+        assert_eq!(c.max_deliveries, Some(DEFAULT_MAX_DELIVERIES));
         assert_eq!(c.scope(), "consumer:c");
         let c = c.retain(Duration::from_secs(60));
         assert_eq!(c.policy.retain, Duration::from_secs(60));
