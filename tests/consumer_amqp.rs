@@ -1012,7 +1012,7 @@ async fn backlog(queue: &str, n: usize) {
         .unwrap();
     for i in 0..n {
         publisher
-            .publish(&Event::new(&format!("m-{i}"), queue, "p", "{}"))
+            .publish(&Event::new(format!("m-{i}"), queue, "p", "{}"))
             .await
             .unwrap();
     }
