@@ -16,9 +16,11 @@
 //! | the handler returned `Ok`, but a claim it took was lost to a newer attempt, or an answer could not be stored | `Retry(d)` | retry after the backoff, never ack: the redelivery is answered by the record |
 //! | a final error, the same id with another payload, no usable id, or the delivery limit reached (the broker's count or the record's, the higher) | `DeadLetter(reason)` | dead-letter with the reason, logged |
 //! | … and the broker did not take the dead letter | `Retry(d)` | retry after the backoff, dead-lettered when it comes back |
+//! | a retryable error whose retry would come after the broker deletes the message ([`Delivery::expires_in`]: a JetStream stream's `max_age`) | `DeadLetter(reason)` | dead-letter now, rather than retry it into its deletion |
 //!
 //! In ordered mode ([`Consumer::ordered`]) deliveries that share a partition key are handled one
 //! at a time, in order, and a retry is held by the runner instead of given back to the broker.
+//! Without [`Consumer::max_deliveries`], the delivery limit is [`DEFAULT_MAX_DELIVERIES`] (20).
 //!
 //! While a handler runs, the runner tells the broker it is still working and renews the lease of
 //! every claim the handler holds ([`Store::renew`]), so a long handler is neither redelivered

@@ -20,7 +20,8 @@
 //!   `max_age`: the stream deletes a message that old whether or not it was acked, so a
 //!   message that keeps failing for now is dead-lettered as soon as a retry would be due after
 //!   `max_age` less one ack wait since it was stored (by the consumer's clock), rather than
-//!   retried into its deletion.
+//!   retried into its deletion. (An ack wait as long as `max_age` leaves no time for a retry:
+//!   the first retryable failure is then a dead letter.)
 //! - **Retry later**: a `-NAK` with the delay. **Still working**: `+WPI`, every third of the
 //!   consumer's ack wait.
 //! - **Dead letter**: the message is published through JetStream to the subject you name (a
