@@ -114,7 +114,7 @@ async fn the_json_api_lists_inspects_counts_and_releases() {
     let stats: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
         stats["states"],
-        json!({"in_progress": 2, "completed": 1, "released": 0})
+        json!({"in_progress": 2, "completed": 1, "released": 0, "parked": 0})
     );
 
     let release = Request::post("/admin/api/release")
@@ -212,10 +212,8 @@ async fn pages_escape_what_they_show_and_link_where_they_are_mounted() {
         "{page}"
     );
 
-    let form = Request::post("/ops/idem/release")
-        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-        .body(Body::from("scope=refund%3AORD-1&key=k-stuck"))
-        .unwrap();
+    let (_, page, _) = send(&app, get("/ops/idem/record?scope=refund:ORD-1&key=k-stuck")).await;
+    let form = post_form("/ops/idem/release", release_form_of(&page), &[]);
     let (status, _, location) = send(&app, form).await;
     assert_eq!(status, StatusCode::SEE_OTHER, "after a POST, a GET");
     let location = location.unwrap();
@@ -227,6 +225,255 @@ async fn pages_escape_what_they_show_and_link_where_they_are_mounted() {
     assert!(
         page.contains("<td id=\"state\" class=\"released\">released</td>"),
         "{page}"
+    );
+}
+
+/// The value of the form field `name` on `page` (empty when the page has none).
+fn field(page: &str, name: &str) -> String {
+    let marker = format!("name=\"{name}\" value=\"");
+    page.find(&marker)
+        .map(|at| {
+            let rest = &page[at + marker.len()..];
+            rest[..rest.find('"').unwrap()].replace("&amp;", "&")
+        })
+        .unwrap_or_default()
+}
+
+/// The release form of `page`, its fields as the page wrote them, URL-encoded.
+fn release_form_of(page: &str) -> String {
+    ["scope", "key", "fence", "token"]
+        .iter()
+        .map(|name| {
+            let value: String = field(page, name)
+                .bytes()
+                .map(|b| match b {
+                    b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' => {
+                        (b as char).to_string()
+                    }
+                    _ => format!("%{b:02X}"),
+                })
+                .collect();
+            format!("{name}={value}")
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+fn post_form(uri: &str, body: String, headers: &[(&str, &str)]) -> Request<Body> {
+    let mut req =
+        Request::post(uri).header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    req.body(Body::from(body)).unwrap()
+}
+
+/// The admin view of a store holding [`records`], releases allowed, under `/admin`.
+async fn releasing_view() -> (MemoryStore, Claimed, Router) {
+    let store = MemoryStore::new();
+    let stuck = records(&store).await;
+    let app = Router::new().nest(
+        "/admin",
+        Admin::new(store.clone()).allow_release(true).router(),
+    );
+    (store, stuck, app)
+}
+
+async fn still_in_progress(store: &MemoryStore, fence: u64) {
+    let info = idem::store::StoreAdmin::inspect(store, "refund:ORD-1", "k-stuck")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (info.state, info.fence),
+        (idem::lifecycle::State::InProgress, fence),
+        "nothing was released"
+    );
+}
+
+const STUCK_PAGE: &str = "/admin/record?scope=refund:ORD-1&key=k-stuck";
+
+#[tokio::test]
+async fn every_answer_forbids_framing_sniffing_and_referrers() {
+    let (_, _, app) = releasing_view().await;
+    let form = post_form("/admin/release", "scope=a&key=b".into(), &[]);
+    for req in [
+        get("/admin"),
+        get(STUCK_PAGE),
+        get("/admin/record?scope=refund:ORD-9&key=k"),
+        get("/admin/api/stats"),
+        get("/admin/api/records?state=done"),
+        form,
+    ] {
+        let uri = req.uri().clone();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        let h = resp.headers();
+        let value = |name: &str| {
+            h.get(name)
+                .map(|v| v.to_str().unwrap().to_owned())
+                .unwrap_or_else(|| panic!("{uri}: no {name} ({})", resp.status()))
+        };
+        assert_eq!(value("x-frame-options"), "DENY", "{uri}");
+        let csp = value("content-security-policy");
+        for directive in [
+            "frame-ancestors 'none'",
+            "default-src 'none'",
+            "form-action 'self'",
+        ] {
+            assert!(csp.contains(directive), "{uri}: {csp}");
+        }
+        assert_eq!(value("x-content-type-options"), "nosniff", "{uri}");
+        assert_eq!(value("referrer-policy"), "no-referrer", "{uri}");
+        assert_eq!(value("cache-control"), "no-store", "{uri}");
+    }
+}
+
+#[tokio::test]
+async fn a_release_from_another_site_is_refused_even_with_the_pages_token() {
+    let (store, stuck, app) = releasing_view().await;
+    let (_, page, _) = send(&app, get(STUCK_PAGE)).await;
+    let form = release_form_of(&page);
+    for headers in [
+        &[("sec-fetch-site", "cross-site")][..],
+        &[("sec-fetch-site", "same-site")],
+        &[
+            ("origin", "https://attacker.example"),
+            ("host", "ops.example"),
+        ],
+        &[("origin", "null"), ("host", "ops.example")],
+        // A browser that sends both: the fetch metadata decides.
+        &[
+            ("sec-fetch-site", "cross-site"),
+            ("origin", "http://ops.example"),
+            ("host", "ops.example"),
+        ],
+    ] {
+        let (status, body, location) =
+            send(&app, post_form("/admin/release", form.clone(), headers)).await;
+        assert_eq!(
+            status,
+            StatusCode::FORBIDDEN,
+            "{headers:?}: {body} {location:?}"
+        );
+        assert!(body.contains("another site"), "{headers:?}: {body}");
+        assert!(body.contains("Nothing was released"), "{body}");
+        still_in_progress(&store, stuck.fence).await;
+    }
+    // The JSON API refuses a browser's cross-site request too.
+    let api = Request::post("/admin/api/release")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("sec-fetch-site", "cross-site")
+        .body(Body::from(r#"{"scope":"refund:ORD-1","key":"k-stuck"}"#))
+        .unwrap();
+    let (status, body, _) = send(&app, api).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["code"],
+        "ADMIN_CROSS_SITE"
+    );
+    still_in_progress(&store, stuck.fence).await;
+
+    // The same form from the page's own origin releases.
+    for headers in [&[
+        ("sec-fetch-site", "same-origin"),
+        ("origin", "http://ops.example"),
+    ][..]]
+    {
+        let (status, body, _) =
+            send(&app, post_form("/admin/release", form.clone(), headers)).await;
+        assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    }
+}
+
+#[tokio::test]
+async fn a_release_form_without_the_pages_token_is_refused() {
+    let (store, stuck, app) = releasing_view().await;
+    let (_, page, _) = send(&app, get(STUCK_PAGE)).await;
+    let token = field(&page, "token");
+    assert_eq!(token.len(), 64, "the page's form carries a token: {page}");
+    let fence = stuck.fence;
+    // Another instance's page: its own secret, so its tokens are not this one's.
+    let other = Router::new().nest(
+        "/admin",
+        Admin::new(store.clone()).allow_release(true).router(),
+    );
+    let (_, other_page, _) = send(&other, get(STUCK_PAGE)).await;
+    let forged = [
+        format!("scope=refund%3AORD-1&key=k-stuck&fence={fence}"),
+        format!("scope=refund%3AORD-1&key=k-stuck&fence={fence}&token="),
+        format!(
+            "scope=refund%3AORD-1&key=k-stuck&fence={fence}&token={}",
+            "0".repeat(64)
+        ),
+        format!("scope=refund%3AORD-1&key=k-stuck&fence={fence}&token=not-hex"),
+        // The token of another record, or of another fence.
+        format!(
+            "scope=refund%3AORD-1&key=k-stuck&fence={}&token={token}",
+            fence + 1
+        ),
+        format!("scope=refund%3AORD-2&key=k-done&fence={fence}&token={token}"),
+        format!("scope=refund%3AORD-1&key=k-stuck&token={token}"),
+        release_form_of(&other_page),
+    ];
+    for form in forged {
+        let (status, body, _) = send(&app, post_form("/admin/release", form.clone(), &[])).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{form}: {body}");
+        assert!(body.contains("Nothing was released"), "{form}: {body}");
+        still_in_progress(&store, fence).await;
+    }
+    // The page's own form releases; a script without a browser (no fetch metadata) may send it.
+    let (status, _, _) = send(
+        &app,
+        post_form("/admin/release", release_form_of(&page), &[]),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+}
+
+#[tokio::test]
+async fn a_page_left_open_does_not_release_the_claim_taken_since() {
+    let (store, stuck, app) = releasing_view().await;
+    let (_, page, _) = send(&app, get(STUCK_PAGE)).await;
+    assert_eq!(field(&page, "fence"), stuck.fence.to_string());
+    // Meanwhile the claim the page shows was released and the retry claimed the key.
+    idem::store::StoreAdmin::force_release(&store, "refund:ORD-1", "k-stuck")
+        .await
+        .unwrap();
+    let retry = claim(&store, "refund:ORD-1", "k-stuck").await;
+
+    let (status, body, _) = send(
+        &app,
+        post_form("/admin/release", release_form_of(&page), &[]),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(
+        body.contains(&format!("fence is now {}", retry.fence)) && body.contains("in_progress"),
+        "the refusal says what the record is now: {body}"
+    );
+    still_in_progress(&store, retry.fence).await;
+
+    // The JSON API takes the fence too.
+    let api = |fence: u64| {
+        Request::post("/admin/api/release")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(
+                json!({"scope": "refund:ORD-1", "key": "k-stuck", "fence": fence}).to_string(),
+            ))
+            .unwrap()
+    };
+    let (status, body, _) = send(&app, api(stuck.fence)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap(),
+        json!({"released": false, "reason": "fence_moved", "fence": retry.fence, "state": "in_progress"})
+    );
+    still_in_progress(&store, retry.fence).await;
+    let (status, body, _) = send(&app, api(retry.fence)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["released"],
+        true
     );
 }
 
@@ -425,6 +672,17 @@ impl<'d> Browser<'d> {
         v.as_str().unwrap().to_owned()
     }
 
+    /// Moves into the page's first frame.
+    async fn enter_first_frame(&self) {
+        self.driver
+            .call(
+                reqwest::Method::POST,
+                &format!("/session/{}/frame", self.session),
+                Some(json!({"id": 0})),
+            )
+            .await;
+    }
+
     async fn close(self) {
         self.driver
             .call(
@@ -516,4 +774,152 @@ async fn an_operator_releases_a_stuck_claim_in_a_browser_and_the_retry_runs_once
         )
         .await
         .unwrap();
+}
+
+/// The admin view of `store` on a port of its own (releases allowed), and its address.
+async fn serve_admin(store: SqliteStore) -> SocketAddr {
+    let app = Router::new().nest("/admin", Admin::new(store).allow_release(true).router());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// Another site: `page` at `http://localhost:<port>/`, while the admin view is at
+/// `127.0.0.1` (another host, so another site to the browser).
+async fn serve_other_site(page: String) -> String {
+    let app = Router::new().route(
+        "/",
+        axum::routing::get(move || async move { axum::response::Html(page) }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://localhost:{port}/")
+}
+
+async fn sqlite_records() -> (common::SqliteFile, SqliteStore, Claimed) {
+    let file = common::SqliteFile::new();
+    let store = SqliteStore::connect(&file.url).await.unwrap();
+    let stuck = records(&store).await;
+    (file, store, stuck)
+}
+
+async fn in_progress_at(store: &SqliteStore, fence: u64) {
+    let info = idem::store::StoreAdmin::inspect(store, "refund:ORD-1", "k-stuck")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (info.state, info.fence),
+        (idem::lifecycle::State::InProgress, fence),
+        "nothing was released"
+    );
+}
+
+/// A page on another site posts the release form, with the token the view wrote (taken from
+/// its page), when the operator clicks its button: the view refuses it, and says so.
+#[tokio::test]
+#[cfg_attr(
+    not(idem_chromium),
+    ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver)"
+)]
+async fn a_release_posted_by_another_site_in_a_browser_is_refused() {
+    let (_file, store, stuck) = sqlite_records().await;
+    let addr = serve_admin(store.clone()).await;
+    let page = reqwest::get(format!("http://{addr}{STUCK_PAGE}"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let hidden: String = ["scope", "key", "fence", "token"]
+        .iter()
+        .map(|n| {
+            format!(
+                "<input type=\"hidden\" name=\"{n}\" value=\"{}\">",
+                field(&page, n)
+            )
+        })
+        .collect();
+    let other = serve_other_site(format!(
+        "<!doctype html><title>win a prize</title><form method=\"post\" \
+         action=\"http://{addr}/admin/release\">{hidden}<button id=\"prize\">Claim your prize</button></form>"
+    ))
+    .await;
+
+    let driver = Driver::start().await;
+    let browser = Browser::open(&driver).await;
+    browser.go(&other).await;
+    browser.click_to_load("#prize").await;
+    assert_eq!(browser.title().await, "Release refused · idem admin");
+    let refusal = browser.text("#refused").await;
+    assert!(
+        refusal.contains("another site") && refusal.contains("Nothing was released"),
+        "{refusal}"
+    );
+    browser.close().await;
+    in_progress_at(&store, stuck.fence).await;
+}
+
+/// Another site frames the record's page to have the operator click its button unknowingly:
+/// the browser shows nothing of it.
+#[tokio::test]
+#[cfg_attr(
+    not(idem_chromium),
+    ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver)"
+)]
+async fn another_site_cannot_frame_the_view_in_a_browser() {
+    let (_file, store, _) = sqlite_records().await;
+    let addr = serve_admin(store).await;
+    let other = serve_other_site(format!(
+        "<!doctype html><title>framed</title><iframe id=\"f\" src=\"http://{addr}{STUCK_PAGE}\"></iframe>"
+    ))
+    .await;
+    let driver = Driver::start().await;
+    let browser = Browser::open(&driver).await;
+    browser.go(&other).await;
+    // Give the frame time to load, were it allowed to.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    browser.enter_first_frame().await;
+    let button = browser.try_find("#release").await;
+    assert!(
+        button.is_err(),
+        "the record's page loaded inside another site's frame"
+    );
+    browser.close().await;
+}
+
+/// The operator opens the record's page; before they click, its claim is released elsewhere
+/// and the retry claims the key. Their click releases nothing, and the page says what the
+/// record is now.
+#[tokio::test]
+#[cfg_attr(
+    not(idem_chromium),
+    ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver)"
+)]
+async fn a_page_left_open_in_a_browser_does_not_release_the_next_claim() {
+    let (_file, store, stuck) = sqlite_records().await;
+    let addr = serve_admin(store.clone()).await;
+    let driver = Driver::start().await;
+    let browser = Browser::open(&driver).await;
+    browser.go(&format!("http://{addr}{STUCK_PAGE}")).await;
+    assert_eq!(browser.text("#fence").await, stuck.fence.to_string());
+
+    idem::store::StoreAdmin::force_release(&store, "refund:ORD-1", "k-stuck")
+        .await
+        .unwrap();
+    let retry = claim(&store, "refund:ORD-1", "k-stuck").await;
+
+    browser.click_to_load("#release").await;
+    assert_eq!(browser.title().await, "Nothing released · idem admin");
+    let refusal = browser.text("#refused").await;
+    assert!(
+        refusal.contains(&format!("fence is now {} (in_progress)", retry.fence)),
+        "{refusal}"
+    );
+    browser.click_to_load("#record-link").await;
+    assert_eq!(browser.text("#fence").await, retry.fence.to_string());
+    browser.close().await;
+    in_progress_at(&store, retry.fence).await;
 }

@@ -1156,3 +1156,65 @@ async fn ordered_mode_goes_on_with_other_partitions_while_one_waits_behind_a_fai
         assert_eq!(d.said().last(), Some(&Said::Ack), "{:?}", d.said());
     }
 }
+
+#[tokio::test]
+async fn an_unknown_outcome_is_never_acked_nor_dead_lettered_at_once_and_its_redelivery_resumes() {
+    use idem::store::{RecordQuery, StoreAdmin};
+    let store = MemoryStore::new();
+    let c = consumer(store.clone()).max_deliveries(5);
+    let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = attempts.clone();
+    let h = c.guarded(move |_msg: Message, claim: ClaimInfo| {
+        seen.lock().unwrap().push(claim.attempt());
+        async move {
+            if claim.attempt() == 1 {
+                // The bank timed out: the transfer may have happened. Even an error the handler
+                // calls permanent must not drop the message while its effect is unknown.
+                claim.outcome_unknown("the bank timed out");
+                return Err(HandlerError::permanent("the bank timed out"));
+            }
+            Ok(())
+        }
+    });
+    let first = TestDelivery::new("m-unknown", "pay");
+    let settled = c.handle(&first, &h).await;
+    assert!(matches!(settled, Settlement::Retry(_)), "{settled:?}");
+    assert!(!first.said().contains(&Said::Ack), "{:?}", first.said());
+    let kept = store.list(&RecordQuery::new()).await.unwrap();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].state, idem::lifecycle::State::InProgress);
+    assert_eq!(kept[0].note.as_deref(), Some("the bank timed out"));
+    let again = TestDelivery::new("m-unknown", "pay").delivered(2);
+    assert_eq!(c.handle(&again, &h).await, Settlement::Completed);
+    assert_eq!(
+        *attempts.lock().unwrap(),
+        [1, 2],
+        "the redelivery resumed the claim"
+    );
+}
+
+/// A guarded step inside a handler that says its outcome is unknown.
+#[idempotent(scope = "unknown-step", key = msg.key, store = store, claim = claim)]
+async fn unknown_step(store: &MemoryStore, msg: Message) -> Result<(), HandlerError> {
+    claim.outcome_unknown("the gateway's answer was lost");
+    Err(HandlerError::transient("the gateway's answer was lost"))
+}
+
+#[tokio::test]
+async fn a_handler_that_swallows_an_unknown_outcome_is_not_acked() {
+    let store = MemoryStore::new();
+    let c = consumer(store.clone());
+    let s = store.clone();
+    let h = move |msg: Message| {
+        let s = s.clone();
+        async move {
+            // The handler ignores the step's error and says it is done.
+            let _ = unknown_step(&s, msg).await;
+            Ok::<(), HandlerError>(())
+        }
+    };
+    let d = TestDelivery::new("m-swallow", "x");
+    let settled = c.handle(&d, &h).await;
+    assert!(matches!(settled, Settlement::Retry(_)), "{settled:?}");
+    assert!(!d.said().contains(&Said::Ack), "{:?}", d.said());
+}

@@ -977,3 +977,83 @@ fn help_prints_the_settings_instead_of_serving() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("takes no arguments"));
 }
+
+/// The example on `addr` with only the environment given (no secrets from CI's): its exit
+/// status and what it wrote to stderr when it stopped at once, or its address when it serves.
+fn start_on(addr: &str, env: &[(&str, &str)]) -> Result<(Process, String), (Option<i32>, String)> {
+    let file = common::SqliteFile::new();
+    let mut child = Command::new(common::example_binary("refund_service"))
+        .env("IDEM_ADDR", addr)
+        .env("DATABASE_URL", &file.url)
+        .env("RUST_LOG", "warn")
+        .env_remove(app::WEBHOOK_SECRET_VAR)
+        .env_remove(admin::ADMIN_TOKEN_VAR)
+        .env_remove(app::ALLOW_DEV_SECRETS_VAR)
+        .env_remove("NATS_URL")
+        .env_remove("IDEM_STORE_URL")
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the example");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    if let Some(base) = line.split_whitespace().find(|w| w.starts_with("http://")) {
+        return Ok((Process(child), base.to_owned()));
+    }
+    let out = child.wait_with_output().unwrap();
+    Err((
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+/// Bound to an address others can reach, the example refuses to start with the published
+/// development secrets (the webhook secret anyone can sign a payment callback with, the admin
+/// token anyone can release claims with), and says what to set; on the loopback it starts
+/// without them, and an explicit opt-in lets it start anyway.
+#[test]
+fn the_example_refuses_development_secrets_on_an_address_others_reach() {
+    let webhook = (app::WEBHOOK_SECRET_VAR, "a-real-webhook-secret");
+    let token = (admin::ADMIN_TOKEN_VAR, "a-real-admin-token");
+    for (env, missing) in [
+        (
+            &[][..],
+            &[app::WEBHOOK_SECRET_VAR, admin::ADMIN_TOKEN_VAR][..],
+        ),
+        (&[webhook][..], &[admin::ADMIN_TOKEN_VAR][..]),
+        (&[token][..], &[app::WEBHOOK_SECRET_VAR][..]),
+        // Set, but to the published value: still the development secret.
+        (
+            &[(app::WEBHOOK_SECRET_VAR, app::DEV_WEBHOOK_SECRET), token][..],
+            &[app::WEBHOOK_SECRET_VAR][..],
+        ),
+    ] {
+        let Err((code, stderr)) = start_on("0.0.0.0:0", env) else {
+            panic!("served on 0.0.0.0 with {env:?}")
+        };
+        assert_eq!(code, Some(2), "{stderr}");
+        assert!(stderr.contains("0.0.0.0"), "names the address: {stderr}");
+        for var in missing {
+            assert!(stderr.contains(var), "names {var}: {stderr}");
+        }
+        assert!(
+            stderr.contains(app::ALLOW_DEV_SECRETS_VAR),
+            "names the opt-in: {stderr}"
+        );
+    }
+    // Both set: it serves on 0.0.0.0.
+    let (_served, base) = start_on("0.0.0.0:0", &[webhook, token]).expect("serves");
+    assert!(base.starts_with("http://0.0.0.0:"), "{base}");
+    // The opt-in, said out loud: it serves with them.
+    let (_served, _) = start_on("0.0.0.0:0", &[(app::ALLOW_DEV_SECRETS_VAR, "1")]).expect("serves");
+    // The loopback needs nothing, by address or by name.
+    for addr in ["127.0.0.1:0", "[::1]:0", "localhost:0"] {
+        if addr == "[::1]:0" && std::net::TcpListener::bind("[::1]:0").is_err() {
+            continue;
+        }
+        let (_served, _) = start_on(addr, &[]).unwrap_or_else(|e| panic!("{addr}: {e:?}"));
+    }
+}

@@ -407,3 +407,112 @@ async fn retry_after_is_how_long_the_operation_takes_not_the_lease() {
     );
     assert_eq!(second.await.unwrap().unwrap().status(), StatusCode::OK);
 }
+
+/// A receipt with an encoding of its own: eight bytes, not JSON.
+#[derive(Debug, PartialEq)]
+struct Receipt(u64);
+
+impl idem::replay::ReplayBytes for Receipt {
+    fn to_replay_bytes(&self) -> Result<Vec<u8>, idem::Error> {
+        Ok(self.0.to_be_bytes().to_vec())
+    }
+    fn from_replay_bytes(bytes: &[u8]) -> Result<Self, idem::Error> {
+        let b: [u8; 8] = bytes
+            .try_into()
+            .map_err(|_| idem::Error::Decode("8 bytes expected".into()))?;
+        Ok(Receipt(u64::from_be_bytes(b)))
+    }
+}
+
+/// The lookup labels a stored answer by what was stored: a `Json<T>` answer and a serde value
+/// are JSON, bytes of an encoding of their own are `application/octet-stream`, and an answer
+/// the tower guard stored is sent as the guard replays it (its own content type and headers,
+/// its body without the envelope).
+#[tokio::test]
+async fn the_lookup_labels_each_stored_answer_by_what_was_stored() {
+    use idem::replay::Replay;
+    use idem::tower::StoredHttpResponse;
+
+    let store = MemoryStore::new();
+    let mut tower_headers = axum::http::HeaderMap::new();
+    tower_headers.insert("content-type", "text/csv".parse().unwrap());
+    tower_headers.insert("location", "/reports/7".parse().unwrap());
+    let answers = [
+        (
+            "json",
+            Replay::encode(&(
+                StatusCode::CREATED,
+                Json(serde_json::json!({"refundId": "R-1"})),
+            ))
+            .unwrap(),
+        ),
+        ("serde", Replay::encode(&vec![1u32, 2, 3]).unwrap()),
+        (
+            "bytes",
+            Replay::encode(&Receipt(0xdead_beef_0000_ffff)).unwrap(),
+        ),
+        (
+            "tower",
+            StoredHttpResponse {
+                status: StatusCode::ACCEPTED,
+                headers: tower_headers,
+                trailers: None,
+                body: bytes::Bytes::from_static(b"id,total\n7,42\n"),
+            }
+            .encode()
+            .unwrap(),
+        ),
+    ];
+    let fp = idem::Fingerprint::of("x").unwrap();
+    for (key, answer) in &answers {
+        let idem::Begun::Claimed(guard) = idem::begin(
+            &store,
+            "s".into(),
+            idem::Key::parse(key).unwrap(),
+            fp,
+            idem::Policy::DEFAULT,
+        )
+        .await
+        .unwrap() else {
+            panic!("{key} was not claimed")
+        };
+        guard.complete(answer).await.unwrap();
+    }
+
+    for (key, status, content_type, body) in [
+        (
+            "json",
+            StatusCode::CREATED,
+            "application/json",
+            &br#"{"refundId":"R-1"}"#[..],
+        ),
+        ("serde", StatusCode::OK, "application/json", b"[1,2,3]"),
+        (
+            "bytes",
+            StatusCode::OK,
+            "application/octet-stream",
+            &0xdead_beef_0000_ffff_u64.to_be_bytes(),
+        ),
+        (
+            "tower",
+            StatusCode::ACCEPTED,
+            "text/csv",
+            b"id,total\n7,42\n",
+        ),
+    ] {
+        let resp = idem::axum::lookup(&store, "s", &idem::Key::parse(key).unwrap()).await;
+        assert_eq!(resp.status(), status, "{key}");
+        let headers = resp.headers().clone();
+        assert_eq!(headers["content-type"], content_type, "{key}");
+        assert_eq!(headers["x-content-type-options"], "nosniff", "{key}");
+        assert_eq!(headers["cache-control"], "no-store", "{key}");
+        assert_eq!(headers["idempotent-replayed"], "true", "{key}");
+        let got = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        assert_eq!(&got[..], body, "{key}");
+        if key == "tower" {
+            assert_eq!(headers["location"], "/reports/7");
+        }
+    }
+}

@@ -17,10 +17,12 @@ use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
+use idem::lifecycle::State;
+use idem::store::{RecordQuery, StoreAdmin};
 use idem::tower::{GuardBody, GuardLayer, GuardService, StoredHttpResponse};
 use idem::{
-    Begun, Fingerprint, Key, KeyPolicy, MemoryStore, PgStore, Policy, SqliteStore, Store,
-    StoredResponse,
+    Begun, ClaimInfo, Fingerprint, Key, KeyPolicy, MemoryStore, PgStore, Policy, SqliteStore,
+    Store, StoredResponse,
 };
 use serde_json::Value;
 use std::future::Future;
@@ -457,26 +459,38 @@ async fn a_body_over_the_limit_is_413_and_the_inner_service_never_runs() {
     assert_eq!(inner.calls(), 1);
 }
 
+/// The one record of a store the tests use, as an operator sees it.
+async fn only_record(store: &MemoryStore) -> idem::store::RecordInfo {
+    let mut all = store.list(&RecordQuery::new()).await.unwrap();
+    assert_eq!(all.len(), 1, "{all:?}");
+    all.pop().unwrap()
+}
+
 #[tokio::test]
-async fn an_inner_error_releases_the_claim_and_the_retry_runs() {
+async fn an_inner_error_keeps_the_claim_and_the_retry_resumes_it() {
     let inner = Inner::new(|n, body| match n {
         1 => Err(io::Error::other("the database went away")),
         _ => Ok(created(n, &body)),
     });
-    let svc = guarded(
-        GuardLayer::new(MemoryStore::new()).allow_anonymous(),
-        &inner,
-    );
+    let store = MemoryStore::new();
+    let svc = guarded(GuardLayer::new(store.clone()).allow_anonymous(), &inner);
     let err = svc
         .clone()
         .oneshot(post("/orders", Some(KEY), "{}"))
         .await
         .expect_err("the inner service's error is handed on");
     assert_eq!(err.to_string(), "the database went away");
+    // The inner service may have acted before it failed: the claim is kept, unfinished and
+    // visible, never released.
+    let kept = only_record(&store).await;
+    assert_eq!(kept.state, State::InProgress);
+    assert_eq!(kept.note.as_deref(), Some("the inner service failed"));
+    assert!(kept.holds_work(), "{kept:?}");
     let retry = send(&svc, post("/orders", Some(KEY), "{}")).await;
     assert_eq!(retry.status, StatusCode::CREATED);
     assert!(!retry.replayed(), "the retry ran");
     assert_eq!(retry.json()["order"], 2);
+    assert_eq!(only_record(&store).await.attempt, 2, "the retry resumed it");
     let again = send(&svc, post("/orders", Some(KEY), "{}")).await;
     assert!(again.replayed());
     assert_eq!(again.body, retry.body);
@@ -496,7 +510,8 @@ async fn only_stored_answers_replay_and_the_rule_is_configurable() {
             .unwrap()),
         _ => Ok(created(n, &body)),
     });
-    // By default only 2xx is stored: the 503 and the 409 each release the key.
+    // By default only 2xx is stored: the 503 keeps the claim as an unknown outcome (its
+    // retry resumes it), the 409 releases it.
     let svc = guarded(
         GuardLayer::new(MemoryStore::new()).allow_anonymous(),
         &inner,
@@ -575,7 +590,7 @@ async fn an_answer_body_that_fails_mid_stream_releases_the_claim() {
 }
 
 #[tokio::test]
-async fn a_dropped_call_releases_the_claim() {
+async fn a_client_that_hangs_up_does_not_cut_the_call_off() {
     let inner = Inner::orders();
     let store = MemoryStore::new();
     let svc = guarded(GuardLayer::new(store.clone()).allow_anonymous(), &inner);
@@ -588,10 +603,13 @@ async fn a_dropped_call_releases_the_claim() {
     .await;
     assert!(gave_up.is_err(), "the call was still running");
     assert_eq!(inner.calls(), 1);
+    // Meanwhile the claim is held: a retry is told to wait, not run alongside.
+    let during = send(&svc, post("/orders", Some(KEY), "{}")).await;
+    assert_eq!(during.status, StatusCode::CONFLICT);
     drop(all);
-    // The claim is released promptly, not when its five-minute lease runs out.
+    // The call ran to its end without its client, and its answer was stored.
     let mut retry = send(&svc, post("/orders", Some(KEY), "{}")).await;
-    for _ in 0..50 {
+    for _ in 0..100 {
         if retry.status != StatusCode::CONFLICT {
             break;
         }
@@ -599,8 +617,118 @@ async fn a_dropped_call_releases_the_claim() {
         retry = send(&svc, post("/orders", Some(KEY), "{}")).await;
     }
     assert_eq!(retry.status, StatusCode::CREATED);
-    assert!(!retry.replayed());
-    assert_eq!(inner.calls(), 2);
+    assert!(retry.replayed(), "the first call's answer");
+    assert_eq!(retry.json()["order"], 1);
+    assert_eq!(inner.calls(), 1);
+    assert_eq!(only_record(&store).await.state, State::Completed);
+}
+
+#[tokio::test]
+async fn refusals_release_and_other_failures_stay_unknown() {
+    // Each answer once, then 201: which of them free the key, and which keep the claim.
+    let cases: [(StatusCode, Option<&'static str>, bool); 7] = [
+        (StatusCode::BAD_REQUEST, None, true),
+        (StatusCode::CONFLICT, None, true),
+        (StatusCode::TOO_MANY_REQUESTS, None, true),
+        (StatusCode::INTERNAL_SERVER_ERROR, None, false),
+        (StatusCode::BAD_GATEWAY, None, false),
+        (StatusCode::OK, Some("5"), true),
+        (StatusCode::OK, Some("4"), false),
+    ];
+    for (status, grpc, releases) in cases {
+        let inner = Inner::new(move |n, body| {
+            if n > 1 {
+                return Ok(created(n, &body));
+            }
+            let mut b = Response::builder().status(status);
+            if let Some(code) = grpc {
+                b = b.header("grpc-status", code);
+            }
+            Ok(b.body(TestBody::full("no")).unwrap())
+        });
+        let store = MemoryStore::new();
+        let svc = guarded(GuardLayer::new(store.clone()).allow_anonymous(), &inner);
+        let first = send(&svc, post("/orders", Some(KEY), "{}")).await;
+        assert_eq!(first.status, status);
+        let record = only_record(&store).await;
+        let what = format!("{status} grpc {grpc:?}: {record:?}");
+        if releases {
+            assert_eq!(record.state, State::Released, "{what}");
+            assert!(!record.holds_work(), "{what}");
+        } else {
+            assert_eq!(record.state, State::InProgress, "{what}");
+            assert!(record.holds_work(), "{what}");
+            assert!(record.note.unwrap().contains("the answer was"), "{status}");
+        }
+        let retry = send(&svc, post("/orders", Some(KEY), "{}")).await;
+        assert_eq!(retry.status, StatusCode::CREATED, "{status}");
+        assert_eq!(inner.calls(), 2);
+    }
+}
+
+#[tokio::test]
+async fn the_inner_service_gets_its_claim_and_can_say_the_outcome_is_unknown() {
+    // A proxy in front of an upstream that moves money once per downstream key: the upstream
+    // commits, and the proxy answers 409 (it read the upstream's answer wrong) after saying the
+    // outcome is unknown. The retry resumes the same claim, with the same downstream key.
+    let moved = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<(u32, bool, String)>::new()));
+    let svc = {
+        let (moved, seen) = (moved.clone(), seen.clone());
+        GuardLayer::new(MemoryStore::new())
+            .allow_anonymous()
+            .layer(service_fn(move |req: Request<GuardBody<TestBody>>| {
+                let (moved, seen) = (moved.clone(), seen.clone());
+                async move {
+                    let claim = req
+                        .extensions()
+                        .get::<ClaimInfo>()
+                        .expect("the claim is in the request's extensions")
+                        .clone();
+                    let downstream = claim.downstream_key("charge");
+                    seen.lock().unwrap().push((
+                        claim.attempt(),
+                        claim.is_reclaim(),
+                        downstream.clone(),
+                    ));
+                    let mut moved = moved.lock().unwrap();
+                    if !moved.contains(&downstream) {
+                        moved.push(downstream);
+                    }
+                    let first = claim.attempt() == 1;
+                    if first {
+                        claim.outcome_unknown("the upstream's answer was lost");
+                    }
+                    Ok::<_, io::Error>(
+                        Response::builder()
+                            .status(if first {
+                                StatusCode::CONFLICT
+                            } else {
+                                StatusCode::CREATED
+                            })
+                            .body(TestBody::full("answer"))
+                            .unwrap(),
+                    )
+                }
+            }))
+    };
+    let call = || async {
+        let resp = svc
+            .clone()
+            .oneshot(post("/refunds", Some(KEY), "{}"))
+            .await
+            .unwrap();
+        resp.status()
+    };
+    assert_eq!(call().await, StatusCode::CONFLICT);
+    assert_eq!(call().await, StatusCode::CREATED);
+    assert_eq!(call().await, StatusCode::CREATED, "replayed");
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!((seen[0].0, seen[0].1), (1, false));
+    assert_eq!((seen[1].0, seen[1].1), (2, true), "a resumption");
+    assert_eq!(seen[0].2, seen[1].2, "one downstream key for every attempt");
+    assert_eq!(moved.lock().unwrap().len(), 1, "the money moved once");
 }
 
 #[tokio::test]

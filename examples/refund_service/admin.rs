@@ -2,10 +2,11 @@
 //! `Authorization: Bearer <token>` with the token from `ADMIN_TOKEN`. Anything else is a 401
 //! problem+json answer, whatever `X-User-Id` says: the demo users are not operators.
 //!
-//! A bearer token rather than a cookie or HTTP Basic: a browser never attaches it on its own,
-//! so another site cannot make an operator's browser post a release (the view's forms have no
-//! CSRF token of their own). Reach the view with curl (`/admin/api/…` answers JSON), or through
-//! a proxy that adds the header after its own login.
+//! A bearer token rather than a cookie or HTTP Basic: a browser never attaches it on its own.
+//! The view does not count on it: a release must come from its own page (a signed form, for
+//! the fence the page showed, and never from another site), so a proxy that adds the header
+//! after its own login is as safe. Reach the view with curl (`/admin/api/…` answers JSON), or
+//! through such a proxy.
 
 use std::sync::Arc;
 

@@ -38,6 +38,11 @@ pub const WEBHOOK_SECRET_VAR: &str = "PAYMENT_WEBHOOK_SECRET";
 /// anyone who reads this file can sign a callback with it.
 pub const DEV_WEBHOOK_SECRET: &str = "dev-webhook-secret";
 
+/// The variable that lets the service start with the development secrets on an address other
+/// machines reach (`ALLOW_DEV_SECRETS=1`): for a demonstration on a network, never for a
+/// deployment.
+pub const ALLOW_DEV_SECRETS_VAR: &str = "ALLOW_DEV_SECRETS";
+
 /// The shared secret of the payment gateway's callbacks (HMAC-SHA256 over the body).
 #[derive(Clone)]
 pub struct WebhookSecret(Arc<[u8]>);
@@ -72,6 +77,35 @@ impl WebhookSecret {
         mac.update(body);
         mac.verify_slice(&tag).is_ok()
     }
+}
+
+/// Why the service must not start listening on `addrs` (what `IDEM_ADDR`, written `shown`,
+/// resolved to) with the secrets its environment gives it: the published development ones, on
+/// an address other machines reach, without [`ALLOW_DEV_SECRETS_VAR`]. `None` when it may.
+pub fn refuse_dev_secrets(shown: &str, addrs: &[std::net::SocketAddr]) -> Option<String> {
+    let dev: Vec<&str> = [
+        (WebhookSecret::from_env().is_dev(), WEBHOOK_SECRET_VAR),
+        (
+            admin::AdminToken::from_env().is_dev(),
+            admin::ADMIN_TOKEN_VAR,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(dev, var)| dev.then_some(var))
+    .collect();
+    let reachable = addrs.iter().any(|a| !a.ip().is_loopback());
+    let allowed = std::env::var(ALLOW_DEV_SECRETS_VAR).is_ok_and(|v| v == "1");
+    if dev.is_empty() || !reachable || allowed {
+        return None;
+    }
+    let names = dev.join(" and ");
+    Some(format!(
+        "refusing to listen on {shown}, an address other machines can reach, with the \
+         development {names} (published in the example's source: anyone can sign payment \
+         callbacks or release claims with them). Set {names} to secrets of your own, listen on \
+         the loopback (IDEM_ADDR=127.0.0.1:3000), or set {ALLOW_DEV_SECRETS_VAR}=1 to start with \
+         them anyway"
+    ))
 }
 
 fn decode_hex(hex: &[u8]) -> Option<Vec<u8>> {

@@ -11,6 +11,10 @@
 //! PAYMENT_WEBHOOK_SECRET=… cargo run --example refund_service    # the gateway's callback secret
 //! ```
 //!
+//! On the loopback (the default) it starts with published development secrets when
+//! `PAYMENT_WEBHOOK_SECRET` and `ADMIN_TOKEN` are unset; on an address other machines reach it
+//! refuses to (exit code 2, naming what to set) unless `ALLOW_DEV_SECRETS=1`.
+//!
 //! See the README for a walkthrough with curl. `GET /metrics` serves idem's counters in the
 //! Prometheus text format; `/admin` is idem's admin view of the records, for operators with the
 //! `ADMIN_TOKEN` (`Authorization: Bearer …`).
@@ -42,6 +46,8 @@ Configured by the environment:
                           (default: the development secret dev-webhook-secret)
   ADMIN_TOKEN             the token operators send to /admin (Authorization: Bearer …)
                           (default: the development token dev-admin-token)
+  ALLOW_DEV_SECRETS       1: start with the development secret or token on an address other
+                          machines reach (refused otherwise; the loopback needs neither)
   RUST_LOG                the log filter (default info)
 ";
 
@@ -64,6 +70,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .init();
     let addr = std::env::var("IDEM_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
+    let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(&addr)
+        .await
+        .map_err(|e| format!("IDEM_ADDR {addr:?} is not an address to listen on: {e}"))?
+        .collect();
+    // Before anything is connected or created: the published secrets never serve others.
+    if let Some(why) = app::refuse_dev_secrets(&addr, &addrs) {
+        eprintln!("refund_service: {why}");
+        std::process::exit(2);
+    }
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "sqlite://refund_service.db".into());
     // Idempotency records live with the orders unless IDEM_STORE_URL names a Redis server or
     // cluster (comma-separated nodes); orders stay in SQLite or PostgreSQL either way.
@@ -85,7 +100,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let metrics = metrics::router()?;
     let (router, database) = app::build(&url, redis, nats.as_deref()).await?;
     let router = router.merge(metrics);
-    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    let listener = tokio::net::TcpListener::bind(&addrs[..]).await?;
     let events = match &nats {
         Some(nats) => format!("order events published to NATS JetStream at {nats}"),
         None => "order events kept in the outbox, GET /api/outbox; set NATS_URL to publish them"

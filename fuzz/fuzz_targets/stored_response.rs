@@ -9,9 +9,11 @@
 //! - axum handlers under `#[idempotent]` returning `Json<T>`, `(StatusCode, Json<T>)` and a
 //!   serde type, behind `IdempotencyLayer`: a body that decodes replays the stored bytes exactly
 //!   (when the stored status is the one the handler answers); one that does not is a 500;
-//! - `idem::axum::lookup`: the stored bytes with the stored status (200 without one, 422 for a
-//!   final error without one), a 500 problem+json for a stored status that is not one; every
-//!   answer `Cache-Control: no-store`.
+//! - `idem::axum::lookup`: an envelope of the tower guard as the guard replays it (a 500 when
+//!   it does not decode); any other answer the stored bytes with the stored status (200 without
+//!   one, 422 for a final error without one), labelled `application/json` when they are JSON
+//!   and `application/octet-stream` when not, a 500 problem+json for a stored status that is
+//!   not one; every answer `Cache-Control: no-store` and `X-Content-Type-Options: nosniff`.
 //!
 //! And directly: `StoredHttpResponse::decode` never panics, its result re-encodes to bytes that
 //! decode to the same answer, and an arbitrary answer round-trips through `encode`/`decode`;
@@ -383,10 +385,27 @@ fuzz_target!(|input: Input| {
             }
         }
 
-        // The lookup by key: the stored bytes as they are, with the stored status.
+        // The lookup by key: an answer of the tower guard as the guard replays it; any other
+        // the stored bytes as they are, with the stored status, labelled JSON when they are.
         let req = Request::get("/lookup").body(Body::empty()).unwrap();
         let (parts, body, _) = read(w.router.clone().oneshot(req).await.unwrap()).await;
         assert_eq!(parts.headers["cache-control"], "no-store");
+        assert_eq!(parts.headers["x-content-type-options"], "nosniff");
+        if stored.status.is_some() && stored.body.starts_with(b"idem/http") {
+            match StoredHttpResponse::decode(&stored) {
+                Ok(answer) => {
+                    assert_eq!(parts.status, answer.status);
+                    assert_eq!(parts.headers["idempotent-replayed"], "true");
+                    assert_eq!(body, answer.body);
+                    assert_eq!(
+                        parts.headers.get("content-type"),
+                        answer.headers.get("content-type")
+                    );
+                }
+                Err(_) => assert_internal_error(&parts, &body),
+            }
+            return;
+        }
         let status = match stored.status {
             Some(s) => StatusCode::from_u16(s).ok(),
             None if stored.is_error => Some(StatusCode::UNPROCESSABLE_ENTITY),
@@ -397,6 +416,11 @@ fuzz_target!(|input: Input| {
                 assert_eq!(parts.status, status);
                 assert_eq!(parts.headers["idempotent-replayed"], "true");
                 assert_eq!(body, stored.body);
+                let json = serde_json::from_slice::<serde::de::IgnoredAny>(&stored.body).is_ok();
+                assert_eq!(
+                    parts.headers["content-type"],
+                    if json { "application/json" } else { "application/octet-stream" }
+                );
             }
             None => assert_internal_error(&parts, &body),
         }

@@ -97,12 +97,13 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // A store's or a broker's error may quote what it holds.
         Err(Failure::Usage(msg)) => {
-            eprintln!("idem: {msg}");
+            eprintln!("idem: {}", output::printable_lines(&msg));
             ExitCode::from(2)
         }
         Err(Failure::Failed(msg)) => {
-            eprintln!("idem: {msg}");
+            eprintln!("idem: {}", output::printable_lines(&msg));
             ExitCode::FAILURE
         }
         Err(Failure::Quiet) => ExitCode::FAILURE,

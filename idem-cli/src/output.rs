@@ -1,5 +1,10 @@
 //! How commands print: aligned tables for people, one JSON document for scripts.
+//!
+//! What a store or a broker holds was written by services and their clients, not by the
+//! operator: before it is printed for people, every character a terminal would act on is
+//! written as an escape ([`printable`]). JSON escapes them by itself.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -26,13 +31,24 @@ impl Table {
         }
     }
 
-    /// Adds a row.
+    /// Adds a row; its cells are shown [`printable`], on one line each.
     pub(crate) fn row<I, S>(&mut self, cells: I) -> &mut Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.rows.push(cells.into_iter().map(Into::into).collect());
+        self.rows.push(
+            cells
+                .into_iter()
+                .map(|c| {
+                    let c = c.into();
+                    match printable(&c) {
+                        Cow::Borrowed(_) => c,
+                        Cow::Owned(escaped) => escaped,
+                    }
+                })
+                .collect(),
+        );
         self
     }
 
@@ -64,6 +80,46 @@ impl Table {
         }
         out
     }
+}
+
+/// `text` as it may reach a terminal: every control character (C0, DEL, C1: an escape
+/// sequence's ESC, a carriage return, a NUL, a line break) and every bidirectional override is
+/// written as an escape (`\x1b`, `\r`, `\0`, `\n`, `\u{202e}`), so stored text can neither
+/// move the cursor, recolour, retitle or clear the screen, nor reorder or hide what is shown.
+pub(crate) fn printable(text: &str) -> Cow<'_, str> {
+    escape(text, false)
+}
+
+/// [`printable`], keeping line breaks and tabs: for a stored body printed on lines of its own.
+pub(crate) fn printable_lines(text: &str) -> Cow<'_, str> {
+    escape(text, true)
+}
+
+fn escape(text: &str, lines: bool) -> Cow<'_, str> {
+    let acts = |c: char| {
+        (c.is_control() && !(lines && matches!(c, '\n' | '\t')))
+            || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.contains(acts) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            c if !acts(c) => out.push(c),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\0' => out.push_str("\\0"),
+            c if (c as u32) < 0x80 => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// A duration as people read it: `4m 58s`, `850ms`.
@@ -107,6 +163,22 @@ mod tests {
         assert_eq!(
             t.render(),
             "scope      state\nrefund:A1  completed\nx          in_progress\n"
+        );
+    }
+
+    #[test]
+    fn what_a_terminal_acts_on_is_escaped() {
+        assert!(matches!(printable("refund:A1 é 🦀"), Cow::Borrowed(_)));
+        assert_eq!(
+            printable("a\u{1b}[2J\u{1b}]0;t\u{7}\r\0\n\t\u{7f}\u{9b}\u{202e}\u{2066}z"),
+            r"a\x1b[2J\x1b]0;t\x07\r\0\n\t\x7f\u{9b}\u{202e}\u{2066}z"
+        );
+        assert_eq!(printable_lines("a\n\tb\r\u{1b}"), "a\n\tb\\r\\x1b");
+        let mut t = Table::with_header(&["scope", "key"]);
+        t.row(["refund:\u{1b}[31mA1", "k\nk"]);
+        assert_eq!(
+            t.render(),
+            "scope              key\nrefund:\\x1b[31mA1  k\\nk\n"
         );
     }
 

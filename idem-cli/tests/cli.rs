@@ -148,6 +148,120 @@ async fn records_show_truncates_long_bodies_unless_asked_and_finds_in_progress_c
     drop(begun);
 }
 
+/// Bytes a terminal would act on: control characters (a line break aside, where asked) and
+/// the overrides that reorder a line.
+fn terminal_controls(text: &str, lines: bool) -> Vec<char> {
+    text.chars()
+        .filter(|&c| {
+            (c.is_control() && !(lines && c == '\n'))
+                || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        })
+        .collect()
+}
+
+/// A stored body, a scope and a recovery point that carry escape sequences (clear the screen,
+/// colour, set the window's title), a carriage return, a NUL, a bidirectional override, and
+/// bytes that are not UTF-8: what people read shows them escaped, `--json` stays JSON that
+/// gives them back exactly.
+#[tokio::test]
+async fn stored_bytes_never_reach_the_terminal_raw() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let store = SqliteStore::connect(&url).await.unwrap();
+    let scope = "refund:\u{1b}]0;owned\u{7}A1";
+    let body = "{\"note\":\"ok\u{1b}[2J\u{1b}[31mred\rover\0nul \u{202e}evil\"}\nsecond line";
+    completed(&store, scope, "k-text", 200, body.as_bytes()).await;
+    let binary: &[u8] = b"\x1b[31m\xff\xfe\x00";
+    completed(&store, scope, "k-binary", 200, binary).await;
+    let begun = idem::begin(
+        &store,
+        scope.into(),
+        Key::parse("k-running").unwrap(),
+        Fingerprint::of(&"running").unwrap(),
+        Policy::DEFAULT,
+    )
+    .await
+    .unwrap();
+    let Begun::Claimed(mut running) = begun else {
+        panic!("claimed before")
+    };
+    running.checkpoint(b"step\x1b[2K\r1").await.unwrap();
+
+    let out = idem(&["records", "show", scope, "k-text", "--store", &url]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(
+        terminal_controls(&text, true),
+        Vec::<char>::new(),
+        "{text:?}"
+    );
+    for shown in [
+        r"refund:\x1b]0;owned\x07A1",
+        r#"{"note":"ok\x1b[2J\x1b[31mred\rover\0nul \u{202e}evil"}"#,
+        "\nsecond line",
+    ] {
+        assert!(text.contains(shown), "no {shown:?} in\n{text}");
+    }
+    let v = json(&idem(&[
+        "records", "show", scope, "k-text", "--json", "--store", &url,
+    ]));
+    assert_eq!(v["scope"], scope);
+    assert_eq!(v["response"]["body"], body, "JSON gives the bytes back");
+
+    let out = idem(&["records", "show", scope, "k-binary", "--store", &url]);
+    let text = stdout(&out);
+    assert_eq!(
+        terminal_controls(&text, true),
+        Vec::<char>::new(),
+        "{text:?}"
+    );
+    assert!(
+        text.contains("not UTF-8: hex") && text.contains("1b5b33316dfffe00"),
+        "{text}"
+    );
+    let v = json(&idem(&[
+        "records", "show", scope, "k-binary", "--json", "--store", &url,
+    ]));
+    assert_eq!(v["response"]["body_hex"], "1b5b33316dfffe00");
+
+    let out = idem(&["records", "show", scope, "k-running", "--store", &url]);
+    let text = stdout(&out);
+    assert_eq!(
+        terminal_controls(&text, true),
+        Vec::<char>::new(),
+        "{text:?}"
+    );
+    assert!(
+        text.contains(r"recovery point  10 bytes: step\x1b[2K\r1"),
+        "{text}"
+    );
+
+    let out = idem(&["records", "list", "--store", &url]);
+    let text = stdout(&out);
+    assert_eq!(
+        terminal_controls(&text, true),
+        Vec::<char>::new(),
+        "{text:?}"
+    );
+    assert_eq!(
+        text.matches(r"refund:\x1b]0;owned\x07A1").count(),
+        3,
+        "{text}"
+    );
+    let v = json(&idem(&["records", "list", "--json", "--store", &url]));
+    assert_eq!(v[0]["scope"], scope);
+
+    // An error that names the record.
+    let out = idem(&["records", "show", scope, "k-none", "--store", &url]);
+    assert_eq!(
+        terminal_controls(&stderr(&out), true),
+        Vec::<char>::new(),
+        "{}",
+        stderr(&out)
+    );
+    drop(running);
+}
+
 #[tokio::test]
 async fn an_unknown_record_fails_with_exit_code_1() {
     let dir = tempfile::tempdir().unwrap();
@@ -696,7 +810,7 @@ async fn every_command<S: Store>(store: &S, target: &Target) {
     let v = json(&target.ok(&["stats", "--expiring-within", "2d", "--json"]));
     assert_eq!(
         v["states"],
-        serde_json::json!({"in_progress": 1, "completed": 2, "released": 0}),
+        serde_json::json!({"in_progress": 1, "completed": 2, "released": 0, "parked": 0}),
         "{v}"
     );
     assert_eq!(v["expired"], u64::from(target.keeps_expired), "{v}");
@@ -722,8 +836,16 @@ async fn every_command<S: Store>(store: &S, target: &Target) {
     let out = target.run(&["records", "release", "order:1", "k-stuck"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("--yes"), "{}", stderr(&out));
+    // Released only while it has the fence the operator saw.
     let v = json(&target.ok(&[
-        "records", "release", "order:1", "k-stuck", "--yes", "--json",
+        "records",
+        "release",
+        "order:1",
+        "k-stuck",
+        "--fence",
+        &stuck_fence.to_string(),
+        "--yes",
+        "--json",
     ]));
     assert_eq!(v["released"], true, "{v}");
     let fence = v["fence"].as_u64().unwrap();
@@ -764,6 +886,33 @@ async fn every_command<S: Store>(store: &S, target: &Target) {
         panic!("the released claim is not claimed again")
     };
     assert!(retry.fence() > fence);
+    // A release decided on what was seen before (the stuck claim's fence) leaves the retry's
+    // claim alone, and says what the record is now.
+    let stale = stuck_fence.to_string();
+    let out = target.run(&[
+        "records", "release", "order:1", "k-stuck", "--fence", &stale, "--yes",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!(
+            "has fence {} now (in_progress), not {stale}",
+            retry.fence()
+        )),
+        "{}",
+        stderr(&out)
+    );
+    let out = target.run(&[
+        "records", "release", "order:1", "k-stuck", "--fence", &stale, "--yes", "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        json(&out),
+        serde_json::json!({"released": false, "reason": "fence_moved", "fence": retry.fence(), "state": "in_progress"})
+    );
+    let out = target.run(&[
+        "records", "release", "order:1", "k-stuck", "--fence", "soon",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     retry
         .complete(&StoredResponse::ok(b"once".to_vec()))
         .await

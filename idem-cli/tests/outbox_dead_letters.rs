@@ -94,6 +94,25 @@ fn outbox_commands(url: &str, table: &str) {
     let pending = json(base(&["outbox", "list", "--json"]));
     assert_eq!(pending["events"].as_array().unwrap().len(), 2);
 
+    // A reason is free text: what the table shows of it cannot drive the terminal.
+    ok(with(&["outbox", "retry"], &a0, &[]));
+    ok(with(
+        &["outbox", "park"],
+        &a0,
+        &["--yes", "--reason", "held\u{1b}[2J\rfor\u{202e} audit"],
+    ));
+    let text = ok(base(&["outbox", "list", "--state", "parked"]));
+    assert!(
+        !text.contains(['\u{1b}', '\r', '\u{202e}'])
+            && text.contains(r"held\x1b[2J\rfor\u{202e} audit"),
+        "{text:?}"
+    );
+    let parked = json(base(&["outbox", "list", "--state", "parked", "--json"]));
+    assert_eq!(
+        parked["events"][0]["last_error"],
+        "held\u{1b}[2J\rfor\u{202e} audit"
+    );
+
     let out = ok(with(&["outbox", "retry"], &a0, &[]));
     assert_eq!(out, format!("sent back event {a0}\n"));
     let not_parked = idem(with(&["outbox", "retry"], &a0, &[]));
@@ -408,4 +427,63 @@ async fn a_rabbitmq_dead_letter_is_listed_redriven_and_handled_once_under_its_ke
             .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
             .await;
     }
+}
+
+/// A dead letter's message id is whatever its publisher wrote: the table shows it escaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn a_rabbitmq_dead_letter_is_listed_without_its_control_characters() {
+    use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
+    use lapin::types::FieldTable;
+    let url = std::env::var("AMQP_URL").unwrap();
+    let conn = lapin::Connection::connect(&url, Default::default())
+        .await
+        .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    let dlq = unique("cli.dlq.esc.");
+    channel
+        .queue_declare(
+            dlq.as_str().into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let id = "m-\u{1b}]0;owned\u{7}\r1";
+    channel
+        .basic_publish(
+            "".into(),
+            dlq.as_str().into(),
+            BasicPublishOptions::default(),
+            b"order 1",
+            lapin::BasicProperties::default().with_message_id(id.into()),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let amqp = ["--amqp", url.as_str(), "--queue", dlq.as_str()];
+    let run = |cmd: &[&str]| {
+        let all: Vec<&str> = cmd.iter().copied().chain(amqp.iter().copied()).collect();
+        ok(&all)
+    };
+    let mut table = String::new();
+    for _ in 0..50 {
+        table = run(&["dead-letters", "list"]);
+        if table != "no dead letters\n" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !table.contains(['\u{1b}', '\u{7}', '\r']) && table.contains(r"m-\x1b]0;owned\x07\r1"),
+        "{table:?}"
+    );
+    let listed: serde_json::Value =
+        serde_json::from_str(&run(&["dead-letters", "list", "--json"])).unwrap();
+    assert_eq!(listed["dead_letters"][0]["message_id"], id);
+    channel
+        .queue_delete(dlq.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
 }

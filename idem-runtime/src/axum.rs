@@ -25,7 +25,7 @@ use std::task::{Context, Poll};
 use axum::body::Body;
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
-use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
+use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, X_CONTENT_TYPE_OPTIONS};
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request, StatusCode};
 
@@ -128,13 +128,19 @@ fn mark_replayed(headers: &mut http::HeaderMap) {
 /// - Completed: the stored answer's bytes with its stored status (201 for a record completed
 ///   with 201, a stored final error's own status), `Idempotent-Replayed: true`. An answer stored
 ///   without an HTTP status is 200 when it is a success and 422 when it is a final error; a
-///   stored status that is not one is a 500, never a guess.
+///   stored status that is not one is a 500, never a guess. It is labelled by what was stored:
+///   an answer of the tower guard (feature `tower`) is sent as the guard replays it, with the
+///   headers it kept (its own `Content-Type` among them) and its body; any other answer is
+///   `application/json` when its bytes are JSON (what a `Json<T>` answer and a serde value
+///   store), else `application/octet-stream` (an encoding of its own,
+///   [`ReplayBytes`](crate::replay::ReplayBytes)).
 /// - In progress: 409 `REQUEST_IN_PROGRESS` with `Retry-After`.
 /// - Unknown: 404 `IDEMPOTENCY_KEY_NOT_FOUND` (safe to send the request again with the same
 ///   key).
 ///
 /// Every answer, whatever its status, carries `Cache-Control: no-store`: it is about one
-/// caller's request, and changes as the request runs.
+/// caller's request, and changes as the request runs; and `X-Content-Type-Options: nosniff`,
+/// so that a browser reads it only as what it is labelled.
 pub async fn lookup<S: Store>(store: &S, scope: &str, key: &Key) -> Response {
     let mut resp = match store.lookup(scope, key.as_str()).await {
         Err(e) => e.into_response(),
@@ -144,12 +150,8 @@ pub async fn lookup<S: Store>(store: &S, scope: &str, key: &Key) -> Response {
             "no request with this key is known: it is safe to send it again with the same key",
         ),
         Ok(Some(record)) => match (record.state, record.response) {
-            (RecordState::Completed, Some(stored)) => match lookup_status(&stored) {
-                Ok(status) => {
-                    let mut resp = Response::new(Body::from(stored.body));
-                    *resp.status_mut() = status;
-                    resp.headers_mut()
-                        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            (RecordState::Completed, Some(stored)) => match stored_answer(stored) {
+                Ok(mut resp) => {
                     mark_replayed(resp.headers_mut());
                     resp
                 }
@@ -168,7 +170,50 @@ pub async fn lookup<S: Store>(store: &S, scope: &str, key: &Key) -> Response {
     };
     resp.headers_mut()
         .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp.headers_mut()
+        .insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     resp
+}
+
+/// How an answer of the tower guard starts (its envelope's magic, `tower/envelope.rs`). Only an
+/// answer stored with an HTTP status is read as one: what `ReplayBytes` stores has none, so
+/// bytes of a service's own that happen to start so are never taken for the guard's headers.
+const TOWER_ENVELOPE: &[u8] = b"idem/http";
+
+/// A completed record's answer as the lookup sends it, labelled by what was stored.
+fn stored_answer(stored: StoredResponse) -> Result<Response, String> {
+    if stored.status.is_some() && stored.body.starts_with(TOWER_ENVELOPE) {
+        return tower_answer(&stored);
+    }
+    let status = lookup_status(&stored)?;
+    let content_type = if serde_json::from_slice::<serde::de::IgnoredAny>(&stored.body).is_ok() {
+        "application/json"
+    } else {
+        "application/octet-stream"
+    };
+    let mut resp = Response::new(Body::from(stored.body));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    Ok(resp)
+}
+
+/// An answer the tower guard stored: its status, the headers it kept and its body, as the
+/// guard replays it (trailers aside).
+#[cfg(feature = "tower")]
+fn tower_answer(stored: &StoredResponse) -> Result<Response, String> {
+    let answer = crate::tower::StoredHttpResponse::decode(stored).map_err(|e| e.to_string())?;
+    let mut resp = Response::new(Body::from(answer.body));
+    *resp.status_mut() = answer.status;
+    *resp.headers_mut() = answer.headers;
+    Ok(resp)
+}
+
+/// Without the `tower` feature the guard's envelope is not read here: an error, never its
+/// bytes under a label they do not have.
+#[cfg(not(feature = "tower"))]
+fn tower_answer(_: &StoredResponse) -> Result<Response, String> {
+    Err("an answer the tower guard stored: build with the `tower` feature to look it up".into())
 }
 
 /// The status the lookup answers a completed record with: the stored one, read exactly.

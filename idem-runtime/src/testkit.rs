@@ -189,6 +189,7 @@ macro_rules! conformance_tests {
             a_repeated_completion_is_done_once,
             operators_list_and_inspect_records,
             a_forced_release_moves_the_fence_on,
+            a_forced_release_with_a_stale_fence_releases_nothing,
             stats_count_by_state_and_prefix,
             expired_records_are_counted_then_purged_in_batches,
         }
@@ -877,6 +878,77 @@ pub mod cases {
         );
         assert_eq!(
             store.force_release("s", "k-none").await.unwrap(),
+            ForcedRelease::NotFound
+        );
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn a_forced_release_with_a_stale_fence_releases_nothing<S: Store + Clone>(
+        env: &Env<S>,
+    ) {
+        let store = env.store();
+        let k = key("k-seen");
+        // The operator sees the first claim; it is released (by another operator) and the
+        // retry claims again before the operator's release arrives.
+        let seen = begin_claimed(env, req("s", &k, &fp("a"), &POLICY)).await;
+        let done = store
+            .force_release_fenced("s", k.as_str(), seen.fence)
+            .await
+            .unwrap();
+        let ForcedRelease::Released { fence: released } = done else {
+            panic!("a claim with the fence asked for is released: {done:?}")
+        };
+        let retry = begin_claimed(env, req("s", &k, &fp("a"), &POLICY)).await;
+        assert!(retry.fence > released);
+
+        // The late release names the fence the operator saw: the retry's claim stays.
+        assert_eq!(
+            store
+                .force_release_fenced("s", k.as_str(), seen.fence)
+                .await
+                .unwrap(),
+            ForcedRelease::FenceMoved {
+                fence: retry.fence,
+                state: State::InProgress,
+            }
+        );
+        let info = store.inspect("s", k.as_str()).await.unwrap().unwrap();
+        assert_eq!((info.state, info.fence), (State::InProgress, retry.fence));
+        complete_ok(
+            env,
+            claim("s", &k, retry.fence),
+            &StoredResponse::ok(b"retry".to_vec()),
+        )
+        .await;
+
+        // A stale fence on a completed record says what it is now; the right one says it is
+        // not in progress; neither changes it.
+        assert_eq!(
+            store
+                .force_release_fenced("s", k.as_str(), seen.fence)
+                .await
+                .unwrap(),
+            ForcedRelease::FenceMoved {
+                fence: retry.fence,
+                state: State::Completed,
+            }
+        );
+        assert_eq!(
+            store
+                .force_release_fenced("s", k.as_str(), retry.fence)
+                .await
+                .unwrap(),
+            ForcedRelease::NotInProgress(State::Completed)
+        );
+        match store.begin(req("s", &k, &fp("a"), &POLICY)).await.unwrap() {
+            BeginOutcome::Replay(r) => assert_eq!(&r.body[..], b"retry"),
+            other => panic!("the retry's answer is replayed: {other:?}"),
+        }
+        assert_eq!(
+            store
+                .force_release_fenced("s", "k-none", seen.fence)
+                .await
+                .unwrap(),
             ForcedRelease::NotFound
         );
     }

@@ -135,8 +135,12 @@ fn count(n: Option<impl ToString>) -> String {
     n.map(|n| n.to_string()).unwrap_or_else(|| "-".into())
 }
 
+/// A value of a dead letter as people read it: what its publisher wrote, [`printable`], or `-`.
+///
+/// [`printable`]: output::printable
 fn text(s: &Option<String>) -> String {
-    s.clone().unwrap_or_else(|| "-".into())
+    s.as_deref()
+        .map_or_else(|| "-".into(), |s| output::printable(s).into_owned())
 }
 
 fn nats_json(l: &nats::DeadLetter) -> serde_json::Value {

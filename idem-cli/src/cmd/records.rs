@@ -76,6 +76,10 @@ pub(crate) struct ReleaseArgs {
     scope: String,
     /// The idempotency key the client sent.
     key: String,
+    /// Release only the claim with this fence (what `records show` or `list` printed): if
+    /// the record moved on since (another claim, a completion), nothing is released.
+    #[arg(long, value_name = "N")]
+    fence: Option<u64>,
     /// Release without asking: what scripts (and anything without a terminal) must pass.
     #[arg(long)]
     yes: bool,
@@ -236,7 +240,7 @@ async fn show(args: ShowArgs) -> Result<(), Failure> {
     print!("{}", t.render());
     if let Some(b) = body {
         println!();
-        println!("{}", b.content());
+        println!("{}", output::printable_lines(b.content()));
     }
     Ok(())
 }
@@ -244,6 +248,7 @@ async fn show(args: ShowArgs) -> Result<(), Failure> {
 async fn release(args: ReleaseArgs) -> Result<(), Failure> {
     let (store, shown) = store::open(&args.store).await?;
     let (scope, key) = (args.scope.as_str(), args.key.as_str());
+    let mut fence = args.fence;
     if !args.yes {
         if !std::io::stdin().is_terminal() {
             return Err(Failure::Usage(
@@ -252,16 +257,23 @@ async fn release(args: ReleaseArgs) -> Result<(), Failure> {
                     .into(),
             ));
         }
-        // Say what would be released, and ask only when there is something to release.
+        // Say what would be released, and ask only when there is something to release; the
+        // answer is about the claim shown, so only that claim is released.
         match store.inspect(scope, key).await? {
-            Some(r) if r.state == State::InProgress && !r.expires_in.is_zero() => {
+            Some(r)
+                if r.state == State::InProgress
+                    && !r.expires_in.is_zero()
+                    && fence.is_none_or(|f| f == r.fence) =>
+            {
+                fence = Some(r.fence);
                 let lease = r
                     .lease_remaining
                     .map_or_else(|| "-".to_owned(), output::duration);
                 eprint!(
-                    "Release the claim on scope {scope:?}, key {key:?} in {shown} (attempt {}, \
-                     claimed {} ago, lease left {lease})? Its owner, if it is still running, \
-                     will be refused its completion. [y/N] ",
+                    "Release the claim on scope {scope:?}, key {key:?} in {shown} (fence {}, \
+                     attempt {}, claimed {} ago, lease left {lease})? Its owner, if it is still \
+                     running, will be refused its completion. [y/N] ",
+                    r.fence,
                     r.attempt,
                     output::duration(r.age),
                 );
@@ -279,7 +291,10 @@ async fn release(args: ReleaseArgs) -> Result<(), Failure> {
             _ => {}
         }
     }
-    let done = store.force_release(scope, key).await?;
+    let done = match fence {
+        Some(f) => store.force_release_fenced(scope, key, f).await?,
+        None => store.force_release(scope, key).await?,
+    };
     if args.json {
         output::json(&match done {
             ForcedRelease::Released { fence } => json!({"released": true, "fence": fence}),
@@ -287,6 +302,9 @@ async fn release(args: ReleaseArgs) -> Result<(), Failure> {
                 json!({"released": false, "reason": "not_in_progress", "state": state.as_str()})
             }
             ForcedRelease::NotFound => json!({"released": false, "reason": "not_found"}),
+            ForcedRelease::FenceMoved { fence, state } => json!({
+                "released": false, "reason": "fence_moved", "fence": fence, "state": state.as_str(),
+            }),
             _ => json!({"released": false, "reason": "unknown"}),
         })?;
     }
@@ -312,6 +330,15 @@ async fn release(args: ReleaseArgs) -> Result<(), Failure> {
             eprintln!(
                 "idem: nothing released: no record for scope {scope:?}, key {key:?} in {shown} \
                  (never claimed, or purged)"
+            );
+            Err(Failure::Quiet)
+        }
+        ForcedRelease::FenceMoved { fence: now, state } => {
+            eprintln!(
+                "idem: nothing released: the record of scope {scope:?}, key {key:?} has fence \
+                 {now} now ({}), not {}: the claim you saw has ended",
+                state.as_str(),
+                fence.unwrap_or_default()
             );
             Err(Failure::Quiet)
         }

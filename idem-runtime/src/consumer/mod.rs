@@ -810,9 +810,11 @@ impl<S: Store> Consumer<S> {
                 (Ok(()), None) => Ran::Done {
                     replayed: !replays.replays().is_empty(),
                 },
+                // A guarded call whose outcome is unknown kept its claim: the message is retried
+                // (never dead-lettered as final at once), so that its redelivery resumes it.
                 (Err(e), _) => Ran::Failed {
                     idem: e.as_idem(),
-                    is_final: e.is_final(),
+                    is_final: e.is_final() && !suspended(&watch),
                     reason: e.to_string(),
                 },
             };
@@ -1012,13 +1014,33 @@ fn renew_every(every: Duration, watch: &ClaimWatch) -> Duration {
         .max(Duration::from_millis(10))
 }
 
+/// Whether a guarded call of the handler ended with its outcome unknown, its claim kept
+/// ([`Guard::suspend`](crate::Guard::suspend)).
+fn suspended(watch: &ClaimWatch) -> bool {
+    watch
+        .claims()
+        .iter()
+        .any(|w| w.claim.end() == End::Suspended)
+}
+
 /// Why the handler's work is not recorded, when it is not, as the completion policy
-/// (`Guard::record`) left its claims: one was lost to a newer attempt, or its answer could not
-/// be stored. Its delivery is then retried, never acked: the redelivery is answered by the newer
-/// attempt's record, or re-claims the record once its lease ran out.
+/// (`Guard::record`) left its claims: one was lost to a newer attempt, its answer could not
+/// be stored, or its outcome is unknown (the handler went on after a guarded call said its
+/// effect may have happened). Its delivery is then retried, never acked: the redelivery is
+/// answered by the newer attempt's record, resumes the kept claim, or re-claims the record once
+/// its lease ran out.
 fn unrecorded(watch: &ClaimWatch) -> Option<Error> {
     watch.claims().into_iter().find_map(|w| {
         let end = w.claim.end();
+        if end == End::Suspended {
+            return Some(Error::Unavailable(
+                format!(
+                    "the outcome of a guarded call on {:?} is unknown: its claim is kept for the redelivery to resume",
+                    w.claim.key().as_str()
+                )
+                .into(),
+            ));
+        }
         if w.claim.is_lost() && end != End::Completed {
             Some(Error::FenceLost {
                 fence: w.claim.fence(),

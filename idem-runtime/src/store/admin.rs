@@ -145,6 +145,15 @@ pub enum ForcedRelease {
     },
     /// The record is not in progress (completed or released already): nothing changed.
     NotInProgress(State),
+    /// The record's fence is not the one the release was asked for: the claim the operator saw
+    /// ended and another took its place (or was released or completed since). Nothing
+    /// changed; here is the record as it is now.
+    FenceMoved {
+        /// The record's fence now.
+        fence: u64,
+        /// The record's state now.
+        state: State,
+    },
     /// No such record (never claimed, or its retention ended): nothing changed.
     NotFound,
 }

@@ -572,13 +572,17 @@ impl MemoryStore {
                     found.map(|e| e.info(now, true)).into_iter().collect(),
                 ))
             }
-            Operation::ForceRelease { scope, key } => {
+            Operation::ForceRelease { scope, key, fence } => {
                 let now = self.inner.clock.now_ms();
                 let hash = self.hash(scope, key);
                 let mut shard = self.shard(hash);
                 let done = match shard.find_mut(hash, |e| e.is(scope, key)) {
                     None => ForcedRelease::NotFound,
                     Some(e) if e.expired(now) => ForcedRelease::NotFound,
+                    Some(e) if fence.is_some_and(|f| f != e.fence) => ForcedRelease::FenceMoved {
+                        fence: e.fence,
+                        state: e.state,
+                    },
                     Some(e) if !matches!(e.state, State::InProgress | State::Parked) => {
                         ForcedRelease::NotInProgress(e.state)
                     }

@@ -130,6 +130,10 @@ pub enum Operation<'a> {
         scope: &'a str,
         /// The key.
         key: &'a str,
+        /// The fence the operator saw: when given, only a record that still has it is released
+        /// (otherwise [`ForcedRelease::FenceMoved`]), so a decision taken on a page or a
+        /// listing left open never releases a claim taken since.
+        fence: Option<u64>,
     },
     /// Counts by state and scope prefix, the oldest claim in progress, the records whose
     /// retention ends within `expiring_within`. Answered with [`Reply::Stats`].
@@ -464,13 +468,37 @@ pub trait StoreAdmin: Store {
         )
     }
 
-    /// [`Operation::ForceRelease`].
+    /// [`Operation::ForceRelease`] of whatever claim is in progress under `(scope, key)`.
     fn force_release<'a>(
         &'a self,
         scope: &'a str,
         key: &'a str,
     ) -> impl Future<Output = Result<ForcedRelease>> + Send + 'a {
-        let op = Operation::ForceRelease { scope, key };
+        let op = Operation::ForceRelease {
+            scope,
+            key,
+            fence: None,
+        };
+        expect(self.call(op), "force_release", |r| match r {
+            Reply::ForceReleased(done) => Ok(done),
+            other => Err(other),
+        })
+    }
+
+    /// [`Operation::ForceRelease`] of the claim with `fence` only: what an operator saw. A
+    /// record whose fence moved on since is left as it is
+    /// ([`ForcedRelease::FenceMoved`]).
+    fn force_release_fenced<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+        fence: u64,
+    ) -> impl Future<Output = Result<ForcedRelease>> + Send + 'a {
+        let op = Operation::ForceRelease {
+            scope,
+            key,
+            fence: Some(fence),
+        };
         expect(self.call(op), "force_release", |r| match r {
             Reply::ForceReleased(done) => Ok(done),
             other => Err(other),

@@ -291,6 +291,8 @@ pub(crate) struct AdminStatements {
     inspect: SqlStr,
     force_release: SqlStr,
     retry: SqlStr,
+    /// `force_release` of the claim with the fence `$3` only.
+    force_release_fenced: SqlStr,
     count_expired: SqlStr,
     stats: SqlStr,
 }
@@ -571,6 +573,13 @@ impl AdminStatements {
                 "UPDATE {t} SET state = '{in_progress}', lease_until = {now}, attempt = 1, \
                  resume_at = CASE WHEN request IS NOT NULL THEN {now} END, updated_at = {now} \
                  WHERE scope = $1 AND key = $2 AND state = '{parked}' RETURNING fence"
+            )),
+            // Only the claim the operator saw: a claim taken since keeps running.
+            force_release_fenced: sql(format!(
+                "UPDATE {t} SET state = '{released}', fence = fence + 1, request = NULL, \
+                 resume_at = NULL, note = NULL, updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND state IN ('{in_progress}', '{parked}') \
+                 AND {live} AND fence = $3 RETURNING fence"
             )),
             count_expired: sql(format!("SELECT count(*) AS n FROM {t} WHERE {expired}")),
             stats: sql(format!(
@@ -1140,10 +1149,19 @@ impl<D: Dialect> Engine<D> {
                 let found = self.inspect(scope, key).await?;
                 Ok(Reply::Records(found.into_iter().collect()))
             }
-            Operation::ForceRelease { scope, key } => {
-                let args = [Arg::Text(scope), Arg::Text(key)];
+            Operation::ForceRelease { scope, key, fence } => {
+                let admin = &self.sql.admin;
                 let mut conn = self.write_conn().await?;
-                let row = D::fetch(&mut conn, &self.sql.admin.force_release, &args).await?;
+                let row = match fence {
+                    None => {
+                        let args = [Arg::Text(scope), Arg::Text(key)];
+                        D::fetch(&mut conn, &admin.force_release, &args).await?
+                    }
+                    Some(f) => {
+                        let args = [Arg::Text(scope), Arg::Text(key), Arg::Int(fence_to_db(f))];
+                        D::fetch(&mut conn, &admin.force_release_fenced, &args).await?
+                    }
+                };
                 drop(conn);
                 let done = match row {
                     Some(row) => ForcedRelease::Released {
@@ -1151,10 +1169,17 @@ impl<D: Dialect> Engine<D> {
                     },
                     // Not released: say why, from the record as it is now.
                     None => match self.inspect(scope, key).await? {
-                        Some(r) if !r.expires_in.is_zero() || r.holds_work() => {
-                            ForcedRelease::NotInProgress(r.state)
+                        Some(r) if r.expires_in.is_zero() && !r.holds_work() => {
+                            ForcedRelease::NotFound
                         }
-                        _ => ForcedRelease::NotFound,
+                        Some(r) if fence.is_some_and(|f| f != r.fence) => {
+                            ForcedRelease::FenceMoved {
+                                fence: r.fence,
+                                state: r.state,
+                            }
+                        }
+                        Some(r) => ForcedRelease::NotInProgress(r.state),
+                        None => ForcedRelease::NotFound,
                     },
                 };
                 Ok(Reply::ForceReleased(done))
@@ -1300,6 +1325,7 @@ impl<D: Dialect> Engine<D> {
 
     /// Runs a claim's write in the background, on the current Tokio runtime if there is one:
     /// for the engine's own callers (group commit), which hold it rather than a store.
+    #[cfg(feature = "postgres")]
     pub(crate) fn defer(self: &Arc<Self>, write: crate::store::Deferred) {
         super::spawn_deferred(EngineStore(self.clone()), write)
     }
@@ -1307,8 +1333,10 @@ impl<D: Dialect> Engine<D> {
 
 /// An engine as a store, for writes deferred by the engine's own callers: every operation but
 /// `begin`, which each SQL store answers itself.
+#[cfg(feature = "postgres")]
 struct EngineStore<D: Dialect>(Arc<Engine<D>>);
 
+#[cfg(feature = "postgres")]
 impl<D: Dialect> crate::store::Store for EngineStore<D> {
     fn call<'a>(&'a self, op: Operation<'a>) -> impl Future<Output = Result<Reply>> + Send + 'a {
         self.0.call(op)

@@ -76,15 +76,25 @@
 //!    - another fingerprint under the same key: 422 `KEY_REUSED_WITH_DIFFERENT_BODY`;
 //!    - a live claim: 409 `REQUEST_IN_PROGRESS` with `Retry-After`;
 //!    - an unavailable store: 503 `IDEMPOTENCY_STORE_UNAVAILABLE` with `Retry-After`.
-//! 5. Claimed: the inner service runs with the buffered body, and its answer is read whole.
-//!    An answer the rule stores ([`GuardLayer::store_if`]: by default a 2xx whose gRPC status,
-//!    if any, is `0`) completes the record, under the completion policy every guarded call
-//!    shares: an answer that cannot be stored is still sent, and its claim kept until its
-//!    lease runs out; a record a newer attempt took over answers 409 `REQUEST_SUPERSEDED`
-//!    ([`Error::FenceLost`]). Any other answer, an inner service error or an answer body that
-//!    fails mid-stream releases the claim ([`Guard::release`](crate::Guard::release)), so a
-//!    retry runs again. A future dropped before the end (the client went away) releases the
-//!    claim through the guard's drop.
+//! 5. Claimed: the inner service runs with the buffered body and the claim
+//!    ([`ClaimInfo`](crate::ClaimInfo): attempt, recovery point, [`ClaimInfo::downstream_key`](crate::ClaimInfo::downstream_key)) in the request's
+//!    extensions, on a task of its own: a client that hangs up does not cut it off, its answer
+//!    is stored and the client's retry gets it. Its answer is read whole, and one of three
+//!    things becomes of it:
+//!    - stored, when the rule says so ([`GuardLayer::store_if`]: by default a 2xx whose gRPC
+//!      status, if any, is `0`), under the completion policy every guarded call shares: an
+//!      answer that cannot be stored is still sent, and its claim kept until its lease runs
+//!      out; a record a newer attempt took over answers 409 `REQUEST_SUPERSEDED`
+//!      ([`Error::FenceLost`]);
+//!    - released, when the answer says nothing happened ([`GuardLayer::release_if`]: by default
+//!      a 4xx, or a gRPC refusal), so that a retry runs afresh;
+//!    - kept, its outcome unknown, for every other answer (a 5xx: a proxy's 502 after its
+//!      upstream committed), an error of the inner service, an answer body that breaks off, and
+//!      any answer for which the inner service called [`ClaimInfo::outcome_unknown`](crate::ClaimInfo::outcome_unknown): the claim
+//!      stays in progress ([`Guard::suspend`](crate::Guard::suspend)), shown as unfinished by
+//!      `idem records` and the admin view and never expired, and the same key's retry resumes
+//!      it as the next attempt with the same downstream key. Never a release: only an answer
+//!      known to have done nothing frees the key.
 //!
 //! Other methods pass through untouched, their bodies streamed. Errors are RFC 9457
 //! `application/problem+json` bodies, the same type as the axum integration's ([`Problem`]).
@@ -188,6 +198,9 @@ fn warn_no_principal() {
     });
 }
 
+/// What a claim's outcome is while the inner service runs, until its answer says more.
+const NO_ANSWER: &str = "the inner service did not answer";
+
 /// A function of a request's parts: the route or the principal.
 type PartsFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
@@ -218,8 +231,18 @@ impl Answer<'_> {
         self.trailers
     }
 
-    /// The default rule: a 2xx status whose gRPC status, when there is one (in the trailers, or
-    /// in the headers of a trailers-only answer), is `0`.
+    /// The gRPC status, when there is one (in the trailers, or in the headers of a
+    /// trailers-only answer); an unreadable one reads as `UNKNOWN` (2).
+    pub fn grpc_status(&self) -> Option<u32> {
+        [self.trailers, Some(self.headers)]
+            .into_iter()
+            .flatten()
+            .find_map(|m| m.get("grpc-status"))
+            .map(|s| s.to_str().ok().and_then(|s| s.parse().ok()).unwrap_or(2))
+    }
+
+    /// The default rule of [`GuardLayer::store_if`]: a 2xx status whose gRPC status, when there
+    /// is one, is `0`.
     pub fn is_success(&self) -> bool {
         let grpc_ok = [Some(self.headers), self.trailers]
             .into_iter()
@@ -227,6 +250,20 @@ impl Answer<'_> {
             .filter_map(|m| m.get("grpc-status"))
             .all(|s| s == "0");
         self.status.is_success() && grpc_ok
+    }
+
+    /// The default rule of [`GuardLayer::release_if`]: an answer that says the request was
+    /// refused before it had any effect. A 4xx status (the request was invalid, unauthorized,
+    /// in conflict, rate-limited), or a gRPC status of the same kind: `INVALID_ARGUMENT`,
+    /// `NOT_FOUND`, `ALREADY_EXISTS`, `PERMISSION_DENIED`, `RESOURCE_EXHAUSTED`,
+    /// `FAILED_PRECONDITION`, `OUT_OF_RANGE`, `UNIMPLEMENTED`, `UNAUTHENTICATED`. A 5xx, and
+    /// `UNKNOWN`, `DEADLINE_EXCEEDED`, `ABORTED`, `INTERNAL`, `UNAVAILABLE`, `DATA_LOSS`, are
+    /// not refusals: a proxy's 502 or 504 can come after its upstream acted.
+    pub fn is_refusal(&self) -> bool {
+        match self.grpc_status() {
+            Some(0) | None => self.status.is_client_error(),
+            Some(code) => matches!(code, 3 | 5 | 6 | 7 | 8 | 9 | 11 | 12 | 16),
+        }
     }
 }
 
@@ -253,6 +290,7 @@ struct Config {
     body_limit: usize,
     stored_headers: Vec<HeaderName>,
     store_if: StoreRule,
+    release_if: StoreRule,
     policy: Policy,
 }
 
@@ -393,6 +431,7 @@ impl<St: Store + Clone> GuardLayer<St> {
                 body_limit: DEFAULT_BODY_LIMIT,
                 stored_headers: vec![CONTENT_TYPE, CONTENT_ENCODING, LOCATION],
                 store_if: Arc::new(|a: &Answer<'_>| a.is_success()),
+                release_if: Arc::new(|a: &Answer<'_>| a.is_refusal()),
                 policy: Policy::DEFAULT,
             }),
         }
@@ -473,11 +512,27 @@ impl<St: Store + Clone> GuardLayer<St> {
         self.edit(|c| c.stored_headers = names)
     }
 
-    /// Which answers are stored and replayed; every other answer releases the claim so that a
-    /// retry runs again. The default is [`Answer::is_success`]. To replay final client errors
-    /// too: `.store_if(|a| a.is_success() || a.status() == StatusCode::UNPROCESSABLE_ENTITY)`.
+    /// Which answers are stored and replayed. The default is [`Answer::is_success`]. To replay
+    /// final client errors too:
+    /// `.store_if(|a| a.is_success() || a.status() == StatusCode::UNPROCESSABLE_ENTITY)`.
+    /// An answer that is not stored either releases the claim ([`GuardLayer::release_if`]) or
+    /// leaves its outcome unknown.
     pub fn store_if(self, rule: impl Fn(&Answer<'_>) -> bool + Send + Sync + 'static) -> Self {
         self.edit(|c| c.store_if = Arc::new(rule))
+    }
+
+    /// Which answers that are not stored say that nothing happened, and free the key so that a
+    /// retry runs afresh. The default is [`Answer::is_refusal`] (4xx, and gRPC's refusals).
+    ///
+    /// Every other answer that is not stored (a 5xx by default: a proxy's 502 or 504 may come
+    /// after its upstream moved the money), an error of the inner service and an answer body
+    /// that breaks off leave the outcome unknown: the claim is kept in progress
+    /// ([`Guard::suspend`](crate::Guard::suspend)), visible as unfinished, and the same key's
+    /// retry resumes it as a new attempt, with the same [`ClaimInfo::downstream_key`](crate::ClaimInfo::downstream_key) to hand
+    /// the upstream. The inner service says so itself on any answer with
+    /// [`ClaimInfo::outcome_unknown`](crate::ClaimInfo::outcome_unknown), from the request's extensions.
+    pub fn release_if(self, rule: impl Fn(&Answer<'_>) -> bool + Send + Sync + 'static) -> Self {
+        self.edit(|c| c.release_if = Arc::new(rule))
     }
 
     /// Lease, retention and what to do with an abandoned claim.
@@ -571,11 +626,15 @@ async fn handle<S, St, ReqB, ResB>(
     req: Request<ReqB>,
 ) -> std::result::Result<Response<GuardBody<ResB>>, S::Error>
 where
-    S: tower_service::Service<Request<GuardBody<ReqB>>, Response = Response<ResB>>,
+    S: tower_service::Service<Request<GuardBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
     St: Store,
-    ReqB: Body,
+    ReqB: Body + Send + 'static,
+    ReqB::Data: Send,
     ReqB::Error: Into<BoxError>,
-    ResB: Body,
+    ResB: Body + Send + 'static,
+    ResB::Data: Send,
     ResB::Error: Into<BoxError>,
 {
     let (parts, req_body) = req.into_parts();
@@ -588,6 +647,40 @@ where
         Admission::Guard(key, principal) => (key, principal),
     };
 
+    // A guarded request runs to its end on a task of its own: a client that goes away once the
+    // inner service may have acted must not cut it off between the effect and its answer's
+    // record. The answer is stored, and the client's retry gets it.
+    let run = guarded(inner, store, config, parts, req_body, key, principal);
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => match runtime.spawn(run).await {
+            Ok(answer) => answer,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Ok(problem(&Error::Unavailable(
+                "the runtime shut down while the request ran".into(),
+            ))),
+        },
+        Err(_) => run.await,
+    }
+}
+
+/// A guarded request, from reading its body to its answer.
+async fn guarded<S, St, ReqB, ResB>(
+    mut inner: S,
+    store: St,
+    config: Arc<Config>,
+    parts: Parts,
+    req_body: ReqB,
+    key: Key,
+    principal: Option<String>,
+) -> std::result::Result<Response<GuardBody<ResB>>, S::Error>
+where
+    S: tower_service::Service<Request<GuardBody<ReqB>>, Response = Response<ResB>>,
+    St: Store,
+    ReqB: Body,
+    ReqB::Error: Into<BoxError>,
+    ResB: Body,
+    ResB::Error: Into<BoxError>,
+{
     let limit = config.body_limit;
     let declared = parts
         .headers
@@ -642,13 +735,20 @@ where
         Err(e) => return Ok(problem(&e)),
     };
 
-    // Claimed: the inner service runs once. Dropping this future from here on (a client that
-    // went away) drops the guard, which releases the claim.
+    // Claimed: the inner service runs once, with the claim in its request's extensions. From
+    // here on the inner service may act at any moment, so the outcome is unknown until an
+    // answer says otherwise: a guard dropped before then (a panic, a runtime shutting down)
+    // suspends the claim rather than releasing it.
+    let mut parts = parts;
+    let info = guard.info();
+    info.outcome_unknown(NO_ANSWER);
+    parts.extensions.insert(info.clone());
     let req = Request::from_parts(parts, GuardBody::buffered(bytes, req_trailers));
     let resp = match inner.call(req).await {
         Ok(resp) => resp,
         Err(e) => {
-            guard.give_up_or_log().await;
+            info.outcome_unknown("the inner service failed");
+            guard.fail_or_log().await;
             return Err(e);
         }
     };
@@ -656,8 +756,10 @@ where
     let (data, trailers) = match body::read(res_body, None).await {
         Ok(read) => read,
         Err(e) => {
-            // Nothing complete was answered: free the key, and fail the body for the client.
-            guard.give_up_or_log().await;
+            // The answer broke off: what it would have said is unknown. Keep the claim, and
+            // fail the body for the client.
+            info.outcome_unknown("the answer's body broke off");
+            guard.fail_or_log().await;
             return Ok(Response::from_parts(
                 head,
                 GuardBody::failed(e.into_error()),
@@ -670,7 +772,17 @@ where
         trailers: trailers.as_ref(),
     };
     if !(config.store_if)(&answer) {
-        guard.give_up_or_log().await;
+        // Known to have done nothing (and the inner service did not say otherwise on this
+        // answer): free the key. Anything else stays unknown.
+        let said_unknown = info.unknown_outcome().is_some_and(|why| why != NO_ANSWER);
+        if (config.release_if)(&answer) && !said_unknown {
+            guard.give_up_or_log().await;
+        } else {
+            if !said_unknown {
+                info.outcome_unknown(format!("the answer was {}", head.status));
+            }
+            guard.fail_or_log().await;
+        }
         return Ok(Response::from_parts(
             head,
             GuardBody::buffered(data, trailers),

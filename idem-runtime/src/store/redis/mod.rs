@@ -537,20 +537,26 @@ impl Store for RedisStore {
                 let found = self.info(&name, Some((scope, key)), true).await?;
                 Ok(Reply::Records(found.into_iter().collect()))
             }
-            Operation::ForceRelease { scope, key } => {
+            Operation::ForceRelease { scope, key, fence } => {
                 let mut inv = SCRIPTS.force_release.prepare_invoke();
                 inv.key(self.record_key(scope, key))
-                    .arg(identity(scope, key));
+                    .arg(identity(scope, key))
+                    .arg(fence.map(|f| f.to_string()).unwrap_or_default());
                 let reply = self.run(&inv).await?;
                 let done = match tag(&reply)? {
                     1 => ForcedRelease::NotFound,
-                    2 => ForcedRelease::NotInProgress(match &bytes_at(&reply, 1)?[..] {
-                        b"c" => State::Completed,
-                        b"r" => State::Released,
-                        _ => return Err(protocol("force_release answered an unknown state")),
-                    }),
+                    2 => ForcedRelease::NotInProgress(state_at(&reply, 1)?),
                     3 => ForcedRelease::Released {
                         fence: int_at(&reply, 1).and_then(non_negative)?,
+                    },
+                    4 => ForcedRelease::FenceMoved {
+                        state: state_at(&reply, 1)?,
+                        fence: std::str::from_utf8(&bytes_at(&reply, 2)?)
+                            .ok()
+                            .and_then(|f| f.parse().ok())
+                            .ok_or_else(|| {
+                                protocol("force_release answered a fence that is not one")
+                            })?,
                     },
                     0 => return Err(not_ours(self, scope, key, &reply)),
                     other => {
@@ -1079,6 +1085,16 @@ fn int_at(reply: &[Value], i: usize) -> Result<i64> {
 
 fn non_negative(n: i64) -> Result<u64> {
     u64::try_from(n).map_err(|_| protocol(format!("a negative number {n}")))
+}
+
+/// A record's state as the scripts write it (`i`, `c`, `r`), at `i` of `reply`.
+fn state_at(reply: &[Value], i: usize) -> Result<State> {
+    match &bytes_at(reply, i)?[..] {
+        b"i" => Ok(State::InProgress),
+        b"c" => Ok(State::Completed),
+        b"r" => Ok(State::Released),
+        _ => Err(protocol("a script answered an unknown state")),
+    }
 }
 
 fn bytes_at(reply: &[Value], i: usize) -> Result<Vec<u8>> {

@@ -23,12 +23,34 @@
 //! |---|---|
 //! | `GET /` | counts by state and scope prefix, and the records, filtered by `state`, `prefix`, `older_than` (`90s`, `5m`, `2h`, `1d`) and `limit` |
 //! | `GET /record?scope=…&key=…` | one record in full: fence, attempt, lease, fingerprint, recovery point, stored answer |
-//! | `POST /release` (form: `scope`, `key`) | releases a claim in progress; `403` unless [`Admin::allow_release`] |
+//! | `POST /release` (form: `scope`, `key`, `fence`, `token`, as the record's page writes them) | releases the claim the page showed; `403` unless [`Admin::allow_release`] |
 //! | `GET /api/records`, `/api/record`, `/api/stats` | the same as JSON |
-//! | `POST /api/release` (JSON: `scope`, `key`) | the same as JSON |
+//! | `POST /api/release` (JSON: `scope`, `key`, optionally `fence`) | the same as JSON |
 //!
 //! A release is [`Operation::ForceRelease`](crate::store::Operation::ForceRelease): the fence
 //! moves on, so an owner presumed gone that wakes up cannot complete over the retry.
+//!
+//! # What a release must prove
+//!
+//! Whoever reaches the view may look, but a release must come from the view's own page, for the
+//! claim that page showed, whatever is in front of the view (a bearer token, a login proxy's
+//! cookie, nothing but a private port):
+//!
+//! - a request a browser says another site sent (`Sec-Fetch-Site`, else `Origin`) is refused
+//!   (`403`), on `/release` and `/api/release` alike;
+//! - the form's `token` is an HMAC of its scope, key and fence under a secret of the view's own
+//!   (random for each [`Admin`], or [`Admin::form_secret`] for instances that share one
+//!   address): a form the view did not write is refused (`403`), and so is one written before
+//!   a restart (the page says to open the record again);
+//! - the release applies only while the record has the fence the page showed: a page left open
+//!   does not release the claim taken since (`409`, with the record's fence and state now).
+//!   `/api/release` takes the same condition as `fence`; without it, it releases whatever
+//!   claim is in progress, for scripts that read nothing first;
+//! - no page may be framed, and none loads anything but its own inline style (see
+//!   `X-Frame-Options`, `Content-Security-Policy`, `Referrer-Policy`,
+//!   `X-Content-Type-Options` on every answer).
+
+mod protect;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -37,7 +59,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Form, OriginalUri, Query, State as Shared};
-use axum::http::{StatusCode, Uri, header};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
@@ -58,20 +80,32 @@ const EXPIRING_WITHIN: Duration = Duration::from_secs(60 * 60);
 pub struct Admin<S> {
     store: S,
     allow_release: bool,
+    forms: protect::FormKey,
 }
 
 impl<S: Store + Clone> Admin<S> {
-    /// A read-only view of `store`.
+    /// A read-only view of `store`, whose release forms (once allowed) are signed with a
+    /// secret drawn at random for this view.
     pub fn new(store: S) -> Self {
         Admin {
             store,
             allow_release: false,
+            forms: protect::FormKey::random(),
         }
     }
 
     /// Whether claims in progress may be released from the view (default `false`: read-only).
     pub fn allow_release(mut self, allow: bool) -> Self {
         self.allow_release = allow;
+        self
+    }
+
+    /// The secret the release forms are signed with, instead of the random one: give every
+    /// instance of a service behind one address the same (32 random bytes or more), so that a
+    /// page one served may be released through another, and keep it as secret as a password.
+    /// An empty secret turns releasing from the page off.
+    pub fn form_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.forms = protect::FormKey::given(secret.as_ref());
         self
     }
 
@@ -87,6 +121,7 @@ impl<S: Store + Clone> Admin<S> {
             .route("/api/stats", get(api_stats::<S>))
             .route("/api/release", post(api_release::<S>))
             .with_state(shared)
+            .layer(axum::middleware::map_response(protect::secure_headers))
     }
 }
 
@@ -160,6 +195,9 @@ fn release_json(done: ForcedRelease) -> Value {
             json!({"released": false, "reason": "not_in_progress", "state": state.as_str()})
         }
         ForcedRelease::NotFound => json!({"released": false, "reason": "not_found"}),
+        ForcedRelease::FenceMoved { fence, state } => json!({
+            "released": false, "reason": "fence_moved", "fence": fence, "state": state.as_str(),
+        }),
         #[allow(unreachable_patterns)]
         _ => json!({"released": false}),
     }
@@ -261,11 +299,12 @@ async fn api_stats<S: Store + Clone>(
     }
 }
 
-/// The body of a release: which record.
+/// The body of a release through the API: which record, and the fence it must still have.
 #[derive(Debug, serde::Deserialize)]
 struct ReleaseRequest {
     scope: String,
     key: String,
+    fence: Option<u64>,
 }
 
 const READ_ONLY: &str =
@@ -273,22 +312,45 @@ const READ_ONLY: &str =
 
 async fn api_release<S: Store + Clone>(
     Shared(admin): Shared<Arc<Admin<S>>>,
+    OriginalUri(original): OriginalUri,
+    headers: HeaderMap,
     axum::Json(req): axum::Json<ReleaseRequest>,
 ) -> Response {
     if !admin.allow_release {
         return json_error(StatusCode::FORBIDDEN, "ADMIN_READ_ONLY", READ_ONLY);
     }
-    match admin.store.force_release(&req.scope, &req.key).await {
+    if let Some(why) = protect::cross_site(&headers, &original) {
+        return json_error(
+            StatusCode::FORBIDDEN,
+            "ADMIN_CROSS_SITE",
+            &format!("{why}: nothing was released"),
+        );
+    }
+    match release(&admin.store, &req.scope, &req.key, req.fence).await {
         Ok(done) => {
-            log_release(&req, done);
-            axum::Json(release_json(done)).into_response()
+            let status = match done {
+                ForcedRelease::FenceMoved { .. } => StatusCode::CONFLICT,
+                _ => StatusCode::OK,
+            };
+            (status, axum::Json(release_json(done))).into_response()
         }
         Err(e) => store_error_json(&e),
     }
 }
 
-fn log_release(req: &ReleaseRequest, done: ForcedRelease) {
-    tracing::warn!(target: "idem", scope = %req.scope, key = %req.key, outcome = ?done, "a claim was released by hand from the admin view");
+/// A release by hand, logged: of the claim at `fence` when one is given.
+async fn release<S: Store>(
+    store: &S,
+    scope: &str,
+    key: &str,
+    fence: Option<u64>,
+) -> crate::Result<ForcedRelease> {
+    let done = match fence {
+        Some(fence) => store.force_release_fenced(scope, key, fence).await?,
+        None => store.force_release(scope, key).await?,
+    };
+    tracing::warn!(target: "idem", scope = %scope, key = %key, fence = ?fence, outcome = ?done, "a claim was released by hand from the admin view");
+    Ok(done)
 }
 
 // ---- HTML ---------------------------------------------------------------------------------------
@@ -370,19 +432,27 @@ fn age(d: Duration) -> String {
     }
 }
 
+/// Stored bytes as a page shows them: text when the whole is UTF-8 (cut between two
+/// characters), else hex; at most [`SHOWN_BYTES`] of them, and how many more there are.
 fn shown(bytes: &[u8]) -> String {
-    let cut = &bytes[..bytes.len().min(SHOWN_BYTES)];
-    let more = if bytes.len() > SHOWN_BYTES {
-        format!(
-            "\n… {} more bytes (the whole answer: api/record)",
-            bytes.len() - SHOWN_BYTES
-        )
-    } else {
-        String::new()
+    let (head, cut) = match std::str::from_utf8(bytes) {
+        Ok(text) => {
+            let end = text.floor_char_boundary(SHOWN_BYTES);
+            (esc(&text[..end]), end)
+        }
+        Err(_) => {
+            let end = bytes.len().min(SHOWN_BYTES);
+            (format!("hex: {}", hex(&bytes[..end])), end)
+        }
     };
-    match std::str::from_utf8(cut) {
-        Ok(text) => format!("{}{}", esc(text), esc(&more)),
-        Err(_) => format!("hex: {}{}", hex(cut), esc(&more)),
+    if cut < bytes.len() {
+        let more = format!(
+            "\n… {} more bytes (the whole answer: api/record)",
+            bytes.len() - cut
+        );
+        format!("{head}{}", esc(&more))
+    } else {
+        head
     }
 }
 
@@ -572,46 +642,89 @@ async fn record_page<S: Store + Clone>(
         );
     }
     if r.state == State::InProgress {
-        if admin.allow_release {
-            let _ = write!(
-                body,
-                "<h2>Release</h2><p>If the process that holds this claim is gone (crashed, killed), \
-                 releasing lets the next request with this key run at once. Its fence moves on: should \
-                 the process still be running, it can no longer complete over the retry.</p>\
-                 <form method=\"post\" action=\"{}/release\"><input type=\"hidden\" name=\"scope\" value=\"{}\">\
-                 <input type=\"hidden\" name=\"key\" value=\"{}\"><button id=\"release\">Release this claim</button></form>",
-                esc(&base),
-                esc(&r.scope),
-                esc(&r.key),
-            );
-        } else {
-            body.push_str("<p>This view is read-only: releasing is turned off.</p>");
-        }
+        release_section(&mut body, &admin, &base, &r);
     }
     page("Record", &base, &body).into_response()
 }
+
+/// The record page's release form: for this claim (its fence), signed.
+fn release_section<S>(body: &mut String, admin: &Admin<S>, base: &str, r: &RecordInfo) {
+    if !admin.allow_release {
+        body.push_str("<p>This view is read-only: releasing is turned off.</p>");
+        return;
+    }
+    let Some(token) = admin.forms.token(&r.scope, &r.key, r.fence) else {
+        body.push_str(
+            "<p class=\"error\">Releasing is refused: the view has no secret to sign its form \
+             with (Admin::form_secret).</p>",
+        );
+        return;
+    };
+    let _ = write!(
+        body,
+        "<h2>Release</h2><p>If the process that holds this claim is gone (crashed, killed), \
+         releasing lets the next request with this key run at once. Its fence moves on: should \
+         the process still be running, it can no longer complete over the retry. Only this claim \
+         (fence {fence}) is released: if another has taken its place by then, nothing is.</p>\
+         <form method=\"post\" action=\"{}/release\"><input type=\"hidden\" name=\"scope\" value=\"{}\">\
+         <input type=\"hidden\" name=\"key\" value=\"{}\"><input type=\"hidden\" name=\"fence\" value=\"{fence}\">\
+         <input type=\"hidden\" name=\"token\" value=\"{token}\"><button id=\"release\">Release this claim</button></form>",
+        esc(base),
+        esc(&r.scope),
+        esc(&r.key),
+        fence = r.fence,
+    );
+}
+
+/// The release form as the record page writes it; `fence` and `token` are checked, not
+/// trusted to be there.
+#[derive(Debug, serde::Deserialize)]
+struct ReleaseForm {
+    scope: String,
+    key: String,
+    fence: Option<String>,
+    token: Option<String>,
+}
+
+/// The refusal of a release the view's own page did not send.
+const NOT_FROM_THE_PAGE: &str = "This release was not sent by the record's page in this admin \
+    view: its form token is missing or does not match (a page from before a restart, from \
+    another instance that does not share the form secret, or a form another site wrote).";
 
 async fn release_form<S: Store + Clone>(
     Shared(admin): Shared<Arc<Admin<S>>>,
     OriginalUri(original): OriginalUri,
     seen: Uri,
-    Form(req): Form<ReleaseRequest>,
+    headers: HeaderMap,
+    Form(req): Form<ReleaseForm>,
 ) -> Response {
     let base = base(&original, &seen);
     if !admin.allow_release {
         return error_page(StatusCode::FORBIDDEN, &base, READ_ONLY);
     }
-    let note = match admin.store.force_release(&req.scope, &req.key).await {
-        Ok(done) => {
-            log_release(&req, done);
-            match done {
-                ForcedRelease::Released { fence } => format!("Released; the fence is now {fence}."),
-                ForcedRelease::NotInProgress(state) => {
-                    format!("Nothing released: the record is {}.", state.as_str())
-                }
-                _ => "Nothing released: no such record.".to_owned(),
-            }
+    if let Some(why) = protect::cross_site(&headers, &original) {
+        return refused(
+            &base,
+            &req,
+            &format!("This release came from another site: {why}."),
+        );
+    }
+    let fence = req.fence.as_deref().and_then(|f| f.parse::<u64>().ok());
+    let Some(fence) = fence.filter(|&f| {
+        let token = req.token.as_deref().unwrap_or("");
+        admin.forms.admits(&req.scope, &req.key, f, token)
+    }) else {
+        return refused(&base, &req, NOT_FROM_THE_PAGE);
+    };
+    let note = match release(&admin.store, &req.scope, &req.key, Some(fence)).await {
+        Ok(ForcedRelease::Released { fence }) => format!("Released; the fence is now {fence}."),
+        Ok(ForcedRelease::NotInProgress(state)) => {
+            format!("Nothing released: the record is {}.", state.as_str())
         }
+        Ok(ForcedRelease::FenceMoved { fence: now, state }) => {
+            return moved_on(&base, &req, fence, now, state);
+        }
+        Ok(_) => "Nothing released: no such record.".to_owned(),
         Err(e) => {
             return store_error_page(&e, &base);
         }
@@ -624,4 +737,91 @@ async fn release_form<S: Store + Clone>(
         url(&note)
     ))
     .into_response()
+}
+
+/// A link to the record of a release form, for the pages that refuse it.
+fn form_record_link(base: &str, req: &ReleaseForm) -> String {
+    format!(
+        "<p><a id=\"record-link\" href=\"{}/record?scope={}&amp;key={}\">Open the record again</a> \
+         and decide from what it shows now.</p>",
+        esc(base),
+        url(&req.scope),
+        url(&req.key)
+    )
+}
+
+/// 403: a release refused before the store was asked; nothing changed.
+fn refused(base: &str, req: &ReleaseForm, why: &str) -> Response {
+    tracing::warn!(target: "idem", scope = %req.scope, key = %req.key, why, "the admin view refused a release");
+    let body = format!(
+        "<p class=\"error\" id=\"refused\">{} Nothing was released.</p>{}",
+        esc(why),
+        form_record_link(base, req)
+    );
+    (StatusCode::FORBIDDEN, page("Release refused", base, &body)).into_response()
+}
+
+/// 409: the record's fence is no longer the page's; nothing changed.
+fn moved_on(base: &str, req: &ReleaseForm, seen: u64, now: u64, state: State) -> Response {
+    let body = format!(
+        "<p class=\"error\" id=\"refused\">Nothing released: the record's fence is now {now} \
+         ({state}), not {seen} as the page showed. The claim you saw has ended and the record \
+         has moved on since.</p>{}",
+        form_record_link(base, req),
+        state = state.as_str(),
+    );
+    (StatusCode::CONFLICT, page("Nothing released", base, &body)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_text_is_cut_between_characters_and_stays_text() {
+        // One byte, then two-byte characters: the cut at SHOWN_BYTES falls inside one.
+        let text = format!("a{}", "é".repeat(SHOWN_BYTES));
+        let page = shown(text.as_bytes());
+        let kept = SHOWN_BYTES - 1;
+        assert!(
+            page.starts_with(&format!("a{}\n…", "é".repeat(kept / 2))),
+            "{}",
+            &page[..40]
+        );
+        assert!(
+            page.ends_with(&format!(
+                "… {} more bytes (the whole answer: api/record)",
+                text.len() - kept
+            )),
+            "{}",
+            &page[page.len() - 60..]
+        );
+        // Exactly SHOWN_BYTES of text: whole, no note.
+        let exact = "é".repeat(SHOWN_BYTES / 2);
+        assert_eq!(shown(exact.as_bytes()), exact);
+        // A four-byte character across the cut.
+        let text = format!("{}🦀🦀", "x".repeat(SHOWN_BYTES - 2));
+        let page = shown(text.as_bytes());
+        assert!(
+            page.starts_with(&format!("{}\n…", "x".repeat(SHOWN_BYTES - 2))),
+            "{page}"
+        );
+        assert!(
+            page.ends_with("… 8 more bytes (the whole answer: api/record)"),
+            "{page}"
+        );
+    }
+
+    #[test]
+    fn bytes_that_are_not_text_are_hex() {
+        assert_eq!(shown(&[0xff, 0x00, 0x41]), "hex: ff0041");
+        let mut bytes = "é".repeat(SHOWN_BYTES).into_bytes();
+        bytes.push(0xff);
+        let page = shown(&bytes);
+        assert!(page.starts_with("hex: c3a9c3a9"), "{}", &page[..20]);
+        assert!(page.ends_with(&format!(
+            "… {} more bytes (the whole answer: api/record)",
+            bytes.len() - SHOWN_BYTES
+        )));
+    }
 }
