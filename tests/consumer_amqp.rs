@@ -1,10 +1,13 @@
 //! The RabbitMQ adapter against a real broker: the same seam and runner as JetStream, and the
 //! scenarios every broker passes (`rabbitmq::…`, from `common/consumer_scenarios.rs`): one
 //! message id published three times and redelivered after a consumer's channel died mid-handler
-//! has one effect; a poison message goes to the dead-letter exchange while the rest flow. Then
-//! RabbitMQ's own: a message without a `message_id` is dead-lettered unrun, the delivery limit
-//! holds on queues that do not count deliveries, and the outbox's AMQP publisher (which sends
-//! the messages) refuses what the broker would lose.
+//! has one effect; a poison message is published, with its reason, to the dead-letter exchange
+//! while the rest flow. Then RabbitMQ's own: a message without a `message_id` is dead-lettered
+//! unrun, the delivery limit holds on queues that do not count deliveries, a dead letter is
+//! kept where a reject would have had RabbitMQ discard it (a queue without a dead-letter
+//! exchange) and stays with the broker when no queue takes it, a consumer holds at most its
+//! prefetch, and the outbox's AMQP publisher (which sends the messages) refuses what the broker
+//! would lose.
 //!
 //! Each test declares queues and exchanges of its own, deleted at the end. Without `AMQP_URL` at
 //! build time the tests are listed as ignored.
@@ -26,7 +29,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use idem::consumer::amqp::{AmqpDelivery, AmqpPublisher, AmqpSource};
+use idem::consumer::amqp::{AmqpDelivery, AmqpPublisher, AmqpSource, DEFAULT_PREFETCH};
 use idem::consumer::{Backoff, Consumer, HandlerError, Message};
 use idem::outbox::SqliteOutbox;
 use idem::outbox::{Event, OutboxBackend, Publisher, Relay, Unreachable};
@@ -129,6 +132,15 @@ impl Queues {
 
     /// The messages in the dead-letter queue, taken.
     async fn dead_letters(&self) -> Vec<(Option<String>, Vec<u8>)> {
+        let taken = self.dead_letters_with_reasons().await;
+        taken
+            .into_iter()
+            .map(|(key, payload, _)| (key, payload))
+            .collect()
+    }
+
+    /// The messages in the dead-letter queue, taken, with the reason the runner wrote.
+    async fn dead_letters_with_reasons(&self) -> Vec<(Option<String>, Vec<u8>, Option<String>)> {
         let mut out = Vec::new();
         while let Some(m) = self
             .channel
@@ -143,13 +155,33 @@ impl Queues {
                     .as_ref()
                     .map(|s| s.as_str().to_owned()),
                 m.delivery.data.clone(),
+                match m
+                    .delivery
+                    .properties
+                    .headers()
+                    .as_ref()
+                    .and_then(|h| h.inner().get(idem::consumer::amqp::REASON))
+                {
+                    Some(AMQPValue::LongString(s)) => {
+                        Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+                    }
+                    _ => None,
+                },
             ));
         }
         out
     }
 
+    /// A source of the work queue whose dead letters go to its dead-letter exchange.
+    fn source(&self, channel: Channel) -> AmqpSource {
+        AmqpSource::new(channel, self.work.as_str())
+            .dead_letter_exchange(self.exchange.as_str(), "")
+    }
+
     async fn cleanup(self) {
-        for q in [&self.work, &self.dead] {
+        // With the dead-letter queue a source declares by default.
+        let declared = format!("{}.dead-letters", self.work);
+        for q in [&self.work, &self.dead, &declared] {
             let _ = self
                 .channel
                 .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
@@ -173,7 +205,8 @@ struct Rabbit {
 impl Broker for Rabbit {
     type Delivery = AmqpDelivery;
     type Subscription = Channel;
-    const KEEPS_REASONS: bool = false;
+    /// The runner publishes its dead letters with their reason.
+    const KEEPS_REASONS: bool = true;
 
     /// A classic queue has no ack wait: it redelivers when the subscription's channel closes.
     async fn open(_ack_wait: Duration) -> Rabbit {
@@ -199,7 +232,9 @@ impl Broker for Rabbit {
     /// A channel of its own, so that closing it ends this subscription alone.
     async fn subscribe(&self, tag: &str) -> (Channel, Deliveries<AmqpDelivery>) {
         let channel = self.q.conn.create_channel().await.unwrap();
-        let deliveries = AmqpSource::new(channel.clone(), self.q.work.as_str())
+        let deliveries = self
+            .q
+            .source(channel.clone())
             .deliveries(tag)
             .await
             .unwrap();
@@ -212,11 +247,11 @@ impl Broker for Rabbit {
     }
 
     async fn dead_letters(&self) -> Vec<DeadLetter> {
-        let taken = self.q.dead_letters().await;
-        let letter = |(key, payload)| DeadLetter {
+        let taken = self.q.dead_letters_with_reasons().await;
+        let letter = |(key, payload, reason)| DeadLetter {
             key,
             payload,
-            reason: None,
+            reason,
         };
         taken.into_iter().map(letter).collect()
     }
@@ -284,7 +319,7 @@ async fn a_message_without_a_message_id_is_dead_lettered_unrun_while_the_rest_fl
         vec![DeadLetter {
             key: None,
             payload: b"anonymous".to_vec(),
-            reason: None,
+            reason: Some("the delivery has no message_id property".to_owned()),
         }]
     );
     broker.close().await;
@@ -555,7 +590,8 @@ async fn the_delivery_limit_fires(kind: Kind, transactional: bool) {
             max: Duration::from_millis(50),
         });
     let runs = Arc::new(AtomicUsize::new(0));
-    let deliveries = AmqpSource::new(q.conn.create_channel().await.unwrap(), q.work.as_str())
+    let deliveries = q
+        .source(q.conn.create_channel().await.unwrap())
         .deliveries("worker")
         .await
         .unwrap();
@@ -837,4 +873,238 @@ async fn an_ordered_consumer_of_a_classic_queue_completes_each_partition_in_orde
 #[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
 async fn an_ordered_consumer_of_a_quorum_queue_completes_each_partition_in_order() {
     the_relays_order_survives_consumption(Kind::Quorum, true).await;
+}
+
+/// A queue of its own, declared with no arguments at all (no dead-letter exchange), on `q`'s
+/// connection; deleted, with the dead-letter queue idem declares for it, by [`drop_plain`].
+async fn plain_queue(q: &Queues, suffix: &str) -> String {
+    let name = format!("{}.{suffix}", q.work);
+    q.channel
+        .queue_declare(
+            name.as_str().into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    name
+}
+
+async fn drop_plain(q: &Queues, name: &str) {
+    let channel = q.conn.create_channel().await.unwrap();
+    for queue in [name.to_owned(), format!("{name}.dead-letters")] {
+        let _ = channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    let _ = channel.close(200, "done".into()).await;
+}
+
+/// How many messages `queue` holds ready, as a passive declare says (on a channel of its own:
+/// a queue that does not exist closes the channel it is asked on).
+async fn ready(q: &Queues, queue: &str) -> Option<u32> {
+    let channel = q.conn.create_channel().await.unwrap();
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .ok()
+        .map(|q| q.message_count());
+    let _ = channel.close(200, "counted".into()).await;
+    declared
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn a_dead_letter_of_a_queue_without_a_dead_letter_exchange_is_kept_not_discarded() {
+    let q = Queues::new().await;
+    // No `x-dead-letter-exchange`: a `basic.reject` would make RabbitMQ discard the message.
+    let work = plain_queue(&q, "nodlx").await;
+    let publisher = AmqpPublisher::connect(&common::amqp_url(), "")
+        .await
+        .unwrap();
+    for id in ["m-poison", "m-ok"] {
+        publisher
+            .publish(&Event::new(
+                id,
+                work.as_str(),
+                "p",
+                format!("{{\"id\":\"{id}\"}}"),
+            ))
+            .await
+            .unwrap();
+    }
+    let consumer = Consumer::new("fulfilment", MemoryStore::new())
+        .unwrap()
+        .max_deliveries(2)
+        .backoff(Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(50),
+        });
+    let handler = consumer.guarded(|msg: Message, _claim| async move {
+        match msg.key.as_str() {
+            "m-poison" => Err(HandlerError::transient("the warehouse API timed out")),
+            _ => Ok(()),
+        }
+    });
+    let deliveries = AmqpSource::new(q.conn.create_channel().await.unwrap(), work.as_str())
+        .deliveries("worker")
+        .await
+        .unwrap();
+    let settled = running(&consumer, deliveries, handler, 4, async {
+        until(Duration::from_secs(10), || {
+            let s = consumer.stats();
+            s.completed == 1 && s.dead_lettered == 1
+        })
+        .await
+    })
+    .await;
+    assert!(settled, "{:?}", consumer.stats());
+    // The dead letter is in the queue idem declared for the queue's dead letters, with its
+    // id, body and reason; nothing is left in the work queue.
+    let dead = format!("{work}.dead-letters");
+    let channel = q.conn.create_channel().await.unwrap();
+    let letter = channel
+        .basic_get(dead.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .expect("the dead-letter queue exists")
+        .expect("the dead letter is in it, not discarded")
+        .delivery;
+    assert_eq!(
+        letter.properties.message_id().as_ref().map(|m| m.as_str()),
+        Some("m-poison")
+    );
+    assert_eq!(&letter.data[..], b"{\"id\":\"m-poison\"}");
+    let headers = letter.properties.headers().clone().unwrap_or_default();
+    let header = |name: &str| match headers.inner().get(name) {
+        Some(AMQPValue::LongString(s)) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        _ => None,
+    };
+    let reason = header("Idem-Dead-Letter-Reason").unwrap_or_default();
+    assert!(
+        reason.contains("delivery limit reached") && reason.contains("timed out"),
+        "{reason:?} in {headers:?}"
+    );
+    assert_eq!(
+        header("Idem-Original-Queue").as_deref(),
+        Some(work.as_str())
+    );
+    assert_eq!(
+        header("Idem-Original-Routing-Key").as_deref(),
+        Some(work.as_str())
+    );
+    assert_eq!(ready(&q, &work).await, Some(0));
+    assert_eq!(ready(&q, &dead).await, Some(0), "one dead letter, taken");
+    drop_plain(&q, &work).await;
+    q.cleanup().await;
+}
+
+/// `n` messages published to `queue`.
+async fn backlog(queue: &str, n: usize) {
+    let publisher = AmqpPublisher::connect(&common::amqp_url(), "")
+        .await
+        .unwrap();
+    for i in 0..n {
+        publisher
+            .publish(&Event::new(format!("m-{i}"), queue, "p", "{}"))
+            .await
+            .unwrap();
+    }
+}
+
+/// How many deliveries `source` hands out before any is acked: what the broker lets a consumer
+/// hold unacknowledged.
+async fn held_before_any_ack(source: &AmqpSource, tag: &str) -> usize {
+    let mut deliveries = source.deliveries(tag).await.unwrap();
+    let mut held = Vec::new();
+    while let Ok(Some(d)) =
+        tokio::time::timeout(Duration::from_millis(800), deliveries.next()).await
+    {
+        held.push(d.unwrap());
+    }
+    held.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn a_source_holds_at_most_its_prefetch_unacknowledged() {
+    let q = Queues::new().await;
+    let (default, five) = (
+        plain_queue(&q, "prefetch").await,
+        plain_queue(&q, "five").await,
+    );
+    backlog(&default, 40).await;
+    backlog(&five, 12).await;
+    let source = AmqpSource::new(q.conn.create_channel().await.unwrap(), default.as_str());
+    assert_eq!(
+        held_before_any_ack(&source, "hoarder").await,
+        usize::from(DEFAULT_PREFETCH),
+        "the default prefetch bounds a backlog of 40"
+    );
+    let source = AmqpSource::new(q.conn.create_channel().await.unwrap(), five.as_str()).prefetch(5);
+    assert_eq!(held_before_any_ack(&source, "hoarder").await, 5);
+    drop_plain(&q, &default).await;
+    drop_plain(&q, &five).await;
+    q.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn a_dead_letter_no_queue_takes_leaves_the_original_with_the_broker() {
+    let q = Queues::new().await;
+    let work = plain_queue(&q, "nowhere").await;
+    let publisher = AmqpPublisher::connect(&common::amqp_url(), "")
+        .await
+        .unwrap();
+    publisher
+        .publish(&Event::new("m-poison", work.as_str(), "p", "{}"))
+        .await
+        .unwrap();
+    let consumer = Consumer::new("fulfilment", MemoryStore::new())
+        .unwrap()
+        .backoff(Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(50),
+        });
+    let handler = consumer.guarded(|_msg: Message, _claim| async {
+        Err::<(), _>(HandlerError::permanent("no such order"))
+    });
+    // Dead letters to a queue that does not exist: the broker returns each copy unrouted.
+    let channel = q.conn.create_channel().await.unwrap();
+    let deliveries = AmqpSource::new(channel.clone(), work.as_str())
+        .dead_letter_queue(format!("{work}.missing"))
+        .deliveries("worker")
+        .await
+        .unwrap();
+    let refused = running(&consumer, deliveries, handler, 1, async {
+        until(Duration::from_secs(10), || {
+            consumer.stats().ack_failures >= 3
+        })
+        .await
+    })
+    .await;
+    let stats = consumer.stats();
+    assert!(refused, "{stats:?}");
+    // Never counted as dead-lettered, never acked: given back each time.
+    assert_eq!((stats.dead_lettered, stats.acked()), (0, 0), "{stats:?}");
+    assert!(stats.retried >= 3, "{stats:?}");
+    channel.close(200, "stopped".into()).await.unwrap();
+    // Closing the channel gives back what it held: the message is in its queue again.
+    let mut back = None;
+    for _ in 0..50 {
+        back = ready(&q, &work).await;
+        if back == Some(1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(back, Some(1), "the message is still with the broker");
+    drop_plain(&q, &work).await;
+    q.cleanup().await;
 }

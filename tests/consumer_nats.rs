@@ -779,3 +779,61 @@ async fn a_redriven_dead_letter_is_processed_under_its_original_key() {
     assert_eq!(outstanding(&stream, "audit").await, (0, 0));
     assert_eq!(outstanding(&stream, "fulfilment").await, (0, 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_message_failing_for_now_is_dead_lettered_before_the_streams_max_age_deletes_it() {
+    let streams = JsStreams::new(&common::nats_url()).await;
+    // The stream deletes a message four seconds after it stored it, acked or not.
+    let (stream, root) = streams
+        .stream_with(
+            "orders",
+            stream::Config {
+                max_age: Duration::from_secs(4),
+                duplicate_window: Duration::from_secs(1),
+                ..Default::default()
+            },
+        )
+        .await;
+    let (dlq, dlq_root) = streams.stream("dlq", Duration::from_secs(60)).await;
+    publish(&streams.js, &format!("{root}.paid"), "m-1", "{\"order\":1}").await;
+    let pull = pull_consumer(&stream, "fulfilment", Duration::from_secs(1), -1).await;
+    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{dlq_root}.fulfilment"));
+    // No delivery limit of its own, and retries half a second apart: the stream's max_age
+    // comes before any limit would.
+    let consumer = Consumer::new(source.consumer_name(), MemoryStore::new())
+        .unwrap()
+        .backoff(Backoff {
+            initial: Duration::from_millis(500),
+            max: Duration::from_millis(500),
+        });
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let handler = consumer.guarded(move |_msg: Message, _claim| {
+        r.fetch_add(1, Ordering::SeqCst);
+        async { Err::<(), _>(HandlerError::transient("the warehouse API timed out")) }
+    });
+    let landed = running(
+        &consumer,
+        source.deliveries().await.unwrap(),
+        handler,
+        4,
+        holds(&dlq, 1, Duration::from_secs(12)),
+    )
+    .await;
+    assert!(
+        landed,
+        "the stream deleted the message and nothing kept it: {:?}, {} runs",
+        consumer.stats(),
+        runs.load(Ordering::SeqCst)
+    );
+    assert!(runs.load(Ordering::SeqCst) >= 2, "it was retried first");
+    let letter = dlq.get_raw_message(1).await.unwrap();
+    assert_eq!(&letter.payload[..], b"{\"order\":1}");
+    let reason = letter.headers.get(REASON).unwrap().as_str().to_owned();
+    assert!(
+        reason.contains("max_age") && reason.contains("timed out"),
+        "{reason}"
+    );
+    assert_eq!(consumer.stats().dead_lettered, 1, "{:?}", consumer.stats());
+}

@@ -450,11 +450,10 @@ async fn worker_role(broker: &str, pg_url: &str, schema: &str, target: &str) {
             .await
             .unwrap();
         let channel = conn.create_channel().await.unwrap();
-        channel
-            .basic_qos(16, lapin::options::BasicQosOptions::default())
-            .await
-            .unwrap();
-        let source = AmqpSource::new(channel, target);
+        // The queue's dead letters go where the test looks for them: none should.
+        let source = AmqpSource::new(channel, target)
+            .prefetch(16)
+            .dead_letter_queue(format!("{target}.dead"));
         let consumer = Consumer::new(source.queue(), store)
             .unwrap()
             .max_deliveries(10);

@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem::consumer::testing::{Said, TestDelivery};
-use idem::consumer::{Backoff, Consumer, HandlerError, Message, Settlement};
+use idem::consumer::{
+    Backoff, Consumer, DEFAULT_MAX_DELIVERIES, HandlerError, Message, Settlement,
+};
 use idem::store::{Operation, Reply};
 use idem::{ClaimInfo, MemoryStore, SqliteStore, Store, idempotent};
 
@@ -1066,6 +1068,93 @@ async fn ordered_mode_counts_the_runs_it_holds_toward_the_delivery_limit() {
     assert_eq!(runs.load(Ordering::SeqCst), 3);
     assert!(matches!(d.said().last(), Some(Said::DeadLetter(_))));
     assert!(!d.said().iter().any(|s| matches!(s, Said::Retry(_))));
+}
+
+#[tokio::test]
+async fn a_message_that_keeps_failing_for_now_is_dead_lettered_at_the_default_limit() {
+    // No `max_deliveries`: a broker that never stops redelivering (a JetStream consumer must
+    // leave its own limit unlimited) would otherwise retry it for as long as it keeps it.
+    let c = consumer(MemoryStore::new());
+    let h = c.guarded(|_msg: Message, _claim| async {
+        Err::<(), _>(HandlerError::transient("the warehouse API timed out"))
+    });
+    let mut settled = Vec::new();
+    for n in 1..=100 {
+        let s = c
+            .handle(&TestDelivery::new("m-1", "x").delivered(n), &h)
+            .await;
+        let dead = matches!(s, Settlement::DeadLetter(_));
+        settled.push(s);
+        if dead {
+            break;
+        }
+    }
+    let limit = DEFAULT_MAX_DELIVERIES;
+    match settled.last() {
+        Some(Settlement::DeadLetter(r)) => {
+            assert!(r.contains(&format!("({limit} of {limit})")), "{r}")
+        }
+        other => panic!("never dead-lettered in 100 deliveries: {other:?}"),
+    }
+    assert_eq!(settled.len(), limit as usize);
+    assert!(
+        settled[..settled.len() - 1]
+            .iter()
+            .all(|s| matches!(s, Settlement::Retry(_))),
+        "{settled:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_mode_goes_on_with_other_partitions_while_one_waits_behind_a_failing_head() {
+    // Two slots; partition A's head fails for now on every run, and nine more of A's wait
+    // behind it; B's five come after all of them.
+    let c = consumer(MemoryStore::new())
+        .ordered(true)
+        .keep_alive(Duration::from_millis(10))
+        .backoff(Backoff {
+            initial: Duration::from_millis(20),
+            max: Duration::from_millis(20),
+        });
+    let calls = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let log = calls.clone();
+    let h = c.guarded(move |msg: Message, _claim| {
+        log.lock().unwrap().push(msg.key.as_str().to_owned());
+        async move {
+            match msg.key.as_str() {
+                "a-0" => Err(HandlerError::transient("the warehouse API timed out")),
+                _ => Ok(()),
+            }
+        }
+    });
+    let mut deliveries: Vec<TestDelivery> = (0..10)
+        .map(|i| TestDelivery::new(&format!("a-{i}"), "x").partition("A"))
+        .collect();
+    deliveries.extend((0..5).map(|i| TestDelivery::new(&format!("b-{i}"), "x").partition("B")));
+    tokio::time::timeout(Duration::from_secs(20), c.run(stream_of(&deliveries), h, 2))
+        .await
+        .expect("every partition went on: A's head held its partition, not the runner");
+    let calls = calls.lock().unwrap().clone();
+    let last = |key: &str| calls.iter().rposition(|k| k == key).unwrap();
+    let head_runs = calls.iter().filter(|k| *k == "a-0").count();
+    // B ran while A's head was still being retried, not after it was given up.
+    assert!(last("b-4") < last("a-0"), "{calls:?}");
+    // A's head was dead-lettered at its limit, and A's others then ran, in order, once each.
+    match deliveries[0].said().last() {
+        Some(Said::DeadLetter(r)) => assert!(r.contains("delivery limit reached"), "{r}"),
+        other => panic!("A's head: {other:?}"),
+    }
+    assert!(head_runs > 1, "{calls:?}");
+    let rest: Vec<&String> = calls
+        .iter()
+        .filter(|k| k.starts_with("a-") && *k != "a-0")
+        .collect();
+    let expected: Vec<String> = (1..10).map(|i| format!("a-{i}")).collect();
+    assert_eq!(rest, expected.iter().collect::<Vec<_>>());
+    assert!(calls.iter().position(|k| k == "a-1").unwrap() > last("a-0"));
+    for d in &deliveries[1..] {
+        assert_eq!(d.said().last(), Some(&Said::Ack), "{:?}", d.said());
+    }
 }
 
 #[tokio::test]

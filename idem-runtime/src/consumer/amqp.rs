@@ -8,8 +8,22 @@
 //!   [`Stats::ack_failures`](crate::consumer::Stats::ack_failures), never as a success.
 //! - **Retry later**: the delivery is held (unacked, so no other consumer gets it) for the delay,
 //!   then `basic.nack` with requeue. RabbitMQ has no delayed redelivery of its own.
-//! - **Dead letter**: `basic.reject` without requeue, into the queue's dead-letter exchange
-//!   (declare the queue with `x-dead-letter-exchange`); the runner logs the reason.
+//! - **Dead letter**: the message is published, on the source's channel in confirm mode, with
+//!   its body, its properties (its `message_id` above all) and its headers, and with the
+//!   reason and where it came from in `Idem-…` headers ([`REASON`], [`ORIGINAL_EXCHANGE`],
+//!   [`ORIGINAL_ROUTING_KEY`], [`ORIGINAL_QUEUE`], [`DELIVERED`]), persistent and mandatory, to
+//!   the queue `<queue>.dead-letters`, which [`AmqpSource::deliveries`] declares (durable), or
+//!   where [`AmqpSource::dead_letter_exchange`] or [`AmqpSource::dead_letter_queue`] say. The
+//!   original is acked only once the broker confirmed that a queue took the copy. A copy the
+//!   broker did not take (returned unroutable, nacked, no confirmation within
+//!   [`DEFAULT_CONFIRM_WAIT`]) is an error: the original is not acked, the runner gives it
+//!   back (`basic.nack` with requeue) after its backoff and dead-letters it when it comes back.
+//!   Never a `basic.reject`: on a queue without a dead-letter exchange, or one whose exchange
+//!   routes nowhere, RabbitMQ would discard the message. A channel that closes between the
+//!   confirm and the ack requeues the original, which is then dead-lettered a second time.
+//! - **Prefetch**: `basic.qos` with [`DEFAULT_PREFETCH`] (32) unacknowledged deliveries per
+//!   consumer, or [`AmqpSource::prefetch`]: about the runner's concurrency. Without it
+//!   RabbitMQ pushes the whole queue to one consumer.
 //! - **Delivery count**: the `x-delivery-count` header of quorum queues, else the `redelivered`
 //!   flag (2 for every redelivery on a classic queue). The runner counts with the record's
 //!   attempt number as well, the higher of the two, so a limit set with
@@ -17,9 +31,10 @@
 //!   message that keeps failing on classic and quorum queues alike.
 //! - **Re-driving dead letters**: [`dead_letters`] lists a dead-letter queue, and [`redrive`]
 //!   publishes its messages back where they were first published (the exchange and routing
-//!   key of their `x-death` header), with their `message_id`, so a consumer that handled one
-//!   replays it; each is removed from the dead-letter queue only once the broker confirmed
-//!   its publish.
+//!   key of their `Idem-Original-…` headers, or of the broker's `x-death` header for a message
+//!   it dead-lettered itself), with their `message_id`, so a consumer that handled one replays
+//!   it; each is removed from the dead-letter queue only once the broker confirmed its
+//!   publish.
 //! - **Still working**: nothing to say; RabbitMQ holds an unacked delivery for its consumer until
 //!   the channel closes (or its `consumer_timeout`).
 //!
@@ -43,36 +58,95 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicRejectOptions};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
+
+use std::sync::Arc;
 
 use crate::consumer::{Delivery, PARTITION_KEY_HEADER};
 use crate::error::{BoxError, Error};
 use crate::key::Key;
+
+/// How many deliveries a source's consumer holds unacknowledged at once, by default
+/// ([`AmqpSource::prefetch`]).
+pub const DEFAULT_PREFETCH: u16 = 32;
+
+/// The suffix of the dead-letter queue a source declares for its queue by default:
+/// `<queue>.dead-letters`.
+pub const DEAD_LETTER_QUEUE_SUFFIX: &str = ".dead-letters";
+
+/// How long a dead letter's publish waits for the broker's confirmation before it counts as not
+/// taken (the original is then not acked).
+pub const DEFAULT_CONFIRM_WAIT: Duration = Duration::from_secs(10);
+
+/// Header of a dead letter: why it was given up.
+pub const REASON: &str = "Idem-Dead-Letter-Reason";
+/// Header of a dead letter: the exchange it had been published to.
+pub const ORIGINAL_EXCHANGE: &str = "Idem-Original-Exchange";
+/// Header of a dead letter: the routing key it had been published with.
+pub const ORIGINAL_ROUTING_KEY: &str = "Idem-Original-Routing-Key";
+/// Header of a dead letter: the queue it was consumed from.
+pub const ORIGINAL_QUEUE: &str = "Idem-Original-Queue";
+/// Header of a dead letter: how many times it had been delivered when it was given up.
+pub const DELIVERED: &str = "Idem-Delivered";
 
 /// A queue to consume, on a channel.
 #[derive(Clone)]
 pub struct AmqpSource {
     channel: lapin::Channel,
     queue: String,
+    prefetch: u16,
+    dead_letters: Option<(String, String)>,
 }
 
 impl fmt::Debug for AmqpSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AmqpSource")
             .field("queue", &self.queue)
+            .field("prefetch", &self.prefetch)
+            .field("dead_letters", &self.dead_letters)
             .finish_non_exhaustive()
     }
 }
 
 impl AmqpSource {
-    /// Deliveries of `queue` on `channel` (set its prefetch with `basic_qos` to bound how many
-    /// are held at once).
+    /// Deliveries of `queue` on `channel`, at most [`DEFAULT_PREFETCH`] unacknowledged at once;
+    /// dead letters go to `<queue>.dead-letters` (see the [module](self) documentation).
+    /// [`AmqpSource::deliveries`] sets the channel's prefetch and puts it in confirm mode.
     pub fn new(channel: lapin::Channel, queue: impl Into<String>) -> Self {
         AmqpSource {
             channel,
             queue: queue.into(),
+            prefetch: DEFAULT_PREFETCH,
+            dead_letters: None,
         }
+    }
+
+    /// How many deliveries the broker hands this source's consumer before it acked any
+    /// (`basic.qos`, default [`DEFAULT_PREFETCH`], at least 1): about the runner's concurrency.
+    pub fn prefetch(mut self, n: u16) -> Self {
+        self.prefetch = n.max(1);
+        self
+    }
+
+    /// Dead letters are published to `exchange` with `routing_key` (a queue's configured
+    /// dead-letter exchange, say), instead of the queue idem declares. Nothing is declared: a
+    /// dead letter the exchange routes to no queue is returned and not acked, so the original
+    /// stays; an exchange that does not exist closes the channel (the broker requeues what it
+    /// held).
+    pub fn dead_letter_exchange(
+        mut self,
+        exchange: impl Into<String>,
+        routing_key: impl Into<String>,
+    ) -> Self {
+        self.dead_letters = Some((exchange.into(), routing_key.into()));
+        self
+    }
+
+    /// Dead letters are published to the queue `queue` (through the default exchange), which
+    /// must exist: idem does not declare it.
+    pub fn dead_letter_queue(self, queue: impl Into<String>) -> Self {
+        self.dead_letter_exchange("", queue)
     }
 
     /// The queue's name: a natural consumer name to put in the handler's scope.
@@ -80,23 +154,66 @@ impl AmqpSource {
         &self.queue
     }
 
-    /// Starts consuming with manual acks under `consumer_tag`.
+    /// Starts consuming with manual acks under `consumer_tag`: sets the prefetch, puts the
+    /// channel in confirm mode (for the dead letters) and declares the default dead-letter
+    /// queue, durable (a queue of that name declared otherwise is an error).
     pub async fn deliveries(
         &self,
         consumer_tag: &str,
     ) -> Result<impl Stream<Item = Result<AmqpDelivery, BoxError>> + use<>, Error> {
+        let unavailable = |e: lapin::Error| Error::Unavailable(Box::new(e));
+        // Every name checked before the broker is asked anything.
+        let queue = short_string("queue name", &self.queue)?;
+        let tag = short_string("consumer tag", consumer_tag)?;
+        let (exchange, routing_key) = match &self.dead_letters {
+            Some((exchange, routing_key)) => (exchange.clone(), routing_key.clone()),
+            None => (
+                String::new(),
+                format!("{}{DEAD_LETTER_QUEUE_SUFFIX}", self.queue),
+            ),
+        };
+        let dead_letters = Arc::new(DeadLetters {
+            channel: self.channel.clone(),
+            exchange: short_string("dead-letter exchange name", &exchange)?,
+            routing_key: short_string("dead-letter routing key", &routing_key)?,
+            queue: self.queue.clone(),
+        });
+        self.channel
+            .basic_qos(
+                self.prefetch,
+                lapin::options::BasicQosOptions { global: false },
+            )
+            .await
+            .map_err(unavailable)?;
+        self.channel
+            .confirm_select(lapin::options::ConfirmSelectOptions::default())
+            .await
+            .map_err(unavailable)?;
+        if self.dead_letters.is_none() {
+            self.channel
+                .queue_declare(
+                    dead_letters.routing_key.clone(),
+                    lapin::options::QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(unavailable)?;
+        }
         let consumer = self
             .channel
             .basic_consume(
-                short_string("queue name", &self.queue)?,
-                short_string("consumer tag", consumer_tag)?,
+                queue,
+                tag,
                 BasicConsumeOptions::default(),
                 FieldTable::default(),
             )
             .await
             .map_err(|e| Error::Unavailable(Box::new(e)))?;
-        Ok(consumer.map(|d| match d {
-            Ok(d) => Ok(AmqpDelivery::new(d)),
+        Ok(consumer.map(move |d| match d {
+            Ok(d) => Ok(AmqpDelivery::new(d, dead_letters.clone())),
             Err(e) => Err(Box::new(e) as BoxError),
         }))
     }
@@ -108,10 +225,19 @@ fn short_string(what: &str, s: &str) -> Result<ShortString, Error> {
         .map_err(|e| Error::Config(format!("the {what} {s:?} is not an AMQP short string: {e}")))
 }
 
+/// Where a source's dead letters go, and the channel (in confirm mode) they are published on.
+struct DeadLetters {
+    channel: lapin::Channel,
+    exchange: ShortString,
+    routing_key: ShortString,
+    queue: String,
+}
+
 /// One RabbitMQ delivery, as the runner handles it.
 pub struct AmqpDelivery {
     delivery: lapin::message::Delivery,
     delivered: u32,
+    dead_letters: Arc<DeadLetters>,
 }
 
 impl fmt::Debug for AmqpDelivery {
@@ -125,7 +251,7 @@ impl fmt::Debug for AmqpDelivery {
 }
 
 impl AmqpDelivery {
-    fn new(delivery: lapin::message::Delivery) -> Self {
+    fn new(delivery: lapin::message::Delivery, dead_letters: Arc<DeadLetters>) -> Self {
         let count = delivery
             .properties
             .headers()
@@ -147,7 +273,36 @@ impl AmqpDelivery {
         AmqpDelivery {
             delivery,
             delivered,
+            dead_letters,
         }
+    }
+
+    /// The properties of this delivery's dead letter: its own, with `reason` and where it came
+    /// from in the `Idem-…` headers.
+    fn dead_letter_properties(&self, reason: &str) -> lapin::BasicProperties {
+        let mut headers = self
+            .delivery
+            .properties
+            .headers()
+            .clone()
+            .unwrap_or_default();
+        let text = |s: &str| AMQPValue::LongString(s.into());
+        headers.insert(REASON.into(), text(reason));
+        headers.insert(
+            ORIGINAL_EXCHANGE.into(),
+            text(self.delivery.exchange.as_str()),
+        );
+        headers.insert(
+            ORIGINAL_ROUTING_KEY.into(),
+            text(self.delivery.routing_key.as_str()),
+        );
+        headers.insert(ORIGINAL_QUEUE.into(), text(&self.dead_letters.queue));
+        headers.insert(DELIVERED.into(), text(&self.delivered.to_string()));
+        self.delivery
+            .properties
+            .clone()
+            .with_headers(headers)
+            .with_delivery_mode(2)
     }
 
     /// The delivery as the client received it.
@@ -228,15 +383,58 @@ impl Delivery for AmqpDelivery {
         self.sent("basic.nack", sent)
     }
 
-    async fn dead_letter(&self, _reason: &str) -> Result<(), BoxError> {
-        // The reason is logged by the runner; the dead-letter exchange records `rejected` in
-        // the message's `x-death` header.
-        let sent = self
-            .delivery
-            .acker
-            .reject(BasicRejectOptions { requeue: false })
-            .await?;
-        self.sent("basic.reject", sent)
+    async fn dead_letter(&self, reason: &str) -> Result<(), BoxError> {
+        let target = &self.dead_letters;
+        let confirmation = async {
+            target
+                .channel
+                .basic_publish(
+                    target.exchange.clone(),
+                    target.routing_key.clone(),
+                    // Mandatory: a copy no queue takes comes back, instead of being dropped.
+                    lapin::options::BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    &self.delivery.data,
+                    self.dead_letter_properties(reason),
+                )
+                .await?
+                .await
+        };
+        let not_taken = |why: String| -> BoxError {
+            format!(
+                "the dead letter of delivery {} (exchange {:?}, routing key {:?}) was not taken: {why}; the original is not acked",
+                self.delivery.delivery_tag,
+                target.exchange.as_str(),
+                target.routing_key.as_str()
+            )
+            .into()
+        };
+        match tokio::time::timeout(DEFAULT_CONFIRM_WAIT, confirmation).await {
+            Ok(Ok(lapin::Confirmation::Ack(None))) => {}
+            Ok(Ok(lapin::Confirmation::Ack(Some(returned)))) => {
+                return Err(not_taken(format!(
+                    "routed to no queue ({} {})",
+                    returned.reply_code, returned.reply_text
+                )));
+            }
+            Ok(Ok(lapin::Confirmation::Nack(_))) => {
+                return Err(not_taken("the broker nacked it".into()));
+            }
+            Ok(Ok(lapin::Confirmation::NotRequested)) => {
+                return Err(not_taken("the channel is not in confirm mode".into()));
+            }
+            Ok(Err(e)) => return Err(not_taken(e.to_string())),
+            Err(_) => {
+                return Err(not_taken(format!(
+                    "no confirmation within {DEFAULT_CONFIRM_WAIT:?}"
+                )));
+            }
+        }
+        // Confirmed: a queue holds the copy, and the original may go.
+        let sent = self.delivery.acker.ack(BasicAckOptions::default()).await?;
+        self.sent("basic.ack", sent)
     }
 
     async fn keep_alive(&self) -> Result<(), BoxError> {
@@ -245,8 +443,9 @@ impl Delivery for AmqpDelivery {
 }
 
 /// A message of a dead-letter queue, as [`dead_letters`] and [`redrive`] read it: its key and
-/// what the broker's `x-death` header says of its latest dead-lettering (`None` where the
-/// header does not say: a message published to the queue directly).
+/// what its `Idem-…` headers (a runner's dead letter) or else the broker's `x-death` header (its
+/// latest dead-lettering) say (`None` where neither says: a message published to the queue
+/// directly).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetter {
     /// Its place in the queue when it was read, from 1.
@@ -259,8 +458,8 @@ pub struct DeadLetter {
     pub routing_key: Option<String>,
     /// The queue that dead-lettered it.
     pub queue: Option<String>,
-    /// Why the broker dead-lettered it (`rejected`: a runner gave it up; `expired`,
-    /// `maxlen`, `delivery_limit`).
+    /// Why it was dead-lettered: a runner's reason ([`REASON`]), or what the broker's
+    /// `x-death` says (`rejected`, `expired`, `maxlen`, `delivery_limit`).
     pub reason: Option<String>,
     /// How many times it was dead-lettered from that queue for that reason.
     pub count: Option<u64>,
@@ -277,6 +476,9 @@ const BROKER_HEADERS: &[&str] = &[
     "x-first-death-",
     "x-last-death-",
     "x-delivery-count",
+    REASON,
+    "Idem-Original-",
+    DELIVERED,
 ];
 
 fn text(value: &AMQPValue) -> Option<String> {
@@ -315,25 +517,31 @@ impl DeadLetter {
                 _ => None,
             });
         let field = |name: &str| death.and_then(|d| d.get(name));
+        // What a runner wrote when it published the dead letter, first: the broker's `x-death`
+        // describes only dead letters it moved itself.
+        let idem = |name: &str| headers.and_then(|h| h.get(name)).and_then(text);
         DeadLetter {
             position,
             message_id: properties
                 .message_id()
                 .as_ref()
                 .map(|m| m.as_str().to_owned()),
-            exchange: field("exchange").and_then(text),
-            routing_key: field("routing-keys")
-                .and_then(|v| match v {
-                    AMQPValue::FieldArray(a) => a.as_slice().first(),
-                    _ => None,
-                })
-                .and_then(text),
-            queue: field("queue").and_then(text),
-            reason: field("reason").and_then(text),
+            exchange: idem(ORIGINAL_EXCHANGE).or_else(|| field("exchange").and_then(text)),
+            routing_key: idem(ORIGINAL_ROUTING_KEY).or_else(|| {
+                field("routing-keys")
+                    .and_then(|v| match v {
+                        AMQPValue::FieldArray(a) => a.as_slice().first(),
+                        _ => None,
+                    })
+                    .and_then(text)
+            }),
+            queue: idem(ORIGINAL_QUEUE).or_else(|| field("queue").and_then(text)),
+            reason: idem(REASON).or_else(|| field("reason").and_then(text)),
             count: field("count").and_then(number),
             delivered: headers
                 .and_then(|h| h.get("x-delivery-count"))
-                .and_then(number),
+                .and_then(number)
+                .or_else(|| idem(DELIVERED).and_then(|d| d.parse().ok())),
             size: delivery.data.len(),
         }
     }
@@ -406,12 +614,12 @@ pub async fn dead_letters(
 
 /// Re-drives the dead letters of `queue` that `select` picks (among the first `limit`): each is
 /// published, on a channel of `connection` in confirm mode, to the exchange and with the routing
-/// key it was first published with (its `x-death` header), with its properties (its
-/// `message_id`, its key, above all) and its headers except the broker's (`x-death`,
-/// `x-delivery-count`), and is removed from `queue` only once the broker confirmed the publish
+/// key it was first published with (its `Idem-Original-…` headers, else its `x-death` header),
+/// with its properties (its `message_id`, its key, above all) and its headers except the
+/// broker's (`x-death`, `x-delivery-count`) and the dead letter's (`Idem-Original-…`, …), and is removed from `queue` only once the broker confirmed the publish
 /// and a queue took it. Those not picked stay, in their places. Returns the ones re-driven.
 ///
-/// A picked message without an `x-death` header (none was dead-lettered) is refused with
+/// A picked message with neither (none was dead-lettered) is refused with
 /// [`Error::Config`] and stays; so does one the broker did not take (no queue bound, a nack),
 /// with the error. Every message not yet re-driven stays in the queue.
 pub async fn redrive(
@@ -472,7 +680,7 @@ async fn publish_back(
 ) -> Result<(), Error> {
     let (Some(exchange), Some(routing_key)) = (&letter.exchange, &letter.routing_key) else {
         return Err(Error::Config(format!(
-            "dead letter {} ({:?}) has no x-death header: it was not dead-lettered, and where it \
+            "dead letter {} ({:?}) has neither {ORIGINAL_EXCHANGE} headers nor an x-death header: it was not dead-lettered, and where it \
              came from is unknown",
             letter.position, letter.message_id
         )));

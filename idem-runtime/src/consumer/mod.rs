@@ -16,9 +16,11 @@
 //! | the handler returned `Ok`, but a claim it took was lost to a newer attempt, or an answer could not be stored | `Retry(d)` | retry after the backoff, never ack: the redelivery is answered by the record |
 //! | a final error, the same id with another payload, no usable id, or the delivery limit reached (the broker's count or the record's, the higher) | `DeadLetter(reason)` | dead-letter with the reason, logged |
 //! | … and the broker did not take the dead letter | `Retry(d)` | retry after the backoff, dead-lettered when it comes back |
+//! | a retryable error whose retry would come after the broker deletes the message ([`Delivery::expires_in`]: a JetStream stream's `max_age`) | `DeadLetter(reason)` | dead-letter now, rather than retry it into its deletion |
 //!
 //! In ordered mode ([`Consumer::ordered`]) deliveries that share a partition key are handled one
 //! at a time, in order, and a retry is held by the runner instead of given back to the broker.
+//! Without [`Consumer::max_deliveries`], the delivery limit is [`DEFAULT_MAX_DELIVERIES`] (20).
 //!
 //! While a handler runs, the runner tells the broker it is still working and renews the lease of
 //! every claim the handler holds ([`Store::renew`]), so a long handler is neither redelivered
@@ -100,6 +102,8 @@ pub mod nats;
 mod ordered;
 pub mod testing;
 
+pub use ordered::ORDERED_IN_HAND_PER_SLOT;
+
 /// The header in which the outbox's publishers send an event's partition key, and from which
 /// the runner's ordered mode ([`Consumer::ordered`]) reads it: `Idem-Partition-Key`.
 pub const PARTITION_KEY_HEADER: &str = "Idem-Partition-Key";
@@ -109,6 +113,11 @@ pub use crate::record::MESSAGE_RETAIN;
 /// How often a delivery is kept alive, and its claims renewed, when neither the lease nor the
 /// broker asks for more often.
 const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(10);
+
+/// After how many deliveries a message that keeps failing is dead-lettered, unless
+/// [`Consumer::max_deliveries`] says otherwise (or the broker has a limit of its own): 20, about
+/// 15 minutes of retries with the default [`Backoff`].
+pub const DEFAULT_MAX_DELIVERIES: u32 = 20;
 
 /// How many times, at the delivery limit, a message another consumer is working on is looked at
 /// again before it is given up. Each wait is the claim's remaining lease or the keep-alive
@@ -177,6 +186,13 @@ pub trait Delivery: Send + Sync {
     /// How often the broker needs to hear "still working" to hold the delivery back from others
     /// (a JetStream consumer's ack wait, divided), if it needs to.
     fn keep_alive_every(&self) -> Option<Duration> {
+        None
+    }
+    /// How much longer the broker keeps the message whatever is said to it (a JetStream
+    /// stream's `max_age`), less what a redelivery takes to come back, if it deletes messages
+    /// by age: a retry due after that would find the message gone, so the runner dead-letters
+    /// it instead of asking for the retry.
+    fn expires_in(&self) -> Option<Duration> {
         None
     }
     /// Done: the broker may forget the message. Returns once the broker confirmed, where it can.
@@ -379,6 +395,19 @@ fn next_step(ran: Ran<'_>, delivered: u32, max: Option<u32>, backoff: &Backoff) 
     Step::Settle(Settlement::Retry(backoff.delay(delivered)))
 }
 
+/// A retry due after the broker deletes the message (`expires_in`, [`Delivery::expires_in`])
+/// would lose it: dead-letter it now instead.
+fn before_expiry(step: Step, expires_in: Option<Duration>, last_error: &str) -> Step {
+    match (&step, expires_in) {
+        (Step::Settle(Settlement::Retry(delay)), Some(left)) if left <= *delay => {
+            Step::Settle(Settlement::DeadLetter(format!(
+                "the broker deletes the message in {left:?} (its stream's max_age), before a retry in {delay:?} could run it; last error: {last_error}"
+            )))
+        }
+        _ => step,
+    }
+}
+
 /// Which attempt at a message this delivery is, for its delivery limit and backoff: the
 /// broker's count, or the record's own when that is higher. The record counts every claim of
 /// the message that continued an unfinished one (a release after an error, a take-over after a
@@ -574,7 +603,7 @@ impl<S: Store> Consumer<S> {
             name,
             store,
             policy: Policy::DEFAULT.retain(MESSAGE_RETAIN),
-            max_deliveries: None,
+            max_deliveries: Some(DEFAULT_MAX_DELIVERIES),
             backoff: Backoff::default(),
             keep_alive: None,
             ordered: false,
@@ -602,7 +631,9 @@ impl<S: Store> Consumer<S> {
     }
 
     /// After how many deliveries a message that keeps failing is dead-lettered, when the broker
-    /// does not say. JetStream consumers must leave their own `max_deliver` unlimited (the
+    /// does not say (default [`DEFAULT_MAX_DELIVERIES`], 20; `u32::MAX` for as good as none,
+    /// which a broker that deletes messages by age still bounds: see
+    /// [`Delivery::expires_in`]). JetStream consumers must leave their own `max_deliver` unlimited (the
     /// server would stop redelivering a message whose dead letter failed at the limit): this is
     /// their limit.
     ///
@@ -654,8 +685,13 @@ impl<S: Store> Consumer<S> {
     ///   (JetStream once the ack wait runs out, RabbitMQ to the queue), and the records answer
     ///   what was done already.
     ///
-    /// A delivery waiting for its turn is kept alive, and holds one of the `concurrency` slots
-    /// of [`Consumer::run`].
+    /// A delivery waiting for its turn is kept alive, and holds none of the `concurrency` slots
+    /// of [`Consumer::run`]: they bound the handlers running, and a retry held in place gives
+    /// its slot back while it waits, so a partition stuck behind a failing head (dead-lettered
+    /// at the delivery limit) never stops the others. At most
+    /// [`ORDERED_IN_HAND_PER_SLOT`] × `concurrency` deliveries are in hand at once, waiting or
+    /// running; the broker's own bound comes first (RabbitMQ's prefetch,
+    /// [`AmqpSource::prefetch`](amqp::AmqpSource::prefetch); JetStream's `max_ack_pending`).
     pub fn ordered(mut self, ordered: bool) -> Self {
         self.ordered = ordered;
         self
@@ -704,6 +740,17 @@ impl<S: Store> Consumer<S> {
         delivery: &D,
         handler: &H,
     ) -> Settlement {
+        self.handle_in(delivery, handler, None).await
+    }
+
+    /// [`Consumer::handle`], each run of the handler taking one of `slots` (ordered mode's
+    /// concurrency) for as long as it runs: not while it waits for a retry.
+    async fn handle_in<D: Delivery, M, H: Handler<M>>(
+        &self,
+        delivery: &D,
+        handler: &H,
+        slots: Option<&tokio::sync::Semaphore>,
+    ) -> Settlement {
         let key = match delivery.key() {
             Ok(key) => key,
             Err(why) => {
@@ -737,7 +784,18 @@ impl<S: Store> Consumer<S> {
                 .watch_replays(&replays)
                 .watch_claims(&watch)
                 .scope(Box::pin(handler.call(msg.clone())));
+            let slot = match slots {
+                Some(slots) => {
+                    let free = slots.acquire();
+                    (self
+                        .while_alive(delivery, &ClaimWatch::new(), every, free)
+                        .await)
+                        .ok()
+                }
+                None => None,
+            };
             let result = self.while_alive(delivery, &watch, every, call).await;
+            drop(slot);
             // An `Ok` is acked only if every claim the handler took was recorded.
             let unrecorded = result.as_ref().ok().and_then(|()| unrecorded(&watch));
             let ran = match (&result, &unrecorded) {
@@ -760,7 +818,12 @@ impl<S: Store> Consumer<S> {
                     reason: e.to_string(),
                 },
             };
-            match next_step(ran, attempts(msg.delivered, &watch), max, &self.backoff) {
+            let last_error = match &ran {
+                Ran::Failed { reason, .. } => reason.clone(),
+                Ran::Done { .. } => String::new(),
+            };
+            let step = next_step(ran, attempts(msg.delivered, &watch), max, &self.backoff);
+            match before_expiry(step, delivery.expires_in(), &last_error) {
                 Step::Settle(s) if self.ordered && retry_delay(&s).is_some() => {
                     self.hold(delivery, &msg.key, every, &s).await;
                     msg.delivered = msg.delivered.saturating_add(1);
@@ -1111,6 +1174,28 @@ mod tests {
     }
 
     #[test]
+    fn a_retry_due_after_the_broker_deletes_the_message_is_a_dead_letter_now() {
+        let retry = || Step::Settle(Settlement::Retry(Duration::from_secs(2)));
+        let left = |s| Some(Duration::from_secs(s));
+        assert_eq!(before_expiry(retry(), None, "down"), retry());
+        assert_eq!(before_expiry(retry(), left(3), "down"), retry());
+        let r = dead(before_expiry(retry(), left(2), "down"));
+        assert!(
+            r.contains("max_age") && r.ends_with("last error: down"),
+            "{r}"
+        );
+        assert!(dead(before_expiry(retry(), left(0), "down")).contains("max_age"));
+        // Only a retry: another consumer's live claim, a completion, a dead letter stand.
+        for other in [
+            Step::Settle(Settlement::InProgress(Duration::from_secs(9))),
+            Step::Settle(Settlement::Completed),
+            Step::Wait(Duration::from_secs(9)),
+        ] {
+            assert_eq!(before_expiry(other.clone(), left(0), "down"), other);
+        }
+    }
+
+    #[test]
     fn backoff_doubles_up_to_its_maximum() {
         assert_eq!(B.delay(0), Duration::from_millis(100));
         assert_eq!(B.delay(1), Duration::from_millis(100));
@@ -1139,6 +1224,7 @@ mod tests {
         let c = Consumer::new("c", crate::MemoryStore::new()).unwrap();
         assert_eq!(c.policy.retain, Duration::from_secs(604_800));
         assert_eq!(c.policy.lease, crate::record::DEFAULT_LEASE);
+        assert_eq!(c.max_deliveries, Some(DEFAULT_MAX_DELIVERIES));
         assert_eq!(c.scope(), "consumer:c");
         let c = c.retain(Duration::from_secs(60));
         assert_eq!(c.policy.retain, Duration::from_secs(60));

@@ -14,6 +14,14 @@
 //! - **Ack**: a double ack, which returns once the server confirmed it. JetStream can accept an
 //!   ack that comes after the ack wait and still redeliver the message: the record, not the ack,
 //!   is what stops the second execution, and the redelivery is answered by a replay.
+//! - **Delivery limit and age**: the runner's limit
+//!   ([`Consumer::max_deliveries`](crate::consumer::Consumer::max_deliveries), by default
+//!   [`DEFAULT_MAX_DELIVERIES`](crate::consumer::DEFAULT_MAX_DELIVERIES), 20), and the stream's
+//!   `max_age`: the stream deletes a message that old whether or not it was acked, so a
+//!   message that keeps failing for now is dead-lettered as soon as a retry would be due after
+//!   `max_age` less one ack wait since it was stored (by the consumer's clock), rather than
+//!   retried into its deletion. (An ack wait as long as `max_age` leaves no time for a retry:
+//!   the first retryable failure is then a dead letter.)
 //! - **Retry later**: a `-NAK` with the delay. **Still working**: `+WPI`, every third of the
 //!   consumer's ack wait.
 //! - **Dead letter**: the message is published through JetStream to the subject you name (a
@@ -199,11 +207,12 @@ impl JetStreamSource {
             .map_err(|e| Error::Unavailable(Box::new(e)))?
             .clone();
         check_consumer(&info.name, &info.config)?;
-        StreamFacts::fetch(&self.context, &info.stream_name)
-            .await?
-            .check_retention(self.retain)?;
+        let facts = StreamFacts::fetch(&self.context, &info.stream_name).await?;
+        facts.check_retention(self.retain)?;
         let keep_alive = (info.config.ack_wait / 3).max(Duration::from_millis(10));
         let shared = Arc::new(Shared {
+            max_age: facts.max_age,
+            ack_wait: info.config.ack_wait,
             context: self.context.clone(),
             dead_letters: self.dead_letters.clone(),
             consumer: info.name.clone(),
@@ -302,6 +311,10 @@ struct Shared {
     dead_letters: String,
     consumer: String,
     keep_alive: Duration,
+    /// How long the stream keeps a message (zero: for ever).
+    max_age: Duration,
+    /// How long the server waits for an ack before it redelivers.
+    ack_wait: Duration,
 }
 
 /// One JetStream message, as the runner handles it.
@@ -313,6 +326,8 @@ pub struct JetStreamDelivery {
     origin: String,
     /// `<stream>:<sequence>:<timestamp>` (or its digest form): this stored message.
     place: String,
+    /// When the server stored it, in nanoseconds since 1970.
+    stored_at: u64,
     delivered: u32,
 }
 
@@ -346,6 +361,7 @@ impl JetStreamDelivery {
             )
         })?;
         let place = place_key(&stream, sequence, stored_at);
+        let stored_at = stored_at.parse().unwrap_or(u64::MAX);
         let key = message_key(msg.headers.as_ref(), msg.subject.as_str())
             .unwrap_or_else(|| place.clone());
         Ok(JetStreamDelivery {
@@ -354,6 +370,7 @@ impl JetStreamDelivery {
             key,
             origin: format!("{stream}:{sequence}"),
             place,
+            stored_at,
             delivered,
         })
     }
@@ -486,6 +503,23 @@ impl Delivery for JetStreamDelivery {
 
     fn keep_alive_every(&self) -> Option<Duration> {
         Some(self.shared.keep_alive)
+    }
+
+    /// The stream deletes the message `max_age` after it stored it, acked or not: that, less
+    /// an ack wait (a redelivery can come that much later), by this machine's clock.
+    fn expires_in(&self) -> Option<Duration> {
+        if self.shared.max_age.is_zero() {
+            return None;
+        }
+        let stored = std::time::UNIX_EPOCH + Duration::from_nanos(self.stored_at);
+        let now = std::time::SystemTime::now();
+        let age = now.duration_since(stored).unwrap_or_default();
+        Some(
+            self.shared
+                .max_age
+                .saturating_sub(age)
+                .saturating_sub(self.shared.ack_wait),
+        )
     }
 
     async fn ack(&self) -> Result<(), BoxError> {

@@ -8,12 +8,16 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 
 use crate::consumer::{Consumer, Delivery, Handler, Settlement, retry_delay};
 use crate::context::ClaimWatch;
 use crate::key::Key;
 use crate::store::Store;
+
+/// How many deliveries an ordered consumer holds at once per slot of its concurrency, running
+/// or waiting for their turn: 16.
+pub const ORDERED_IN_HAND_PER_SLOT: usize = 16;
 
 /// Whose turn it is, per partition: the last delivery that took a turn, and the signal that
 /// ends it.
@@ -99,34 +103,43 @@ impl<S: Store> Consumer<S> {
     {
         let turns = Turns::default();
         let turns = &turns;
+        // The slots bound the handlers running; a delivery waiting for its turn, or for a
+        // retry held in place, holds none, so a partition stuck behind its head cannot take
+        // them all. What is in hand at once is bounded apart.
+        let concurrency = concurrency.max(1);
+        let slots = Semaphore::new(concurrency);
+        let slots = &slots;
         deliveries
             .take_until(shutdown)
-            .for_each_concurrent(concurrency.max(1), |delivery| {
-                // Taken as the stream yields the delivery, before any of it runs: turns follow
-                // the order of arrival.
-                let turn = match &delivery {
-                    Ok(d) => d.partition_key().map(|p| turns.take(p)),
-                    Err(_) => None,
-                };
-                async move {
-                    match delivery {
-                        Ok(d) => {
-                            if let Some(mut turn) = turn {
-                                let every = self.keep_alive_every(&d);
-                                self.while_alive(&d, &ClaimWatch::new(), every, turn.come())
-                                    .await;
-                                self.handle(&d, handler).await;
-                                drop(turn);
-                            } else {
-                                self.handle(&d, handler).await;
+            .for_each_concurrent(
+                concurrency.saturating_mul(ORDERED_IN_HAND_PER_SLOT),
+                |delivery| {
+                    // Taken as the stream yields the delivery, before any of it runs: turns
+                    // follow the order of arrival.
+                    let turn = match &delivery {
+                        Ok(d) => d.partition_key().map(|p| turns.take(p)),
+                        Err(_) => None,
+                    };
+                    async move {
+                        match delivery {
+                            Ok(d) => {
+                                if let Some(mut turn) = turn {
+                                    let every = self.keep_alive_every(&d);
+                                    self.while_alive(&d, &ClaimWatch::new(), every, turn.come())
+                                        .await;
+                                    self.handle_in(&d, handler, Some(slots)).await;
+                                    drop(turn);
+                                } else {
+                                    self.handle_in(&d, handler, Some(slots)).await;
+                                }
+                            }
+                            Err(e) => {
+                                tracing::warn!(target: "idem", consumer = %self.name, error = %e, "the broker's stream reported an error");
                             }
                         }
-                        Err(e) => {
-                            tracing::warn!(target: "idem", consumer = %self.name, error = %e, "the broker's stream reported an error");
-                        }
                     }
-                }
-            })
+                },
+            )
             .await
     }
 
