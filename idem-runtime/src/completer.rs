@@ -1,7 +1,6 @@
 //! The completer: resumable work whose caller never came back is finished, once.
 //!
-//! A resumable call (`#[idempotent(…, resumable)]`, the `tower` guard's
-//! [`resumable`](crate::tower::GuardLayer::resumable), or [`begin_resumable`] by hand) stores
+//! A resumable call (`#[idempotent(…, resumable)]`, or [`begin_resumable`] by hand) stores
 //! its request with its claim. When the caller does not come back for it — its process was
 //! killed, or the call ended in an outcome that may have had its effect
 //! ([`ClaimInfo::outcome_unknown`]) and nobody retried — a [`Completer`] running next to the
@@ -262,8 +261,8 @@ impl<S: Store + Clone> Completer<S> {
 
     /// Registers `f` as the resume function of requests named `name` (for
     /// `#[idempotent(resumable)]`, the function's scope template as written, e.g.
-    /// `"refund:<order_no>"`; for the `tower` guard, the name given to
-    /// [`GuardLayer::resumable`](crate::tower::GuardLayer::resumable)). `f` calls the guarded
+    /// `"refund:<order_no>"`, or the name given with `resumable = "…"`; for a hand-written
+    /// call, the name of its [`StoredRequest`]). `f` calls the guarded
     /// call with what the [`Resumption`] holds; the call runs under the completer's claim. Its
     /// error, if it fails, is rendered with `Debug` as the claim's note.
     pub fn resume<F, Fut, T, E>(mut self, name: &str, f: F) -> Self
