@@ -24,12 +24,16 @@ use reqwest::Client;
 use serde_json::{Value, json};
 
 async fn serve(url: &str) -> String {
-    let (router, _) = app::build(url, None, None)
+    let (router, _, completer) = app::build(url, None, None)
         .await
         .expect("build the service");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    // The completer runs as long as the server does.
+    tokio::spawn(async move {
+        let _completer = completer;
+        axum::serve(listener, router).await.unwrap()
+    });
     base
 }
 

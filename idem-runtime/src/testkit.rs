@@ -180,6 +180,7 @@ macro_rules! conformance_tests {
             fail_closed_keeps_in_progress,
             renew_extends_the_lease_and_keeps_the_recovery_point,
             release_lets_a_retry_claim,
+            a_suspended_claim_is_resumed_by_its_retry_at_once,
             dropped_guard_releases_promptly,
             racing_tasks_claim_once,
             retention_expiry_frees_the_identity,
@@ -556,6 +557,58 @@ pub mod cases {
             .await
             .unwrap();
         begin_claimed(env, req("s", &k2, &fp("b"), &POLICY)).await;
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn a_suspended_claim_is_resumed_by_its_retry_at_once<S: Store + Clone>(env: &Env<S>) {
+        let k = key("k-suspend");
+        let f = fp("a");
+        let c = begin_claimed(env, req("s", &k, &f, &POLICY)).await;
+        env.store()
+            .checkpoint(claim("s", &k, c.fence), b"charged", POLICY.lease)
+            .await
+            .unwrap();
+        // The outcome is unknown: kept in progress, its lease ended, never released.
+        env.store()
+            .suspend(
+                claim("s", &k, c.fence),
+                "the gateway timed out",
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        // Another body under the key is still key reuse: the record holds this request's work.
+        assert!(matches!(
+            env.store()
+                .begin(req("s", &k, &fp("b"), &POLICY))
+                .await
+                .unwrap(),
+            BeginOutcome::KeyReused
+        ));
+        // The same request's retry resumes it at once: the next attempt, the recovery point.
+        let resumed = begin_claimed(env, req("s", &k, &f, &POLICY)).await;
+        assert!(resumed.fence > c.fence);
+        assert!(resumed.reclaimed, "a resumption, not a fresh claim");
+        assert_eq!(resumed.attempt, 2);
+        assert_eq!(resumed.recovery_point.as_deref(), Some(&b"charged"[..]));
+        // The suspended attempt can write nothing more.
+        for stale in [
+            env.store()
+                .suspend(claim("s", &k, c.fence), "late", Duration::ZERO)
+                .await,
+            env.store()
+                .complete(claim("s", &k, c.fence), &StoredResponse::ok(vec![]))
+                .await,
+        ] {
+            assert!(matches!(stale, Err(Error::FenceLost { .. })), "{stale:?}");
+        }
+        complete_ok(
+            env,
+            claim("s", &k, resumed.fence),
+            &StoredResponse::ok(&b"done"[..]),
+        )
+        .await;
+        assert!(env.store().lookup("s", k.as_str()).await.unwrap().is_some());
     }
 
     /// See [`conformance_tests!`](crate::conformance_tests).
