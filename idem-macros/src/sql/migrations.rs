@@ -370,6 +370,59 @@ impl<'s> Checker<'s> {
         }
     }
 
+    /// The key columns of an `UPDATE` find one row at most: some of them are a primary key or
+    /// a unique constraint. Otherwise one call could move many rows.
+    pub(crate) fn unique_key(&self, columns: &[&str], what: &str, span: Span, cx: &mut Ctxt) {
+        let Some(table) = self.table.filter(|t| t.is_certain()) else {
+            return;
+        };
+        if table.has_unique_within(columns) {
+            return;
+        }
+        let keys = columns.join(", ");
+        let pk = table.primary_key();
+        let instead = if pk.is_empty() {
+            String::new()
+        } else {
+            format!(", or key it on the primary key `{}`", pk.join(", "))
+        };
+        cx.at(
+            span,
+            format_args!(
+                "`{keys}` is not a primary key or a unique constraint of `{}` ({}): the {what}'s `UPDATE … WHERE {}` could match many rows and move every one of them at once. Make it unique in a migration (`CREATE UNIQUE INDEX {}_{}_key ON {} ({keys})`){instead}",
+                table.name(),
+                origin(table),
+                columns
+                    .iter()
+                    .map(|c| format!("{c} = …"))
+                    .collect::<Vec<_>>()
+                    .join(" AND "),
+                table.name().name,
+                columns.join("_"),
+                table.name(),
+            ),
+        );
+    }
+
+    /// A guard column is `NOT NULL`: `column = $n` is never true where it is NULL, so such a
+    /// row would answer `GuardMismatch` to every call.
+    pub(crate) fn guard_not_null(&self, column: &Column, span: Span, cx: &mut Ctxt) {
+        let Some(table) = self.table else { return };
+        if column.not_null() || !column.is_certain() {
+            return;
+        }
+        cx.at(
+            span,
+            format_args!(
+                "the guard column `{}.{}` can be NULL ({}): a guard compares it with `=`, which is never true for NULL, so a row whose `{}` is NULL answers GuardMismatch to every call and can never be moved. Declare it `NOT NULL` in a migration (with a value for the rows that have none), or leave it out of `guard`",
+                table.name(),
+                column.name(),
+                origin(table),
+                column.name(),
+            ),
+        );
+    }
+
     /// The column is an integer column, as a version must be.
     pub(crate) fn integer(&self, column: &Column, span: Span, cx: &mut Ctxt) {
         let (Some(table), Some(backend)) = (self.table, self.schema.backend) else {

@@ -111,17 +111,42 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
 fn against(schema: &Schema, target: &Target, args: &Args, c: &Columns, cx: &mut Ctxt) -> Findings {
     let mut check = Checker::new(schema, target, args.table.as_ref(), cx);
     let arg = |name: &Ident| target.values.iter().find(|a| a.ident == *name);
-    let keys = c.keys.iter().flatten().map(|k| (args.key.as_ref(), k));
-    let guards = c.guards.iter().flatten().map(|g| (args.guard.as_ref(), g));
-    let owner = c.owner.iter().flatten().map(|o| (args.owner.as_ref(), o));
-    for (lit, (column, ident)) in keys.chain(guards).chain(owner) {
+    // Which part each column plays: a key must find one row, a guard must be comparable.
+    #[derive(PartialEq)]
+    enum Part {
+        Key,
+        Guard,
+        Owner,
+    }
+    let keys = c
+        .keys
+        .iter()
+        .flatten()
+        .map(|k| (Part::Key, args.key.as_ref(), k));
+    let guards = c.guards.iter().flatten();
+    let guards = guards.map(|g| (Part::Guard, args.guard.as_ref(), g));
+    let owner = c.owner.iter().flatten();
+    let owner = owner.map(|o| (Part::Owner, args.owner.as_ref(), o));
+    let mut keys_found = true;
+    for (part, lit, (column, ident)) in keys.chain(guards).chain(owner) {
         let span = lit.map_or_else(Span::call_site, LitStr::span);
-        if let Some(found) = check.column(&column.name, span, cx)
-            && !check.cast(found)
+        let found = check.column(&column.name, span, cx);
+        if part == Part::Key {
+            keys_found &= found.is_some();
+        }
+        let Some(found) = found else { continue };
+        if part == Part::Guard {
+            check.guard_not_null(found, span, cx);
+        }
+        if !check.cast(found)
             && let Some(a) = arg(ident)
         {
             check.value(found, a);
         }
+    }
+    if let (Some(keys), Some(lit), true) = (&c.keys, &args.key, keys_found) {
+        let names: Vec<&str> = keys.iter().map(|(k, _)| k.name.as_str()).collect();
+        check.unique_key(&names, "transition", lit.span(), cx);
     }
     let set_span = args.set.as_ref().map_or_else(Span::call_site, LitStr::span);
     for set in &c.sets {
