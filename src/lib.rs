@@ -368,9 +368,8 @@ pub use idem_runtime::sqlx;
 ///   at its word;
 /// - on PostgreSQL, a table or column written in another case than the migration's (the
 ///   generated SQL quotes names, so `"Orders"` is not `orders`);
-/// - a `guard` column is `NOT NULL` (`=` never matches NULL, so such a row would answer
-///   `GuardMismatch` forever), and the `key` columns of a transition or a versioned update
-///   include a primary key or unique constraint (otherwise one `UPDATE` could move many rows).
+/// - the `key` columns of a transition or a versioned update include a primary key or unique
+///   constraint (otherwise one `UPDATE` could move many rows).
 ///
 /// The `returning` type's fields are not compared with the columns: an attribute cannot see
 /// the fields of a struct declared elsewhere. What is checked is that the type can be read from

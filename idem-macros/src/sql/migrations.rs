@@ -404,25 +404,6 @@ impl<'s> Checker<'s> {
         );
     }
 
-    /// A guard column is `NOT NULL`: `column = $n` is never true where it is NULL, so such a
-    /// row would answer `GuardMismatch` to every call.
-    pub(crate) fn guard_not_null(&self, column: &Column, span: Span, cx: &mut Ctxt) {
-        let Some(table) = self.table else { return };
-        if column.not_null() || !column.is_certain() {
-            return;
-        }
-        cx.at(
-            span,
-            format_args!(
-                "the guard column `{}.{}` can be NULL ({}): a guard compares it with `=`, which is never true for NULL, so a row whose `{}` is NULL answers GuardMismatch to every call and can never be moved. Declare it `NOT NULL` in a migration (with a value for the rows that have none), or leave it out of `guard`",
-                table.name(),
-                column.name(),
-                origin(table),
-                column.name(),
-            ),
-        );
-    }
-
     /// The column is an integer column, as a version must be.
     pub(crate) fn integer(&self, column: &Column, span: Span, cx: &mut Ctxt) {
         let (Some(table), Some(backend)) = (self.table, self.schema.backend) else {

@@ -111,34 +111,25 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
 fn against(schema: &Schema, target: &Target, args: &Args, c: &Columns, cx: &mut Ctxt) -> Findings {
     let mut check = Checker::new(schema, target, args.table.as_ref(), cx);
     let arg = |name: &Ident| target.values.iter().find(|a| a.ident == *name);
-    // Which part each column plays: a key must find one row, a guard must be comparable.
-    #[derive(PartialEq)]
-    enum Part {
-        Key,
-        Guard,
-        Owner,
-    }
     let keys = c
         .keys
         .iter()
         .flatten()
-        .map(|k| (Part::Key, args.key.as_ref(), k));
+        .map(|k| (true, args.key.as_ref(), k));
     let guards = c.guards.iter().flatten();
-    let guards = guards.map(|g| (Part::Guard, args.guard.as_ref(), g));
+    let guards = guards.map(|g| (false, args.guard.as_ref(), g));
     let owner = c.owner.iter().flatten();
-    let owner = owner.map(|o| (Part::Owner, args.owner.as_ref(), o));
+    let owner = owner.map(|o| (false, args.owner.as_ref(), o));
+    // The key must find one row: checked once every key column is found.
     let mut keys_found = true;
-    for (part, lit, (column, ident)) in keys.chain(guards).chain(owner) {
+    for (is_key, lit, (column, ident)) in keys.chain(guards).chain(owner) {
         let span = lit.map_or_else(Span::call_site, LitStr::span);
         let found = check.column(&column.name, span, cx);
-        if part == Part::Key {
+        if is_key {
             keys_found &= found.is_some();
         }
-        let Some(found) = found else { continue };
-        if part == Part::Guard {
-            check.guard_not_null(found, span, cx);
-        }
-        if !check.cast(found)
+        if let Some(found) = found
+            && !check.cast(found)
             && let Some(a) = arg(ident)
         {
             check.value(found, a);
