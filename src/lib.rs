@@ -337,7 +337,7 @@ pub use idem_runtime::sqlx;
 /// | `from = "PENDING"` or `from = ["PENDING", "PAID"]` | **required.** The states the transition starts from: at least one, each one name (`"PENDING, PAID"` is refused: write a list). |
 /// | `to = "PAID"` | **required.** The target state; one name, not one of `from`. |
 /// | `state = "status"` | The state column (default `status`); not a key or guard column. |
-/// | `guard = "amount_cents"` | Extra columns that must equal their arguments (not `Option`s, as for keys); not key columns. |
+/// | `guard = "amount_cents"` | Extra columns that must equal their arguments; not key columns. An argument that is an `Option` is compared so that `None` matches NULL (`IS NOT DISTINCT FROM` on PostgreSQL, `IS` on SQLite): a guard on a nullable column, where `=` would never match a NULL row. |
 /// | `owner = "refund_request"` | A column that records who applied the transition: set to the argument of the same name when it applies, and compared with it when the row is already in `to`, so that this owner's earlier transition is `AlreadyApplied` and another's is `AppliedByAnother`. Use it before an irreversible effect: the request that won `PAID → REFUNDING` may refund (and resume after a crash); any other may not. Not the state, a key, a guard or a `set` column; the argument is not an `Option`. |
 /// | `set = "paid_at = now(), paid_by"` | Extra columns to set: from the argument of the same name, or `now()` (the database's clock). Not the state column (the transition sets it to `to`), a key column (the row would move) or a guard column. |
 /// | `returning = Order` | A `sqlx::FromRow` type: the row after the update (`RETURNING *`), or as found. The return type says `Transition<Order, …>`. |

@@ -33,6 +33,9 @@ pub(crate) struct Model {
     pub(super) state: SqlIdent,
     pub(super) keys: Vec<(SqlIdent, Ident)>,
     pub(super) guards: Vec<(SqlIdent, Ident)>,
+    /// For each guard, whether its argument is an `Option`: compared so that `None` matches
+    /// NULL (`IS NOT DISTINCT FROM` on PostgreSQL, `IS` on SQLite), not with `=`.
+    pub(super) null_safe: Vec<bool>,
     /// `owner`: set to its argument when the transition applies, and compared with it when the
     /// row is already in `to`.
     pub(super) owner: Option<(SqlIdent, Ident)>,
@@ -68,19 +71,27 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
     );
     parts(args, &columns, cx);
     states(args, cx);
+    // A guard argument may be an `Option`: it is then compared so that `None` matches NULL
+    // (a guard on a nullable column). A key or the owner must be a value.
+    let null_safe: Vec<bool> = columns
+        .guards
+        .iter()
+        .flatten()
+        .map(|(_, arg)| {
+            input
+                .fn_args
+                .as_ref()
+                .is_some_and(|a| a.value(&arg.to_string()).is_some_and(|v| is_option(&v.ty)))
+        })
+        .collect();
     if let Some(fn_args) = &input.fn_args {
         let keys = columns.keys.iter().flatten().map(|k| (&k.1, Compared::Key));
-        let guards = columns
-            .guards
-            .iter()
-            .flatten()
-            .map(|g| (&g.1, Compared::Guard));
         let owner = columns
             .owner
             .iter()
             .flatten()
             .map(|o| (&o.1, Compared::Owner));
-        for (arg, part) in keys.chain(guards).chain(owner) {
+        for (arg, part) in keys.chain(owner) {
             not_optional(fn_args, arg, part, cx);
         }
     }
@@ -95,6 +106,7 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
         state: columns.state?,
         keys: columns.keys?,
         guards: columns.guards?,
+        null_safe,
         owner: columns.owner?,
         sets: columns.sets,
         from: args.from.clone()?,
@@ -105,6 +117,11 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
         state_type,
         findings,
     })
+}
+
+/// `Option<T>`, `&Option<T>`.
+fn is_option(ty: &Type) -> bool {
+    crate::types::args_of(crate::types::unreferenced(ty), "Option").is_some()
 }
 
 /// The table, every column, each argument's type and the states, against the migrations.
