@@ -187,9 +187,9 @@
 ///
 /// | argument | meaning |
 /// |---|---|
-/// | `scope = "refund:<order_no>"` | **required.** What the operation acts on: the operation's name as literal text (two functions with the same template would share their records, so a scope of placeholders alone is refused), then `<placeholders>` naming arguments (bound by their patterns: `Path(order_no)` binds `order_no`) or field paths of them (`<user.id>`), each rendered with `Display`. Values are percent-encoded so different values never give the same scope. Two placeholders need a delimiter such as `:` between them. |
-/// | `key = <expr>` | **required.** The idempotency key, read from the request: anything [`ToKey`]: a `&str` or `String` (validated with [`KeyPolicy::DEFAULT`]), an integer message id, a [`Key`], the HTTP extractor. A bad key is rejected before the store is touched; a literal is refused at compile time (every call would share it). |
-/// | `store = <expr>` | The store, by place (`app.idem`, `self.store`, a `&MemoryStore` or `&Arc<PgStore>` argument): it is cloned, which is cheap, so a generic store needs `S: Store + Clone`. Without it, the store installed with [`set_default_store`]. |
+/// | `scope = "refund:<order_no>"` | **required.** What the operation acts on: the operation's name as literal text (two functions with the same template would share their records, so a scope of placeholders alone is refused), then `<placeholders>` naming arguments (bound by their patterns: `Path(order_no)` binds `order_no`) or field paths of them (`<user.id>`), each rendered with `Display` (not a float: `f32` and `f64` render with other digits for the same amount, so they are refused; use an integer in minor units or a string). Values are percent-encoded so different values never give the same scope. Two placeholders need a delimiter such as `:` between them. |
+/// | `key = <expr>` | **required.** The idempotency key, read from the request: anything [`ToKey`]: a `&str` or `String` (validated with [`KeyPolicy::DEFAULT`]), an integer message id, a [`Key`], the HTTP extractor. A bad key is rejected before the store is touched; a literal, or an expression that reads no argument (`key = KEY`, `key = next_key()`), is refused at compile time (every call would share it). |
+/// | `store = <expr>` | The store, by place (`app.idem`, `self.store`, a `&MemoryStore` or `&Arc<PgStore>` argument): it is cloned, which is cheap, so a generic store needs `S: Store + Clone`. Without it, the store installed with [`set_default_store`]. An expression that builds a store (`MemoryStore::new()`, `SqliteStore::open(..)`, a builder, a struct literal) is refused at compile time: it would build a new one on every call, so every call would be a first call. |
 /// | `fingerprint(a, b.c)` | Fingerprint exactly these arguments, or fields of them (`req.cents`). Not empty: a retry with other arguments must be refused, not answered. |
 /// | `skip(a, b)` | Fingerprint every argument but these (names, not fields). `#[idem(skip)]` on a parameter does the same, and cannot be combined with `fingerprint(…)` listing it. By default every argument is fingerprinted except `self`, the key when it is an argument itself (`key = key`), and the store or the argument it is read from (`app` in `store = app.idem`: application state is not part of the request). An argument that `key = …` only reads (`headers` in `key = headers.key`) is fingerprinted. An argument that is not `Serialize` is a compile error pointing at it. |
 /// | `lease = "30s"` | How long a claim lives before it is presumed abandoned (default `"5m"`), at least `"1s"`: a claim that runs out while the body runs lets a retry run it again. Units `ms`, `s`, `m`, `h`, `d`; checked at compile time. |
@@ -338,7 +338,7 @@ pub use idem_runtime::sqlx;
 /// | `from = "PENDING"` or `from = ["PENDING", "PAID"]` | **required.** The states the transition starts from: at least one, each one name (`"PENDING, PAID"` is refused: write a list). |
 /// | `to = "PAID"` | **required.** The target state; one name, not one of `from`. |
 /// | `state = "status"` | The state column (default `status`); not a key or guard column. |
-/// | `guard = "amount_cents"` | Extra columns that must equal their arguments (not `Option`s, as for keys); not key columns. |
+/// | `guard = "amount_cents"` | Extra columns that must equal their arguments; not key columns. An argument that is an `Option` is compared so that `None` matches NULL (`IS NOT DISTINCT FROM` on PostgreSQL, `IS` on SQLite): a guard on a nullable column, where `=` would never match a NULL row. |
 /// | `owner = "refund_request"` | A column that records who applied the transition: set to the argument of the same name when it applies, and compared with it when the row is already in `to`, so that this owner's earlier transition is `AlreadyApplied` and another's is `AppliedByAnother`. Use it before an irreversible effect: the request that won `PAID → REFUNDING` may refund (and resume after a crash); any other may not. Not the state, a key, a guard or a `set` column; the argument is not an `Option`. |
 /// | `set = "paid_at = now(), paid_by"` | Extra columns to set: from the argument of the same name, or `now()` (the database's clock). Not the state column (the transition sets it to `to`), a key column (the row would move) or a guard column. |
 /// | `returning = Order` | A `sqlx::FromRow` type: the row after the update (`RETURNING *`), or as found. The return type says `Transition<Order, …>`. |
@@ -368,7 +368,9 @@ pub use idem_runtime::sqlx;
 ///   references and `Option`s of them); any other type (a newtype, `chrono`, `uuid`) is taken
 ///   at its word;
 /// - on PostgreSQL, a table or column written in another case than the migration's (the
-///   generated SQL quotes names, so `"Orders"` is not `orders`).
+///   generated SQL quotes names, so `"Orders"` is not `orders`);
+/// - the `key` columns of a transition or a versioned update include a primary key or unique
+///   constraint (otherwise one `UPDATE` could move many rows).
 ///
 /// The `returning` type's fields are not compared with the columns: an attribute cannot see
 /// the fields of a struct declared elsewhere. What is checked is that the type can be read from

@@ -668,3 +668,109 @@ async fn fingerprint_covers_exactly_the_named_arguments() {
         Err(Error::KeyReused)
     ));
 }
+
+// ---- fingerprints of unordered collections ----------------------------------------------------
+
+/// A request with sets and maps inside it, whose iteration order is the hasher's: a random
+/// seed in every `HashSet`/`HashMap`, so it differs between processes and between two
+/// collections of one process.
+#[derive(Debug, Clone, Serialize)]
+struct Basket {
+    items: std::collections::HashSet<String>,
+    prices: std::collections::HashMap<String, u64>,
+    groups: Vec<std::collections::HashSet<u64>>,
+}
+
+/// The same basket, built by inserting in `order` into collections with fresh hashers.
+fn basket(order: impl Iterator<Item = u64> + Clone) -> Basket {
+    use std::collections::hash_map::RandomState;
+    let mut items = std::collections::HashSet::with_hasher(RandomState::new());
+    let mut prices = std::collections::HashMap::with_hasher(RandomState::new());
+    let mut group = std::collections::HashSet::with_hasher(RandomState::new());
+    for i in order {
+        items.insert(format!("sku-{i}"));
+        prices.insert(format!("sku-{i}"), i * 100);
+        group.insert(i * 1_000_003);
+    }
+    Basket {
+        items: items.into_iter().collect(),
+        prices: prices.into_iter().collect(),
+        groups: vec![group.into_iter().collect()],
+    }
+}
+
+#[idempotent(scope = "basket:<id>", key = key, store = app.store, skip(app))]
+async fn check_out(
+    app: &App<MemoryStore>,
+    id: u32,
+    key: &str,
+    basket: Basket,
+) -> Result<usize, Error> {
+    let _ = basket;
+    Ok(app.run())
+}
+
+#[tokio::test]
+async fn a_set_in_the_request_fingerprints_the_same_whatever_its_order() {
+    let app = memory_app().await;
+    assert_eq!(check_out(&app, 1, "k", basket(0..64)).await.unwrap(), 1);
+    // The retry builds the same basket in another order, with other hashers: the same request.
+    assert_eq!(
+        check_out(&app, 1, "k", basket((0..64).rev()))
+            .await
+            .unwrap(),
+        1,
+        "a retry with the same sets must be replayed, not refused as another request"
+    );
+    assert_eq!(app.runs(), 1);
+    // A set with another element is another request.
+    assert!(matches!(
+        check_out(&app, 1, "k", basket(0..65)).await,
+        Err(Error::KeyReused)
+    ));
+}
+
+/// Set in a child process (by the test below): print the fingerprint of the basket.
+const FINGERPRINT_CHILD: &str = "IDEM_TEST_FINGERPRINT_CHILD";
+
+#[test]
+fn fingerprint_of_a_basket() {
+    let forward = idem::Fingerprint::of(&basket(0..64)).unwrap();
+    let backward = idem::Fingerprint::of(&basket((0..64).rev())).unwrap();
+    assert_eq!(forward, backward);
+    if std::env::var_os(FINGERPRINT_CHILD).is_some() {
+        println!("fingerprint={forward}");
+    }
+}
+
+#[test]
+fn a_set_fingerprints_the_same_in_every_process() {
+    let here = idem::Fingerprint::of(&basket(0..64)).unwrap().to_string();
+    for _ in 0..2 {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "fingerprint_of_a_basket",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(FINGERPRINT_CHILD, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let theirs = stdout
+            .lines()
+            // The harness may print the test's name on the same line.
+            .find_map(|l| l.split_once("fingerprint=").map(|(_, fp)| fp.trim()))
+            .unwrap_or_else(|| panic!("the child printed no fingerprint: {stdout}"));
+        assert_eq!(
+            theirs, here,
+            "another process fingerprints the same basket differently"
+        );
+    }
+}

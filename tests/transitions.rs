@@ -53,6 +53,15 @@ macro_rules! order_functions {
             amount_cents: i64,
         ) -> Result<Transition<Order, OrderStatus>, Error>;
 
+        // A guard on a nullable column, with an `Option`: `None` is compared as NULL, not
+        // with `=` (never true for NULL), so a row whose column is NULL can be matched.
+        #[idem::state_transition(table = "orders", key = "order_no", from = "PENDING", to = "CANCELLED", guard = "refund_request")]
+        pub async fn cancel_unclaimed(
+            db: impl sqlx::Acquire<'_, Database = $db>,
+            order_no: &str,
+            refund_request: Option<&str>,
+        ) -> Result<Transition, Error>;
+
         #[idem::state_transition(table = "orders", key = "order_no", from = "PAID", to = "SHIPPED", machine = OrderStatus)]
         pub async fn ship(
             db: impl sqlx::Acquire<'_, Database = $db>,
@@ -145,6 +154,25 @@ macro_rules! suite {
         mod $name {
             use super::$fns::*;
             use super::*;
+
+            #[tokio::test]
+            $(#[$attr])*
+            async fn an_optional_guard_matches_null() {
+                let db = $setup().await;
+                let pool = &db.pool;
+                insert_order(pool, "N1", 7, 250).await.unwrap();
+                // The row's `refund_request` is NULL: a value differs from it, `None` matches it.
+                assert_eq!(cancel_unclaimed(pool, "N1", Some("req-a")).await.unwrap(), Transition::GuardMismatch(()));
+                assert_eq!(cancel_unclaimed(pool, "N1", None).await.unwrap(), Transition::Applied(()));
+                assert_eq!(cancel_unclaimed(pool, "N1", None).await.unwrap(), Transition::AlreadyApplied(()));
+                // A row whose column holds a value: `None` differs from it, the value matches it.
+                insert_order(pool, "N2", 7, 250).await.unwrap();
+                sqlx::query("UPDATE orders SET refund_request = 'req-b' WHERE order_no = 'N2'")
+                    .execute(pool).await.unwrap();
+                assert_eq!(cancel_unclaimed(pool, "N2", None).await.unwrap(), Transition::GuardMismatch(()));
+                assert_eq!(cancel_unclaimed(pool, "N2", Some("req-c")).await.unwrap(), Transition::GuardMismatch(()));
+                assert_eq!(cancel_unclaimed(pool, "N2", Some("req-b")).await.unwrap(), Transition::Applied(()));
+            }
 
             #[tokio::test]
             $(#[$attr])*

@@ -98,7 +98,16 @@ pub(crate) fn render(t: &Template, lit: &LitStr, krate: &Krate) -> TokenStream {
                 Err(_) => syn::Member::Named(syn::Ident::new(f, located)),
             });
             let p = krate.private_at(span);
-            quote_spanned!(span=> #p::ScopeValue::add_to(&#root #(.#fields)*, &mut #builder);)
+            let fields: Vec<_> = fields.collect();
+            // A float is refused by its type (a field's is not written in the signature).
+            quote_spanned! {span=>
+                {
+                    #[allow(unused_imports)]
+                    use #p::{AnyScope as _, FloatScope as _};
+                    #p::stable_scope_value((&#p::ScopeProbe(&#root #(.#fields)*)).scope_kind());
+                }
+                #p::ScopeValue::add_to(&#root #(.#fields)*, &mut #builder);
+            }
         }
     });
     quote! {

@@ -1,9 +1,16 @@
 //! Fingerprints: sha256 over a canonical encoding of a request's arguments.
 //!
 //! The encoding is idem's own (version 2, below), not JSON: it is the same in every process and
-//! run, does not depend on the iteration order of maps (entries are sorted by their encoded key),
-//! and is streamed into the hash without building an intermediate value, except for the entries
-//! of maps, which must be buffered to be sorted.
+//! run, does not depend on the iteration order of maps (entries are sorted by their encoded key)
+//! or of hash sets (elements sorted by their encoding), and is streamed into the hash without
+//! building an intermediate value, except for the entries of maps and the elements of hash sets,
+//! which must be buffered to be sorted.
+//!
+//! serde writes a set as it writes a list (`collect_seq`); a set is told by its type's name, so a
+//! `HashSet` (std's, hashbrown's, any crate's type of that name) is sorted and a `Vec`,
+//! `VecDeque`, slice or `BTreeSet` keeps its order and its encoding. A hand-written `Serialize`
+//! that writes a hash-ordered collection element by element (`serialize_seq`) is not seen: sort
+//! it there, or hold a `BTreeSet`.
 //!
 //! # Encoding, version 2
 //!
@@ -15,7 +22,9 @@
 //! carry their length as a varint. Sequences, tuples, structs and maps end with an end tag that
 //! never starts a value; struct fields are written as a string (the name) and a value, in
 //! declaration order, so a field never starts with the end tag either. A varint is prefix-free,
-//! so concatenations are unambiguous. Newtype structs are transparent.
+//! so concatenations are unambiguous. Newtype structs are transparent. A map's entries are
+//! written sorted by the bytes of their encoded keys; a hash set's elements, which are written as
+//! a sequence's, sorted by their encoded bytes.
 //!
 //! The hash input is the domain tag `idem` and the version byte 2, then the arguments' encodings
 //! in order: short requests fit one block of sha256 (55 bytes: a UUID, an amount and a currency
@@ -362,6 +371,32 @@ impl<'a, 'b, W: Sink> ser::Serializer for &'a mut Canon<'b, W> {
         self.tag(tag::SEQ);
         Ok(Compound { ser: self })
     }
+    /// serde's default, except for a set that iterates in its hasher's order: its elements are
+    /// written sorted by their encoding, as a map's entries are.
+    fn collect_seq<I>(self, iter: I) -> Result<(), CanonError>
+    where
+        I: IntoIterator,
+        I::Item: Serialize,
+    {
+        if !hash_ordered::<I>() {
+            let mut seq = self.serialize_seq(None)?;
+            for element in iter {
+                seq.element(&element)?;
+            }
+            return seq.end();
+        }
+        let mut elements = iter
+            .into_iter()
+            .map(|e| encode(&e))
+            .collect::<Result<Vec<_>, _>>()?;
+        elements.sort_unstable();
+        self.tag(tag::SEQ);
+        for e in &elements {
+            self.out.put(e);
+        }
+        self.tag(tag::END);
+        Ok(())
+    }
     fn serialize_tuple(self, _len: usize) -> Result<Self::SerializeTuple, CanonError> {
         self.serialize_seq(None)
     }
@@ -474,6 +509,30 @@ macro_rules! struct_like {
 }
 struct_like!(SerializeStruct, SerializeStructVariant);
 
+/// Whether `I`, what a `Serialize` impl hands to `collect_seq`, is a set that iterates in its
+/// hasher's order: std's `HashSet` (serde writes it as `collect_seq(self)`, like a `Vec`), and
+/// the `HashSet`s of hashbrown and of other crates that name theirs so. Its order then differs
+/// between two sets of the same elements, in one process or two (each `RandomState` has its own
+/// seed), so it is no part of the request. A sequence is told apart from a set only by its
+/// type's name, which `std::any::type_name` gives (`&std::collections::hash::set::HashSet<…>`):
+/// the test `hash_sets_are_told_by_their_type` keeps that reading honest on every compiler.
+fn hash_ordered<I>() -> bool {
+    let mut name = std::any::type_name::<I>();
+    loop {
+        let trimmed = name.trim_start_matches('&').trim_start_matches("mut ");
+        if trimmed == name {
+            break;
+        }
+        name = trimmed;
+    }
+    // A slice, array or tuple of sets is a sequence of its own.
+    if name.starts_with(['[', '(']) {
+        return false;
+    }
+    let outer = name.split('<').next().unwrap_or(name);
+    outer.rsplit("::").next() == Some("HashSet")
+}
+
 /// Buffers a map's entries so they can be written sorted by encoded key.
 struct MapBuf<'a, 'b, W: Sink> {
     ser: &'a mut Canon<'b, W>,
@@ -538,6 +597,55 @@ mod tests {
         assert_eq!(
             Fingerprint::of(&a).unwrap(),
             Fingerprint::of(&sorted).unwrap()
+        );
+    }
+
+    #[test]
+    fn set_order_does_not_matter() {
+        use std::collections::HashSet;
+        use std::collections::hash_map::RandomState;
+        let mut a = HashSet::with_hasher(RandomState::new());
+        let mut b = HashSet::with_hasher(RandomState::new());
+        for i in 0..100u64 {
+            a.insert(format!("e{i}"));
+            b.insert(format!("e{}", 99 - i));
+        }
+        assert_eq!(Fingerprint::of(&a).unwrap(), Fingerprint::of(&b).unwrap());
+        // Elements sorted by their encoding: the canonical bytes of the set.
+        let mut elements: Vec<Vec<u8>> = a.iter().map(|e| canonical_bytes(e).unwrap()).collect();
+        elements.sort();
+        let mut expected = vec![tag::SEQ];
+        elements.iter().for_each(|e| expected.extend_from_slice(e));
+        expected.push(tag::END);
+        assert_eq!(canonical_bytes(&b).unwrap(), expected);
+        // Nested in a struct, in a map's value, in a sequence.
+        let nested = |s: &HashSet<String, RandomState>| {
+            let mut m = HashMap::new();
+            m.insert("k", vec![s.clone()]);
+            (1u8, m)
+        };
+        assert_eq!(
+            Fingerprint::of(&nested(&a)).unwrap(),
+            Fingerprint::of(&nested(&b)).unwrap()
+        );
+        b.insert("another".into());
+        assert_ne!(Fingerprint::of(&a).unwrap(), Fingerprint::of(&b).unwrap());
+    }
+
+    #[test]
+    fn hash_sets_are_told_by_their_type() {
+        use std::collections::{BTreeSet, HashSet, VecDeque};
+        assert!(hash_ordered::<&HashSet<u8>>());
+        assert!(hash_ordered::<&&mut HashSet<String, std::hash::RandomState>>());
+        // Ordered collections keep their order, and their encoding.
+        assert!(!hash_ordered::<&Vec<u8>>());
+        assert!(!hash_ordered::<&VecDeque<u8>>());
+        assert!(!hash_ordered::<&BTreeSet<u8>>());
+        assert!(!hash_ordered::<&[HashSet<u8>]>());
+        let v = vec![3u8, 1, 2];
+        assert_eq!(
+            canonical_bytes(&v).unwrap(),
+            [tag::SEQ, tag::U64, 3, tag::U64, 1, tag::U64, 2, tag::END]
         );
     }
 

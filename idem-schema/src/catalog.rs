@@ -314,6 +314,14 @@ impl Table {
             || self.unique.iter().any(|u| same(&u.columns))
     }
 
+    /// Whether a primary key, unique constraint or unique index is made of some of these
+    /// columns (in any order): a row matched on all of them is then one row at most.
+    pub fn has_unique_within(&self, columns: &[&str]) -> bool {
+        let within =
+            |key: &[String]| !key.is_empty() && key.iter().all(|k| columns.iter().any(|c| c == k));
+        within(&self.primary_key) || self.unique.iter().any(|u| within(&u.columns))
+    }
+
     /// False when a statement that could not be parsed may have created, changed or dropped
     /// this table: its columns may differ from what the catalog lists.
     pub fn is_certain(&self) -> bool {

@@ -154,6 +154,11 @@ fn postgres_migrations_replay_into_tables_columns_and_states() {
     assert_eq!(orders.primary_key(), ["id".to_owned()]);
     assert!(orders.is_unique(&["order_no"]));
     assert!(!orders.is_unique(&["currency"]));
+    // A key that includes a unique set of columns finds one row at most.
+    assert!(orders.has_unique_within(&["order_no", "currency"]));
+    assert!(orders.has_unique_within(&["id"]));
+    assert!(!orders.has_unique_within(&["currency"]));
+    assert!(!orders.has_unique_within(&[]));
 
     let status = column(orders, "status");
     let order_status = QualifiedName::new("public", "order_status");

@@ -95,7 +95,8 @@ pub(super) fn validate(
         p.skipped |= skip.is_some();
     }
     let template = scope(&args, &params, sig, cx);
-    key(&args, cx);
+    key(&args, &params, sig, cx);
+    store(&args, cx);
     let fingerprinted = fingerprinted(&args, &params, skipped, sig, cx);
     if let Some(list) = &fingerprinted {
         fingerprintable(list, sig, cx);
@@ -220,8 +221,9 @@ fn is_idempotent(path: &syn::Path) -> bool {
         .is_some_and(|s| s.ident == "idempotent")
 }
 
-/// `key` is given, and is not the same for every call.
-fn key(args: &Args, cx: &mut Ctxt) {
+/// `key` is given, and is not the same for every call: a literal, or an expression that reads
+/// no argument (a constant, a function of nothing), is.
+fn key(args: &Args, params: &[Param], sig: &Signature, cx: &mut Ctxt) {
     match &args.key {
         None if !args.given.contains("key") => cx.at(
             Span::call_site(),
@@ -231,7 +233,111 @@ fn key(args: &Args, cx: &mut Ctxt) {
             key,
             "`key` is a literal, so every call has the same key and gets the first call's answer: take the key from the request, e.g. `key = key` for an `IdempotencyKey` argument or `key = msg.id` for a message",
         ),
+        Some(key) if !reads_an_argument(key, params) => cx.spanned(
+            key,
+            format_args!(
+                "this `key` reads no argument of `{}`, so it is the same on every call, or unrelated to the request, and a call gets the answer of another: take the key from the request, e.g. `key = key` for an `IdempotencyKey` argument or `key = msg.id` for a message (a key held elsewhere is passed in as an argument)",
+                sig.ident
+            ),
+        ),
         _ => {}
+    }
+}
+
+/// Whether `e` names an argument (or `self`) anywhere: in a path, a field access, a method's
+/// receiver or argument, a closure, or a macro's tokens (`format!("{order_no}")` included).
+fn reads_an_argument(e: &Expr, params: &[Param]) -> bool {
+    struct Reads<'a> {
+        names: Vec<&'a Ident>,
+        found: bool,
+    }
+    impl Reads<'_> {
+        fn tokens(&mut self, tokens: proc_macro2::TokenStream) {
+            for t in tokens {
+                match t {
+                    proc_macro2::TokenTree::Ident(i) => self.found |= self.names.contains(&&i),
+                    proc_macro2::TokenTree::Group(g) => self.tokens(g.stream()),
+                    // An inline format argument: `{order_no}`, `{order_no:?}`.
+                    proc_macro2::TokenTree::Literal(l) => {
+                        let text = l.to_string();
+                        self.found |= self.names.iter().any(|n| {
+                            let (plain, spaced) = (format!("{{{n}}}"), format!("{{{n}:"));
+                            text.contains(&plain) || text.contains(&spaced)
+                        });
+                    }
+                    proc_macro2::TokenTree::Punct(_) => {}
+                }
+            }
+        }
+    }
+    impl<'ast> syn::visit::Visit<'ast> for Reads<'_> {
+        fn visit_expr_path(&mut self, p: &'ast syn::ExprPath) {
+            if p.qself.is_none()
+                && let Some(i) = p.path.get_ident()
+            {
+                self.found |= self.names.contains(&i);
+            }
+            syn::visit::visit_expr_path(self, p);
+        }
+        fn visit_macro(&mut self, m: &'ast syn::Macro) {
+            self.tokens(m.tokens.clone());
+        }
+    }
+    let mut reads = Reads {
+        names: bound(params).collect(),
+        found: false,
+    };
+    syn::visit::Visit::visit_expr(&mut reads, e);
+    reads.found
+}
+
+/// The names a store is built with: a call of one of these (`MemoryStore::new()`,
+/// `SqliteStore::builder()…`, `Default::default()`), or of one starting `new_`, `open_` or
+/// `connect_`, makes a store.
+const CONSTRUCTORS: &[&str] = &["new", "open", "connect", "default", "builder"];
+
+/// `store` names a store that outlives the call. An expression that builds one (a
+/// constructor, a builder, a struct literal) builds it again on every call: a memory store
+/// that starts empty, a SQL store with a new pool and purge task, so every call is a first.
+fn store(args: &Args, cx: &mut Ctxt) {
+    let Some(e) = &args.store else { return };
+    let Some(built) = built_here(e) else { return };
+    cx.spanned(
+        e,
+        format_args!(
+            "this `store` builds a new store on every call ({built}): a memory store starts empty, a SQL or Redis store opens new connections, so no call finds the records of the ones before it and a retry runs the body again. Build the store once and name it here: a `static` (`static STORE: LazyLock<MemoryStore> = LazyLock::new(MemoryStore::new);` with `store = *STORE`), a field of the application state (`store = app.store`), or `&self.store`"
+        ),
+    );
+}
+
+/// What builds a store in `e`, if something does: the constructor called, or the struct
+/// literal, looked for where the value comes from (through references, `.await`, `?` and
+/// method calls on it).
+fn built_here(e: &Expr) -> Option<String> {
+    match e {
+        Expr::Call(c) => {
+            let Expr::Path(p) = &*c.func else { return None };
+            let last = p.path.segments.last()?.ident.to_string();
+            let builds = CONSTRUCTORS.contains(&last.as_str())
+                || ["new_", "open_", "connect_"]
+                    .iter()
+                    .any(|pre| last.starts_with(pre));
+            builds.then(|| {
+                let path = p.path.to_token_stream().to_string().replace(' ', "");
+                format!("`{path}` is called each time")
+            })
+        }
+        Expr::Struct(s) => {
+            let path = s.path.to_token_stream().to_string().replace(' ', "");
+            Some(format!("a `{path}` literal is a new value each time"))
+        }
+        Expr::MethodCall(m) => built_here(&m.receiver),
+        Expr::Reference(r) => built_here(&r.expr),
+        Expr::Paren(p) => built_here(&p.expr),
+        Expr::Group(g) => built_here(&g.expr),
+        Expr::Await(a) => built_here(&a.base),
+        Expr::Try(t) => built_here(&t.expr),
+        _ => None,
     }
 }
 
@@ -380,6 +486,18 @@ fn scope(args: &Args, params: &[Param], sig: &Signature, cx: &mut Ctxt) -> Optio
     let template = cx.ok(template::parse(&lit.value(), lit.span()))?;
     for part in &template.parts {
         if let Part::Hole(h) = part
+            && h.fields.is_empty()
+            && let Some(float) = float_argument(sig, &h.root)
+        {
+            cx.at(
+                lit.span(),
+                format_args!(
+                    "`<{}>` in the scope is a float (`{float}`), and a float makes no stable key: the same amount can render with other digits (`0.1 + 0.2` is `0.30000000000000004`), so a retry could get another scope. Use an integer in minor units (`{}_cents: u64`) or the text the client sent (`String`)",
+                    h.written, h.root
+                ),
+            );
+        }
+        if let Part::Hole(h) = part
             && !bound(params).any(|i| *i == h.root)
         {
             let names = bound(params)
@@ -396,6 +514,24 @@ fn scope(args: &Args, params: &[Param], sig: &Signature, cx: &mut Ctxt) -> Optio
         }
     }
     Some(template)
+}
+
+/// The float type of the argument `name`, written `f32` or `f64` (or a reference to one). A
+/// float reached otherwise (a field, an alias) is refused by its type, where the scope is
+/// rendered.
+fn float_argument(sig: &Signature, name: &str) -> Option<String> {
+    sig.inputs.iter().find_map(|arg| match arg {
+        FnArg::Typed(t) if matches!(&*t.pat, syn::Pat::Ident(p) if p.ident == name) => {
+            match types::unreferenced(&t.ty) {
+                Type::Path(p) if p.qself.is_none() => {
+                    let ident = p.path.get_ident()?;
+                    (ident == "f32" || ident == "f64").then(|| ident.to_string())
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    })
 }
 
 /// What goes into the fingerprint: the listed arguments or fields, or every argument but the

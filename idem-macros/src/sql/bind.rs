@@ -87,7 +87,6 @@ impl<'a> Binder<'a> {
 #[derive(Clone, Copy)]
 pub(crate) enum Compared {
     Key,
-    Guard,
     Owner,
     Unique,
 }
@@ -107,10 +106,6 @@ pub(crate) fn not_optional(args: &FnArgs, column: &Ident, part: Compared, cx: &m
     };
     let (what, effect) = match part {
         Compared::Key => ("a key column", "the row would never be found"),
-        Compared::Guard => (
-            "a guard column",
-            "the transition would never apply, and say the guard differs",
-        ),
         Compared::Owner => (
             "the owner column",
             "a row already in `to` would never be found to be this owner's",

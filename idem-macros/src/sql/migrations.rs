@@ -370,6 +370,40 @@ impl<'s> Checker<'s> {
         }
     }
 
+    /// The key columns of an `UPDATE` find one row at most: some of them are a primary key or
+    /// a unique constraint. Otherwise one call could move many rows.
+    pub(crate) fn unique_key(&self, columns: &[&str], what: &str, span: Span, cx: &mut Ctxt) {
+        let Some(table) = self.table.filter(|t| t.is_certain()) else {
+            return;
+        };
+        if table.has_unique_within(columns) {
+            return;
+        }
+        let keys = columns.join(", ");
+        let pk = table.primary_key();
+        let instead = if pk.is_empty() {
+            String::new()
+        } else {
+            format!(", or key it on the primary key `{}`", pk.join(", "))
+        };
+        cx.at(
+            span,
+            format_args!(
+                "`{keys}` is not a primary key or a unique constraint of `{}` ({}): the {what}'s `UPDATE … WHERE {}` could match many rows and move every one of them at once. Make it unique in a migration (`CREATE UNIQUE INDEX {}_{}_key ON {} ({keys})`){instead}",
+                table.name(),
+                origin(table),
+                columns
+                    .iter()
+                    .map(|c| format!("{c} = …"))
+                    .collect::<Vec<_>>()
+                    .join(" AND "),
+                table.name().name,
+                columns.join("_"),
+                table.name(),
+            ),
+        );
+    }
+
     /// The column is an integer column, as a version must be.
     pub(crate) fn integer(&self, column: &Column, span: Span, cx: &mut Ctxt) {
         let (Some(table), Some(backend)) = (self.table, self.schema.backend) else {

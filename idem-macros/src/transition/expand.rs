@@ -21,10 +21,21 @@ struct Sql {
 /// The statements, with `now` for the database's clock, and the text bound to a column of an
 /// enum type cast to it (PostgreSQL; `casts` is empty for SQLite). Parameters are bound in this
 /// order: keys, guards, the owner, set arguments, `to`, each `from`.
-fn statements(m: &Model, now: &str, casts: &BTreeMap<String, String>) -> Sql {
+///
+/// `null_safe` is the dialect's comparison that is true when both sides are NULL, for guards
+/// whose argument is an `Option`.
+fn statements(m: &Model, now: &str, null_safe: &str, casts: &BTreeMap<String, String>) -> Sql {
     let mut params = Params::default();
     let key_where = params.equal_cast(m.keys.iter().map(|(c, _)| c), casts);
-    let guard_where = params.equal_cast(m.guards.iter().map(|(c, _)| c), casts);
+    let guard_where: Vec<String> = m
+        .guards
+        .iter()
+        .zip(&m.null_safe)
+        .map(|((c, _), nullable)| {
+            let op = if *nullable { null_safe } else { "=" };
+            format!("{} {op} {}", c.quoted, params.next_cast(&c.name, casts))
+        })
+        .collect();
     // The owner is written when the transition applies, and compared when the row is in `to`.
     let owner_equal = params.equal_cast(m.owner.iter().map(|(c, _)| c), casts);
     let mut set: Vec<String> = owner_equal.clone();
@@ -89,8 +100,8 @@ fn statements(m: &Model, now: &str, casts: &BTreeMap<String, String>) -> Sql {
 
 pub(super) fn expand(m: Model, decl: Decl) -> TokenStream {
     let p = m.target.krate.private();
-    let pg = statements(&m, "now()", &m.findings.casts);
-    let lite = statements(&m, "CURRENT_TIMESTAMP", &BTreeMap::new());
+    let pg = statements(&m, "now()", "IS NOT DISTINCT FROM", &m.findings.casts);
+    let lite = statements(&m, "CURRENT_TIMESTAMP", "IS", &BTreeMap::new());
     let (pg_update, pg_select, lite_update, lite_select) =
         (&pg.update, &pg.select, &lite.update, &lite.select);
     let setup = quote_spanned! {Span::mixed_site()=>

@@ -33,6 +33,9 @@ pub(crate) struct Model {
     pub(super) state: SqlIdent,
     pub(super) keys: Vec<(SqlIdent, Ident)>,
     pub(super) guards: Vec<(SqlIdent, Ident)>,
+    /// For each guard, whether its argument is an `Option`: compared so that `None` matches
+    /// NULL (`IS NOT DISTINCT FROM` on PostgreSQL, `IS` on SQLite), not with `=`.
+    pub(super) null_safe: Vec<bool>,
     /// `owner`: set to its argument when the transition applies, and compared with it when the
     /// row is already in `to`.
     pub(super) owner: Option<(SqlIdent, Ident)>,
@@ -68,19 +71,27 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
     );
     parts(args, &columns, cx);
     states(args, cx);
+    // A guard argument may be an `Option`: it is then compared so that `None` matches NULL
+    // (a guard on a nullable column). A key or the owner must be a value.
+    let null_safe: Vec<bool> = columns
+        .guards
+        .iter()
+        .flatten()
+        .map(|(_, arg)| {
+            input
+                .fn_args
+                .as_ref()
+                .is_some_and(|a| a.value(&arg.to_string()).is_some_and(|v| is_option(&v.ty)))
+        })
+        .collect();
     if let Some(fn_args) = &input.fn_args {
         let keys = columns.keys.iter().flatten().map(|k| (&k.1, Compared::Key));
-        let guards = columns
-            .guards
-            .iter()
-            .flatten()
-            .map(|g| (&g.1, Compared::Guard));
         let owner = columns
             .owner
             .iter()
             .flatten()
             .map(|o| (&o.1, Compared::Owner));
-        for (arg, part) in keys.chain(guards).chain(owner) {
+        for (arg, part) in keys.chain(owner) {
             not_optional(fn_args, arg, part, cx);
         }
     }
@@ -95,6 +106,7 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
         state: columns.state?,
         keys: columns.keys?,
         guards: columns.guards?,
+        null_safe,
         owner: columns.owner?,
         sets: columns.sets,
         from: args.from.clone()?,
@@ -107,21 +119,42 @@ pub(super) fn validate(input: Checked, decl: &Decl, cx: &mut Ctxt) -> Option<Mod
     })
 }
 
+/// `Option<T>`, `&Option<T>`.
+fn is_option(ty: &Type) -> bool {
+    crate::types::args_of(crate::types::unreferenced(ty), "Option").is_some()
+}
+
 /// The table, every column, each argument's type and the states, against the migrations.
 fn against(schema: &Schema, target: &Target, args: &Args, c: &Columns, cx: &mut Ctxt) -> Findings {
     let mut check = Checker::new(schema, target, args.table.as_ref(), cx);
     let arg = |name: &Ident| target.values.iter().find(|a| a.ident == *name);
-    let keys = c.keys.iter().flatten().map(|k| (args.key.as_ref(), k));
-    let guards = c.guards.iter().flatten().map(|g| (args.guard.as_ref(), g));
-    let owner = c.owner.iter().flatten().map(|o| (args.owner.as_ref(), o));
-    for (lit, (column, ident)) in keys.chain(guards).chain(owner) {
+    let keys = c
+        .keys
+        .iter()
+        .flatten()
+        .map(|k| (true, args.key.as_ref(), k));
+    let guards = c.guards.iter().flatten();
+    let guards = guards.map(|g| (false, args.guard.as_ref(), g));
+    let owner = c.owner.iter().flatten();
+    let owner = owner.map(|o| (false, args.owner.as_ref(), o));
+    // The key must find one row: checked once every key column is found.
+    let mut keys_found = true;
+    for (is_key, lit, (column, ident)) in keys.chain(guards).chain(owner) {
         let span = lit.map_or_else(Span::call_site, LitStr::span);
-        if let Some(found) = check.column(&column.name, span, cx)
+        let found = check.column(&column.name, span, cx);
+        if is_key {
+            keys_found &= found.is_some();
+        }
+        if let Some(found) = found
             && !check.cast(found)
             && let Some(a) = arg(ident)
         {
             check.value(found, a);
         }
+    }
+    if let (Some(keys), Some(lit), true) = (&c.keys, &args.key, keys_found) {
+        let names: Vec<&str> = keys.iter().map(|(k, _)| k.name.as_str()).collect();
+        check.unique_key(&names, "transition", lit.span(), cx);
     }
     let set_span = args.set.as_ref().map_or_else(Span::call_site, LitStr::span);
     for set in &c.sets {

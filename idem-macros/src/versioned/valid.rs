@@ -94,14 +94,25 @@ fn against(
 ) -> Findings {
     let mut check = Checker::new(schema, target, args.table.as_ref(), cx);
     let arg = |name: &str| target.values.iter().find(|a| a.ident == name);
-    for (lit, columns) in lists {
+    for (i, (lit, columns)) in lists.iter().enumerate() {
         let span = lit.as_ref().map_or_else(Span::call_site, LitStr::span);
+        let mut all_found = true;
         for (column, ident) in columns.unwrap_or_default() {
-            if let Some(found) = check.column(&column.name, span, cx)
+            let found = check.column(&column.name, span, cx);
+            all_found &= found.is_some();
+            if let Some(found) = found
                 && let Some(a) = arg(&ident.to_string())
             {
                 check.value(found, a);
             }
+        }
+        // The first list is the key.
+        if i == 0
+            && all_found
+            && let (Some(lit), Some(columns)) = (lit, columns)
+        {
+            let names: Vec<&str> = columns.iter().map(|(k, _)| k.name.as_str()).collect();
+            check.unique_key(&names, "versioned update", lit.span(), cx);
         }
     }
     if let Some(v) = version

@@ -128,6 +128,55 @@ impl<T: std::fmt::Display + ?Sized> ScopeValue for T {
     }
 }
 
+/// A scope value, for the check that refuses floats: `(&ScopeProbe(&v)).scope_kind()` picks
+/// [`FloatScope`] for `f32` and `f64` (and references to them) and [`AnyScope`] for anything
+/// else, by autoref, and only [`StableScope`] passes [`stable_scope_value`].
+#[derive(Debug)]
+pub struct ScopeProbe<'a, T: ?Sized>(pub &'a T);
+
+/// A float in a scope placeholder.
+#[derive(Debug)]
+pub struct FloatInScope;
+/// Any other scope value.
+#[derive(Debug)]
+pub struct StableScope;
+
+/// The kind is an associated type: for a value whose type is an error already (a misspelled
+/// field), it is an error too, and the compiler says nothing more about it.
+pub trait FloatScope {
+    type Kind;
+    fn scope_kind(&self) -> Self::Kind;
+}
+macro_rules! float_scope {
+    ($($t:ty),*) => {$(
+        impl FloatScope for ScopeProbe<'_, $t> {
+            type Kind = FloatInScope;
+            fn scope_kind(&self) -> FloatInScope {
+                FloatInScope
+            }
+        }
+    )*};
+}
+float_scope!(f64, f32, &f64, &f32);
+
+pub trait AnyScope {
+    fn scope_kind(&self) -> StableScope {
+        StableScope
+    }
+}
+impl<T: ?Sized> AnyScope for &ScopeProbe<'_, T> {}
+
+/// A scope value that renders the same for the same request.
+#[diagnostic::on_unimplemented(
+    message = "a float cannot be a scope value: it makes no stable key",
+    label = "this placeholder is a float",
+    note = "the same amount can render with other digits (`0.1 + 0.2` is `0.30000000000000004`), so a retry could get another scope: use an integer in minor units (cents, as `u64` or `i64`) or the text the client sent (`String`)"
+)]
+pub trait StableScopeValue {}
+impl StableScopeValue for StableScope {}
+
+pub fn stable_scope_value<K: StableScopeValue>(_: K) {}
+
 pub fn key<K: ToKey + ?Sized>(k: &K) -> Result<Key, Error> {
     k.to_key()
 }
