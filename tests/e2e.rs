@@ -1128,3 +1128,84 @@ fn the_example_refuses_development_secrets_on_an_address_others_reach() {
         let (_served, _) = start_on(addr, &[]).unwrap_or_else(|e| panic!("{addr}: {e:?}"));
     }
 }
+
+/// The service is killed (SIGKILL) right after a refund's gateway answer was lost, before its
+/// completer's first try; nobody retries. The restarted service's completer finishes the refund
+/// from the record the killed one left: one money move, one `order.refunded` event.
+async fn a_refund_left_by_a_killed_service_is_finished_after_its_restart(mut s: Server) {
+    // The in-process server only made the database (its completer stopped, so that only the
+    // service's processes can finish the refund); the service runs as its own processes.
+    s.completer = None;
+    let db_url = s.db_url.clone();
+    let env = [(app::WEBHOOK_SECRET_VAR, app::DEV_WEBHOOK_SECRET)];
+    let (first, base) = spawn_server_with(&db_url, &env);
+    let at = |base: String| Server {
+        base,
+        db_url: db_url.clone(),
+        _pg: None,
+        _file: None,
+        _redis: None,
+        completer: None,
+    };
+    let c = client();
+    let one = at(base);
+    let (no, _) = paid_order(&c, &one, "k-killed").await;
+    let (st, body) = refund(&c, &one, &no, "killed-1", Some("lose-answer")).await;
+    assert_eq!(
+        (st, code(&body).as_str()),
+        (StatusCode::BAD_GATEWAY, "GATEWAY_NO_ANSWER")
+    );
+    drop(first); // SIGKILL, within the claim's one-second resume delay
+    assert_eq!(
+        status_of(&one, &no).await,
+        "REFUNDING",
+        "killed before anything finished it"
+    );
+    let (_second, base) = spawn_server_with(&db_url, &env);
+    let two = at(base);
+    let mut status = String::new();
+    for _ in 0..300 {
+        status = status_of(&two, &no).await;
+        if status == "CANCELLED" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        status, "CANCELLED",
+        "the restarted service's completer finished it"
+    );
+    assert_eq!(moves(&c, &two, &no).await, 1, "the money moved once");
+    let outbox: Value = c
+        .get(two.url("/api/outbox"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let refunded = outbox["pending"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["topic"] == "order.refunded" && e["partitionKey"] == no.as_str())
+        .count();
+    assert_eq!(refunded, 1, "{outbox}");
+    let (st, late) = refund(&c, &two, &no, "killed-1", None).await;
+    assert_eq!(st, StatusCode::OK, "{late}");
+    drop(s);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refund_left_by_a_killed_service_is_finished_after_its_restart_on_sqlite() {
+    a_refund_left_by_a_killed_service_is_finished_after_its_restart(sqlite().await).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+async fn a_refund_left_by_a_killed_service_is_finished_after_its_restart_on_postgres() {
+    a_refund_left_by_a_killed_service_is_finished_after_its_restart(postgres().await).await
+}

@@ -170,7 +170,9 @@ fn the_background_purge_and_the_consumer_count_what_they_did() {
                     "purge".into(),
                     Key::parse(key).unwrap(),
                     Fingerprint::of(&key).unwrap(),
-                    Policy::DEFAULT.retain(Duration::from_millis(200)),
+                    Policy::DEFAULT
+                        .lease(Duration::from_millis(200))
+                        .retain(Duration::from_millis(200)),
                 )
                 .await
                 .unwrap();

@@ -129,7 +129,9 @@ async fn cache_is_bounded_and_expires() {
 async fn sweeper_purges_in_the_background() {
     let clock = ManualClock::new();
     let store = MemoryStore::with_clock(clock.clone());
-    let policy = Policy::DEFAULT.retain(Duration::from_secs(60));
+    let policy = Policy::DEFAULT
+        .lease(Duration::from_secs(60))
+        .retain(Duration::from_secs(60));
     let k = Key::parse("k").unwrap();
     let f = Fingerprint::of("a").unwrap();
     let r = BeginRequest {
@@ -662,4 +664,85 @@ async fn an_operation_a_store_does_not_offer_is_a_501_naming_it_and_a_wrong_repl
         panic!("a completed key replays")
     };
     assert_eq!(r.body, &b"done"[..]);
+}
+
+/// A policy whose retention is shorter than its lease (or with no lease) would let a record
+/// expire under its running body: refused with a configuration error wherever the policy was
+/// built, before the store is asked, and nothing is lost or run.
+#[tokio::test]
+async fn a_policy_that_lets_a_record_expire_under_its_body_is_refused_everywhere() {
+    use idem::consumer::testing::{Said, TestDelivery};
+    use idem::consumer::{Consumer, HandlerError, Message, Settlement};
+    use idem::tower::GuardLayer;
+    use tower::{Layer as _, ServiceExt as _};
+
+    let bad = [
+        Policy::DEFAULT
+            .lease(Duration::from_secs(600))
+            .retain(Duration::from_secs(60)),
+        Policy::DEFAULT.lease(Duration::ZERO),
+        Policy::DEFAULT.retain(Duration::from_secs(u64::MAX / 4)),
+    ];
+    for policy in bad {
+        let what = format!("{policy:?}");
+        assert!(policy.check().is_err(), "{what}");
+        // By hand: the store is never asked, and says what to change.
+        let store = MemoryStore::new();
+        let (k, f) = (Key::parse("k").unwrap(), Fingerprint::of("a").unwrap());
+        let req = BeginRequest::new("s", k.as_str(), &f, &policy);
+        match store.begin(req).await {
+            Err(Error::Config(why)) => assert!(why.contains("policy"), "{why}"),
+            other => panic!("{what}: {other:?}"),
+        }
+        assert!(store.lookup("s", "k").await.unwrap().is_none(), "{what}");
+
+        // The tower guard: a 500 problem, the inner service never runs.
+        let runs = Arc::new(AtomicUsize::new(0));
+        let inner = {
+            let runs = runs.clone();
+            tower::service_fn(move |_req: http::Request<idem::tower::GuardBody<String>>| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, std::io::Error>(http::Response::new(String::from("moved"))) }
+            })
+        };
+        let svc = GuardLayer::new(MemoryStore::new())
+            .allow_anonymous()
+            .policy(policy)
+            .layer(inner);
+        let req = http::Request::post("/pay")
+            .header("idempotency-key", "k-1")
+            .body(String::from("{}"))
+            .unwrap();
+        let resp = svc.oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), 500, "{what}");
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "{what}");
+
+        // A consumer: the delivery is retried, never acked, never run.
+        let c = Consumer::new("pay", MemoryStore::new())
+            .unwrap()
+            .lease(policy.lease)
+            .retain(policy.retain);
+        let ran = Arc::new(AtomicUsize::new(0));
+        let r = ran.clone();
+        let h = c.guarded(move |_msg: Message, _claim| {
+            r.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<(), HandlerError>(()) }
+        });
+        let d = TestDelivery::new("m-1", "pay");
+        let settled = c.handle(&d, &h).await;
+        assert!(
+            matches!(settled, Settlement::Retry(_)),
+            "{what}: {settled:?}"
+        );
+        assert!(!d.said().contains(&Said::Ack), "{what}");
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "{what}");
+    }
+    assert!(Policy::DEFAULT.check().is_ok());
+    let tight = Policy::DEFAULT
+        .lease(Duration::from_millis(1))
+        .retain(Duration::from_millis(1));
+    assert!(
+        tight.check().is_ok(),
+        "a retention equal to the lease is fine"
+    );
 }

@@ -298,7 +298,9 @@ async fn purge_deletes_expired_records() {
             "s".into(),
             Key::parse(key).unwrap(),
             Fingerprint::of(&key).unwrap(),
-            Policy::DEFAULT.retain(Duration::from_millis(300)),
+            Policy::DEFAULT
+                .lease(Duration::from_millis(300))
+                .retain(Duration::from_millis(300)),
         )
         .await
         .unwrap();
@@ -712,7 +714,9 @@ async fn every_command<S: Store>(store: &S, target: &Target) {
         "order:1".into(),
         Key::parse("k-old").unwrap(),
         Fingerprint::of(&"old").unwrap(),
-        Policy::DEFAULT.retain(Duration::from_millis(300)),
+        Policy::DEFAULT
+            .lease(Duration::from_millis(300))
+            .retain(Duration::from_millis(300)),
     )
     .await
     .unwrap();
@@ -971,7 +975,9 @@ fn purge_lines_its_progress_when_not_on_a_terminal() {
                 "s".into(),
                 Key::parse(&key).unwrap(),
                 Fingerprint::of(&i).unwrap(),
-                Policy::DEFAULT.retain(Duration::from_millis(100)),
+                Policy::DEFAULT
+                    .lease(Duration::from_millis(100))
+                    .retain(Duration::from_millis(100)),
             )
             .await
             .unwrap();

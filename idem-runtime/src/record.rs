@@ -76,6 +76,40 @@ impl Policy {
         self.expired_lease = policy;
         self
     }
+
+    /// The longest lease or retention a policy may have: 2^45 ms, about 1,100 years, which
+    /// every store writes exactly.
+    pub const MAX: Duration = Duration::from_millis(1 << 45);
+
+    /// Whether the policy keeps its promise: a lease of at least a millisecond, a retention at
+    /// least as long as the lease (else a record would expire while its body runs, and a retry
+    /// would claim it anew and run the body alongside), both at most [`Policy::MAX`]. Every
+    /// claim checks its policy in [`Store::begin`](crate::Store::begin), however the policy
+    /// was built (`GuardLayer::policy`, `Consumer::lease`, by hand): refused with
+    /// [`Error::Config`](crate::Error::Config), which says what to change, before the store is
+    /// asked. `#[idempotent]` checks its own at compile time.
+    pub fn check(&self) -> crate::Result<()> {
+        let refuse = |what: String| Err(crate::Error::Config(what));
+        if self.lease < Duration::from_millis(1) {
+            return refuse(format!(
+                "a policy's lease is at least 1ms, not {:?}: a claim with no lease is abandoned as soon as it is taken",
+                self.lease
+            ));
+        }
+        if self.lease > Self::MAX || self.retain > Self::MAX {
+            return refuse(format!(
+                "a policy's lease and retention are at most 2^45 ms, not {:?} and {:?}",
+                self.lease, self.retain
+            ));
+        }
+        if self.retain < self.lease {
+            return refuse(format!(
+                "a policy's retention ({:?}) must be at least its lease ({:?}): the record would expire while its body runs, and a retry would run the body again alongside it; raise the retention or shorten the lease",
+                self.retain, self.lease
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The bytes first returned for a request, exactly as they will be replayed.

@@ -670,7 +670,9 @@ pub mod cases {
     /// See [`conformance_tests!`](crate::conformance_tests).
     pub async fn retention_expiry_frees_the_identity<S: Store + Clone>(env: &Env<S>) {
         let k = key("k-retain");
-        let policy = POLICY.retain(Duration::from_millis(300));
+        let policy = POLICY
+            .lease(Duration::from_millis(300))
+            .retain(Duration::from_millis(300));
         let c = begin_claimed(env, req("s", &k, &fp("a"), &policy)).await;
         complete_ok(
             env,
@@ -694,7 +696,9 @@ pub mod cases {
 
     /// See [`conformance_tests!`](crate::conformance_tests).
     pub async fn purge_removes_only_expired<S: Store + Clone>(env: &Env<S>) {
-        let short = POLICY.retain(Duration::from_millis(300));
+        let short = POLICY
+            .lease(Duration::from_millis(300))
+            .retain(Duration::from_millis(300));
         for i in 0..5 {
             let k = key(&format!("k-purge-{i}"));
             let c = begin_claimed(env, req("s", &k, &fp("a"), &short)).await;
@@ -1042,7 +1046,9 @@ pub mod cases {
     pub async fn expired_records_are_counted_then_purged_in_batches<S: Store + Clone>(
         env: &Env<S>,
     ) {
-        let short = POLICY.retain(Duration::from_millis(300));
+        let short = POLICY
+            .lease(Duration::from_millis(300))
+            .retain(Duration::from_millis(300));
         for i in 0..5 {
             let k = key(&format!("k-count-{i}"));
             let c = begin_claimed(env, req("s", &k, &fp("a"), &short)).await;

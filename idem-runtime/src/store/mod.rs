@@ -331,10 +331,18 @@ pub trait Store: Send + Sync + 'static {
         &'a self,
         req: BeginRequest<'a>,
     ) -> impl Future<Output = Result<BeginOutcome>> + Send + 'a {
-        self.call(Operation::Begin(req)).map(|reply| match reply? {
-            Reply::Begun(outcome) => Ok(outcome),
-            other => Err(mismatched("begin", &other)),
-        })
+        // A policy that would let a record expire under its running body never reaches the
+        // store, however it was built ([`Policy::check`](crate::Policy::check)).
+        let call = match req.policy.check() {
+            Ok(()) => Ok(self.call(Operation::Begin(req))),
+            Err(refused) => Err(refused),
+        };
+        async move {
+            match call?.await? {
+                Reply::Begun(outcome) => Ok(outcome),
+                other => Err(mismatched("begin", &other)),
+            }
+        }
     }
 
     /// [`Operation::Complete`].
