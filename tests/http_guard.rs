@@ -1543,3 +1543,52 @@ mod over_axum {
         assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 }
+
+/// What a test's subscriber wrote.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn the_guards_events_stay_in_the_requests_span() {
+    use tracing::Instrument as _;
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("idem=trace,http_guard=trace")
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let inner = Inner::orders();
+    let svc = guarded(
+        GuardLayer::new(MemoryStore::new()).allow_anonymous(),
+        &inner,
+    );
+    let span = tracing::info_span!("request", id = 7);
+    let resp = svc
+        .clone()
+        .oneshot(post("/orders", Some(KEY), "{}"))
+        .instrument(span)
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let events: Vec<&str> = text.lines().filter(|l| l.contains("idem")).collect();
+    assert!(!events.is_empty(), "the guard said nothing: {text}");
+    for line in events {
+        assert!(
+            line.contains("request{id=7}"),
+            "an event outside the request's span: {line}"
+        );
+    }
+}

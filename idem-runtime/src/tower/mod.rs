@@ -652,7 +652,11 @@ where
     // record. The answer is stored, and the client's retry gets it.
     let run = guarded(inner, store, config, parts, req_body, key, principal);
     match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => match runtime.spawn(run).await {
+        // In the request's span: the guard's events stay with the request they are about.
+        Ok(runtime) => match runtime
+            .spawn(tracing::Instrument::in_current_span(run))
+            .await
+        {
             Ok(answer) => answer,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(_) => Ok(problem(&Error::Unavailable(
