@@ -1007,6 +1007,11 @@ async fn parked_work_is_counted_shown_and_retried_from_its_page() {
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     let (status, body, _) = send(&app, post_form("/admin/retry", release_form, &[])).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        body.contains("This retry was not sent by the record"),
+        "{body}"
+    );
+    assert!(body.contains("Nothing was retried"), "{body}");
     assert_eq!(
         state_of(&store, "refund:ORD-5", "k-parked").await,
         State::Parked

@@ -684,6 +684,38 @@ macro_rules! e2e {
     };
 }
 
+/// The order's status once it is `want`, or as it is after 30 seconds.
+async fn status_within(s: &Server, order_no: &str, want: &str) -> String {
+    let mut status = String::new();
+    for _ in 0..300 {
+        status = status_of(s, order_no).await;
+        if status == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    status
+}
+
+/// How many `order.refunded` events of `order_no` the outbox holds, and the outbox.
+async fn refunded_events(c: &Client, s: &Server, order_no: &str) -> (usize, Value) {
+    let outbox: Value = c
+        .get(s.url("/api/outbox"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let n = outbox["pending"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["topic"] == "order.refunded" && e["partitionKey"] == order_no)
+        .count();
+    (n, outbox)
+}
+
 /// A refund whose gateway answer is lost and that nobody retries: the completer finishes it
 /// (one money move, the order CANCELLED, one `order.refunded` event), and the client's late
 /// retry gets the completer's answer.
@@ -698,30 +730,10 @@ async fn a_lost_answer_nobody_retries_is_finished_by_the_completer(s: Server) {
     );
     assert_eq!(status_of(&s, &no).await, "REFUNDING");
     // The client never comes back. Within its resume delay and a round or two, the refund is done.
-    let mut status = String::new();
-    for _ in 0..300 {
-        status = status_of(&s, &no).await;
-        if status == "CANCELLED" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let status = status_within(&s, &no, "CANCELLED").await;
     assert_eq!(status, "CANCELLED", "the completer finished the refund");
     assert_eq!(moves(&c, &s, &no).await, 1, "the money moved once");
-    let outbox: Value = c
-        .get(s.url("/api/outbox"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let refunded = outbox["pending"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["topic"] == "order.refunded" && e["partitionKey"] == no.as_str())
-        .count();
+    let (refunded, outbox) = refunded_events(&c, &s, &no).await;
     assert_eq!(refunded, 1, "one order.refunded event: {outbox}");
     // The client's late retry is answered with the completer's refund, and moves nothing.
     let (st, late) = refund(&c, &s, &no, "gone-1", None).await;
@@ -1163,33 +1175,13 @@ async fn a_refund_left_by_a_killed_service_is_finished_after_its_restart(mut s: 
     );
     let (_second, base) = spawn_server_with(&db_url, &env);
     let two = at(base);
-    let mut status = String::new();
-    for _ in 0..300 {
-        status = status_of(&two, &no).await;
-        if status == "CANCELLED" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let status = status_within(&two, &no, "CANCELLED").await;
     assert_eq!(
         status, "CANCELLED",
         "the restarted service's completer finished it"
     );
     assert_eq!(moves(&c, &two, &no).await, 1, "the money moved once");
-    let outbox: Value = c
-        .get(two.url("/api/outbox"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let refunded = outbox["pending"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["topic"] == "order.refunded" && e["partitionKey"] == no.as_str())
-        .count();
+    let (refunded, outbox) = refunded_events(&c, &two, &no).await;
     assert_eq!(refunded, 1, "{outbox}");
     let (st, late) = refund(&c, &two, &no, "killed-1", None).await;
     assert_eq!(st, StatusCode::OK, "{late}");

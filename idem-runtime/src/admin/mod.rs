@@ -721,10 +721,42 @@ struct ReleaseForm {
     token: Option<String>,
 }
 
-/// The refusal of a release the view's own page did not send.
-const NOT_FROM_THE_PAGE: &str = "This release was not sent by the record's page in this admin \
-    view: its form token is missing or does not match (a page from before a restart, from \
-    another instance that does not share the form secret, or a form another site wrote).";
+/// The refusal of a form the view's own page did not send.
+fn not_from_the_page(action: protect::Action) -> String {
+    format!(
+        "This {} was not sent by the record's page in this admin view: its form token is \
+         missing or does not match (a page from before a restart, from another instance that \
+         does not share the form secret, or a form another site wrote).",
+        action.noun()
+    )
+}
+
+/// What a signed form must prove before its action runs: releasing (or retrying) is allowed,
+/// it is not another site's request, and its token is the view's own for its record and fence.
+/// The fence it names, or the page that refuses it.
+fn admit<S>(
+    admin: &Admin<S>,
+    action: protect::Action,
+    original: &Uri,
+    headers: &HeaderMap,
+    base: &str,
+    req: &ReleaseForm,
+) -> Result<u64, Box<Response>> {
+    if !admin.allow_release {
+        return Err(Box::new(error_page(StatusCode::FORBIDDEN, base, READ_ONLY)));
+    }
+    if let Some(why) = protect::cross_site(headers, original) {
+        let why = format!("This {} came from another site: {why}.", action.noun());
+        return Err(Box::new(refused(base, req, action, &why)));
+    }
+    let fence = req.fence.as_deref().and_then(|f| f.parse::<u64>().ok());
+    fence
+        .filter(|&f| {
+            let token = req.token.as_deref().unwrap_or("");
+            admin.forms.admits(action, &req.scope, &req.key, f, token)
+        })
+        .ok_or_else(|| Box::new(refused(base, req, action, &not_from_the_page(action))))
+}
 
 async fn release_form<S: Store + Clone>(
     Shared(admin): Shared<Arc<Admin<S>>>,
@@ -734,24 +766,10 @@ async fn release_form<S: Store + Clone>(
     Form(req): Form<ReleaseForm>,
 ) -> Response {
     let base = base(&original, &seen);
-    if !admin.allow_release {
-        return error_page(StatusCode::FORBIDDEN, &base, READ_ONLY);
-    }
-    if let Some(why) = protect::cross_site(&headers, &original) {
-        return refused(
-            &base,
-            &req,
-            &format!("This release came from another site: {why}."),
-        );
-    }
-    let fence = req.fence.as_deref().and_then(|f| f.parse::<u64>().ok());
-    let Some(fence) = fence.filter(|&f| {
-        let token = req.token.as_deref().unwrap_or("");
-        admin
-            .forms
-            .admits(protect::Action::Release, &req.scope, &req.key, f, token)
-    }) else {
-        return refused(&base, &req, NOT_FROM_THE_PAGE);
+    let action = protect::Action::Release;
+    let fence = match admit(&admin, action, &original, &headers, &base, &req) {
+        Ok(fence) => fence,
+        Err(refusal) => return *refusal,
     };
     let note = match release(&admin.store, &req.scope, &req.key, Some(fence)).await {
         Ok(ForcedRelease::Released { fence }) => format!("Released; the fence is now {fence}."),
@@ -805,25 +823,15 @@ async fn retry_form<S: Store + Clone>(
     Form(req): Form<ReleaseForm>,
 ) -> Response {
     let base = base(&original, &seen);
-    if !admin.allow_release {
-        return error_page(StatusCode::FORBIDDEN, &base, READ_ONLY);
-    }
-    if let Some(why) = protect::cross_site(&headers, &original) {
-        return refused(
-            &base,
-            &req,
-            &format!("This retry came from another site: {why}."),
-        );
-    }
-    let fence = req.fence.as_deref().and_then(|f| f.parse::<u64>().ok());
-    let admitted = fence.is_some_and(|f| {
-        let token = req.token.as_deref().unwrap_or("");
-        admin
-            .forms
-            .admits(protect::Action::Retry, &req.scope, &req.key, f, token)
-    });
-    if !admitted {
-        return refused(&base, &req, NOT_FROM_THE_PAGE);
+    if let Err(refusal) = admit(
+        &admin,
+        protect::Action::Retry,
+        &original,
+        &headers,
+        &base,
+        &req,
+    ) {
+        return *refusal;
     }
     let note = match retry(&admin.store, &req.scope, &req.key).await {
         Ok(Retried::Retried { fence }) => {
@@ -909,14 +917,20 @@ fn form_record_link(base: &str, req: &ReleaseForm) -> String {
 }
 
 /// 403: a release refused before the store was asked; nothing changed.
-fn refused(base: &str, req: &ReleaseForm, why: &str) -> Response {
-    tracing::warn!(target: "idem", scope = %req.scope, key = %req.key, why, "the admin view refused a release");
+fn refused(base: &str, req: &ReleaseForm, action: protect::Action, why: &str) -> Response {
+    let what = action.noun();
+    tracing::warn!(target: "idem", scope = %req.scope, key = %req.key, why, action = what, "the admin view refused a form");
     let body = format!(
-        "<p class=\"error\" id=\"refused\">{} Nothing was released.</p>{}",
+        "<p class=\"error\" id=\"refused\">{} Nothing was {}.</p>{}",
         esc(why),
+        action.done(),
         form_record_link(base, req)
     );
-    (StatusCode::FORBIDDEN, page("Release refused", base, &body)).into_response()
+    let title = match action {
+        protect::Action::Release => "Release refused",
+        protect::Action::Retry => "Retry refused",
+    };
+    (StatusCode::FORBIDDEN, page(title, base, &body)).into_response()
 }
 
 /// 409: the record's fence is no longer the page's; nothing changed.

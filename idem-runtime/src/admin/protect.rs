@@ -180,6 +180,24 @@ pub(super) enum Action {
     Retry,
 }
 
+impl Action {
+    /// The action, as a page names it: `release`, `retry`.
+    pub(super) fn noun(self) -> &'static str {
+        match self {
+            Action::Release => "release",
+            Action::Retry => "retry",
+        }
+    }
+
+    /// What it did: `released`, `retried`.
+    pub(super) fn done(self) -> &'static str {
+        match self {
+            Action::Release => "released",
+            Action::Retry => "retried",
+        }
+    }
+}
+
 fn unhex(text: &str) -> Option<Vec<u8>> {
     if !text.len().is_multiple_of(2) {
         return None;
