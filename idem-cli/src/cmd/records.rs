@@ -324,17 +324,7 @@ async fn release(args: ReleaseArgs) -> Result<(), Failure> {
         None => store.force_release(scope, key).await?,
     };
     if args.json {
-        output::json(&match done {
-            ForcedRelease::Released { fence } => json!({"released": true, "fence": fence}),
-            ForcedRelease::NotInProgress(state) => {
-                json!({"released": false, "reason": "not_in_progress", "state": state.as_str()})
-            }
-            ForcedRelease::NotFound => json!({"released": false, "reason": "not_found"}),
-            ForcedRelease::FenceMoved { fence, state } => json!({
-                "released": false, "reason": "fence_moved", "fence": fence, "state": state.as_str(),
-            }),
-            _ => json!({"released": false, "reason": "unknown"}),
-        })?;
+        output::json(&done.to_json())?;
     }
     match done {
         ForcedRelease::Released { fence } => {
@@ -382,14 +372,7 @@ async fn retry(args: RetryArgs) -> Result<(), Failure> {
     let (scope, key) = (args.scope.as_str(), args.key.as_str());
     let done = store.retry(scope, key).await?;
     if args.json {
-        output::json(&match done {
-            Retried::Retried { fence } => json!({"retried": true, "fence": fence}),
-            Retried::NotParked(state) => {
-                json!({"retried": false, "reason": "not_parked", "state": state.as_str()})
-            }
-            Retried::NotFound => json!({"retried": false, "reason": "not_found"}),
-            _ => json!({"retried": false, "reason": "unknown"}),
-        })?;
+        output::json(&done.to_json())?;
     }
     match done {
         Retried::Retried { fence } => {

@@ -190,21 +190,6 @@ fn record_json(r: &RecordInfo) -> Value {
     v
 }
 
-fn release_json(done: ForcedRelease) -> Value {
-    match done {
-        ForcedRelease::Released { fence } => json!({"released": true, "fence": fence}),
-        ForcedRelease::NotInProgress(state) => {
-            json!({"released": false, "reason": "not_in_progress", "state": state.as_str()})
-        }
-        ForcedRelease::NotFound => json!({"released": false, "reason": "not_found"}),
-        ForcedRelease::FenceMoved { fence, state } => json!({
-            "released": false, "reason": "fence_moved", "fence": fence, "state": state.as_str(),
-        }),
-        #[allow(unreachable_patterns)]
-        _ => json!({"released": false}),
-    }
-}
-
 /// Bytes as text when they are UTF-8, else as `{"hex": …}`.
 fn text_or_hex(bytes: &[u8]) -> Value {
     match std::str::from_utf8(bytes) {
@@ -312,21 +297,37 @@ struct ReleaseRequest {
 const READ_ONLY: &str =
     "this admin view is read-only: releasing is turned off (Admin::allow_release)";
 
+/// Why the JSON API refuses an operator's `action` before the store is asked: the view is
+/// read-only, or the request came from another site.
+fn refuse_api<S>(
+    admin: &Admin<S>,
+    action: protect::Action,
+    original: &Uri,
+    headers: &HeaderMap,
+) -> Option<Response> {
+    if !admin.allow_release {
+        return Some(json_error(
+            StatusCode::FORBIDDEN,
+            "ADMIN_READ_ONLY",
+            READ_ONLY,
+        ));
+    }
+    let why = protect::cross_site(headers, original)?;
+    Some(json_error(
+        StatusCode::FORBIDDEN,
+        "ADMIN_CROSS_SITE",
+        &format!("{why}: nothing was {}", action.done()),
+    ))
+}
+
 async fn api_release<S: Store + Clone>(
     Shared(admin): Shared<Arc<Admin<S>>>,
     OriginalUri(original): OriginalUri,
     headers: HeaderMap,
     axum::Json(req): axum::Json<ReleaseRequest>,
 ) -> Response {
-    if !admin.allow_release {
-        return json_error(StatusCode::FORBIDDEN, "ADMIN_READ_ONLY", READ_ONLY);
-    }
-    if let Some(why) = protect::cross_site(&headers, &original) {
-        return json_error(
-            StatusCode::FORBIDDEN,
-            "ADMIN_CROSS_SITE",
-            &format!("{why}: nothing was released"),
-        );
+    if let Some(refusal) = refuse_api(&admin, protect::Action::Release, &original, &headers) {
+        return refusal;
     }
     match release(&admin.store, &req.scope, &req.key, req.fence).await {
         Ok(done) => {
@@ -334,7 +335,7 @@ async fn api_release<S: Store + Clone>(
                 ForcedRelease::FenceMoved { .. } => StatusCode::CONFLICT,
                 _ => StatusCode::OK,
             };
-            (status, axum::Json(release_json(done))).into_response()
+            (status, axum::Json(done.to_json())).into_response()
         }
         Err(e) => store_error_json(&e),
     }
@@ -874,32 +875,17 @@ async fn api_retry<S: Store + Clone>(
     headers: HeaderMap,
     axum::Json(req): axum::Json<RetryRequest>,
 ) -> Response {
-    if !admin.allow_release {
-        return json_error(StatusCode::FORBIDDEN, "ADMIN_READ_ONLY", READ_ONLY);
-    }
-    if let Some(why) = protect::cross_site(&headers, &original) {
-        return json_error(
-            StatusCode::FORBIDDEN,
-            "ADMIN_CROSS_SITE",
-            &format!("{why}: nothing was retried"),
-        );
+    if let Some(refusal) = refuse_api(&admin, protect::Action::Retry, &original, &headers) {
+        return refusal;
     }
     match retry(&admin.store, &req.scope, &req.key).await {
         Ok(done) => {
-            let (status, v) = match done {
-                Retried::Retried { fence } => {
-                    (StatusCode::OK, json!({"retried": true, "fence": fence}))
-                }
-                Retried::NotParked(state) => (
-                    StatusCode::CONFLICT,
-                    json!({"retried": false, "reason": "not_parked", "state": state.as_str()}),
-                ),
-                Retried::NotFound => (
-                    StatusCode::NOT_FOUND,
-                    json!({"retried": false, "reason": "not_found"}),
-                ),
+            let status = match done {
+                Retried::Retried { .. } => StatusCode::OK,
+                Retried::NotParked(_) => StatusCode::CONFLICT,
+                Retried::NotFound => StatusCode::NOT_FOUND,
             };
-            (status, axum::Json(v)).into_response()
+            (status, axum::Json(done.to_json())).into_response()
         }
         Err(e) => store_error_json(&e),
     }

@@ -363,3 +363,40 @@ impl StoreStats {
         })
     }
 }
+
+impl ForcedRelease {
+    /// The one JSON rendering of what a release did, for the admin view and the `idem` tool:
+    /// `{"released": true, "fence": N}`, or `false` with a `reason` (`not_in_progress` with the
+    /// `state`, `not_found`, `fence_moved` with the record's `fence` and `state` now).
+    pub fn to_json(&self) -> serde_json::Value {
+        match *self {
+            ForcedRelease::Released { fence } => {
+                serde_json::json!({"released": true, "fence": fence})
+            }
+            ForcedRelease::NotInProgress(state) => serde_json::json!({
+                "released": false, "reason": "not_in_progress", "state": state.as_str(),
+            }),
+            ForcedRelease::NotFound => {
+                serde_json::json!({"released": false, "reason": "not_found"})
+            }
+            ForcedRelease::FenceMoved { fence, state } => serde_json::json!({
+                "released": false, "reason": "fence_moved", "fence": fence, "state": state.as_str(),
+            }),
+        }
+    }
+}
+
+impl Retried {
+    /// The one JSON rendering of what a retry did, for the admin view and the `idem` tool:
+    /// `{"retried": true, "fence": N}`, or `false` with a `reason` (`not_parked` with the
+    /// `state`, `not_found`).
+    pub fn to_json(&self) -> serde_json::Value {
+        match *self {
+            Retried::Retried { fence } => serde_json::json!({"retried": true, "fence": fence}),
+            Retried::NotParked(state) => serde_json::json!({
+                "retried": false, "reason": "not_parked", "state": state.as_str(),
+            }),
+            Retried::NotFound => serde_json::json!({"retried": false, "reason": "not_found"}),
+        }
+    }
+}
