@@ -21,7 +21,15 @@
 //!   attempts, and the completing attempt's number counts the attempts that did not finish;
 //! - no record is left in progress.
 //!
-//! `IDEM_CRASH_KILLS` sets the kills per store (default 50: well under two minutes for both
+//! Then the same with clients that go away: a second loop sends resumable moves
+//! (`#[idempotent(resumable)]`) whose clients mostly try once and never come back (a kill, a
+//! 409, a 503 ends their interest), while some first attempts lose their answer on purpose
+//! (`ClaimInfo::outcome_unknown`, the claim kept) and every service process runs a completer.
+//! With the kills over and nobody retrying, the completers alone must finish every move that
+//! started, within the settle time: each ends completed exactly once (or parked), none is left
+//! in progress, no step moved money twice, and every answer a client got is the stored one.
+//!
+//! `IDEM_CRASH_KILLS` sets the kills per store (the abandoned-work loop makes half as many) (default 50: well under two minutes for both
 //! stores); `IDEM_CRASH_SEED` the seed.
 
 mod common;
@@ -37,6 +45,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
 use idem::axum::{IdempotencyKey, IdempotencyLayer};
+use idem::completer::{Completer, Resumption};
 use idem::{ClaimRef, PgStore, RecordState, SqliteStore, Store, idempotent};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, SqlitePool};
@@ -58,6 +67,16 @@ const KILL_AFTER_MS: (u64, u64) = (40, 400);
 /// Pause before each step of a body (milliseconds).
 const STEP_PAUSE_MS: (u64, u64) = (5, 40);
 const DEFAULT_KILLS: usize = 50;
+/// How often each service process's completer looks for abandoned moves.
+const COMPLETER_EVERY: Duration = Duration::from_millis(200);
+/// Attempts before a move is parked: far more than the kills one key can meet here.
+const MAX_ATTEMPTS: u32 = 20;
+/// How many first attempts of resumable moves lose their answer (percent).
+const LOST_ANSWER_PERCENT: usize = 15;
+/// A client of the abandoned-work loop pauses this long (milliseconds) before each new key.
+const NEW_KEY_PAUSE_MS: (u64, u64) = (400, 1200);
+/// How long abandoned moves may take to be finished once the kills stopped.
+const SETTLE: Duration = Duration::from_secs(90);
 const DEFAULT_SEED: u64 = 0x1de3_c4a5_b00c_0001;
 
 // ---- a tiny PRNG of our own: SplitMix64 ------------------------------------------------------
@@ -103,7 +122,7 @@ macro_rules! on_db {
     };
 }
 
-const SCHEMA: [&str; 3] = [
+const SCHEMA: [&str; 4] = [
     // The money moves, as a gateway keeps them: one row per downstream key.
     "CREATE TABLE moves (dkey TEXT PRIMARY KEY, key TEXT NOT NULL, step BIGINT NOT NULL, \
      amount BIGINT NOT NULL, fence BIGINT NOT NULL, pid BIGINT NOT NULL)",
@@ -113,6 +132,8 @@ const SCHEMA: [&str; 3] = [
     // Every body that started: its claim, and where it resumed.
     "CREATE TABLE runs (key TEXT NOT NULL, fence BIGINT NOT NULL, attempt BIGINT NOT NULL, \
      reclaimed BIGINT NOT NULL, resumed_from BIGINT NOT NULL, pid BIGINT NOT NULL)",
+    // Every body that lost its answer on purpose (its outcome unknown).
+    "CREATE TABLE lost_answers (key TEXT NOT NULL, fence BIGINT NOT NULL)",
 ];
 
 fn unavailable(e: sqlx::Error) -> idem::Error {
@@ -147,6 +168,17 @@ impl Db {
         .await
         .map_err(unavailable)?
         .rows_affected());
+        Ok(())
+    }
+
+    async fn log_lost(&self, key: &str, fence: u64) -> idem::Result<()> {
+        on_db!(self, pool => sqlx::query("INSERT INTO lost_answers (key, fence) VALUES ($1, $2)")
+            .bind(key)
+            .bind(fence as i64)
+            .execute(pool)
+            .await
+            .map_err(unavailable)?
+            .rows_affected());
         Ok(())
     }
 
@@ -214,6 +246,10 @@ struct App<S> {
     store: S,
     db: Db,
     rng: Arc<Mutex<Rng>>,
+    /// Who runs the body: "http" (a client's request) or "completer".
+    via: &'static str,
+    /// Whether first attempts of resumable moves sometimes lose their answer.
+    loses_answers: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -240,6 +276,7 @@ struct Moved {
     attempt: u32,
     resumed_from: u32,
     pid: u32,
+    via: String,
     nonce: u64,
 }
 
@@ -258,12 +295,56 @@ async fn transfer<S: Store + Clone>(
     key: IdempotencyKey,
     Json(req): Json<MoveReq>,
 ) -> Result<(StatusCode, Json<Moved>), idem::Error> {
+    move_money(&app, &claim, req.amount).await
+}
+
+/// The same money move, resumable: its account and amount are stored with its claim, and a
+/// completer in any service process finishes it when its client went away. On its first
+/// attempt it sometimes ends as a gateway whose answer was lost would: the money of the steps
+/// so far moved, the outcome unknown, the claim suspended.
+#[idempotent(
+    scope = "abandoned:<account>",
+    key = key,
+    store = app.store,
+    skip(app),
+    lease = "1s",
+    retain = "1h",
+    claim = claim,
+    resumable
+)]
+async fn transfer_resumable<S: Store + Clone>(
+    State(app): State<App<S>>,
+    Path(account): Path<String>,
+    key: IdempotencyKey,
+    Json(req): Json<MoveReq>,
+) -> Result<(StatusCode, Json<Moved>), idem::Error> {
+    move_money(&app, &claim, req.amount).await
+}
+
+/// The body of both handlers: the steps of the move from the claim's recovery point on, each
+/// on its downstream key and checkpointed.
+async fn move_money<S: Store + Clone>(
+    app: &App<S>,
+    claim: &idem::ClaimInfo,
+    amount: i64,
+) -> Result<(StatusCode, Json<Moved>), idem::Error> {
     let k = claim.key().as_str();
     let resumed_from: u32 = claim
         .recovery_point()
         .map(|p| std::str::from_utf8(p).unwrap().parse().unwrap())
         .unwrap_or(0);
-    app.db.log_run(k, &claim, resumed_from).await?;
+    app.db.log_run(k, claim, resumed_from).await?;
+    // Where a first attempt of a resumable move loses its answer, if it does (STEPS: never).
+    let lost_after = if app.loses_answers && claim.attempt() == 1 && !claim.is_reclaim() {
+        let mut rng = app.rng.lock().unwrap();
+        if rng.below(100) < LOST_ANSWER_PERCENT {
+            rng.below(STEPS as usize) as u32
+        } else {
+            STEPS
+        }
+    } else {
+        STEPS
+    };
     for step in resumed_from..STEPS {
         let pause = app
             .rng
@@ -272,16 +353,29 @@ async fn transfer<S: Store + Clone>(
             .range(STEP_PAUSE_MS.0, STEP_PAUSE_MS.1);
         tokio::time::sleep(Duration::from_millis(pause)).await;
         let dkey = claim.downstream_key(&format!("step-{step}"));
-        app.db
-            .apply(k, step, &dkey, req.amount, claim.fence())
-            .await?;
         let done = (step + 1).to_string();
         let at = ClaimRef {
             scope: claim.scope(),
             key: k,
             fence: claim.fence(),
         };
-        app.store.checkpoint(at, done.as_bytes(), LEASE).await?;
+        let stepped = match app.db.apply(k, step, &dkey, amount, claim.fence()).await {
+            Ok(()) => app.store.checkpoint(at, done.as_bytes(), LEASE).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = stepped {
+            // The move's transaction may have committed before its answer was lost: the
+            // outcome is unknown, and the claim is kept for a retry or the completer.
+            claim.outcome_unknown(format!("step {step}: {e}"));
+            return Err(e);
+        }
+        if step == lost_after {
+            app.db.log_lost(k, claim.fence()).await?;
+            claim.outcome_unknown(format!("the answer of step {step} was lost"));
+            return Err(idem::Error::Unavailable(
+                format!("the answer of step {step} was lost").into(),
+            ));
+        }
     }
     let moves = app.db.moves(k).await.map_err(unavailable)?;
     let nonce = app.rng.lock().unwrap().next_u64();
@@ -295,33 +389,62 @@ async fn transfer<S: Store + Clone>(
             attempt: claim.attempt(),
             resumed_from,
             pid: std::process::id(),
+            via: app.via.to_owned(),
             nonce,
         }),
     ))
 }
 
-/// The service process: serves until it is killed.
-async fn worker(kind: &str, target: &str, seed: u64) {
+/// The completer of a service process: resumable moves whose client went away, finished by
+/// calling the handler again with the stored account and amount.
+fn completer<S: Store + Clone>(app: App<S>) -> Completer<S> {
+    Completer::new(app.store.clone())
+        .resume("abandoned:<account>", move |r: Resumption| {
+            let app = App {
+                via: "completer",
+                ..app.clone()
+            };
+            async move {
+                let account: String = r.arg("account")?;
+                let req: MoveReq = r.arg("req")?;
+                let key = IdempotencyKey(r.key().clone());
+                transfer_resumable(State(app), Path(account), key, Json(req)).await
+            }
+        })
+        .every(COMPLETER_EVERY)
+        .max_attempts(MAX_ATTEMPTS)
+}
+
+/// The service process: serves until it is killed. With `completing`, it also runs a
+/// completer, and first attempts of resumable moves sometimes lose their answer.
+async fn worker(kind: &str, target: &str, seed: u64, completing: bool) {
     let rng = Arc::new(Mutex::new(Rng(seed ^ u64::from(std::process::id()))));
-    let router = if kind == "sqlite" {
+    if kind == "sqlite" {
         let store = SqliteStore::connect(target).await.unwrap();
         let db = Db::Lite(store.pool().clone());
-        Router::new()
-            .route("/move/{account}", post(transfer::<SqliteStore>))
-            .with_state(App { store, db, rng })
+        serve(store, db, rng, completing).await;
     } else {
         let (url, schema) = target.split_once('#').unwrap();
         let pool = common::PgSchema::pool_for(url, schema, 8).await;
         let store = PgStore::builder().build(pool.clone()).await.unwrap();
-        Router::new()
-            .route("/move/{account}", post(transfer::<PgStore>))
-            .with_state(App {
-                store,
-                db: Db::Pg(pool),
-                rng,
-            })
+        serve(store, Db::Pg(pool), rng, completing).await;
     }
-    .layer(IdempotencyLayer::new());
+}
+
+async fn serve<S: Store + Clone>(store: S, db: Db, rng: Arc<Mutex<Rng>>, completing: bool) {
+    let app = App {
+        store,
+        db,
+        rng,
+        via: "http",
+        loses_answers: completing,
+    };
+    let _completer = completing.then(|| completer(app.clone()).start().unwrap());
+    let router = Router::new()
+        .route("/move/{account}", post(transfer::<S>))
+        .route("/abandoned/{account}", post(transfer_resumable::<S>))
+        .with_state(app)
+        .layer(IdempotencyLayer::new());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     println!("LISTENING http://{}", listener.local_addr().unwrap());
     axum::serve(listener, router).await.unwrap();
@@ -333,13 +456,22 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--worker") {
         let rt = tokio::runtime::Runtime::new().unwrap();
-        rt.block_on(worker(&args[2], &args[3], args[4].parse().unwrap()));
+        let completing = args.get(5).map(String::as_str) == Some("completer");
+        rt.block_on(worker(
+            &args[2],
+            &args[3],
+            args[4].parse().unwrap(),
+            completing,
+        ));
         return;
     }
     let kills = match std::env::var("IDEM_CRASH_KILLS") {
         Ok(n) => n.parse().expect("IDEM_CRASH_KILLS is a number of kills"),
         Err(_) => DEFAULT_KILLS,
     };
+    // Each abandoned move is finished by a completer after its lease or resume delay: fewer
+    // kills, so that the loop keeps its time.
+    let abandon_kills = kills.div_ceil(2).max(5);
     let seed = match std::env::var("IDEM_CRASH_SEED") {
         Ok(s) => s.parse().expect("IDEM_CRASH_SEED is a u64"),
         Err(_) => DEFAULT_SEED,
@@ -352,6 +484,8 @@ fn main() {
         db.create().await;
         crash_loop("sqlite", &file.url, &store, &db, kills, seed).await;
         println!("test crash_loop::sqlite ... ok");
+        abandon_loop("sqlite", &file.url, &store, &db, abandon_kills, seed).await;
+        println!("test crash_loop::sqlite_abandoned_work_is_completed ... ok");
 
         if cfg!(idem_postgres) {
             let url = common::pg_url();
@@ -362,10 +496,14 @@ fn main() {
             let target = format!("{url}#{}", schema.name);
             crash_loop("postgres", &target, &store, &db, kills, seed).await;
             println!("test crash_loop::postgres ... ok");
+            abandon_loop("postgres", &target, &store, &db, abandon_kills, seed).await;
+            println!("test crash_loop::postgres_abandoned_work_is_completed ... ok");
         } else {
-            println!(
-                "test crash_loop::postgres ... ignored, needs PostgreSQL: set DATABASE_URL=postgres://…"
-            );
+            for name in ["postgres", "postgres_abandoned_work_is_completed"] {
+                println!(
+                    "test crash_loop::{name} ... ignored, needs PostgreSQL: set DATABASE_URL=postgres://…"
+                );
+            }
         }
     });
 }
@@ -376,9 +514,10 @@ struct Service {
     base: String,
 }
 
-async fn start(kind: &str, target: &str, seed: u64) -> Service {
+/// Starts a service process; `mode` is "plain", or "completer" for one that runs a completer.
+async fn start(kind: &str, target: &str, seed: u64, mode: &str) -> Service {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--worker", kind, target, &seed.to_string()])
+        .args(["--worker", kind, target, &seed.to_string(), mode])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -434,6 +573,10 @@ struct Stats {
 
 struct Driver {
     kind: String,
+    /// The route's first segment ("move" or "abandoned") and the keys' prefix ("key" or
+    /// "abandon").
+    path: &'static str,
+    prefix: &'static str,
     http: reqwest::Client,
     /// Each service's base URL; `None` while it is being killed and restarted.
     bases: RwLock<Vec<Option<String>>>,
@@ -444,6 +587,10 @@ struct Driver {
 }
 
 impl Driver {
+    fn key(&self, i: usize) -> String {
+        format!("{}-{i:05}", self.prefix)
+    }
+
     /// Replays answered so far, over every key.
     fn replays(&self) -> u32 {
         self.seen.lock().unwrap().values().map(|s| s.replays).sum()
@@ -462,10 +609,16 @@ impl Driver {
     }
 
     /// Sends key `i` until it is answered (retrying 409, 503 and connection errors), or until
-    /// `stop` is set when `interruptible`. Returns whether it was answered.
-    async fn send(&self, i: usize, rng: &mut Rng, interruptible: bool) -> bool {
+    /// `stop` is set when `interruptible`, or after the first try that was not answered when
+    /// `gives_up` (a client that goes away). Returns whether it was answered.
+    async fn send(&self, i: usize, rng: &mut Rng, interruptible: bool, gives_up: bool) -> bool {
         let pause = || tokio::time::sleep(Duration::from_millis(30));
+        let mut tries = 0;
         loop {
+            if gives_up && tries > 0 {
+                return false;
+            }
+            tries += 1;
             if interruptible && self.stop.load(Ordering::Relaxed) {
                 return false;
             }
@@ -476,8 +629,8 @@ impl Driver {
             self.stats.requests.fetch_add(1, Ordering::Relaxed);
             let sent = self
                 .http
-                .post(format!("{base}/move/{}", account(i)))
-                .header("Idempotency-Key", key_name(i))
+                .post(format!("{base}/{}/{}", self.path, account(i)))
+                .header("Idempotency-Key", self.key(i))
                 .json(&MoveReq { amount: amount(i) })
                 .send()
                 .await;
@@ -518,7 +671,7 @@ impl Driver {
                     self.unexpected.lock().unwrap().push(format!(
                         "{}: {}: {status} {}",
                         self.kind,
-                        key_name(i),
+                        self.key(i),
                         String::from_utf8_lossy(&body)
                     ));
                     return true;
@@ -567,10 +720,12 @@ async fn crash_loop<S: Store>(
     let budget = Duration::from_secs(120) + Duration::from_millis(1500) * kills as u32;
     let mut services = Vec::new();
     for p in 0..PROCESSES {
-        services.push(start(kind, target, seed.wrapping_add(p as u64)).await);
+        services.push(start(kind, target, seed.wrapping_add(p as u64), "plain").await);
     }
     let driver = Arc::new(Driver {
         kind: kind.to_owned(),
+        path: "move",
+        prefix: "key",
         http: reqwest::Client::builder()
             .timeout(Duration::from_secs(20))
             .pool_max_idle_per_host(0)
@@ -601,7 +756,7 @@ async fn crash_loop<S: Store>(
                     } else {
                         rng.below(sent.max(1))
                     };
-                    driver.send(i, &mut rng, true).await;
+                    driver.send(i, &mut rng, true, false).await;
                 }
             })
         })
@@ -622,7 +777,7 @@ async fn crash_loop<S: Store>(
             Some(9),
             "{kind}: the service died of SIGKILL, not of something else: {status}"
         );
-        services[p] = start(kind, target, rng.next_u64()).await;
+        services[p] = start(kind, target, rng.next_u64(), "plain").await;
         driver.bases.write().unwrap()[p] = Some(services[p].base.clone());
         assert!(
             began.elapsed() < budget,
@@ -646,7 +801,7 @@ async fn crash_loop<S: Store>(
                 let mut rng = Rng(seed ^ 0xd1 ^ c as u64);
                 tokio::spawn(async move {
                     for i in (c..keys).step_by(CLIENTS) {
-                        driver.send(i, &mut rng, false).await;
+                        driver.send(i, &mut rng, false, false).await;
                     }
                 })
             })
@@ -873,6 +1028,345 @@ async fn check_runs(kind: &str, db: &Db, keys: usize, answers: &[Moved]) -> Figu
                 );
             }
         }
+    }
+    figures
+}
+
+// ---- abandoned work: clients that go away, completers that finish it -------------------------
+
+/// Resumable moves under load whose clients mostly go away after one try (a kill, a lost
+/// answer, a 409 or a 503 ends their interest), `kills` SIGKILLs and restarts of service
+/// processes that each run a completer; then, with the kills over and nobody retrying, the
+/// completers must finish every move that started: each ends completed exactly once (or
+/// parked), none is left in progress after the settle time, and no step moved money twice.
+async fn abandon_loop<S: Store>(
+    kind: &str,
+    target: &str,
+    store: &S,
+    db: &Db,
+    kills: usize,
+    seed: u64,
+) {
+    let keys = 2 * kills + 20;
+    println!(
+        "{kind}: abandoned work: {kills} kills, {keys} keys, {PROCESSES} service processes with a \
+         completer each (every {COMPLETER_EVERY:?}), {CLIENTS} clients that mostly give up after \
+         one try, {LOST_ANSWER_PERCENT}% of first attempts losing their answer"
+    );
+    let began = Instant::now();
+    let budget = Duration::from_secs(120) + Duration::from_millis(1500) * kills as u32;
+    let mut services = Vec::new();
+    for p in 0..PROCESSES {
+        services.push(
+            start(
+                kind,
+                target,
+                seed.wrapping_add(0xab + p as u64),
+                "completer",
+            )
+            .await,
+        );
+    }
+    let driver = Arc::new(Driver {
+        kind: kind.to_owned(),
+        path: "abandoned",
+        prefix: "abandon",
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(20))
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap(),
+        bases: RwLock::new(services.iter().map(|s| Some(s.base.clone())).collect()),
+        seen: Mutex::new(HashMap::new()),
+        unexpected: Mutex::new(Vec::new()),
+        stats: Stats::default(),
+        stop: AtomicBool::new(false),
+    });
+
+    // Each client sends the next key: seven times in ten it goes away after one try, else it
+    // retries until answered. Once every key was sent, clients come back now and then to a
+    // key already sent, for one try (racing the completers).
+    let next = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let (driver, next) = (driver.clone(), next.clone());
+            let mut rng = Rng(seed ^ ((0xa1 + c as u64) << 32));
+            tokio::spawn(async move {
+                while !driver.stop.load(Ordering::Relaxed) {
+                    match next.fetch_add(1, Ordering::Relaxed) {
+                        i if i < keys => {
+                            // New keys arrive through the whole loop, so that kills land in
+                            // first attempts as well as in resumed ones.
+                            let pause = rng.range(NEW_KEY_PAUSE_MS.0, NEW_KEY_PAUSE_MS.1);
+                            tokio::time::sleep(Duration::from_millis(pause)).await;
+                            let gives_up = rng.below(10) < 7;
+                            driver.send(i, &mut rng, true, gives_up).await;
+                        }
+                        _ => {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            let i = rng.below(keys);
+                            driver.send(i, &mut rng, true, true).await;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+
+    let mut rng = Rng(seed ^ 0xab);
+    for _ in 0..kills {
+        let after = rng.range(KILL_AFTER_MS.0, KILL_AFTER_MS.1);
+        tokio::time::sleep(Duration::from_millis(after)).await;
+        let p = rng.below(PROCESSES);
+        driver.bases.write().unwrap()[p] = None;
+        let s = &mut services[p];
+        s.child.start_kill().expect("SIGKILL a service process");
+        let status = s.child.wait().await.unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9),
+            "{kind}: the service died of SIGKILL, not of something else: {status}"
+        );
+        services[p] = start(kind, target, rng.next_u64(), "completer").await;
+        driver.bases.write().unwrap()[p] = Some(services[p].base.clone());
+        assert!(
+            began.elapsed() < budget,
+            "{kind}: the abandoned-work loop ran past {budget:?}"
+        );
+    }
+    let looped = began.elapsed();
+    driver.stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+    let sent = next.load(Ordering::Relaxed).min(keys);
+
+    // Nobody retries now: only the completers work. Every move that started must end.
+    let settle_began = Instant::now();
+    let ends = loop {
+        let ends = ends(kind, store, db, sent).await;
+        let unfinished: Vec<&String> = ends
+            .iter()
+            .filter(|(_, e)| matches!(e, End::Unfinished(_)))
+            .map(|(k, _)| k)
+            .collect();
+        if unfinished.is_empty() {
+            break ends;
+        }
+        assert!(
+            settle_began.elapsed() < SETTLE,
+            "{kind}: {} moves still unfinished {SETTLE:?} after the kills: {:?}",
+            unfinished.len(),
+            ends.iter()
+                .filter(|(_, e)| matches!(e, End::Unfinished(_)))
+                .take(10)
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let settled = settle_began.elapsed();
+
+    // Once more, by hand: every completed move replays its stored answer.
+    let mut replays = 0;
+    for (i, (key, end)) in ends.iter().enumerate() {
+        if let End::Completed(stored) = end {
+            let mut rng = Rng(seed ^ 0xee ^ i as u64);
+            let before = driver.replays();
+            assert!(
+                driver.send(i, &mut rng, false, false).await,
+                "{kind}: {key}"
+            );
+            assert_eq!(
+                driver.replays(),
+                before + 1,
+                "{kind}: {key}: a completed move replays"
+            );
+            let seen = driver.seen.lock().unwrap();
+            assert_eq!(
+                seen[&i].first.as_deref(),
+                Some(&stored[..]),
+                "{kind}: {key}: every answer is the stored one"
+            );
+            replays += 1;
+        }
+    }
+    drop(services);
+
+    let unexpected = driver.unexpected.lock().unwrap().clone();
+    assert!(
+        unexpected.is_empty(),
+        "{kind}: unexpected answers: {unexpected:#?}"
+    );
+    let seen = std::mem::take(&mut *driver.seen.lock().unwrap());
+    let figures = check_abandoned(kind, db, &ends, &seen).await;
+    let st = &driver.stats;
+    println!(
+        "{kind}: abandoned work: {kills} kills in {looped:.1?}; {} requests ({} answered, {} in \
+         progress, {} unavailable, {} connection errors); {sent} keys sent, {} started, {} never \
+         reached a body; settled {settled:.1?} after the kills; {} completed ({} by a completer, \
+         {} after a lost answer), {} parked, {} cut mid-body, {replays} replays; duplicates \
+         found: 0; {:.1?} in all",
+        st.requests.load(Ordering::Relaxed),
+        st.answers.load(Ordering::Relaxed),
+        st.in_progress.load(Ordering::Relaxed),
+        st.unavailable.load(Ordering::Relaxed),
+        st.connection_errors.load(Ordering::Relaxed),
+        figures.started,
+        sent - figures.started,
+        figures.completed,
+        figures.by_completer,
+        figures.after_lost_answer,
+        figures.parked,
+        figures.cut,
+        began.elapsed(),
+    );
+    assert!(
+        figures.by_completer > 0 && figures.after_lost_answer > 0 && figures.cut > 0,
+        "{kind}: the completers finished nothing that was lost or cut: the loop tested nothing"
+    );
+}
+
+/// How a sent key ended, as its record says.
+#[derive(Debug)]
+enum End {
+    /// No body ever ran for it: the request never reached the handler.
+    NeverStarted,
+    /// Completed, with the stored answer's body.
+    Completed(Vec<u8>),
+    Parked,
+    /// Still in progress (or anything else): why.
+    Unfinished(String),
+}
+
+/// The end of each of the first `sent` keys, read from the store and the run log.
+async fn ends<S: Store>(kind: &str, store: &S, db: &Db, sent: usize) -> Vec<(String, End)> {
+    let started: Vec<(String,)> = on_db!(db, pool => sqlx::query_as(
+        "SELECT DISTINCT key FROM runs WHERE key LIKE 'abandon-%'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap());
+    let started: std::collections::HashSet<String> = started.into_iter().map(|(k,)| k).collect();
+    let mut out = Vec::new();
+    for i in 0..sent {
+        let key = format!("abandon-{i:05}");
+        let scope = format!("abandoned:{}", account(i));
+        let record = store
+            .lookup(&scope, &key)
+            .await
+            .unwrap_or_else(|e| panic!("{kind}: {key}: lookup: {e}"));
+        let end = match record {
+            None if !started.contains(&key) => End::NeverStarted,
+            None => End::Unfinished("a body ran, but no record is left".into()),
+            Some(r) => match r.state {
+                RecordState::Completed => End::Completed(r.response.unwrap().body.to_vec()),
+                RecordState::Parked => End::Parked,
+                other => End::Unfinished(format!("{other:?}, fence {}", r.fence)),
+            },
+        };
+        out.push((key, end));
+    }
+    out
+}
+
+struct AbandonedFigures {
+    started: usize,
+    completed: usize,
+    by_completer: usize,
+    after_lost_answer: usize,
+    parked: usize,
+    cut: usize,
+}
+
+/// Exactly once: no step moved twice; a completed move moved every step, and its answer, the
+/// one every client got, names them; a key that never started moved nothing.
+async fn check_abandoned(
+    kind: &str,
+    db: &Db,
+    ends: &[(String, End)],
+    seen: &HashMap<usize, Seen>,
+) -> AbandonedFigures {
+    let counts: Vec<(String, i64, i64)> = on_db!(db, pool => sqlx::query_as(
+        "SELECT key, step, count(*) FROM moves WHERE key LIKE 'abandon-%' GROUP BY key, step",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap());
+    let doubled: Vec<_> = counts.iter().filter(|(_, _, n)| *n != 1).collect();
+    assert!(
+        doubled.is_empty(),
+        "{kind}: money moved twice: {doubled:#?}"
+    );
+    let bodies: Vec<(String, i64)> = on_db!(db, pool => sqlx::query_as(
+        "SELECT key, count(DISTINCT fence) FROM runs WHERE key LIKE 'abandon-%' GROUP BY key",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap());
+    let bodies: HashMap<String, i64> = bodies.into_iter().collect();
+    let lost: Vec<(String,)> = on_db!(db, pool => sqlx::query_as(
+        "SELECT DISTINCT key FROM lost_answers WHERE key LIKE 'abandon-%'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap());
+    let lost: std::collections::HashSet<String> = lost.into_iter().map(|(k,)| k).collect();
+    let mut figures = AbandonedFigures {
+        started: 0,
+        completed: 0,
+        by_completer: 0,
+        after_lost_answer: 0,
+        parked: 0,
+        cut: 0,
+    };
+    for (i, (key, end)) in ends.iter().enumerate() {
+        let moves = db.moves(key).await.unwrap();
+        let s = seen.get(&i);
+        match end {
+            End::NeverStarted => {
+                assert!(
+                    moves.is_empty(),
+                    "{kind}: {key} never started but moved {moves:?}"
+                );
+                continue;
+            }
+            End::Unfinished(why) => panic!("{kind}: {key} unfinished: {why}"),
+            End::Parked => figures.parked += 1,
+            End::Completed(stored) => {
+                figures.completed += 1;
+                let moved: Moved = serde_json::from_slice(stored).unwrap();
+                assert_eq!(moved.key, *key);
+                assert_eq!(
+                    moved.moves, moves,
+                    "{kind}: {key}: the answer names the moves made"
+                );
+                assert_eq!(
+                    moves.len(),
+                    STEPS as usize,
+                    "{kind}: {key}: every step moved money"
+                );
+                if let Some(s) = s {
+                    assert!(
+                        s.mismatches.is_empty(),
+                        "{kind}: {key} answered differently: {:#?}",
+                        s.mismatches
+                    );
+                    assert!(
+                        s.fresh <= 1,
+                        "{kind}: {key} ran to completion {} times",
+                        s.fresh
+                    );
+                }
+                figures.by_completer += usize::from(moved.via == "completer");
+                if lost.contains(key) {
+                    figures.after_lost_answer += 1;
+                } else if bodies.get(key).copied().unwrap_or(0) > 1 {
+                    // An earlier body of this move died with its process.
+                    figures.cut += 1;
+                }
+            }
+        }
+        figures.started += 1;
     }
     figures
 }
