@@ -27,6 +27,11 @@ trait Backend: TxStore + Clone + Send + Sync + 'static {
 
     /// The number of committed orders.
     fn committed_orders(&self) -> impl Future<Output = i64> + Send;
+
+    /// Whether a duplicate may be answered "in progress" rather than wait for the first
+    /// transaction (PostgreSQL bounds the wait and the number of waiting duplicates; SQLite's
+    /// one writer serialises them).
+    const BOUNDS_WAITING_DUPLICATES: bool;
 }
 
 /// The `orders` table in each database's types.
@@ -47,9 +52,10 @@ async fn pg_store(connections: u32) -> (PgStore, common::PgSchema) {
 
 /// [`Backend`] for stores whose statements are the same text: only the connection type differs.
 macro_rules! backend {
-    ($($store:ty: $guard:ty = $fresh:ident, $orders:ident;)*) => {$(
+    ($($store:ty: $guard:ty = $fresh:ident, $orders:ident, $bounds:literal;)*) => {$(
         impl Backend for $store {
             type Guard = $guard;
+            const BOUNDS_WAITING_DUPLICATES: bool = $bounds;
 
             async fn fresh(connections: u32) -> (Self, $guard) {
                 let (store, guard) = $fresh(connections).await;
@@ -80,8 +86,8 @@ macro_rules! backend {
 }
 
 backend! {
-    SqliteStore: common::SqliteFile = sqlite_store, ORDERS_SQLITE;
-    PgStore: common::PgSchema = pg_store, ORDERS_PG;
+    SqliteStore: common::SqliteFile = sqlite_store, ORDERS_SQLITE, false;
+    PgStore: common::PgSchema = pg_store, ORDERS_PG, true;
 }
 
 fn db(e: sqlx::Error) -> Error {
@@ -129,7 +135,8 @@ async fn commits_together_and_rolls_back_together<S: Backend>() {
     assert!(store.lookup("order:7", "k").await.unwrap().is_some());
 }
 
-/// Duplicates racing on one key: one inserts, the others wait for its commit and replay it.
+/// Duplicates racing on one key: one inserts, the others wait for its commit and replay it (on
+/// PostgreSQL, those past the number allowed to wait are told "in progress" instead).
 async fn concurrent_duplicates_insert_once<S: Backend>() {
     let (store, _guard) = S::fresh(40).await;
     let mut tasks = Vec::new();
@@ -139,13 +146,18 @@ async fn concurrent_duplicates_insert_once<S: Backend>() {
             create_order(&store, 1, "dup", Then::Commit).await
         }));
     }
+    let mut answered = 0;
     for t in tasks {
-        assert_eq!(
-            t.await.unwrap().unwrap(),
-            1,
-            "every duplicate gets the first answer"
-        );
+        match t.await.unwrap() {
+            Ok(orders) => {
+                assert_eq!(orders, 1, "every duplicate answered gets the first answer");
+                answered += 1;
+            }
+            Err(Error::InProgress { .. }) if S::BOUNDS_WAITING_DUPLICATES => {}
+            Err(e) => panic!("a duplicate failed: {e:?}"),
+        }
     }
+    assert!(answered >= 1);
     assert_eq!(store.committed_orders().await, 1);
 }
 
@@ -174,6 +186,133 @@ async fn a_cancelled_call_leaves_nothing_behind<S: Backend>() {
         1,
         "only the retry's row"
     );
+}
+
+/// A PostgreSQL store on a pool of `connections` whose transactional duplicates wait `wait`.
+async fn pg_store_waiting(connections: u32, wait: Duration) -> (PgStore, common::PgSchema) {
+    let schema = common::PgSchema::create(&common::pg_url(), connections).await;
+    sqlx::query(ORDERS_PG).execute(&schema.pool).await.unwrap();
+    let store = PgStore::builder()
+        .duplicate_wait(wait)
+        .build(schema.pool.clone())
+        .await
+        .unwrap();
+    (store, schema)
+}
+
+/// Retries of one slow request in transactional mode: each is answered "in progress" (409 with
+/// `Retry-After`) once its bound runs out, only one of them waits at all, and the pool stays
+/// free for every other key. (Unbounded, each duplicate held a connection while its insert waited
+/// on the unique index, and the other key's request waited for the pool.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+async fn postgres_duplicates_of_a_slow_transaction_never_take_the_pool() {
+    let wait = Duration::from_millis(400);
+    let (store, _schema) = pg_store_waiting(4, wait).await;
+    let slow = tokio::spawn({
+        let store = store.clone();
+        async move { create_order(&store, 1, "slow", Then::Hang).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let began = std::time::Instant::now();
+    let duplicates: Vec<_> = (0..8)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let answer = create_order(&store, 1, "slow", Then::Commit).await;
+                (answer, began.elapsed())
+            })
+        })
+        .collect();
+    // Another key goes through while the duplicates are answered.
+    let other = tokio::time::timeout(
+        Duration::from_secs(2),
+        create_order(&store, 2, "other", Then::Commit),
+    )
+    .await
+    .expect("another key's request is not held up by the duplicates");
+    assert_eq!(other.unwrap(), 1);
+    let mut waited = 0;
+    for d in duplicates {
+        let (answer, took) = tokio::time::timeout(Duration::from_secs(5), d)
+            .await
+            .expect("a duplicate is answered within its bound, not held until the first ends")
+            .unwrap();
+        match answer {
+            Err(Error::InProgress { retry_after }) => {
+                assert!(retry_after >= Duration::from_secs(1), "{retry_after:?}");
+            }
+            other => panic!("a duplicate of a running request: {other:?}"),
+        }
+        assert!(took < Duration::from_secs(3), "answered after {took:?}");
+        waited += usize::from(took >= wait);
+    }
+    assert_eq!(
+        waited, 1,
+        "one duplicate (a quarter of 4 connections) waits its bound"
+    );
+    // The slow request gives up (its transaction rolls back): the next retry claims.
+    slow.abort();
+    let _ = slow.await;
+    let retried = tokio::time::timeout(
+        Duration::from_secs(5),
+        create_order(&store, 1, "slow", Then::Commit),
+    )
+    .await
+    .expect("the retry after the rollback");
+    assert_eq!(retried.unwrap(), 2, "the other key's order and this one");
+}
+
+/// A duplicate that waited for the first transaction and then claimed (the first rolled back)
+/// runs its body with the caller's own `lock_timeout`, not the wait's bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+async fn postgres_a_waiting_duplicate_leaves_lock_timeout_as_it_was() {
+    use idem::{BeginOutcome, BeginRequest, Fingerprint, Policy};
+    let (store, _schema) = pg_store_waiting(4, Duration::from_secs(5)).await;
+    let fp = Fingerprint::of(&1).unwrap();
+    let policy = Policy::DEFAULT;
+    let req = BeginRequest::new("s", "k", &fp, &policy);
+    let mut first = store.begin_transaction().await.unwrap();
+    assert!(matches!(
+        store.begin_in(&mut first, req).await.unwrap(),
+        BeginOutcome::Claimed(_)
+    ));
+    let duplicate = tokio::spawn({
+        let store = store.clone();
+        async move {
+            let (fp, policy) = (Fingerprint::of(&1).unwrap(), Policy::DEFAULT);
+            let mut tx = store.begin_transaction().await.unwrap();
+            sqlx::query("SET LOCAL lock_timeout = '7s'")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let outcome = store
+                .begin_in(&mut tx, BeginRequest::new("s", "k", &fp, &policy))
+                .await
+                .unwrap();
+            let setting: String = sqlx::query_scalar("SHOW lock_timeout")
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            (outcome, setting)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !duplicate.is_finished(),
+        "the duplicate waits for the first transaction"
+    );
+    first.rollback().await.unwrap();
+    let (outcome, setting) = duplicate.await.unwrap();
+    assert!(matches!(outcome, BeginOutcome::Claimed(_)), "{outcome:?}");
+    assert_eq!(setting, "7s");
 }
 
 mod sqlite {

@@ -3,9 +3,12 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
+use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
+use sqlx::{AssertSqlSafe, Row as _, SqlSafeStr as _, SqlStr};
+use tokio::sync::Semaphore;
 
 use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
@@ -15,6 +18,10 @@ use crate::store::sql::{
     self, AddColumn, Arg, Dialect, Engine, Next, SqlStoreBuilder, Types, map_err,
 };
 use crate::store::{Operation, Reply, Store, TxStore};
+
+/// How long a transactional duplicate waits by default for the transaction that holds its key
+/// ([`SqlStoreBuilder::duplicate_wait`]).
+pub const DEFAULT_DUPLICATE_WAIT: Duration = Duration::from_secs(2);
 
 /// All idem migrations, in every schema, take this advisory lock: concurrent `CREATE TABLE IF
 /// NOT EXISTS` statements can otherwise fail on PostgreSQL's catalog indexes.
@@ -177,6 +184,64 @@ pub struct PgStore {
     inner: Arc<Engine<Pg>>,
     /// Group commit's lanes, when it is on.
     group: Option<Arc<Group>>,
+    /// How transactional claims meet a duplicate's transaction.
+    tx: Arc<TxClaims>,
+}
+
+/// Transactional claims: each takes a transaction-scoped advisory lock on its identity in the
+/// statement that inserts its record, so that a duplicate finds the key held without waiting on
+/// the unique index (which would hold its pool connection for as long as the first transaction
+/// runs). A duplicate then waits for the lock within a bound, and only so many at once.
+struct TxClaims {
+    /// `got` (the lock), `fence` (the first claim's, when the insert wrote one).
+    claim: SqlStr,
+    /// The table's name, part of every lock's key.
+    table: String,
+    wait: Duration,
+    waiters: Semaphore,
+    limit: usize,
+}
+
+impl TxClaims {
+    fn new(table: &str, wait: Duration, waiters: usize) -> TxClaims {
+        let in_progress = crate::lifecycle::State::InProgress.as_str();
+        let now = Pg::NOW;
+        let claim = AssertSqlSafe(format!(
+            "WITH lock AS (SELECT pg_try_advisory_xact_lock($7) AS got), \
+             claimed AS (INSERT INTO {table} (scope, key, fingerprint, state, fence, lease_until, \
+               expires_at, request, resume_at, created_at, updated_at) \
+               SELECT $1, $2, $3, '{in_progress}', {}, {}, {}, $6, \
+               CASE WHEN $6::bytea IS NULL THEN NULL ELSE {now} END, {now}, {now} \
+               FROM lock WHERE lock.got \
+               ON CONFLICT (scope, key) DO NOTHING RETURNING fence) \
+             SELECT (SELECT got FROM lock) AS got, (SELECT fence FROM claimed) AS fence",
+            Pg::NOW_MS,
+            Pg::after("$4"),
+            Pg::after("$5"),
+        ))
+        .into_sql_str();
+        TxClaims {
+            claim,
+            table: table.to_owned(),
+            wait,
+            waiters: Semaphore::new(waiters),
+            limit: waiters,
+        }
+    }
+
+    /// The advisory lock's key for an identity: 64 bits of the sha256 of the table, the scope
+    /// and the key, each preceded by its length. Two identities that share it (one chance in
+    /// 2^64 per pair) only make one's duplicate wait for the other's transaction.
+    fn lock_key(&self, scope: &str, key: &str) -> i64 {
+        let mut h = Sha256::new();
+        h.update(b"idem transactional claim\0");
+        for part in [self.table.as_str(), scope, key] {
+            h.update((part.len() as u32).to_be_bytes());
+            h.update(part.as_bytes());
+        }
+        let digest = h.finalize();
+        i64::from_be_bytes(digest[..8].try_into().expect("a sha256 has 8 bytes"))
+    }
 }
 
 pub use crate::store::group::{GroupCommit, GroupCommitStats};
@@ -199,15 +264,45 @@ impl SqlStoreBuilder<PgStore> {
         self
     }
 
+    /// How long a duplicate of a request running in transactional mode waits for the first
+    /// request's transaction (default two seconds, [`DEFAULT_DUPLICATE_WAIT`]): when it commits
+    /// within the bound, the duplicate replays its answer; when it rolls back, the duplicate
+    /// claims; when the bound runs out, the duplicate is answered "in progress" (409 with
+    /// `Retry-After`) and its transaction rolls back, giving its connection back to the pool.
+    /// `Duration::ZERO` answers "in progress" at once. A waiting duplicate holds a pool
+    /// connection, so only [`waiting_duplicates`](Self::waiting_duplicates) of them wait at
+    /// once; the others are answered "in progress" at once.
+    pub fn duplicate_wait(mut self, wait: Duration) -> Self {
+        self.duplicate_wait = wait;
+        self
+    }
+
+    /// How many transactional duplicates may wait at once
+    /// ([`duplicate_wait`](Self::duplicate_wait)); default a quarter of the pool's
+    /// connections, at least one. Past it, a duplicate is answered "in progress" at once, so
+    /// that retries of one slow request can never take the pool from every other key.
+    pub fn waiting_duplicates(mut self, duplicates: usize) -> Self {
+        self.waiting_duplicates = Some(duplicates);
+        self
+    }
+
     /// A store on an existing pool.
     pub async fn build(self, pool: PgPool) -> Result<PgStore> {
         let group_commit = self.group_commit;
+        let (wait, waiters) = (self.duplicate_wait, self.waiting_duplicates);
+        let waiters = waiters.unwrap_or_else(|| default_waiters(&pool));
+        if wait > MAX_DUPLICATE_WAIT {
+            return Err(Error::Config(format!(
+                "a transactional duplicate waits at most {MAX_DUPLICATE_WAIT:?}, not {wait:?}: past that, answer it \"in progress\" and let the client retry"
+            )));
+        }
         let inner = self.open(pool.clone(), pool).await?;
         let group = match group_commit {
             Some(config) => Some(Arc::new(Group::new(inner.clone(), config)?)),
             None => None,
         };
-        Ok(PgStore { inner, group })
+        let tx = Arc::new(TxClaims::new(&inner.sql.table, wait, waiters));
+        Ok(PgStore { inner, group, tx })
     }
 
     /// Connects a pool to `url` and builds the store on it.
@@ -232,12 +327,18 @@ impl PgStore {
         PgStore::builder().connect(url).await
     }
 
-    /// A store on `inner`, with group commit's defaults.
+    /// A store on `inner`, with group commit's and transactional duplicates' defaults.
     fn on_engine(inner: Arc<Engine<Pg>>) -> PgStore {
         let group = Group::new(inner.clone(), GroupCommit::default())
             .ok()
             .map(Arc::new);
-        PgStore { inner, group }
+        let waiters = default_waiters(&inner.writer);
+        let tx = Arc::new(TxClaims::new(
+            &inner.sql.table,
+            DEFAULT_DUPLICATE_WAIT,
+            waiters,
+        ));
+        PgStore { inner, group, tx }
     }
 
     /// The pool.
@@ -352,17 +453,99 @@ impl PgStore {
     }
 }
 
+/// The longest [`SqlStoreBuilder::duplicate_wait`] accepted: a minute.
+const MAX_DUPLICATE_WAIT: Duration = Duration::from_secs(60);
+
+/// A quarter of the pool's connections, at least one.
+fn default_waiters(pool: &PgPool) -> usize {
+    (pool.options().get_max_connections() as usize / 4).max(1)
+}
+
 impl PgStore {
-    /// `begin` inside the caller's transaction.
-    /// Inside a transaction the plain insert goes first: a first claim costs what a
-    /// hand-written inbox's `INSERT … ON CONFLICT DO NOTHING` does, and a duplicate waits on
-    /// the unique index, then reads the committed record.
+    /// `begin` inside the caller's transaction. A first claim is one statement, as a
+    /// hand-written inbox's `INSERT … ON CONFLICT DO NOTHING` is, which also takes the
+    /// identity's transaction-scoped advisory lock. When the lock is another transaction's (a
+    /// duplicate of a request still running), the duplicate waits for it within
+    /// [`SqlStoreBuilder::duplicate_wait`], then decides on the committed record; it never waits
+    /// on the unique index, unbounded, holding its connection.
     async fn begin_in_transaction(
         &self,
         conn: &mut PgConnection,
         req: BeginRequest<'_>,
     ) -> Result<BeginOutcome> {
-        self.inner.claim_on(conn, &req).await
+        let lock = self.tx.lock_key(req.scope, req.key);
+        let [scope, key, fp, lease, retain, request] = sql::Statements::claim_args(&req);
+        let args = [scope, key, fp, lease, retain, request, Arg::Int(lock)];
+        let row = Pg::fetch(conn, &self.tx.claim, &args)
+            .await?
+            .ok_or_else(|| Error::Store("the transactional claim returned no row".into()))?;
+        let got: bool = row.try_get("got").map_err(map_err)?;
+        if got {
+            if let Some(fence) = row.try_get::<Option<i64>, _>("fence").map_err(map_err)? {
+                self.inner.read_first.missed();
+                return Ok(BeginOutcome::Claimed(crate::record::Claimed {
+                    fence: sql::fence_from_db(fence)?,
+                    reclaimed: false,
+                    recovery_point: None,
+                    attempt: 1,
+                }));
+            }
+            // The record exists, and no other transaction is claiming it: decide on it.
+            return self.inner.claim_on(conn, &req).await;
+        }
+        self.wait_for_claimer(conn, lock, &req).await
+    }
+
+    /// Another transaction holds the identity's lock: wait for it within the bound (one of at
+    /// most `waiting_duplicates`), then claim or replay as its end decides; "in progress" when
+    /// the bound runs out or too many wait already.
+    async fn wait_for_claimer(
+        &self,
+        conn: &mut PgConnection,
+        lock: i64,
+        req: &BeginRequest<'_>,
+    ) -> Result<BeginOutcome> {
+        let busy = BeginOutcome::InProgress {
+            retry_after: self.tx.wait.max(Duration::from_secs(1)),
+        };
+        if self.tx.wait.is_zero() {
+            return Ok(busy);
+        }
+        let Ok(_waiting) = self.tx.waiters.try_acquire() else {
+            tracing::debug!(target: "idem", scope = req.scope, key = req.key, waiting = self.tx.limit, "a transactional duplicate is answered in progress at once: as many wait already");
+            return Ok(busy);
+        };
+        // The bound applies to this wait only: the caller's setting comes back after it.
+        let previous: String = sqlx::query_scalar(
+            // `s` reads `p`, so the setting is read before it is changed.
+            "WITH p AS MATERIALIZED (SELECT current_setting('lock_timeout') AS previous), \
+             s AS MATERIALIZED (SELECT set_config('lock_timeout', $1, true) FROM p) \
+             SELECT previous FROM p, s",
+        )
+        .bind(format!("{}ms", self.tx.wait.as_millis().max(1)))
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(map_err)?;
+        let waited = sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(lock)
+            .execute(&mut *conn)
+            .await;
+        match waited {
+            Ok(_) => {}
+            // The bound ran out (the transaction is aborted now; the caller rolls it back).
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
+                return Ok(busy);
+            }
+            Err(e) => return Err(map_err(e)),
+        }
+        sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+            .bind(previous)
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        // The first transaction ended: its record is committed (a replay, or one to take
+        // over) or gone (rolled back: claim it).
+        self.inner.claim_on(conn, req).await
     }
 }
 

@@ -811,7 +811,7 @@ impl ReadFirst {
     }
 
     /// A claim found no record to answer from.
-    fn missed(&self) {
+    pub(crate) fn missed(&self) {
         if self.always.is_none() {
             let _ = self
                 .score
@@ -1659,6 +1659,10 @@ pub struct SqlStoreBuilder<S> {
     background_purge: bool,
     #[cfg(feature = "postgres")]
     pub(crate) group_commit: Option<crate::store::group::GroupCommit>,
+    #[cfg(feature = "postgres")]
+    pub(crate) duplicate_wait: std::time::Duration,
+    #[cfg(feature = "postgres")]
+    pub(crate) waiting_duplicates: Option<usize>,
     store: PhantomData<fn() -> S>,
 }
 
@@ -1672,6 +1676,10 @@ impl<S> Default for SqlStoreBuilder<S> {
             background_purge: true,
             #[cfg(feature = "postgres")]
             group_commit: Some(crate::store::group::GroupCommit::default()),
+            #[cfg(feature = "postgres")]
+            duplicate_wait: crate::store::postgres::DEFAULT_DUPLICATE_WAIT,
+            #[cfg(feature = "postgres")]
+            waiting_duplicates: None,
             store: PhantomData,
         }
     }
