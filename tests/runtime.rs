@@ -746,3 +746,69 @@ async fn a_policy_that_lets_a_record_expire_under_its_body_is_refused_everywhere
         "a retention equal to the lease is fine"
     );
 }
+
+static BIG_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// An answer of `mib` MiB and a bit.
+#[idem::idempotent(scope = "big:<n>", key = key, store = store)]
+async fn big_answer<S: Store + Clone>(
+    store: &S,
+    n: u32,
+    mib: usize,
+    key: &str,
+) -> Result<String, Error> {
+    BIG_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok("x".repeat(mib << 20))
+}
+
+/// An answer larger than the policy keeps (1 MiB by default) is returned to its caller once;
+/// its record is completed without it, and a retry is told so (409 `ANSWER_NOT_KEPT`) rather
+/// than run again. A policy that keeps more stores and replays it. On memory and SQLite.
+#[tokio::test]
+async fn an_answer_larger_than_the_policy_keeps_is_returned_once_and_never_run_again() {
+    let file = common::SqliteFile::new();
+    let sqlite = SqliteStore::connect(&file.url).await.unwrap();
+    big_answers(MemoryStore::new(), "memory").await;
+    big_answers(sqlite, "sqlite").await;
+}
+
+async fn big_answers<S: Store + Clone>(store: S, what: &str) {
+    let runs = || BIG_RUNS.load(Ordering::SeqCst);
+    let before = runs();
+    let first = big_answer(&store, 1, 2, "k").await.unwrap();
+    assert_eq!(
+        first.len(),
+        2 << 20,
+        "{what}: the first caller gets the whole answer"
+    );
+    match big_answer(&store, 1, 2, "k").await {
+        Err(e @ Error::AnswerNotKept { len, max }) => {
+            assert_eq!(
+                (len, max),
+                ((2 << 20) + 2, idem::record::DEFAULT_MAX_ANSWER),
+                "{what}"
+            );
+            assert_eq!((e.status(), e.code()), (409, "ANSWER_NOT_KEPT"), "{what}");
+        }
+        other => panic!("{what}: {:?}", other.map(|s| s.len())),
+    }
+    assert_eq!(
+        runs() - before,
+        1,
+        "{what}: the retry did not run the call again"
+    );
+    let record = store.lookup("big:1", "k").await.unwrap().unwrap();
+    assert_eq!(record.state, idem::RecordState::Completed, "{what}");
+
+    // Kept when the policy allows it: replayed as it was.
+    let roomy = Policy::DEFAULT.max_answer(4 << 20);
+    let again = idem::with_default_policy(roomy, async {
+        let first = big_answer(&store, 2, 2, "k").await.unwrap();
+        let replay = big_answer(&store, 2, 2, "k").await.unwrap();
+        (first, replay)
+    })
+    .await;
+    assert_eq!(again.0, again.1, "{what}");
+    assert_eq!(runs() - before, 2, "{what}");
+    assert!(Policy::DEFAULT.max_answer(0).check().is_err());
+}

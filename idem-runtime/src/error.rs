@@ -50,6 +50,20 @@ pub enum Error {
     #[error("an earlier attempt of this request did not finish and is parked for an operator")]
     Parked,
 
+    /// The request with this key ran, but its answer was larger than the policy keeps
+    /// ([`Policy::max_answer`](crate::Policy::max_answer)), so it cannot be replayed: its first
+    /// caller got it, a retry gets this instead of a second run. Look the result up by other
+    /// means rather than retrying. HTTP 409, `ANSWER_NOT_KEPT`.
+    #[error(
+        "the request with this idempotency key ran, but its answer ({len} bytes, above the {max} kept) cannot be replayed"
+    )]
+    AnswerNotKept {
+        /// The answer's encoded length in bytes.
+        len: usize,
+        /// The policy's limit.
+        max: usize,
+    },
+
     /// A resumable call's request is too large to store with its claim. Nothing was claimed.
     /// HTTP 413, `REQUEST_TOO_LARGE_TO_RESUME`.
     #[error("the request is {len} bytes, but a resumable call stores at most {max}")]
@@ -123,7 +137,10 @@ impl Error {
     pub fn status(&self) -> u16 {
         match self {
             Error::InvalidKey(_) | Error::InvalidScope { .. } => 400,
-            Error::InProgress { .. } | Error::FenceLost { .. } | Error::Parked => 409,
+            Error::InProgress { .. }
+            | Error::FenceLost { .. }
+            | Error::Parked
+            | Error::AnswerNotKept { .. } => 409,
             Error::RequestTooLarge { .. } => 413,
             Error::KeyReused => 422,
             Error::Unavailable(_) => 503,
@@ -144,6 +161,7 @@ impl Error {
             Error::InProgress { .. } => "REQUEST_IN_PROGRESS",
             Error::KeyReused => "KEY_REUSED_WITH_DIFFERENT_BODY",
             Error::Parked => "REQUEST_PARKED",
+            Error::AnswerNotKept { .. } => "ANSWER_NOT_KEPT",
             Error::RequestTooLarge { .. } => "REQUEST_TOO_LARGE_TO_RESUME",
             Error::FenceLost { .. } => "REQUEST_SUPERSEDED",
             Error::Unavailable(_) => "IDEMPOTENCY_STORE_UNAVAILABLE",

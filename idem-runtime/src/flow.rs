@@ -651,6 +651,9 @@ where
     R: IdemResult,
     R::Ok: Replay<M>,
 {
+    if let Some(not_kept) = stored.not_kept() {
+        return errors.fail(not_kept);
+    }
     context::note_replay(&stored, None);
     if stored.is_error {
         return match &errors.finals {

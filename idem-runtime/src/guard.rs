@@ -620,6 +620,12 @@ impl<'s, S: Store> Guard<'s, S> {
     ///   answers; the newer attempt's answer is the one a retry gets.
     pub(crate) async fn record(&mut self, encoded: Result<StoredResponse>) -> Recorded {
         let stored = match encoded {
+            // Too large to keep: the caller gets it, the record says it ran.
+            Ok(stored) if stored.body.len() > self.policy.max_answer => {
+                let (len, max) = (stored.body.len(), self.policy.max_answer);
+                tracing::warn!(target: "idem", scope = self.claim.scope(), key = %self.claim.key(), len, max, "the answer is larger than the policy keeps (max_answer): returned to this caller only; the record is completed without it, and a retry is told ANSWER_NOT_KEPT");
+                StoredResponse::answer_not_kept(len, max)
+            }
             Ok(stored) => stored,
             Err(e) => {
                 tracing::error!(target: "idem", scope = self.claim.scope(), key = %self.claim.key(), error = %e, "cannot encode the answer for storage: returning it unstored; the claim is kept until its lease runs out");

@@ -20,6 +20,9 @@ pub const REQUEST_RETAIN: Duration = Duration::from_secs(24 * 60 * 60);
 /// redeliver or a relay re-publish (a JetStream stream's `max_age` must not be longer).
 pub const MESSAGE_RETAIN: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
+/// The largest answer a guarded call stores by default ([`Policy::max_answer`]): 1 MiB.
+pub const DEFAULT_MAX_ANSWER: usize = 1 << 20;
+
 /// What `begin` does with an `in_progress` record whose lease has run out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -43,6 +46,11 @@ pub struct Policy {
     pub retain: Duration,
     /// What to do with an abandoned claim.
     pub expired_lease: ExpiredLease,
+    /// The largest answer stored for replay, in encoded bytes. Default 1 MiB
+    /// ([`DEFAULT_MAX_ANSWER`]). A larger answer is returned to its caller, and its record is
+    /// completed without it: a retry is told [`Error::AnswerNotKept`](crate::Error::AnswerNotKept)
+    /// (409 `ANSWER_NOT_KEPT`) and never runs the call again.
+    pub max_answer: usize,
 }
 
 impl Default for Policy {
@@ -57,6 +65,7 @@ impl Policy {
         lease: DEFAULT_LEASE,
         retain: REQUEST_RETAIN,
         expired_lease: ExpiredLease::Reclaim,
+        max_answer: DEFAULT_MAX_ANSWER,
     };
 
     /// Sets the lease.
@@ -74,6 +83,12 @@ impl Policy {
     /// Sets what happens to abandoned claims.
     pub const fn expired_lease(mut self, policy: ExpiredLease) -> Self {
         self.expired_lease = policy;
+        self
+    }
+
+    /// Sets the largest answer stored for replay, in encoded bytes (at least 1).
+    pub const fn max_answer(mut self, bytes: usize) -> Self {
+        self.max_answer = bytes;
         self
     }
 
@@ -102,6 +117,11 @@ impl Policy {
                 self.lease, self.retain
             ));
         }
+        if self.max_answer == 0 {
+            return refuse(
+                "a policy's max_answer is at least one byte: with none, no answer could ever be replayed".into(),
+            );
+        }
         if self.retain < self.lease {
             return refuse(format!(
                 "a policy's retention ({:?}) must be at least its lease ({:?}): the record would expire while its body runs, and a retry would run the body again alongside it; raise the retention or shorten the lease",
@@ -124,6 +144,9 @@ pub struct StoredResponse {
 }
 
 impl StoredResponse {
+    /// What a record holds in place of an answer too large to keep.
+    const NOT_KEPT: &'static str = "\0idem: answer not kept ";
+
     /// A successful response without a transport status.
     pub fn ok(body: impl Into<Bytes>) -> Self {
         StoredResponse {
@@ -131,6 +154,32 @@ impl StoredResponse {
             is_error: false,
             body: body.into(),
         }
+    }
+
+    /// What a completed record stores in place of an answer of `len` bytes that was larger than
+    /// the policy's `max` ([`Policy::max_answer`]): the call ran, its answer is not kept, a
+    /// retry is told so ([`StoredResponse::not_kept`]).
+    pub fn answer_not_kept(len: usize, max: usize) -> StoredResponse {
+        StoredResponse {
+            status: None,
+            is_error: true,
+            body: format!("{}{len} {max}", Self::NOT_KEPT).into(),
+        }
+    }
+
+    /// When this record stands for an answer too large to keep
+    /// ([`StoredResponse::answer_not_kept`]), the error its replay is:
+    /// [`Error::AnswerNotKept`](crate::Error::AnswerNotKept).
+    pub fn not_kept(&self) -> Option<crate::Error> {
+        if !self.is_error || self.status.is_some() {
+            return None;
+        }
+        let rest = self.body.strip_prefix(Self::NOT_KEPT.as_bytes())?;
+        let (len, max) = std::str::from_utf8(rest).ok()?.split_once(' ')?;
+        Some(crate::Error::AnswerNotKept {
+            len: len.parse().ok()?,
+            max: max.parse().ok()?,
+        })
     }
 }
 
