@@ -86,6 +86,7 @@ use serde::de::DeserializeOwned;
 
 use crate::context::{ClaimWatch, Context, Handed, Handoff};
 use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
 use crate::guard::{ClaimInfo, End};
 use crate::key::{Key, KeyPolicy};
 use crate::lifecycle::resume_delay;
@@ -136,6 +137,7 @@ impl<S> fmt::Debug for Completer<S> {
 pub struct Resumption {
     scope: String,
     key: Key,
+    fingerprint: Fingerprint,
     request: StoredRequest,
     attempt: u32,
     note: Option<String>,
@@ -150,6 +152,11 @@ impl Resumption {
     /// The record's key: the client's idempotency key, to call the guarded function with.
     pub fn key(&self) -> &Key {
         &self.key
+    }
+
+    /// The record's fingerprint: the request's, as its first call computed it.
+    pub fn fingerprint(&self) -> &Fingerprint {
+        &self.fingerprint
     }
 
     /// The stored request.
@@ -528,6 +535,7 @@ async fn resume_one<S: Store>(
     let resumption = Resumption {
         scope: unfinished.scope.clone(),
         key,
+        fingerprint: unfinished.fingerprint,
         request,
         attempt: unfinished.attempt,
         note: unfinished.note.clone(),
