@@ -68,7 +68,10 @@
 //!    `REQUEST_BODY_TOO_LARGE`; the inner service is never called.
 //! 4. The scope is rendered with [`ScopeBuilder`] from the method, the route and the principal
 //!    (below), the fingerprint with [`Fingerprinter`] from the method, the path with its query
-//!    and the body bytes, and the lifecycle begins ([`flow::begin`](crate::flow::begin)):
+//!    and the body bytes, and the lifecycle begins ([`flow::begin`](crate::flow::begin); on a
+//!    [resumable route](#resumable-routes), [`flow::begin_resumable`](crate::flow::begin_resumable)
+//!    with the request, refused with 413 `REQUEST_TOO_LARGE_TO_RESUME` when it is too large to
+//!    store):
 //!    - a completed record with the same fingerprint is replayed: its status, its stored headers
 //!      and its body bytes, with `Idempotent-Replayed: true` and `Cache-Control: no-store` (a
 //!      replay is one caller's answer, never for a cache to share); the inner service is not
@@ -144,6 +147,91 @@
 //! `content-encoding` and `location`), the trailers and the body bytes, in a small versioned
 //! envelope decoded strictly ([`StoredHttpResponse`] documents the format). A first answer reaches
 //! its client with all its headers; a replay carries the stored ones.
+//!
+//! # Resumable routes
+//!
+//! An answer that is lost after the inner service moved the money, or an unknown outcome, keeps
+//! the claim for the same key's retry; when the client never retries, nothing would finish it.
+//! A layer built with [`GuardLayer::resumable`] stores each guarded request with its claim (its
+//! method, path and query, `content-type`, the key's header and the headers named with
+//! [`GuardLayer::resumable_headers`], and the body: [`StoredHttpRequest`], at most 64 KiB, else
+//! 413 `REQUEST_TOO_LARGE_TO_RESUME`), and a [`Completer`](crate::completer::Completer) given
+//! [`resend`] sends it through the guarded service again once the claim is due (its lease ran
+//! out, or its unknown outcome waited its resume delay). The re-sent request carries the
+//! resumption in its extensions, where no client can put it: the guard takes the completer's
+//! claim under the record's own scope, key and fingerprint (the principal's header need not be
+//! stored), the inner service runs as the next attempt with the same downstream key, and its
+//! answer is stored, so the client's later retry replays it byte for byte. The completer learns
+//! how the call ended (stored, released by a refusal, kept unknown again) as it does for
+//! `#[idempotent(resumable)]`, and parks the claim for an operator after its attempts run out.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::time::Duration;
+//!
+//! use bytes::Bytes;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::{BodyExt, Full};
+//! use idem::completer::Completer;
+//! use idem::tower::{resend, GuardBody, GuardLayer};
+//! use idem::{ClaimInfo, ManualClock, MemoryStore};
+//! use tower::{service_fn, Layer, ServiceExt};
+//!
+//! /// Pays out through a gateway, whose first answer is lost.
+//! async fn payout(
+//!     req: Request<GuardBody<Full<Bytes>>>,
+//! ) -> Result<Response<Full<Bytes>>, Infallible> {
+//!     let claim = req.extensions().get::<ClaimInfo>().cloned().expect("under the guard");
+//!     // The gateway is called with claim.downstream_key("payout"): the same for every
+//!     // attempt, so the gateway deduplicates a repeated call.
+//!     let (status, body) = if claim.attempt() == 1 {
+//!         claim.outcome_unknown("the gateway timed out");
+//!         (StatusCode::GATEWAY_TIMEOUT, "")
+//!     } else {
+//!         (StatusCode::CREATED, r#"{"paid":250}"#)
+//!     };
+//!     Ok(Response::builder().status(status).body(Full::from(body)).unwrap())
+//! }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let clock = ManualClock::new();
+//! let store = MemoryStore::with_clock(clock.clone());
+//! let service = GuardLayer::new(store.clone())
+//!     .principal(|parts| Some(parts.headers.get("x-user")?.to_str().ok()?.to_owned()))
+//!     .resumable("payouts")
+//!     .layer(service_fn(payout));
+//! let request = || {
+//!     Request::post("/payouts")
+//!         .header("idempotency-key", "0b2c1c6e-1f7b-4f0f-9d3a-8f2f6f0a1111")
+//!         .header("x-user", "u-7")
+//!         .body(Full::from(r#"{"cents":250}"#))
+//!         .unwrap()
+//! };
+//!
+//! // The client gets a 504 and never comes back.
+//! let first = service.clone().oneshot(request()).await?;
+//! assert_eq!(first.status(), StatusCode::GATEWAY_TIMEOUT);
+//!
+//! // A completer beside the service (started with `.start()` in a real one) sends it again
+//! // once its resume delay has passed.
+//! let completer = Completer::new(store).resume("payouts", resend::<Full<Bytes>, _>(service.clone()));
+//! clock.advance(Duration::from_secs(2));
+//! assert_eq!(completer.run_once().await?.completed, 1);
+//!
+//! // Whenever the client retries, it gets the completer's answer.
+//! let late = service.clone().oneshot(request()).await?;
+//! assert_eq!(late.status(), StatusCode::CREATED);
+//! assert_eq!(late.headers()["idempotent-replayed"], "true");
+//! assert_eq!(late.into_body().collect().await?.to_bytes(), r#"{"paid":250}"#);
+//! # Ok::<(), idem::BoxError>(())
+//! # }).unwrap();
+//! ```
+//!
+//! The request envelope keeps only the headers named, and what it keeps stays in the store in
+//! clear until the record expires: `Authorization`, `Cookie` and other credentials are never
+//! stored unless named (see [`GuardLayer::resumable_headers`] for the trade-off). Give
+//! [`resend`] the guarded service below the layer that authenticates. The completer needs a
+//! store that keeps requests: memory, SQLite and PostgreSQL.
 //!
 //! # gRPC
 //!
