@@ -1,7 +1,7 @@
 //! The completer: resumable work whose caller never came back is finished, once.
 //!
-//! A resumable call (`#[idempotent(…, resumable)]`, or [`begin_resumable`] by hand) stores
-//! its request with its claim. When the caller does not come back for it — its process was
+//! A resumable call (`#[idempotent(…, resumable)]`, [`begin_resumable`] by hand, or a route of
+//! the `tower` guard built with `GuardLayer::resumable`) stores its request with its claim. When the caller does not come back for it — its process was
 //! killed, or the call ended in an outcome that may have had its effect
 //! ([`ClaimInfo::outcome_unknown`]) and nobody retried — a [`Completer`] running next to the
 //! service finds the claim once its lease ran out (its resume time passed too: after an
@@ -10,7 +10,9 @@
 //! for the request's name with the stored request. That function calls the guarded call again
 //! with the stored arguments and the service's own state (its database, its gateway client):
 //! the call runs under the completer's claim, and its answer is stored like any other, so the
-//! client's later retry or lookup gets it.
+//! client's later retry or lookup gets it. For a resumable route of the `tower` guard, the
+//! resume function is `idem::tower::resend(service)`: it sends the stored HTTP request through
+//! the guarded service again.
 //!
 //! ```
 //! use std::time::Duration;
@@ -86,6 +88,7 @@ use serde::de::DeserializeOwned;
 
 use crate::context::{ClaimWatch, Context, Handed, Handoff};
 use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
 use crate::guard::{ClaimInfo, End};
 use crate::key::{Key, KeyPolicy};
 use crate::lifecycle::resume_delay;
@@ -136,6 +139,7 @@ impl<S> fmt::Debug for Completer<S> {
 pub struct Resumption {
     scope: String,
     key: Key,
+    fingerprint: Fingerprint,
     request: StoredRequest,
     attempt: u32,
     note: Option<String>,
@@ -150,6 +154,23 @@ impl Resumption {
     /// The record's key: the client's idempotency key, to call the guarded function with.
     pub fn key(&self) -> &Key {
         &self.key
+    }
+
+    /// The record's fingerprint: the request's, as its first call computed it. The resumed
+    /// call runs under the completer's claim only if it computes the same.
+    ///
+    /// ```
+    /// use idem::completer::{Completer, Resumption};
+    /// use idem::MemoryStore;
+    ///
+    /// let completer = Completer::new(MemoryStore::new()).resume("refunds", |r: Resumption| async move {
+    ///     println!("resuming {} {} ({})", r.scope(), r.key(), r.fingerprint());
+    ///     Ok::<(), idem::Error>(())
+    /// });
+    /// # drop(completer);
+    /// ```
+    pub fn fingerprint(&self) -> &Fingerprint {
+        &self.fingerprint
     }
 
     /// The stored request.
@@ -528,6 +549,7 @@ async fn resume_one<S: Store>(
     let resumption = Resumption {
         scope: unfinished.scope.clone(),
         key,
+        fingerprint: unfinished.fingerprint,
         request,
         attempt: unfinished.attempt,
         note: unfinished.note.clone(),

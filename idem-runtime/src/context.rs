@@ -11,7 +11,7 @@
 //! | retry hint | [`Context::retry_hint`], [`with_retry_hint`] | choose the `Retry-After` of their "in progress" answers with it | the message consumer: the remaining lease |
 //! | replay watch | [`Context::watch_replays`], [`watch_replays`] | list every answer they replay (and, for an axum `Json` answer, the bytes its value renders to) | the axum layer (to send the stored bytes, marked), the consumer (to ack as replayed) |
 //! | claim watch | [`Context::watch_claims`], [`watch_claims`] | list every claim they take (separate commits) and count every attempt | the consumer: to renew the leases of a handler that runs long, and to ack only what was recorded; the completer: to learn how a resumed call ended |
-//! | handed claim | set by the completer only | the resumable call of that scope, key and fingerprint runs under the claim the completer took, instead of beginning its own | the [`Completer`](crate::completer::Completer) |
+//! | handed claim | set by the completer only | the resumable call of that scope, key and fingerprint (an `#[idempotent(resumable)]` function, [`begin_resumable`](crate::flow::begin_resumable), or the `tower` guard's resumable route re-sent by `idem::tower::resend`) runs under the claim the completer took, instead of beginning its own | the [`Completer`](crate::completer::Completer) |
 //!
 //! A scope inherits what it does not set: `Context::current().policy(p).scope(fut)` keeps the
 //! watches around it. An inner watch of one kind hides the calls inside it from an outer watch
@@ -35,7 +35,8 @@
 //!   unstored does not stop the delivery from being acked.
 //!
 //! `#[idempotent(on_cancel = "finish")]` moves its body onto a task of its own: it carries the
-//! context there itself.
+//! context there itself. So does the `tower` guard, which runs each guarded request on a task
+//! of its own: a completer's handed claim and claim watch reach the request it re-sends.
 //!
 //! # Process-wide settings
 //!

@@ -22,9 +22,29 @@
 //! Decoding is strict: a wrong magic, an unknown version, a truncated entry, a name or value
 //! that is not a valid header, a map past the limits above, or a missing or impossible status is
 //! [`Error::Decode`] (HTTP 500), never an answer made of whatever the bytes happened to hold.
+//!
+//! # Request envelope, version 1
+//!
+//! A resumable route ([`GuardLayer::resumable`](super::GuardLayer::resumable)) keeps the request
+//! itself with its claim, as the payload of its [`StoredRequest`](crate::StoredRequest), so that
+//! a completer can send it again ([`resend`](super::resend)):
+//!
+//! ```text
+//! magic      9 bytes   "idem/hreq"
+//! version    1 byte    0x01
+//! method     u16 BE length, the method
+//! target     u32 BE length, the path and query ("/orders/7?notify=1")
+//! headers    u16 BE    number of header entries, then entries as in the answer's envelope
+//! body       the remaining bytes, exactly as the client sent them
+//! ```
+//!
+//! Only the headers the route names are kept (by default `content-type` and the key's header);
+//! the request's trailers are not (nor are they fingerprinted). Decoding is as strict as the
+//! answer's: a method, a target or a header that is not valid is [`Error::Decode`].
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http::uri::PathAndQuery;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 
 use crate::error::{Error, Result};
 use crate::record::StoredResponse;
@@ -108,6 +128,107 @@ impl StoredHttpResponse {
     }
 }
 
+const REQUEST_MAGIC: &[u8] = b"idem/hreq";
+const REQUEST_VERSION: u8 = 1;
+
+/// An HTTP request as a resumable route stores it with its claim, for a completer to send again:
+/// the method, the path and query, the headers the route keeps, and the body bytes. The module
+/// documentation gives the format.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http::{HeaderMap, HeaderValue, Method};
+/// use idem::tower::StoredHttpRequest;
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert("content-type", HeaderValue::from_static("application/json"));
+/// let request = StoredHttpRequest {
+///     method: Method::POST,
+///     target: "/orders/7/refunds?notify=1".parse()?,
+///     headers,
+///     body: Bytes::from_static(br#"{"cents":250}"#),
+/// };
+/// let bytes = request.encode()?;
+/// assert!(bytes.starts_with(b"idem/hreq\x01"));
+/// assert_eq!(StoredHttpRequest::decode(&bytes)?, request);
+/// # Ok::<(), idem::BoxError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredHttpRequest {
+    /// The method.
+    pub method: Method,
+    /// The path and query the request was sent to.
+    pub target: PathAndQuery,
+    /// The headers the route keeps ([`GuardLayer::resumable_headers`](super::GuardLayer::resumable_headers)).
+    pub headers: HeaderMap,
+    /// The body bytes.
+    pub body: Bytes,
+}
+
+impl StoredHttpRequest {
+    /// The envelope of version 1. A map of headers past the limits of the answer's envelope is
+    /// [`Error::Encode`].
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        let method = self.method.as_str();
+        let target = self.target.as_str();
+        let mut out = BytesMut::with_capacity(self.encoded_len());
+        out.put_slice(REQUEST_MAGIC);
+        out.put_u8(REQUEST_VERSION);
+        let method_len = u16::try_from(method.len())
+            .map_err(|_| Error::Encode("a method longer than 65535 bytes".into()))?;
+        out.put_u16(method_len);
+        out.put_slice(method.as_bytes());
+        let target_len = u32::try_from(target.len())
+            .map_err(|_| Error::Encode("a request target longer than 4 GiB".into()))?;
+        out.put_u32(target_len);
+        out.put_slice(target.as_bytes());
+        put_entries(&mut out, &self.headers)?;
+        out.put_slice(&self.body);
+        Ok(out.to_vec())
+    }
+
+    /// How many bytes [`StoredHttpRequest::encode`] writes.
+    pub(crate) fn encoded_len(&self) -> usize {
+        REQUEST_MAGIC.len()
+            + 7
+            + self.method.as_str().len()
+            + self.target.as_str().len()
+            + entries_len(&self.headers)
+            + self.body.len()
+    }
+
+    /// Reads a stored request back, strictly (see the module's documentation).
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let mut r = Reader { bytes, at: 0 };
+        if r.take(REQUEST_MAGIC.len())? != REQUEST_MAGIC {
+            return Err(bad(
+                "the stored request is not an HTTP request envelope".into()
+            ));
+        }
+        match r.u8()? {
+            REQUEST_VERSION => {}
+            v => return Err(bad(format!("unknown HTTP request envelope version {v}"))),
+        }
+        let method_len = usize::from(r.u16()?);
+        let method = Method::from_bytes(r.take(method_len)?)
+            .map_err(|_| bad("the stored method is not a method".into()))?;
+        let target_len = usize::try_from(r.u32()?)
+            .map_err(|_| bad("the stored request target is too long".into()))?;
+        let target = r.take(target_len)?;
+        let target = PathAndQuery::try_from(target)
+            .ok()
+            .filter(|t| t.as_str().starts_with('/'))
+            .ok_or_else(|| bad("the stored request target is not a path and query".into()))?;
+        let headers = r.entries()?;
+        Ok(StoredHttpRequest {
+            method,
+            target,
+            headers,
+            body: Bytes::copy_from_slice(&bytes[r.at..]),
+        })
+    }
+}
+
 fn bad(what: String) -> Error {
     Error::Decode(what)
 }
@@ -184,7 +305,7 @@ impl<'a> Reader<'a> {
         // Checked before the map is allocated: `HeaderMap::with_capacity` aborts past 32,768.
         if count > MAX_ENTRIES {
             return Err(bad(format!(
-                "the stored answer claims {count} header entries, at most {MAX_ENTRIES}"
+                "the stored envelope claims {count} header entries, at most {MAX_ENTRIES}"
             )));
         }
         let mut map = HeaderMap::with_capacity(count);
@@ -303,6 +424,87 @@ mod tests {
             b"idem/http\x01\x00\x01\x00\x0ccontent-type\x00\x00\x00\x03a/b\x00".to_vec();
         expected.extend_from_slice(b"hi");
         assert_eq!(&stored.body[..], &expected[..]);
+    }
+
+    fn request() -> StoredHttpRequest {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.append("x-tenant", HeaderValue::from_static("a"));
+        headers.append("x-tenant", HeaderValue::from_static("b"));
+        StoredHttpRequest {
+            method: Method::PATCH,
+            target: PathAndQuery::from_static("/orders/7?notify=1&x=%2F"),
+            headers,
+            body: Bytes::from_static(b"{\"cents\":250}\x00\xff"),
+        }
+    }
+
+    #[test]
+    fn a_request_round_trips_exactly_in_the_documented_layout() {
+        let a = request();
+        let bytes = a.encode().unwrap();
+        assert_eq!(bytes.len(), a.encoded_len());
+        let b = StoredHttpRequest::decode(&bytes).unwrap();
+        assert_eq!(a, b);
+        let tenants: Vec<_> = b.headers.get_all("x-tenant").iter().collect();
+        assert_eq!(tenants, ["a", "b"], "every value, in order");
+
+        let small = StoredHttpRequest {
+            method: Method::POST,
+            target: PathAndQuery::from_static("/o"),
+            headers: HeaderMap::new(),
+            body: Bytes::from_static(b"hi"),
+        };
+        let expected = b"idem/hreq\x01\x00\x04POST\x00\x00\x00\x02/o\x00\x00hi";
+        assert_eq!(&small.encode().unwrap()[..], &expected[..]);
+    }
+
+    #[test]
+    fn anything_but_a_valid_request_envelope_is_an_error() {
+        let good = request().encode().unwrap();
+        let mut cases: Vec<(&str, Vec<u8>)> = vec![
+            (
+                "an answer's envelope",
+                sample().encode().unwrap().body.to_vec(),
+            ),
+            ("json", b"{\"order_no\":\"ORD-1\"}".to_vec()),
+            ("unknown version", {
+                let mut b = good.clone();
+                b[REQUEST_MAGIC.len()] = 2;
+                b
+            }),
+            ("bad method", {
+                let mut b = good.clone();
+                b[REQUEST_MAGIC.len() + 3] = b' ';
+                b
+            }),
+            (
+                "a target that is not a path",
+                b"idem/hreq\x01\x00\x04POST\x00\x00\x00\x05o?a=1\x00\x00".to_vec(),
+            ),
+            (
+                "a target that is not a URI",
+                b"idem/hreq\x01\x00\x04POST\x00\x00\x00\x03/ o\x00\x00".to_vec(),
+            ),
+            (
+                "a target longer than the bytes",
+                b"idem/hreq\x01\x00\x04POST\xff\xff\xff\xff/".to_vec(),
+            ),
+            (
+                "too many headers",
+                b"idem/hreq\x01\x00\x04POST\x00\x00\x00\x01/\xff\xff".to_vec(),
+            ),
+        ];
+        let head_len = good.len() - request().body.len();
+        for cut in 0..head_len {
+            cases.push(("truncated", good[..cut].to_vec()));
+        }
+        for (what, bytes) in cases {
+            match StoredHttpRequest::decode(&bytes) {
+                Err(Error::Decode(_)) => {}
+                other => panic!("{what}: {other:?}"),
+            }
+        }
     }
 
     #[test]

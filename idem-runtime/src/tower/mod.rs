@@ -68,7 +68,10 @@
 //!    `REQUEST_BODY_TOO_LARGE`; the inner service is never called.
 //! 4. The scope is rendered with [`ScopeBuilder`] from the method, the route and the principal
 //!    (below), the fingerprint with [`Fingerprinter`] from the method, the path with its query
-//!    and the body bytes, and the lifecycle begins ([`flow::begin`](crate::flow::begin)):
+//!    and the body bytes, and the lifecycle begins ([`flow::begin`](crate::flow::begin); on a
+//!    [resumable route](#resumable-routes), [`flow::begin_resumable`](crate::flow::begin_resumable)
+//!    with the request, refused with 413 `REQUEST_TOO_LARGE_TO_RESUME` when it is too large to
+//!    store):
 //!    - a completed record with the same fingerprint is replayed: its status, its stored headers
 //!      and its body bytes, with `Idempotent-Replayed: true` and `Cache-Control: no-store` (a
 //!      replay is one caller's answer, never for a cache to share); the inner service is not
@@ -145,6 +148,91 @@
 //! envelope decoded strictly ([`StoredHttpResponse`] documents the format). A first answer reaches
 //! its client with all its headers; a replay carries the stored ones.
 //!
+//! # Resumable routes
+//!
+//! An answer that is lost after the inner service moved the money, or an unknown outcome, keeps
+//! the claim for the same key's retry; when the client never retries, nothing would finish it.
+//! A layer built with [`GuardLayer::resumable`] stores each guarded request with its claim (its
+//! method, path and query, `content-type`, the key's header and the headers named with
+//! [`GuardLayer::resumable_headers`], and the body: [`StoredHttpRequest`], at most 64 KiB, else
+//! 413 `REQUEST_TOO_LARGE_TO_RESUME`), and a [`Completer`](crate::completer::Completer) given
+//! [`resend`] sends it through the guarded service again once the claim is due (its lease ran
+//! out, or its unknown outcome waited its resume delay). The re-sent request carries the
+//! resumption in its extensions, where no client can put it: the guard takes the completer's
+//! claim under the record's own scope, key and fingerprint (the principal's header need not be
+//! stored), the inner service runs as the next attempt with the same downstream key, and its
+//! answer is stored, so the client's later retry replays it byte for byte. The completer learns
+//! how the call ended (stored, released by a refusal, kept unknown again) as it does for
+//! `#[idempotent(resumable)]`, and parks the claim for an operator after its attempts run out.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::time::Duration;
+//!
+//! use bytes::Bytes;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::{BodyExt, Full};
+//! use idem::completer::Completer;
+//! use idem::tower::{resend, GuardBody, GuardLayer};
+//! use idem::{ClaimInfo, ManualClock, MemoryStore};
+//! use tower::{service_fn, Layer, ServiceExt};
+//!
+//! /// Pays out through a gateway, whose first answer is lost.
+//! async fn payout(
+//!     req: Request<GuardBody<Full<Bytes>>>,
+//! ) -> Result<Response<Full<Bytes>>, Infallible> {
+//!     let claim = req.extensions().get::<ClaimInfo>().cloned().expect("under the guard");
+//!     // The gateway is called with claim.downstream_key("payout"): the same for every
+//!     // attempt, so the gateway deduplicates a repeated call.
+//!     let (status, body) = if claim.attempt() == 1 {
+//!         claim.outcome_unknown("the gateway timed out");
+//!         (StatusCode::GATEWAY_TIMEOUT, "")
+//!     } else {
+//!         (StatusCode::CREATED, r#"{"paid":250}"#)
+//!     };
+//!     Ok(Response::builder().status(status).body(Full::from(body)).unwrap())
+//! }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let clock = ManualClock::new();
+//! let store = MemoryStore::with_clock(clock.clone());
+//! let service = GuardLayer::new(store.clone())
+//!     .principal(|parts| Some(parts.headers.get("x-user")?.to_str().ok()?.to_owned()))
+//!     .resumable("payouts")
+//!     .layer(service_fn(payout));
+//! let request = || {
+//!     Request::post("/payouts")
+//!         .header("idempotency-key", "0b2c1c6e-1f7b-4f0f-9d3a-8f2f6f0a1111")
+//!         .header("x-user", "u-7")
+//!         .body(Full::from(r#"{"cents":250}"#))
+//!         .unwrap()
+//! };
+//!
+//! // The client gets a 504 and never comes back.
+//! let first = service.clone().oneshot(request()).await?;
+//! assert_eq!(first.status(), StatusCode::GATEWAY_TIMEOUT);
+//!
+//! // A completer beside the service (started with `.start()` in a real one) sends it again
+//! // once its resume delay has passed.
+//! let completer = Completer::new(store).resume("payouts", resend::<Full<Bytes>, _>(service.clone()));
+//! clock.advance(Duration::from_secs(2));
+//! assert_eq!(completer.run_once().await?.completed, 1);
+//!
+//! // Whenever the client retries, it gets the completer's answer.
+//! let late = service.clone().oneshot(request()).await?;
+//! assert_eq!(late.status(), StatusCode::CREATED);
+//! assert_eq!(late.headers()["idempotent-replayed"], "true");
+//! assert_eq!(late.into_body().collect().await?.to_bytes(), r#"{"paid":250}"#);
+//! # Ok::<(), idem::BoxError>(())
+//! # }).unwrap();
+//! ```
+//!
+//! The request envelope keeps only the headers named, and what it keeps stays in the store in
+//! clear until the record expires: `Authorization`, `Cookie` and other credentials are never
+//! stored unless named (see [`GuardLayer::resumable_headers`] for the trade-off). Give
+//! [`resend`] the guarded service below the layer that authenticates. The completer needs a
+//! store that keeps requests: memory, SQLite and PostgreSQL.
+//!
 //! # gRPC
 //!
 //! A tonic service is an `http` service: put the layer in front of it and send the key as the
@@ -154,6 +242,7 @@
 
 mod body;
 mod envelope;
+mod resume;
 
 use std::fmt;
 use std::future::Future;
@@ -161,6 +250,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
@@ -168,16 +258,18 @@ use http_body::Body;
 
 use crate::error::{BoxError, Error, KeyError, Result};
 use crate::fingerprint::{Fingerprint, Fingerprinter};
-use crate::flow::{Begun, begin};
-use crate::guard::Recorded;
+use crate::flow::{Begun, begin, begin_resumable};
+use crate::guard::{Guard, Recorded};
 use crate::key::{Key, KeyPolicy};
 use crate::problem::Problem;
-use crate::record::Policy;
+use crate::record::{Policy, StoredRequest};
 use crate::scope::ScopeBuilder;
 use crate::store::Store;
+use resume::Resumed;
 
 pub use body::GuardBody;
-pub use envelope::StoredHttpResponse;
+pub use envelope::{StoredHttpRequest, StoredHttpResponse};
+pub use resume::resend;
 
 pub use crate::problem::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
@@ -292,6 +384,10 @@ struct Config {
     store_if: StoreRule,
     release_if: StoreRule,
     policy: Policy,
+    /// The resume name of a resumable route: its requests are stored with their claims.
+    resumable: Option<String>,
+    /// The request headers a resumable route stores besides `content-type` and the key's.
+    resumable_headers: Vec<HeaderName>,
 }
 
 impl fmt::Debug for Config {
@@ -308,6 +404,8 @@ impl fmt::Debug for Config {
             .field("body_limit", &self.body_limit)
             .field("stored_headers", &self.stored_headers)
             .field("policy", &self.policy)
+            .field("resumable", &self.resumable)
+            .field("resumable_headers", &self.resumable_headers)
             .finish_non_exhaustive()
     }
 }
@@ -361,6 +459,74 @@ impl Config {
                 ))
             }
         }
+    }
+
+    /// The identity, the fingerprint and, on a resumable route, the stored request of a
+    /// guarded request whose body is `body`.
+    fn call(&self, identity: Identity, parts: &Parts, body: &Bytes) -> Result<Call> {
+        let (key, principal) = match identity {
+            Identity::Resumed(resumed) => {
+                return Ok(Call {
+                    handed_scope: Some(resumed.scope.clone()),
+                    scope: resumed.scope,
+                    key: resumed.key,
+                    fingerprint: resumed.fingerprint,
+                    request: Some(resumed.request),
+                    principal: None,
+                });
+            }
+            Identity::Admitted { key, principal } => (key, principal),
+        };
+        let scope = self.scope(parts, principal.as_deref())?;
+        let fingerprint = fingerprint(parts, body)?;
+        let request = match &self.resumable {
+            Some(name) => Some(self.stored_request(name, parts, body)?),
+            None => None,
+        };
+        Ok(Call {
+            scope,
+            key,
+            fingerprint,
+            request,
+            handed_scope: None,
+            principal,
+        })
+    }
+
+    /// The request as a resumable route stores it: its envelope, with the headers it keeps.
+    fn stored_request(&self, name: &str, parts: &Parts, body: &Bytes) -> Result<StoredRequest> {
+        let mut headers = HeaderMap::new();
+        let names = [&CONTENT_TYPE, &self.header]
+            .into_iter()
+            .chain(&self.resumable_headers);
+        for name in names {
+            if headers.contains_key(name) {
+                continue;
+            }
+            for value in parts.headers.get_all(name) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+        let envelope = StoredHttpRequest {
+            method: parts.method.clone(),
+            target: parts
+                .uri
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+            headers,
+            body: body.clone(),
+        };
+        // Refused by its size before it is encoded: a request too large to store is the
+        // client's 413, whatever part of it is large.
+        let len = envelope.encoded_len();
+        if len > StoredRequest::MAX_PAYLOAD {
+            return Err(Error::RequestTooLarge {
+                len,
+                max: StoredRequest::MAX_PAYLOAD,
+            });
+        }
+        Ok(StoredRequest::new(name, envelope.encode()?)?.with_policy(&self.policy))
     }
 
     /// `<namespace>:<METHOD>:<route>[:<principal>]`, every part encoded.
@@ -433,6 +599,8 @@ impl<St: Store + Clone> GuardLayer<St> {
                 store_if: Arc::new(|a: &Answer<'_>| a.is_success()),
                 release_if: Arc::new(|a: &Answer<'_>| a.is_refusal()),
                 policy: Policy::DEFAULT,
+                resumable: None,
+                resumable_headers: Vec::new(),
             }),
         }
     }
@@ -539,6 +707,74 @@ impl<St: Store + Clone> GuardLayer<St> {
     pub fn policy(self, policy: Policy) -> Self {
         self.edit(|c| c.policy = policy)
     }
+
+    /// Makes the guarded routes resumable: each guarded request is stored with its claim, as a
+    /// [`StoredRequest`] named `name` whose payload is the request's envelope
+    /// ([`StoredHttpRequest`]: the method, the path and query, the headers of
+    /// [`GuardLayer::resumable_headers`], the body). When its client never comes back (the
+    /// process died and the lease ran out, or the answer was an unknown outcome that nobody
+    /// retried), a [`Completer`](crate::completer::Completer) with
+    /// `.resume(name, resend(service))` ([`resend`]) sends it through the guarded service
+    /// again, under the completer's claim; the answer is stored, and the client's later retry
+    /// replays it.
+    ///
+    /// A resumable request is stored whole: its envelope holds at most
+    /// [`StoredRequest::MAX_PAYLOAD`] bytes (64 KiB), and a larger one is refused before it is
+    /// claimed, with 413 `REQUEST_TOO_LARGE_TO_RESUME` ([`Error::RequestTooLarge`]); the inner
+    /// service never runs. `name` is 1 to 200 bytes of printable ASCII (the completer checks it
+    /// when it starts); a layer whose name is not answers every guarded request with 500.
+    ///
+    /// ```
+    /// use idem::tower::GuardLayer;
+    /// use idem::MemoryStore;
+    ///
+    /// let layer = GuardLayer::new(MemoryStore::new())
+    ///     .principal(|parts| Some(parts.headers.get("x-user")?.to_str().ok()?.to_owned()))
+    ///     .resumable("refunds")
+    ///     // The inner service reads the caller's tenant; the principal's header is not needed
+    ///     // again: the completer's request runs under the record's own scope.
+    ///     .resumable_headers([http::HeaderName::from_static("x-tenant")]);
+    /// # drop(layer);
+    /// ```
+    pub fn resumable(self, name: impl Into<String>) -> Self {
+        let name = name.into();
+        self.edit(|c| c.resumable = Some(name))
+    }
+
+    /// The request headers a resumable route ([`GuardLayer::resumable`]) stores and the
+    /// completer sends again, besides the two it always keeps: `content-type` and the key's
+    /// header. Replaces what an earlier call named. Every value of a named header is kept, in
+    /// order; a header that is not named is not stored, and the completer's request does not
+    /// carry it.
+    ///
+    /// The trade-off: what is stored stays in the store, in clear, for as long as the record
+    /// lives (until the call completes, then its retention), and is sent again later, when what
+    /// it said may no longer hold. So credentials (`Authorization`, `Cookie`,
+    /// `Proxy-Authorization`) are never stored unless they are named here, and naming them is
+    /// rarely right: a bearer token expires before a parked claim is retried, and whoever can
+    /// read the store could replay it elsewhere. The completer needs none of them to find the
+    /// record (it runs under the record's own scope, principal included); name instead what the
+    /// inner service reads to do its work (a tenant, a content encoding, an API version), and
+    /// give [`resend`] the guarded service below the layer that authenticates.
+    ///
+    /// ```
+    /// use http::HeaderName;
+    /// use idem::tower::GuardLayer;
+    /// use idem::MemoryStore;
+    ///
+    /// let layer = GuardLayer::new(MemoryStore::new())
+    ///     .allow_anonymous()
+    ///     .resumable("payouts")
+    ///     .resumable_headers([
+    ///         HeaderName::from_static("x-tenant"),
+    ///         HeaderName::from_static("api-version"),
+    ///     ]);
+    /// # drop(layer);
+    /// ```
+    pub fn resumable_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        let names = names.into_iter().collect();
+        self.edit(|c| c.resumable_headers = names)
+    }
 }
 
 impl<S, St: Clone> tower_layer::Layer<S> for GuardLayer<St> {
@@ -618,6 +854,26 @@ fn problem<B>(e: &Error) -> Response<GuardBody<B>> {
     Problem::from_error(e).into_http()
 }
 
+/// Who a guarded request is, before its body is read.
+enum Identity {
+    /// Admitted by the guard: the key it read, the principal it found.
+    Admitted { key: Key, principal: Option<String> },
+    /// A completer's re-send ([`resend`]): the record's own identity.
+    Resumed(Resumed),
+}
+
+/// A guarded request's identity and fingerprint, and the request a resumable route stores.
+struct Call {
+    scope: String,
+    key: Key,
+    fingerprint: Fingerprint,
+    request: Option<StoredRequest>,
+    /// How the scope is told again in the log of a record that cannot be read: rendered from
+    /// the principal (`None`), or the record's own (a re-send's, `Some`).
+    handed_scope: Option<String>,
+    principal: Option<String>,
+}
+
 /// One request through the guard.
 async fn handle<S, St, ReqB, ResB>(
     mut inner: S,
@@ -637,45 +893,56 @@ where
     ResB::Data: Send,
     ResB::Error: Into<BoxError>,
 {
-    let (parts, req_body) = req.into_parts();
-    let (key, principal) = match config.admit(&parts) {
-        Admission::PassThrough => {
-            let req = Request::from_parts(parts, GuardBody::inner(req_body));
-            return Ok(inner.call(req).await?.map(GuardBody::inner));
+    let (mut parts, req_body) = req.into_parts();
+    // A completer's re-send carries the record it finishes: it was admitted when its client
+    // sent it, and runs under that record's identity.
+    let identity = match parts.extensions.remove::<Resumed>() {
+        Some(resumed) => {
+            resumed.take();
+            Identity::Resumed(resumed)
         }
-        Admission::Refuse(refusal) => return Ok(refusal.into_http()),
-        Admission::Guard(key, principal) => (key, principal),
+        None => match config.admit(&parts) {
+            Admission::PassThrough => {
+                let req = Request::from_parts(parts, GuardBody::inner(req_body));
+                return Ok(inner.call(req).await?.map(GuardBody::inner));
+            }
+            Admission::Refuse(refusal) => return Ok(refusal.into_http()),
+            Admission::Guard(key, principal) => Identity::Admitted { key, principal },
+        },
     };
 
     // A guarded request runs to its end on a task of its own: a client that goes away once the
     // inner service may have acted must not cut it off between the effect and its answer's
-    // record. The answer is stored, and the client's retry gets it.
-    let run = guarded(inner, store, config, parts, req_body, key, principal);
+    // record. The answer is stored, and the client's retry gets it. The task runs in the
+    // caller's context (a completer's handed claim and claim watch) and tracing span (the
+    // guard's events stay with the request they are about).
+    let run = guarded(inner, store, config, parts, req_body, identity);
     match tokio::runtime::Handle::try_current() {
-        // In the request's span: the guard's events stay with the request they are about.
-        Ok(runtime) => match runtime
-            .spawn(tracing::Instrument::in_current_span(run))
-            .await
-        {
-            Ok(answer) => answer,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => Ok(problem(&Error::Unavailable(
-                "the runtime shut down while the request ran".into(),
-            ))),
-        },
+        Ok(runtime) => {
+            let run = crate::context::Context::current().scope(run);
+            match runtime
+                .spawn(tracing::Instrument::in_current_span(run))
+                .await
+            {
+                Ok(answer) => answer,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(_) => Ok(problem(&Error::Unavailable(
+                    "the runtime shut down while the request ran".into(),
+                ))),
+            }
+        }
         Err(_) => run.await,
     }
 }
 
 /// A guarded request, from reading its body to its answer.
 async fn guarded<S, St, ReqB, ResB>(
-    mut inner: S,
+    inner: S,
     store: St,
     config: Arc<Config>,
     parts: Parts,
     req_body: ReqB,
-    key: Key,
-    principal: Option<String>,
+    identity: Identity,
 ) -> std::result::Result<Response<GuardBody<ResB>>, S::Error>
 where
     S: tower_service::Service<Request<GuardBody<ReqB>>, Response = Response<ResB>>,
@@ -693,6 +960,13 @@ where
     if declared.is_some_and(|len| len > limit as u64) {
         return Ok(too_large(limit));
     }
+    let storing = config.resumable.is_some() && matches!(identity, Identity::Admitted { .. });
+    if let Some(len) = declared.filter(|len| storing && *len > StoredRequest::MAX_PAYLOAD as u64) {
+        return Ok(problem(&Error::RequestTooLarge {
+            len: usize::try_from(len).unwrap_or(usize::MAX),
+            max: StoredRequest::MAX_PAYLOAD,
+        }));
+    }
     let (bytes, req_trailers) = match body::read(req_body, Some(limit)).await {
         Ok(read) => read,
         Err(body::ReadError::TooLarge) => return Ok(too_large(limit)),
@@ -707,47 +981,84 @@ where
         }
     };
 
-    let begun = match (
-        config.scope(&parts, principal.as_deref()),
-        fingerprint(&parts, &bytes),
-    ) {
-        (Ok(scope), Ok(fp)) => begin(&store, scope, key, fp, config.policy).await,
-        (Err(e), _) | (_, Err(e)) => Err(e),
-    };
-    let mut guard = match begun {
-        Ok(Begun::Claimed(guard)) => guard,
-        Ok(Begun::Replay(stored)) => {
-            return Ok(match StoredHttpResponse::decode(&stored) {
-                Ok(answer) => replay(answer),
-                Err(e) => {
-                    // Which record cannot be read, for the log; the client is told no more
-                    // than that the guard failed.
-                    let scope = config
-                        .scope(&parts, principal.as_deref())
-                        .unwrap_or_default();
-                    let key = parts.headers.get(&config.header);
-                    let what = match e {
-                        Error::Decode(what) => what,
-                        other => other.to_string(),
-                    };
-                    problem(&Error::Decode(format!(
-                        "record (scope {scope:?}, key {key:?}): {what}"
-                    )))
-                }
-            });
-        }
+    let call = match config.call(identity, &parts, &bytes) {
+        Ok(call) => call,
         Err(e) => return Ok(problem(&e)),
     };
+    let guard = match claim(&store, &config, &parts, call).await {
+        Ok(guard) => guard,
+        Err(answer) => return Ok(answer),
+    };
+    let req = Request::from_parts(parts, GuardBody::buffered(bytes, req_trailers));
+    run_inner(inner, &config, guard, req).await
+}
 
-    // Claimed: the inner service runs once, with the claim in its request's extensions. From
-    // here on the inner service may act at any moment, so the outcome is unknown until an
+/// Begins the call's record: its guard, or the answer that ends the request (a replay, a
+/// refusal).
+async fn claim<'s, St: Store, B>(
+    store: &'s St,
+    config: &Config,
+    parts: &Parts,
+    call: Call,
+) -> std::result::Result<Guard<'s, St>, Response<GuardBody<B>>> {
+    let Call {
+        scope,
+        key,
+        fingerprint,
+        request,
+        handed_scope,
+        principal,
+    } = call;
+    let begun = match &request {
+        Some(request) => {
+            begin_resumable(store, scope, key, fingerprint, config.policy, request).await
+        }
+        None => begin(store, scope, key, fingerprint, config.policy).await,
+    };
+    match begun {
+        Ok(Begun::Claimed(guard)) => Ok(guard),
+        Ok(Begun::Replay(stored)) => Err(match StoredHttpResponse::decode(&stored) {
+            Ok(answer) => replay(answer),
+            Err(e) => {
+                // Which record cannot be read, for the log; the client is told no more than
+                // that the guard failed.
+                let scope = handed_scope
+                    .or_else(|| config.scope(parts, principal.as_deref()).ok())
+                    .unwrap_or_default();
+                let key = parts.headers.get(&config.header);
+                let what = match e {
+                    Error::Decode(what) => what,
+                    other => other.to_string(),
+                };
+                problem(&Error::Decode(format!(
+                    "record (scope {scope:?}, key {key:?}): {what}"
+                )))
+            }
+        }),
+        Err(e) => Err(problem(&e)),
+    }
+}
+
+/// The claimed request through the inner service, once, with the claim in its extensions; its
+/// answer stored, the claim released, or kept with its outcome unknown.
+async fn run_inner<S, St, ReqB, ResB>(
+    mut inner: S,
+    config: &Config,
+    mut guard: Guard<'_, St>,
+    mut req: Request<GuardBody<ReqB>>,
+) -> std::result::Result<Response<GuardBody<ResB>>, S::Error>
+where
+    S: tower_service::Service<Request<GuardBody<ReqB>>, Response = Response<ResB>>,
+    St: Store,
+    ResB: Body,
+    ResB::Error: Into<BoxError>,
+{
+    // From here on the inner service may act at any moment, so the outcome is unknown until an
     // answer says otherwise: a guard dropped before then (a panic, a runtime shutting down)
     // suspends the claim rather than releasing it.
-    let mut parts = parts;
     let info = guard.info();
     info.outcome_unknown(NO_ANSWER);
-    parts.extensions.insert(info.clone());
-    let req = Request::from_parts(parts, GuardBody::buffered(bytes, req_trailers));
+    req.extensions_mut().insert(info.clone());
     let resp = match inner.call(req).await {
         Ok(resp) => resp,
         Err(e) => {
