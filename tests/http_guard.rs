@@ -37,6 +37,8 @@ struct TestBody {
     trailers: Option<HeaderMap>,
     /// Whether the length is announced (as a buffered body would).
     exact: bool,
+    /// After the chunks, what the test sends, as it sends it; the body ends when it hangs up.
+    live: Option<tokio::sync::mpsc::UnboundedReceiver<Bytes>>,
 }
 
 impl TestBody {
@@ -45,6 +47,7 @@ impl TestBody {
             chunks: VecDeque::from([Ok(data.into())]),
             trailers: None,
             exact: true,
+            live: None,
         }
     }
 
@@ -57,6 +60,7 @@ impl TestBody {
                 .collect(),
             trailers: None,
             exact: false,
+            live: None,
         }
     }
 
@@ -69,6 +73,23 @@ impl TestBody {
             ]),
             trailers: None,
             exact: false,
+            live: None,
+        }
+    }
+
+    /// These chunks, with no length announced.
+    fn parts(parts: Vec<Bytes>) -> Self {
+        TestBody {
+            chunks: parts.into_iter().map(Ok).collect(),
+            ..TestBody::default()
+        }
+    }
+
+    /// What the test sends on the channel, as it sends it.
+    fn live(rx: tokio::sync::mpsc::UnboundedReceiver<Bytes>) -> Self {
+        TestBody {
+            live: Some(rx),
+            ..TestBody::default()
         }
     }
 
@@ -84,8 +105,15 @@ impl Body for TestBody {
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        if self.chunks.is_empty()
+            && let Some(live) = self.live.as_mut()
+        {
+            return live
+                .poll_recv(cx)
+                .map(|chunk| chunk.map(|c| Ok(Frame::data(c))));
+        }
         Poll::Ready(match self.chunks.pop_front() {
             Some(chunk) => Some(chunk.map(Frame::data)),
             None => self.trailers.take().map(|t| Ok(Frame::trailers(t))),
@@ -1591,4 +1619,143 @@ async fn the_guards_events_stay_in_the_requests_span() {
             "an event outside the request's span: {line}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Answers the guard does not keep: streams, and answers larger than the policy keeps.
+
+/// A server-sent-events answer streams through as the inner service writes it, never
+/// buffered: the client reads its first event while the stream goes on. The request ran, so
+/// its record is completed without the answer, and a retry is told so (409 `ANSWER_NOT_KEPT`)
+/// instead of running it again.
+#[tokio::test]
+async fn a_stream_passes_through_as_it_comes_and_its_retry_is_told_the_answer_was_not_kept() {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let rx = std::sync::Mutex::new(Some(rx));
+    let inner = Inner::new(move |_, _| {
+        let rx = rx
+            .lock()
+            .unwrap()
+            .take()
+            .expect("the stream is asked for once");
+        Ok(Response::builder()
+            .status(StatusCode::OK)
+            .header(CONTENT_TYPE, "text/event-stream; charset=utf-8")
+            .body(TestBody::live(rx))
+            .unwrap())
+    });
+    let store = MemoryStore::new();
+    let svc = guarded(GuardLayer::new(store.clone()).allow_anonymous(), &inner);
+    let resp = tokio::time::timeout(
+        Duration::from_secs(5),
+        svc.clone().oneshot(post("/events", Some(KEY), "{}")),
+    )
+    .await
+    .expect("the answer's head comes before its stream ends")
+    .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    tx.send(Bytes::from_static(b"data: 1\n\n")).unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .expect("the first event arrives while the stream goes on")
+        .unwrap()
+        .unwrap()
+        .into_data()
+        .unwrap();
+    assert_eq!(first, "data: 1\n\n");
+
+    let retry = send(&svc, post("/events", Some(KEY), "{}")).await;
+    assert_eq!(retry.status, StatusCode::CONFLICT);
+    assert_eq!(retry.code(), "ANSWER_NOT_KEPT");
+    assert!(
+        retry.headers.get(RETRY_AFTER).is_none(),
+        "retrying does not help"
+    );
+    assert_eq!(inner.calls(), 1, "the retry did not run the request again");
+    assert_eq!(only_record(&store).await.state, State::Completed);
+
+    tx.send(Bytes::from_static(b"data: 2\n\n")).unwrap();
+    drop(tx);
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(rest, "data: 2\n\n");
+}
+
+/// 3 MiB in 64 KiB chunks.
+fn big_answer() -> (Vec<Bytes>, Bytes) {
+    let chunks: Vec<Bytes> = (0..48u8)
+        .map(|i| Bytes::from(vec![b'a' + i % 26; 64 * 1024]))
+        .collect();
+    let whole: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+    (chunks, Bytes::from(whole))
+}
+
+/// An answer larger than the policy keeps (1 MiB by default) goes on to the client whole, from
+/// the point the guard stopped reading it; its record is completed without it and the retry is
+/// told 409 `ANSWER_NOT_KEPT`. A policy that keeps more stores and replays it byte for byte; a
+/// large refusal (4xx) still frees the key.
+#[tokio::test]
+async fn an_answer_larger_than_the_policy_keeps_streams_through_and_is_not_kept() {
+    let (chunks, whole) = big_answer();
+    let answer = {
+        let chunks = chunks.clone();
+        move |status: StatusCode| {
+            Response::builder()
+                .status(status)
+                .header(CONTENT_TYPE, "application/octet-stream")
+                .body(TestBody::parts(chunks.clone()))
+                .unwrap()
+        }
+    };
+
+    let inner = Inner::new({
+        let answer = answer.clone();
+        move |_, _| Ok(answer(StatusCode::CREATED))
+    });
+    let svc = guarded(
+        GuardLayer::new(MemoryStore::new()).allow_anonymous(),
+        &inner,
+    );
+    let first = send(&svc, post("/files", Some(KEY), "{}")).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.body, whole, "the first caller gets every byte");
+    let retry = send(&svc, post("/files", Some(KEY), "{}")).await;
+    assert_eq!(
+        (retry.status, retry.code().as_str()),
+        (StatusCode::CONFLICT, "ANSWER_NOT_KEPT")
+    );
+    assert_eq!(inner.calls(), 1);
+
+    // Kept when the policy allows it.
+    let inner = Inner::new({
+        let answer = answer.clone();
+        move |_, _| Ok(answer(StatusCode::CREATED))
+    });
+    let roomy = GuardLayer::new(MemoryStore::new())
+        .allow_anonymous()
+        .policy(Policy::DEFAULT.max_answer(8 << 20));
+    let svc = guarded(roomy, &inner);
+    let first = send(&svc, post("/files", Some(KEY), "{}")).await;
+    let replay = send(&svc, post("/files", Some(KEY), "{}")).await;
+    assert!(replay.replayed());
+    assert_eq!(
+        (first.body.clone(), replay.body),
+        (whole.clone(), whole.clone())
+    );
+    assert_eq!(inner.calls(), 1);
+
+    // A large refusal frees the key: the retry runs afresh.
+    let inner = Inner::new(move |_, _| Ok(answer(StatusCode::BAD_REQUEST)));
+    let svc = guarded(
+        GuardLayer::new(MemoryStore::new()).allow_anonymous(),
+        &inner,
+    );
+    for _ in 0..2 {
+        let refused = send(&svc, post("/files", Some(KEY), "{}")).await;
+        assert_eq!(
+            (refused.status, refused.body),
+            (StatusCode::BAD_REQUEST, whole.clone())
+        );
+    }
+    assert_eq!(inner.calls(), 2);
 }

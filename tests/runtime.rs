@@ -799,6 +799,9 @@ async fn big_answers<S: Store + Clone>(store: S, what: &str) {
     );
     let record = store.lookup("big:1", "k").await.unwrap().unwrap();
     assert_eq!(record.state, idem::RecordState::Completed, "{what}");
+    // Asked by key (the lookup a client makes before retrying): the same 409.
+    let asked = idem::axum::lookup(&store, "big:1", &Key::parse("k").unwrap()).await;
+    assert_eq!(asked.status(), 409, "{what}");
 
     // Kept when the policy allows it: replayed as it was.
     let roomy = Policy::DEFAULT.max_answer(4 << 20);

@@ -150,6 +150,9 @@ pub async fn lookup<S: Store>(store: &S, scope: &str, key: &Key) -> Response {
             "no request with this key is known: it is safe to send it again with the same key",
         ),
         Ok(Some(record)) => match (record.state, record.response) {
+            (RecordState::Completed, Some(stored)) if let Some(not_kept) = stored.not_kept() => {
+                not_kept.into_response()
+            }
             (RecordState::Completed, Some(stored)) => match stored_answer(stored) {
                 Ok(mut resp) => {
                     mark_replayed(resp.headers_mut());

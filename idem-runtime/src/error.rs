@@ -50,16 +50,15 @@ pub enum Error {
     #[error("an earlier attempt of this request did not finish and is parked for an operator")]
     Parked,
 
-    /// The request with this key ran, but its answer was larger than the policy keeps
-    /// ([`Policy::max_answer`](crate::Policy::max_answer)), so it cannot be replayed: its first
-    /// caller got it, a retry gets this instead of a second run. Look the result up by other
-    /// means rather than retrying. HTTP 409, `ANSWER_NOT_KEPT`.
-    #[error(
-        "the request with this idempotency key ran, but its answer ({len} bytes, above the {max} kept) cannot be replayed"
-    )]
+    /// The request with this key ran, but its answer was not kept, so it cannot be replayed: it
+    /// was larger than the policy keeps ([`Policy::max_answer`](crate::Policy::max_answer)), or
+    /// a stream the guard passed through as it came. Its first caller got it; a retry gets this
+    /// instead of a second run. Look the result up by other means rather than retrying. HTTP
+    /// 409, `ANSWER_NOT_KEPT`.
+    #[error("the request with this idempotency key ran, but its answer ({}) was not kept and cannot be replayed", not_kept_what(*len, *max))]
     AnswerNotKept {
-        /// The answer's encoded length in bytes.
-        len: usize,
+        /// The answer's encoded length in bytes; `None` for a stream.
+        len: Option<usize>,
         /// The policy's limit.
         max: usize,
     },
@@ -187,6 +186,14 @@ impl Error {
     /// Whether repeating the same request with the same key can succeed.
     pub fn is_retryable(&self) -> bool {
         self.retry_after().is_some()
+    }
+}
+
+/// What an answer that was not kept was, for [`Error::AnswerNotKept`]'s message.
+fn not_kept_what(len: Option<usize>, max: usize) -> String {
+    match len {
+        Some(len) => format!("{len} bytes, above the {max} kept"),
+        None => "a stream, passed through as it came".to_owned(),
     }
 }
 

@@ -624,7 +624,7 @@ impl<'s, S: Store> Guard<'s, S> {
             Ok(stored) if stored.body.len() > self.policy.max_answer => {
                 let (len, max) = (stored.body.len(), self.policy.max_answer);
                 tracing::warn!(target: "idem", scope = self.claim.scope(), key = %self.claim.key(), len, max, "the answer is larger than the policy keeps (max_answer): returned to this caller only; the record is completed without it, and a retry is told ANSWER_NOT_KEPT");
-                StoredResponse::answer_not_kept(len, max)
+                StoredResponse::answer_not_kept(Some(len), max)
             }
             Ok(stored) => stored,
             Err(e) => {

@@ -156,10 +156,12 @@ impl StoredResponse {
         }
     }
 
-    /// What a completed record stores in place of an answer of `len` bytes that was larger than
-    /// the policy's `max` ([`Policy::max_answer`]): the call ran, its answer is not kept, a
-    /// retry is told so ([`StoredResponse::not_kept`]).
-    pub fn answer_not_kept(len: usize, max: usize) -> StoredResponse {
+    /// What a completed record stores in place of an answer it does not keep: one of `len`
+    /// bytes, larger than the policy's `max` ([`Policy::max_answer`]), or a stream (`None`, passed
+    /// through as it came). The call ran, its answer is not kept, and a retry is told so
+    /// ([`StoredResponse::not_kept`]).
+    pub fn answer_not_kept(len: Option<usize>, max: usize) -> StoredResponse {
+        let len = len.map_or_else(|| "stream".to_owned(), |n| n.to_string());
         StoredResponse {
             status: None,
             is_error: true,
@@ -176,8 +178,12 @@ impl StoredResponse {
         }
         let rest = self.body.strip_prefix(Self::NOT_KEPT.as_bytes())?;
         let (len, max) = std::str::from_utf8(rest).ok()?.split_once(' ')?;
+        let len = match len {
+            "stream" => None,
+            n => Some(n.parse().ok()?),
+        };
         Some(crate::Error::AnswerNotKept {
-            len: len.parse().ok()?,
+            len,
             max: max.parse().ok()?,
         })
     }

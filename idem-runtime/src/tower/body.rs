@@ -28,6 +28,8 @@ pin_project! {
     enum Kind<B> {
         Full { data: Option<Bytes>, trailers: Option<HeaderMap> },
         Inner { #[pin] body: B },
+        // What was read of an answer too large or too slow to keep, then the rest of it.
+        Rest { prefix: Option<Bytes>, body: Pin<Box<B>> },
         Failed { error: Option<BoxError> },
     }
 }
@@ -55,6 +57,16 @@ impl<B> GuardBody<B> {
         }
     }
 
+    /// `prefix` (what the guard read of the body before it stopped), then the rest of `body`.
+    pub(crate) fn rest(prefix: Bytes, body: Pin<Box<B>>) -> Self {
+        GuardBody {
+            kind: Kind::Rest {
+                prefix: Some(prefix).filter(|p| !p.is_empty()),
+                body,
+            },
+        }
+    }
+
     /// A body that fails with `error` when read: an answer whose body failed while the guard
     /// read it ends for the client as it would have without the guard.
     pub(crate) fn failed(error: BoxError) -> Self {
@@ -74,7 +86,7 @@ impl<B> fmt::Debug for GuardBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match &self.kind {
             Kind::Full { .. } => "buffered",
-            Kind::Inner { .. } => "streamed",
+            Kind::Inner { .. } | Kind::Rest { .. } => "streamed",
             Kind::Failed { .. } => "failed",
         };
         f.debug_tuple("GuardBody").field(&kind).finish()
@@ -107,6 +119,19 @@ where
                     frame.map_data(|mut d| d.copy_to_bytes(d.remaining())),
                 ))),
             },
+            KindProj::Rest { prefix, body } => {
+                if let Some(p) = prefix.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(p))));
+                }
+                match body.as_mut().poll_frame(cx) {
+                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(None) => Poll::Ready(None),
+                    Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+                    Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(
+                        frame.map_data(|mut d| d.copy_to_bytes(d.remaining()))
+                    ))),
+                }
+            }
             KindProj::Failed { error } => Poll::Ready(error.take().map(Err)),
         }
     }
@@ -115,6 +140,7 @@ where
         match &self.kind {
             Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
             Kind::Inner { body } => body.is_end_stream(),
+            Kind::Rest { prefix, body } => prefix.is_none() && body.is_end_stream(),
             Kind::Failed { error } => error.is_none(),
         }
     }
@@ -125,6 +151,16 @@ where
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Kind::Inner { body } => body.size_hint(),
+            Kind::Rest { prefix, body } => {
+                let before = prefix.as_ref().map_or(0, |p| p.len() as u64);
+                let rest = body.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(rest.lower() + before);
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper + before);
+                }
+                hint
+            }
             Kind::Failed { .. } => SizeHint::default(),
         }
     }
@@ -147,6 +183,51 @@ impl ReadError {
             ReadError::Failed(e) => e,
         }
     }
+}
+
+/// An answer's body as the guard read it.
+pub(crate) enum Answered<B> {
+    /// Whole, with its trailers.
+    Whole(Bytes, Option<HeaderMap>),
+    /// Longer than the limit: what was read, and the rest, still to stream.
+    Over(Bytes, Pin<Box<B>>),
+}
+
+/// Reads an answer's `body` whole, with its trailers, unless it passes `limit` bytes: then
+/// stops, and hands back what it read and the rest of the stream, never buffering more.
+pub(crate) async fn read_answer<B>(body: B, limit: usize) -> Result<Answered<B>, ReadError>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let mut body = Box::pin(body);
+    let mut read = BytesMut::new();
+    let mut trailers: Option<HeaderMap> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ReadError::Failed(e.into()))?;
+        match frame.into_data() {
+            Ok(mut data) => {
+                let data = data.copy_to_bytes(data.remaining());
+                if read.is_empty() && data.len() <= limit && body.is_end_stream() {
+                    // One chunk, the common case, is kept as it came.
+                    return Ok(Answered::Whole(data, None));
+                }
+                read.extend_from_slice(&data);
+                if read.len() > limit {
+                    return Ok(Answered::Over(read.freeze(), body));
+                }
+            }
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    match &mut trailers {
+                        Some(all) => all.extend(t),
+                        None => trailers = Some(t),
+                    }
+                }
+            }
+        }
+    }
+    Ok(Answered::Whole(read.freeze(), trailers))
 }
 
 /// Reads `body` whole, with its trailers, refusing it as soon as it passes `limit` bytes.

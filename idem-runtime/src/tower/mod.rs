@@ -82,7 +82,10 @@
 //! 5. Claimed: the inner service runs with the buffered body and the claim
 //!    ([`ClaimInfo`](crate::ClaimInfo): attempt, recovery point, [`ClaimInfo::downstream_key`](crate::ClaimInfo::downstream_key)) in the request's
 //!    extensions, on a task of its own: a client that hangs up does not cut it off, its answer
-//!    is stored and the client's retry gets it. Its answer is read whole, and one of three
+//!    is stored and the client's retry gets it. Its answer is read whole (unless it is a stream,
+//!    [`GuardLayer::stream_if`], or grows past the policy's `max_answer`, 1 MiB by default:
+//!    then it goes on to the client as it comes, never buffered, and a retry is told 409
+//!    `ANSWER_NOT_KEPT`), and one of three
 //!    things becomes of it:
 //!    - stored, when the rule says so ([`GuardLayer::store_if`]: by default a 2xx whose gRPC
 //!      status, if any, is `0`), under the completion policy every guarded call shares: an
@@ -344,6 +347,19 @@ impl Answer<'_> {
         self.status.is_success() && grpc_ok
     }
 
+    /// The default rule of [`GuardLayer::stream_if`]: a `text/event-stream` answer (server-sent
+    /// events), which may never end.
+    pub fn is_event_stream(&self) -> bool {
+        self.headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| {
+                v.split(';')
+                    .next()
+                    .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
+            })
+    }
+
     /// The default rule of [`GuardLayer::release_if`]: an answer that says the request was
     /// refused before it had any effect. A 4xx status (the request was invalid, unauthorized,
     /// in conflict, rate-limited), or a gRPC status of the same kind: `INVALID_ARGUMENT`,
@@ -383,6 +399,7 @@ struct Config {
     stored_headers: Vec<HeaderName>,
     store_if: StoreRule,
     release_if: StoreRule,
+    stream_if: StoreRule,
     policy: Policy,
     /// The resume name of a resumable route: its requests are stored with their claims.
     resumable: Option<String>,
@@ -598,6 +615,7 @@ impl<St: Store + Clone> GuardLayer<St> {
                 stored_headers: vec![CONTENT_TYPE, CONTENT_ENCODING, LOCATION],
                 store_if: Arc::new(|a: &Answer<'_>| a.is_success()),
                 release_if: Arc::new(|a: &Answer<'_>| a.is_refusal()),
+                stream_if: Arc::new(|a: &Answer<'_>| a.is_event_stream()),
                 policy: Policy::DEFAULT,
                 resumable: None,
                 resumable_headers: Vec::new(),
@@ -703,7 +721,21 @@ impl<St: Store + Clone> GuardLayer<St> {
         self.edit(|c| c.release_if = Arc::new(rule))
     }
 
-    /// Lease, retention and what to do with an abandoned claim.
+    /// Which answers stream through as they come, never buffered nor stored, decided on the
+    /// status and headers alone ([`Answer::trailers`] is `None` here). The default is
+    /// [`Answer::is_event_stream`] (server-sent events). An answer whose body grows past the
+    /// policy's [`max_answer`](Policy::max_answer) (1 MiB by default) streams through too, from
+    /// the point the guard stopped reading it. Either way the request ran: when the answer
+    /// would have been stored ([`GuardLayer::store_if`]) its record is completed without it,
+    /// and a retry is answered 409 `ANSWER_NOT_KEPT`
+    /// ([`Error::AnswerNotKept`](crate::Error::AnswerNotKept)) rather than run again; other
+    /// answers release or keep the claim as [`GuardLayer::release_if`] says.
+    pub fn stream_if(self, rule: impl Fn(&Answer<'_>) -> bool + Send + Sync + 'static) -> Self {
+        self.edit(|c| c.stream_if = Arc::new(rule))
+    }
+
+    /// Lease, retention, the largest answer kept ([`Policy::max_answer`]) and what to do with
+    /// an abandoned claim.
     pub fn policy(self, policy: Policy) -> Self {
         self.edit(|c| c.policy = policy)
     }
@@ -1017,6 +1049,10 @@ async fn claim<'s, St: Store, B>(
     };
     match begun {
         Ok(Begun::Claimed(guard)) => Ok(guard),
+        // The request ran, but its answer was not kept (a stream, or too large).
+        Ok(Begun::Replay(stored)) if let Some(not_kept) = stored.not_kept() => {
+            Err(problem(&not_kept))
+        }
         Ok(Begun::Replay(stored)) => Err(match StoredHttpResponse::decode(&stored) {
             Ok(answer) => replay(answer),
             Err(e) => {
@@ -1068,8 +1104,31 @@ where
         }
     };
     let (head, res_body) = resp.into_parts();
-    let (data, trailers) = match body::read(res_body, None).await {
-        Ok(read) => read,
+    let seen = Answer {
+        status: head.status,
+        headers: &head.headers,
+        trailers: None,
+    };
+    let read = if (config.stream_if)(&seen) {
+        Ok(body::Answered::Over(Bytes::new(), Box::pin(res_body)))
+    } else {
+        body::read_answer(res_body, config.policy.max_answer).await
+    };
+    let (data, trailers) = match read {
+        Ok(body::Answered::Whole(data, trailers)) => (data, trailers),
+        Ok(body::Answered::Over(read, rest)) => {
+            // A stream, or more than the policy keeps: it goes on to the client as it comes.
+            if (config.store_if)(&seen) {
+                let not_kept =
+                    crate::record::StoredResponse::answer_not_kept(None, config.policy.max_answer);
+                if let Recorded::Lost(e) = guard.record(Ok(not_kept)).await {
+                    return Ok(problem(&e));
+                }
+            } else {
+                end_unstored(config, &info, &mut guard, &seen).await;
+            }
+            return Ok(Response::from_parts(head, GuardBody::rest(read, rest)));
+        }
         Err(e) => {
             // The answer broke off: what it would have said is unknown. Keep the claim, and
             // fail the body for the client.
@@ -1087,17 +1146,7 @@ where
         trailers: trailers.as_ref(),
     };
     if !(config.store_if)(&answer) {
-        // Known to have done nothing (and the inner service did not say otherwise on this
-        // answer): free the key. Anything else stays unknown.
-        let said_unknown = info.unknown_outcome().is_some_and(|why| why != NO_ANSWER);
-        if (config.release_if)(&answer) && !said_unknown {
-            guard.give_up_or_log().await;
-        } else {
-            if !said_unknown {
-                info.outcome_unknown(format!("the answer was {}", head.status));
-            }
-            guard.fail_or_log().await;
-        }
+        end_unstored(config, &info, &mut guard, &answer).await;
         return Ok(Response::from_parts(
             head,
             GuardBody::buffered(data, trailers),
@@ -1124,6 +1173,25 @@ where
         head,
         GuardBody::buffered(body, trailers),
     ))
+}
+
+/// The end of a claim whose answer is not stored: released when the answer says nothing
+/// happened (and the inner service did not say otherwise on it), else kept, its outcome unknown.
+async fn end_unstored<St: Store>(
+    config: &Config,
+    info: &crate::ClaimInfo,
+    guard: &mut Guard<'_, St>,
+    answer: &Answer<'_>,
+) {
+    let said_unknown = info.unknown_outcome().is_some_and(|why| why != NO_ANSWER);
+    if (config.release_if)(answer) && !said_unknown {
+        guard.give_up_or_log().await;
+    } else {
+        if !said_unknown {
+            info.outcome_unknown(format!("the answer was {}", answer.status));
+        }
+        guard.fail_or_log().await;
+    }
 }
 
 /// A stored answer as the client gets it again: its status, stored headers, trailers and
