@@ -785,7 +785,7 @@ async fn big_answers<S: Store + Clone>(store: S, what: &str) {
         Err(e @ Error::AnswerNotKept { len, max }) => {
             assert_eq!(
                 (len, max),
-                ((2 << 20) + 2, idem::record::DEFAULT_MAX_ANSWER),
+                (Some((2 << 20) + 2), idem::record::DEFAULT_MAX_ANSWER),
                 "{what}"
             );
             assert_eq!((e.status(), e.code()), (409, "ANSWER_NOT_KEPT"), "{what}");
