@@ -748,3 +748,159 @@ mod postgres {
         racing_completers_and_client_retries_pay_each_out_once(flavor = "multi_thread", worker_threads = 4),
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Over the network: a proxy whose upstream commits after everyone gave up on it.
+
+/// The upstream of the proxy: a payment service on a port of its own that moves money once per
+/// downstream key. The first call of a key commits only after `COMMIT_AFTER` (longer than the
+/// proxy waits for it); a call of a key it knows answers the move at once.
+#[derive(Clone, Default)]
+struct Upstream {
+    moves: Arc<Mutex<HashMap<String, usize>>>,
+    calls: Arc<AtomicUsize>,
+}
+
+const COMMIT_AFTER: Duration = Duration::from_millis(500);
+const PROXY_WAITS: Duration = Duration::from_millis(150);
+
+async fn upstream_pay(
+    axum::extract::State(up): axum::extract::State<Upstream>,
+    headers: HeaderMap,
+) -> (StatusCode, String) {
+    up.calls.fetch_add(1, Ordering::SeqCst);
+    let dkey = headers["x-downstream-key"].to_str().unwrap().to_owned();
+    let known = up.moves.lock().unwrap().get(&dkey).copied();
+    let id = match known {
+        Some(id) => id,
+        // The move commits whether or not its caller is still there (its connection closed
+        // when the proxy gave up): on a task of its own, as a database transaction would.
+        None => tokio::spawn(async move {
+            tokio::time::sleep(COMMIT_AFTER).await;
+            let mut moves = up.moves.lock().unwrap();
+            let next = moves.len() + 1;
+            *moves.entry(dkey).or_insert(next)
+        })
+        .await
+        .unwrap(),
+    };
+    (StatusCode::CREATED, format!(r#"{{"move":{id}}}"#))
+}
+
+/// The guard in front of a real reverse proxy (a `reqwest` client that gives its upstream
+/// 150 ms, then answers 504), the upstream on its own port: the client gives up after 50 ms,
+/// the proxy gives up after 150, and the upstream commits the money move after 500. The 504
+/// may come after the upstream acted, so the claim is kept, not freed; nobody retries, and the
+/// completer sends the stored request through the proxy again with the same downstream key,
+/// which the upstream answers with the move it made. One move; the client's late retry replays
+/// the completer's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxied_upstream_that_commits_after_the_client_gave_up_moves_the_money_once() {
+    let up = Upstream::default();
+    let app = axum::Router::new()
+        .route("/pay", axum::routing::post(upstream_pay))
+        .with_state(up.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}/pay", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let http = reqwest::Client::new();
+    let proxy = tower::service_fn(move |req: Request<GuardBody<Full<Bytes>>>| {
+        let (http, upstream) = (http.clone(), upstream.clone());
+        async move {
+            let claim = req.extensions().get::<ClaimInfo>().unwrap().clone();
+            let sent = http
+                .post(upstream)
+                .header("x-downstream-key", claim.downstream_key("pay"))
+                .timeout(PROXY_WAITS)
+                .send()
+                .await;
+            let (status, body) = match sent {
+                Ok(resp) => (
+                    StatusCode::from_u16(resp.status().as_u16()).unwrap(),
+                    resp.bytes().await.unwrap_or_default(),
+                ),
+                Err(_) => (
+                    StatusCode::GATEWAY_TIMEOUT,
+                    Bytes::from_static(b"upstream timed out"),
+                ),
+            };
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(status)
+                    .header(CONTENT_TYPE, "application/json")
+                    .body(Full::new(body))
+                    .unwrap(),
+            )
+        }
+    });
+    let store = MemoryStore::new();
+    let svc = GuardLayer::new(store.clone())
+        .allow_anonymous()
+        .resumable("proxied")
+        .layer(proxy);
+    let request = || {
+        Request::post("/pay")
+            .header("idempotency-key", "pay-1")
+            .header(CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from_static(br#"{"cents":250}"#)))
+            .unwrap()
+    };
+    let gave_up =
+        tokio::time::timeout(Duration::from_millis(50), svc.clone().oneshot(request())).await;
+    assert!(gave_up.is_err(), "the client gave up before any answer");
+
+    // The proxy's 504 came, then the upstream committed: the claim is still held.
+    tokio::time::sleep(COMMIT_AFTER + Duration::from_millis(200)).await;
+    assert_eq!(
+        up.moves.lock().unwrap().len(),
+        1,
+        "the upstream moved the money"
+    );
+    let all = store.list(&RecordQuery::new()).await.unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(
+        all[0].state,
+        State::InProgress,
+        "kept after the 504: {:?}",
+        all[0]
+    );
+    assert!(all[0].holds_work(), "{:?}", all[0]);
+
+    let resend = Arc::new(resend::<Full<Bytes>, _>(svc.clone()));
+    let c = Completer::new(store.clone()).resume("proxied", move |r: Resumption| {
+        let resend = resend.clone();
+        async move {
+            let resp = resend(r).await?;
+            let status = resp.status();
+            resp.into_body()
+                .collect()
+                .await
+                .map_err(|e| format!("{e:?}"))?;
+            Ok::<StatusCode, BoxError>(status)
+        }
+    });
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    let round = loop {
+        let round = c.run_once().await.unwrap();
+        if round.completed > 0 || tokio::time::Instant::now() >= end {
+            break round;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(round.completed, 1, "the completer finished it: {round:?}");
+    assert_eq!(up.moves.lock().unwrap().len(), 1, "moved once");
+    assert_eq!(up.calls.load(Ordering::SeqCst), 2, "asked twice");
+
+    let late = Answer::read(svc.clone().oneshot(request()).await.unwrap()).await;
+    assert!(late.replayed(), "{late:?}");
+    assert_eq!(
+        (late.status, &late.body[..]),
+        (StatusCode::CREATED, &br#"{"move":1}"#[..])
+    );
+    assert_eq!(
+        up.calls.load(Ordering::SeqCst),
+        2,
+        "the replay asked nobody"
+    );
+}
