@@ -815,3 +815,82 @@ async fn big_answers<S: Store + Clone>(store: S, what: &str) {
     assert_eq!(runs() - before, 2, "{what}");
     assert!(Policy::DEFAULT.max_answer(0).check().is_err());
 }
+
+static PAYS: AtomicUsize = AtomicUsize::new(0);
+
+#[idem::idempotent(scope = "pay:<user>", key = key, store = store)]
+async fn pay<S: Store + Clone>(store: &S, user: &str, key: &str) -> Result<usize, Error> {
+    Ok(PAYS.fetch_add(1, Ordering::SeqCst))
+}
+
+/// A `BoundedStore` gives each principal a budget of new records: past it, a request with a new
+/// key is refused (429 `TOO_MANY_NEW_KEYS`, `Retry-After`) before anything is written, while a
+/// request whose record exists is always served and other principals go on; the budget
+/// refills with time. Over the tower guard, the refusal is a 429 problem with `Retry-After`.
+#[tokio::test]
+async fn new_keys_past_their_budget_are_refused_and_known_keys_are_always_served() {
+    use idem::BoundedStore;
+    let inner = MemoryStore::new();
+    let store = BoundedStore::new(inner.clone(), 2.0)
+        .burst(3)
+        .per(|scope| scope.split(':').nth(1).map(str::to_owned));
+    let mut answers = Vec::new();
+    for k in ["a1", "a2", "a3"] {
+        answers.push(pay(&store, "alice", k).await.unwrap());
+    }
+    let runs = PAYS.load(Ordering::SeqCst);
+    match pay(&store, "alice", "a4").await {
+        Err(e @ Error::TooManyNewKeys { retry_after }) => {
+            assert!(retry_after >= Duration::from_secs(1), "{retry_after:?}");
+            assert_eq!((e.status(), e.code()), (429, "TOO_MANY_NEW_KEYS"));
+            assert!(e.is_retryable());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        PAYS.load(Ordering::SeqCst),
+        runs,
+        "the refused call did not run"
+    );
+    assert!(
+        inner.lookup("pay:alice", "a4").await.unwrap().is_none(),
+        "nothing written"
+    );
+    // Known keys: replayed, whatever the budget.
+    for (k, first) in ["a1", "a2", "a3"].into_iter().zip(&answers) {
+        assert_eq!(pay(&store, "alice", k).await.unwrap(), *first);
+    }
+    // Another principal has its own budget.
+    pay(&store, "bob", "b1").await.unwrap();
+    // The budget refills: two a second.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    pay(&store, "alice", "a4").await.unwrap();
+
+    // Over the tower guard: a 429 problem with Retry-After; the inner service never runs.
+    use tower::{Layer as _, ServiceExt as _};
+    let runs = Arc::new(AtomicUsize::new(0));
+    let inner = {
+        let runs = runs.clone();
+        tower::service_fn(move |_req: http::Request<idem::tower::GuardBody<String>>| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, std::io::Error>(http::Response::new(String::from("paid"))) }
+        })
+    };
+    let svc = idem::tower::GuardLayer::new(BoundedStore::new(MemoryStore::new(), 0.5))
+        .allow_anonymous()
+        .layer(inner);
+    let post = |key: &str| {
+        http::Request::post("/pay")
+            .header("idempotency-key", key)
+            .body(String::new())
+            .unwrap()
+    };
+    let first = svc.clone().oneshot(post("k-1")).await.unwrap();
+    assert_eq!(first.status(), 200);
+    let refused = svc.clone().oneshot(post("k-2")).await.unwrap();
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().contains_key(http::header::RETRY_AFTER));
+    let replay = svc.clone().oneshot(post("k-1")).await.unwrap();
+    assert_eq!(replay.status(), 200);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

@@ -63,6 +63,15 @@ pub enum Error {
         max: usize,
     },
 
+    /// The request's key is new, and the budget of new records it falls under
+    /// ([`BoundedStore`](crate::BoundedStore): the instance's, or its principal's) is spent for
+    /// now. Nothing was written. HTTP 429, `TOO_MANY_NEW_KEYS`, with a `Retry-After`.
+    #[error("too many requests with new idempotency keys; retry in {} s", whole_seconds(*retry_after))]
+    TooManyNewKeys {
+        /// When the budget has a new record again.
+        retry_after: Duration,
+    },
+
     /// A resumable call's request is too large to store with its claim. Nothing was claimed.
     /// HTTP 413, `REQUEST_TOO_LARGE_TO_RESUME`.
     #[error("the request is {len} bytes, but a resumable call stores at most {max}")]
@@ -132,7 +141,7 @@ pub enum Error {
 }
 
 impl Error {
-    /// The HTTP status this error should produce: 400, 409, 413, 422, 500, 501 or 503.
+    /// The HTTP status this error should produce: 400, 409, 413, 422, 429, 500, 501 or 503.
     pub fn status(&self) -> u16 {
         match self {
             Error::InvalidKey(_) | Error::InvalidScope { .. } => 400,
@@ -141,6 +150,7 @@ impl Error {
             | Error::Parked
             | Error::AnswerNotKept { .. } => 409,
             Error::RequestTooLarge { .. } => 413,
+            Error::TooManyNewKeys { .. } => 429,
             Error::KeyReused => 422,
             Error::Unavailable(_) => 503,
             Error::Encode(_)
@@ -161,6 +171,7 @@ impl Error {
             Error::KeyReused => "KEY_REUSED_WITH_DIFFERENT_BODY",
             Error::Parked => "REQUEST_PARKED",
             Error::AnswerNotKept { .. } => "ANSWER_NOT_KEPT",
+            Error::TooManyNewKeys { .. } => "TOO_MANY_NEW_KEYS",
             Error::RequestTooLarge { .. } => "REQUEST_TOO_LARGE_TO_RESUME",
             Error::FenceLost { .. } => "REQUEST_SUPERSEDED",
             Error::Unavailable(_) => "IDEMPOTENCY_STORE_UNAVAILABLE",
@@ -177,7 +188,9 @@ impl Error {
     /// second for [`Error::Unavailable`] and [`Error::FenceLost`].
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Error::InProgress { retry_after } => Some(*retry_after),
+            Error::InProgress { retry_after } | Error::TooManyNewKeys { retry_after } => {
+                Some(*retry_after)
+            }
             Error::Unavailable(_) | Error::FenceLost { .. } => Some(Duration::from_secs(1)),
             _ => None,
         }

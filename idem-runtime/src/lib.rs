@@ -76,6 +76,7 @@ pub mod flow;
 pub mod guard;
 pub mod key;
 pub mod lifecycle;
+pub mod limit;
 mod observe;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
@@ -110,6 +111,7 @@ pub use crate::flow::{
 };
 pub use crate::guard::{ClaimInfo, Guard, downstream_key};
 pub use crate::key::{Key, KeyPolicy, ToKey};
+pub use crate::limit::BoundedStore;
 pub use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, ExpiredLease, Policy, Record, RecordState,
     StoredRequest, StoredResponse, Unfinished,

@@ -13,6 +13,8 @@
 //!   failed); `idem_completer_parked_total`: claims a completer parked after their attempts;
 //! - the gauges `idem_unfinished_claims` and `idem_unfinished_oldest_seconds`: resumable claims
 //!   due to be finished, as a completer last counted them, and how long the oldest has waited;
+//! - `idem_new_keys_refused_total`: requests with a new key a [`BoundedStore`] refused
+//!   (429 `TOO_MANY_NEW_KEYS`);
 //! - `idem_purged_records_total{store}`: expired records a background purge deleted;
 //! - `idem_consumer_settlements_total{settlement}`: deliveries a consumer settled with its
 //!   broker: `completed`, `replayed` (acks), `in_progress`, `retried` (retries), `dead_lettered`;
@@ -130,6 +132,12 @@ pub(crate) fn resumed(result: &'static str) {
     metrics::counter!("idem_completer_resumed_total", "result" => result).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = result;
+}
+
+/// Counts a request with a new key refused by a [`BoundedStore`](crate::BoundedStore).
+pub(crate) fn limited() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idem_new_keys_refused_total").increment(1);
 }
 
 /// Counts a claim a completer parked.
