@@ -870,7 +870,12 @@ impl RedisStore {
         }
     }
 
-    async fn run_suspend(&self, claim: ClaimRef<'_>, note: &str, resume_in: Duration) -> Result<()> {
+    async fn run_suspend(
+        &self,
+        claim: ClaimRef<'_>,
+        note: &str,
+        resume_in: Duration,
+    ) -> Result<()> {
         let mut inv = SCRIPTS.suspend.prepare_invoke();
         self.fenced(&mut inv, claim).arg(note).arg(ms(resume_in));
         let reply = self.run(&inv).await?;
@@ -883,8 +888,11 @@ impl RedisStore {
         // A resumable claim's entry (written with its claim) moves to the resume time, which
         // may come before the end of the lease it was written with.
         if let Some(Value::Int(resume_at)) = reply.get(1) {
-            self.index_after(&self.record_key(claim.scope, claim.key), IndexAt::At(*resume_at))
-                .await;
+            self.index_after(
+                &self.record_key(claim.scope, claim.key),
+                IndexAt::At(*resume_at),
+            )
+            .await;
         }
         Ok(())
     }
@@ -902,7 +910,8 @@ impl RedisStore {
             3 => {
                 let fence = int_at(&reply, 1).and_then(non_negative)?;
                 if int_at(&reply, 3)? == 1 {
-                    self.index_after(&name, IndexAt::At(int_at(&reply, 2)?)).await;
+                    self.index_after(&name, IndexAt::At(int_at(&reply, 2)?))
+                        .await;
                 }
                 Ok(Retried::Retried { fence })
             }
@@ -937,7 +946,9 @@ impl RedisStore {
                 .collect::<Option<Vec<_>>>()
                 .ok_or_else(|| protocol("an index page that is not members and scores"))?;
             let reads = futures_util::future::join_all(
-                entries.iter().map(|(member, _)| self.due_read(&index, member)),
+                entries
+                    .iter()
+                    .map(|(member, _)| self.due_read(&index, member)),
             )
             .await;
             for ((member, score), read) in entries.iter().zip(reads) {
@@ -1186,7 +1197,18 @@ fn unpack(value: &[u8]) -> Result<Unpacked, String> {
         ["idem3", common @ ..] if common.len() == 13 => common.split_at(9),
         _ => return Err(malformed()),
     };
-    let &[state, fence, lease_until, attempt, status, error, ilen, rlen, blen] = common else {
+    let &[
+        state,
+        fence,
+        lease_until,
+        attempt,
+        status,
+        error,
+        ilen,
+        rlen,
+        blen,
+    ] = common
+    else {
         return Err(malformed());
     };
     let &[qlen, nlen, resume_at, expires_at] = work else {
@@ -1228,7 +1250,10 @@ fn unpack(value: &[u8]) -> Result<Unpacked, String> {
     let rlen = optional(rlen, 9)?;
     let blen = digits(blen, 9)?;
     let (qlen, nlen) = (optional(qlen, 9)?, optional(nlen, 9)?);
-    let time = |n: Option<u64>| n.map(|n| i64::try_from(n).map_err(|_| malformed())).transpose();
+    let time = |n: Option<u64>| {
+        n.map(|n| i64::try_from(n).map_err(|_| malformed()))
+            .transpose()
+    };
     let resume_at = time(optional(resume_at, 15)?)?;
     let expires_at = time(optional(expires_at, 15)?)?;
     let len = |n: u64| usize::try_from(n).map_err(|_| malformed());
