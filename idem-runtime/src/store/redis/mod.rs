@@ -11,9 +11,9 @@
 //! anything: a digest collision or a foreign writer is an [`Error::Store`], never someone else's
 //! answer.
 //!
-//! Every operation is one Lua script on that one key, atomic on the server (`record.lua` shared,
-//! then `begin.lua`, `complete.lua`, `release.lua`, `checkpoint.lua`, `renew.lua`,
-//! `force_release.lua`, `read.lua`). `begin` decides exactly as every other store does (the rule
+//! Every operation on a record is one Lua script on that one key, atomic on the server
+//! (`record.lua` shared, then `begin.lua`, `complete.lua`, `release.lua`, `checkpoint.lua`,
+//! `renew.lua`, `suspend.lua`, `park.lua`, `retry.lua`, `force_release.lua`, `read.lua`). `begin` decides exactly as every other store does (the rule
 //! in `lifecycle::decide`, re-stated in Lua because it must run inside the script), and
 //! `complete`, `release`, `checkpoint` and `renew` apply only while the fence is the caller's.
 //! Scripts are sent as `EVALSHA`; a server that does not know one (after a restart or a
@@ -27,12 +27,20 @@
 //! previous life. Retention is the key's own expiry (`SET … PX`, counted on the server's clock
 //! from the claim, kept by every later write with `KEEPTTL`): a key that exists is within its
 //! retention, Redis deletes expired records by itself, so no sweeper is needed and
-//! [`Store::purge_expired`] does nothing.
+//! [`Store::purge_expired`] does nothing. A record that holds unfinished work
+//! ([`lifecycle::unfinished`](crate::lifecycle::unfinished): a resumable claim in progress, a
+//! suspended claim, parked work) has no expiry while it holds it, so that work that may have
+//! happened is never forgotten; once it is finished or released it gets what is left of its
+//! retention back as its expiry (and goes at once when nothing is left).
 //!
-//! The value is a first line of text, `idem2 <state> <fence> <lease_until> <attempt> <status>
-//! <error> <identity length> <recovery length or -> <body length>`, then the identity (the
-//! scope's length, a space, the scope, the key), the 32 bytes of the fingerprint, the recovery
-//! point and the response's body (the format is described in full in `record.lua`). Reading a
+//! A record that holds no unfinished work (format 2) is a first line of text, `idem2 <state>
+//! <fence> <lease_until> <attempt> <status> <error> <identity length> <recovery length or -> <body
+//! length>`, then the identity (the scope's length, a space, the scope, the key), the 32 bytes of
+//! the fingerprint, the recovery point and the response's body. One that holds unfinished work
+//! (format 3, `idem3`, state `i` or `p` for parked) has four more numbers on its first line, the
+//! lengths of its stored request and note, its resume time and the end of its retention, and the
+//! request and note after the body (both formats are described in full in `record.lua`). Both
+//! are read, whichever wrote them. Reading a
 //! record is one `GET` and writing it one `SET`, and the two usual cases are decided before any
 //! parsing in Lua: `begin` answers a completed record by returning it as it is (this client
 //! checks it whole, then replays it or answers key reused; no clock, no write), and writes a
@@ -41,10 +49,31 @@
 //! Everything else goes through the full check of `record.lua`; `lookup`, inspection and listing
 //! read the value with the server's clock (`read.lua`) and decode it here, with the same checks.
 //!
+//! # The completer's index
+//!
+//! [`Operation::Due`] cannot scan every record. Records that hold resumable work have an entry
+//! in one sorted set, [`RedisStore::due_key`] (`{prefix}{due}`, one cluster slot of its own):
+//! the record's key, scored with when it becomes due on the server's clock. Because a script
+//! touches one slot, the index is written beside the record, not in the same step, so it is a
+//! hint and the record is the truth: `due` reads the entries whose time came (in pages, the
+//! records of a page at once), checks each record (in progress, its request stored, its lease
+//! run out and its resume time passed), answers those that are due, and afterwards moves the
+//! entries of records not due yet to when they will be and removes those of records that hold
+//! no resumable work any more (finished, released, parked, gone). An entry that is early or left
+//! over costs one read; a missing one would be work never resumed, so none may go missing: a
+//! resumable claim and an operator's retry write the entry before the record (a crash between
+//! the two leaves an entry too many) and again after it, a suspension moves it to the resume
+//! time after the record, and `due` changes or removes an entry only if its score (whose
+//! fraction is a version that every write changes) is still the one it read with the record
+//! (`index.lua`). Claims that store no request never touch the index: their `begin` and
+//! `complete` are exactly as described above. Entries are scored on the index's server and
+//! records checked on theirs, so between a cluster's nodes a clock difference delays or hastens
+//! a round by as much, never more.
+//!
 //! # Durability is the operator's choice
 //!
 //! - **Eviction.** A server whose `maxmemory-policy` evicts keys would silently drop records
-//!   (every idem key has a TTL, so the `volatile-*` policies evict them too), and an evicted
+//!   (records that hold no unfinished work have a TTL, so the `volatile-*` policies evict them too), and an evicted
 //!   in-progress record lets a retry run the body a second time. [`RedisStore::connect`] checks
 //!   the policy with `CONFIG GET` (on every primary of a cluster) and refuses anything but
 //!   `noeviction` with [`Error::Config`], unless the builder was told
@@ -372,7 +401,7 @@ async fn check_eviction(conn: &Conn, allow: bool) -> Result<()> {
             );
         } else {
             return Err(Error::Config(format!(
-                "the Redis server's maxmemory-policy is `{bad}`: it may evict idempotency records (every one has a TTL, so `volatile-*` policies evict them too), and an evicted record lets a request run twice. Set `maxmemory-policy noeviction`, or accept the risk with RedisStore::builder().allow_eviction(true)"
+                "the Redis server's maxmemory-policy is `{bad}`: it may evict idempotency records (those that hold no unfinished work have a TTL, so `volatile-*` policies evict them too), and an evicted record lets a request run twice. Set `maxmemory-policy noeviction`, or accept the risk with RedisStore::builder().allow_eviction(true)"
             )));
         }
     }
