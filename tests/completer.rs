@@ -1,10 +1,11 @@
 //! The completer: resumable work whose caller never came back is finished once, on every store
-//! that keeps requests (memory, SQLite, PostgreSQL). A lost answer nobody retries, a call cut
+//! (memory, SQLite, PostgreSQL, Redis standalone and cluster). A lost answer nobody retries, a call cut
 //! off mid-body, attempts that run out (parked, then retried by an operator), completers and
 //! client retries racing on the same claims, and unfinished work that outlives its retention.
 //!
 //! PostgreSQL runs when `DATABASE_URL` points at it at build time (each case in a schema of its
-//! own); otherwise its cases are listed as ignored.
+//! own), Redis when `IDEM_REDIS_URL` or `IDEM_REDIS_CLUSTER` does (each case under a key prefix
+//! of its own); otherwise their cases are listed as ignored.
 
 mod common;
 
@@ -15,10 +16,11 @@ use std::time::Duration;
 
 use idem::completer::{Completer, Resumption, Round};
 use idem::lifecycle::State;
+use idem::store::{Deferred, Operation, Reply};
 use idem::store::{Retried, StoreAdmin};
-use idem::{MemoryStore, PgStore, SqliteStore, Store, idempotent};
+use idem::{MemoryStore, PgStore, RedisStore, SqliteStore, Store, idempotent};
 
-use common::{PgSchema, SqliteFile};
+use common::{PgSchema, RedisKeys, SqliteFile};
 
 /// A store for one case, and what keeps its database alive.
 trait Backend: Store + StoreAdmin + Clone + Sized {
@@ -47,6 +49,50 @@ impl Backend for PgStore {
             .await
             .expect("create the table");
         (store, Box::new(schema))
+    }
+}
+
+impl Backend for RedisStore {
+    async fn fresh() -> (Self, Box<dyn std::any::Any + Send>) {
+        let url = common::redis_url();
+        let keys = RedisKeys::new(std::slice::from_ref(&url));
+        let store = RedisStore::builder()
+            .prefix(keys.prefix.clone())
+            .connect(&url)
+            .await
+            .expect("connect to Redis");
+        (store, Box::new(keys))
+    }
+}
+
+/// The Redis store on a cluster: records spread over every primary, the completer's index on
+/// one of them.
+#[derive(Clone)]
+struct RedisCluster(RedisStore);
+
+impl Store for RedisCluster {
+    fn call<'a>(
+        &'a self,
+        op: Operation<'a>,
+    ) -> impl Future<Output = idem::Result<Reply>> + Send + 'a {
+        self.0.call(op)
+    }
+
+    fn defer(&self, write: Deferred) {
+        self.0.defer(write)
+    }
+}
+
+impl Backend for RedisCluster {
+    async fn fresh() -> (Self, Box<dyn std::any::Any + Send>) {
+        let nodes = common::redis_cluster();
+        let keys = RedisKeys::new(&nodes);
+        let store = RedisStore::builder()
+            .prefix(keys.prefix.clone())
+            .connect_cluster(&nodes)
+            .await
+            .expect("connect to the Redis Cluster");
+        (RedisCluster(store), Box::new(keys))
     }
 }
 
@@ -400,6 +446,33 @@ mod postgres {
     crate::backend_tests!(
         #[cfg_attr(not(idem_postgres), ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…")]
         idem::PgStore:
+        a_lost_answer_nobody_retries_is_finished_by_the_completer_once,
+        a_call_cut_off_mid_body_is_resumed,
+        attempts_run_out_and_the_claim_is_parked_until_an_operator_retries,
+        completers_and_retries_racing_on_the_same_claims_run_each_once(flavor = "multi_thread", worker_threads = 4),
+        unfinished_work_outlives_its_retention_and_the_purge,
+    );
+}
+
+mod redis {
+    crate::backend_tests!(
+        #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
+        idem::RedisStore:
+        a_lost_answer_nobody_retries_is_finished_by_the_completer_once,
+        a_call_cut_off_mid_body_is_resumed,
+        attempts_run_out_and_the_claim_is_parked_until_an_operator_retries,
+        completers_and_retries_racing_on_the_same_claims_run_each_once(flavor = "multi_thread", worker_threads = 4),
+        unfinished_work_outlives_its_retention_and_the_purge,
+    );
+}
+
+mod redis_cluster {
+    crate::backend_tests!(
+        #[cfg_attr(
+            not(idem_redis_cluster),
+            ignore = "needs a Redis Cluster: set IDEM_REDIS_CLUSTER=redis://host:port,…"
+        )]
+        super::RedisCluster:
         a_lost_answer_nobody_retries_is_finished_by_the_completer_once,
         a_call_cut_off_mid_body_is_resumed,
         attempts_run_out_and_the_claim_is_parked_until_an_operator_retries,

@@ -34,7 +34,7 @@ struct Server {
     _pg: Option<common::PgSchema>,
     _file: Option<common::SqliteFile>,
     _redis: Option<common::RedisKeys>,
-    /// The service's completer, where it runs one (records in the database); `None` stops it.
+    /// The service's completer; `None` stops it.
     completer: Option<idem::completer::Running>,
 }
 
@@ -758,6 +758,12 @@ async fn a_lost_answer_nobody_retries_is_finished_by_the_completer_on_sqlite() {
 )]
 async fn a_lost_answer_nobody_retries_is_finished_by_the_completer_on_postgres() {
     a_lost_answer_nobody_retries_is_finished_by_the_completer(postgres().await).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
+async fn a_lost_answer_nobody_retries_is_finished_by_the_completer_on_redis() {
+    a_lost_answer_nobody_retries_is_finished_by_the_completer(redis().await).await
 }
 
 e2e!(on_sqlite, sqlite);

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem::lifecycle::{Decision, Seen, State, decide};
+use idem::store::StoreAdmin;
 use idem::{
     BeginOutcome, BeginRequest, ClaimRef, Error, ExpiredLease, Fingerprint, Policy, RedisStore,
     Store, StoredResponse, idempotent,
@@ -140,8 +141,8 @@ fn claim<'a>(scope: &'a str, key: &'a str, fence: u64) -> ClaimRef<'a> {
     ClaimRef { scope, key, fence }
 }
 
-/// A record's value as the store writes it (format 2, described in the store's `record.lua`):
-/// state `i`, `c` or `r`.
+/// A record's value as the store writes it when it holds no unfinished work (format 2,
+/// described in the store's `record.lua`): state `i`, `c` or `r`.
 #[allow(clippy::too_many_arguments)]
 fn record_value(
     state: &str,
@@ -164,6 +165,37 @@ fn record_value(
     v.extend_from_slice(fp.as_bytes());
     v.extend_from_slice(recovery.unwrap_or_default());
     v.extend_from_slice(body);
+    v
+}
+
+/// A record's value as the store writes it when it holds unfinished work (format 3, described
+/// in the store's `record.lua`): state `i` or `p`, with its stored request and note, resume
+/// time and end of retention (`"-"` for none).
+#[allow(clippy::too_many_arguments)]
+fn work_value(
+    state: &str,
+    fence: u64,
+    lease_until: i64,
+    (scope, key): (&str, &str),
+    fp: &Fingerprint,
+    recovery: Option<&[u8]>,
+    (request, note): (Option<&[u8]>, Option<&str>),
+    (resume_at, expires_at): (&str, &str),
+) -> Vec<u8> {
+    let ident = format!("{} {scope}{key}", scope.len());
+    let len = |n: Option<usize>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
+    let mut v = format!(
+        "idem3 {state} {fence} {lease_until} 1 - - {} {} 0 {} {} {resume_at} {expires_at}\n{ident}",
+        ident.len(),
+        len(recovery.map(<[u8]>::len)),
+        len(request.map(<[u8]>::len)),
+        len(note.map(str::len)),
+    )
+    .into_bytes();
+    v.extend_from_slice(fp.as_bytes());
+    v.extend_from_slice(recovery.unwrap_or_default());
+    v.extend_from_slice(request.unwrap_or_default());
+    v.extend_from_slice(note.unwrap_or_default().as_bytes());
     v
 }
 
@@ -246,6 +278,34 @@ async fn values_that_are_not_our_records_are_store_errors_and_never_run_the_body
         v
     };
     let truncated = genuine[..genuine.len() - 1].to_vec();
+    // Unfinished work of `key`'s own identity, its request's length said to be `qlen` (its real
+    // one when `None`).
+    let work = |key: &str, qlen: Option<usize>, resume_at: &str, expires_at: &str| {
+        let request = b"idemreq1 1000 2000 foreign\n{}";
+        let v = work_value(
+            "i",
+            1_000,
+            1,
+            (&scope, key),
+            &fp("x"),
+            None,
+            (Some(&request[..]), Some("unknown")),
+            (resume_at, expires_at),
+        );
+        match qlen {
+            None => v,
+            Some(n) => {
+                // The first line is text: only it changes.
+                let end = v.iter().position(|&b| b == b'\n').unwrap();
+                let head = String::from_utf8(v[..end].to_vec()).unwrap().replacen(
+                    &format!(" {} 7 ", request.len()),
+                    &format!(" {n} 7 "),
+                    1,
+                );
+                [head.as_bytes(), &v[end..]].concat()
+            }
+        }
+    };
     // Ten bytes of the fingerprint gone.
     let fp_at =
         genuine.iter().position(|&b| b == b'\n').unwrap() + 1 + header[7].parse::<usize>().unwrap();
@@ -260,6 +320,11 @@ async fn values_that_are_not_our_records_are_store_errors_and_never_run_the_body
         ),
         (
             "an unknown format version",
+            "k-version-9",
+            record("k-version-9", with(0, "idem9")),
+        ),
+        (
+            "a format 2 record with the fields of format 3",
             "k-version-3",
             record("k-version-3", with(0, "idem3")),
         ),
@@ -281,7 +346,33 @@ async fn values_that_are_not_our_records_are_store_errors_and_never_run_the_body
         (
             "an unknown state",
             "k-bad-state",
-            record("k-bad-state", with(1, "p")),
+            record("k-bad-state", with(1, "x")),
+        ),
+        (
+            "a parked record in format 2, which has no note",
+            "k-parked-2",
+            record("k-parked-2", with(1, "p")),
+        ),
+        (
+            "unfinished work whose request is longer than the value",
+            "k-long-request",
+            record(
+                "k-long-request",
+                work("k-long-request", Some(999), "-", "-"),
+            ),
+        ),
+        (
+            "unfinished work whose resume time is not a number",
+            "k-bad-resume",
+            record("k-bad-resume", work("k-bad-resume", None, "12x", "-")),
+        ),
+        (
+            "unfinished work whose end of retention is out of range",
+            "k-huge-expiry",
+            record(
+                "k-huge-expiry",
+                work("k-huge-expiry", None, "-", "1234567890123456789"),
+            ),
         ),
         (
             "a record shorter than its first line says",
@@ -739,6 +830,184 @@ async fn retention_is_the_keys_expiry_on_the_servers_clock() {
     assert_eq!(store.purge_expired().await.unwrap(), 0);
 }
 
+// ---- resumable work ----------------------------------------------------------------------------
+
+/// A score of the completer's index, in whole ms.
+async fn index_ms(
+    conn: &mut redis::aio::MultiplexedConnection,
+    store: &RedisStore,
+    name: &str,
+) -> Option<i64> {
+    let score: Option<f64> = conn.zscore(store.due_key(), name).await.unwrap();
+    score.map(|s| s.floor() as i64)
+}
+
+#[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumable_work_has_no_expiry_and_an_index_entry_until_it_is_finished() {
+    let url = common::redis_url();
+    let keys = RedisKeys::new(std::slice::from_ref(&url));
+    let store = RedisStore::builder()
+        .prefix(keys.prefix.clone())
+        .connect(&url)
+        .await
+        .unwrap();
+    let mut conn = raw(&url).await;
+    let p = Policy::DEFAULT
+        .lease(Duration::from_secs(10))
+        .retain(Duration::from_secs(20));
+    let request = idem::StoredRequest::new("pay", &b"{}"[..])
+        .unwrap()
+        .encode();
+
+    // A claim that stores no request writes no index entry and keeps its expiry.
+    let plain = claimed(store.begin(req("s", "plain", &fp("a"), &p)).await.unwrap());
+    let exists: bool = conn.exists(store.due_key()).await.unwrap();
+    assert!(!exists, "only resumable claims pay for the index");
+    let ttl: i64 = conn.pttl(store.record_key("s", "plain")).await.unwrap();
+    assert!(ttl > 15_000, "{ttl}");
+
+    let c = claimed(
+        store
+            .begin(req("s", "k", &fp("a"), &p).resumable(&request))
+            .await
+            .unwrap(),
+    );
+    let name = store.record_key("s", "k");
+    let now = server_now_ms(&mut conn).await;
+    let ttl: i64 = conn.pttl(&name).await.unwrap();
+    assert_eq!(ttl, -1, "resumable work has no expiry");
+    let value: Vec<u8> = conn.get(&name).await.unwrap();
+    let parts = first_line(&value);
+    assert_eq!(parts.len(), 14, "{parts:?}");
+    assert_eq!(&parts[..3], ["idem3", "i", &c.fence.to_string()]);
+    assert_eq!(parts[10], request.len().to_string());
+    assert_eq!(parts[11], "-", "no note yet");
+    let lease_until: i64 = parts[3].parse().unwrap();
+    let expires_at: i64 = parts[13].parse().unwrap();
+    assert!((19_000..=20_000).contains(&(expires_at - now)), "{parts:?}");
+    assert!(value.ends_with(&request), "the request is stored");
+    assert_eq!(
+        index_ms(&mut conn, &store, &name).await,
+        Some(lease_until),
+        "its entry says when its lease ends"
+    );
+
+    // Suspended: the note is kept, the entry moves to the resume time.
+    store
+        .suspend(
+            claim("s", "k", c.fence),
+            "no answer",
+            Duration::from_secs(3),
+        )
+        .await
+        .unwrap();
+    let value: Vec<u8> = conn.get(&name).await.unwrap();
+    let parts = first_line(&value);
+    assert_eq!(parts[11], "9");
+    let resume_at: i64 = parts[12].parse().unwrap();
+    assert_eq!(index_ms(&mut conn, &store, &name).await, Some(resume_at));
+    assert!(value.ends_with(b"no answer"));
+    let ttl: i64 = conn.pttl(&name).await.unwrap();
+    assert_eq!(ttl, -1);
+
+    // Finished: format 2 again, its expiry what is left of the retention counted from the
+    // claim; its entry goes once `due` reads it.
+    store
+        .complete(claim("s", "k", c.fence), &StoredResponse::ok(b"1".to_vec()))
+        .await
+        .unwrap();
+    let value: Vec<u8> = conn.get(&name).await.unwrap();
+    assert_eq!(&first_line(&value)[..2], ["idem2", "c"]);
+    let expire_at: i64 = redis::cmd("PEXPIRETIME")
+        .arg(&name)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        (expire_at - expires_at).abs() <= 5,
+        "{expire_at} {expires_at}"
+    );
+    let _: () = conn.zadd(store.due_key(), &name, 0).await.unwrap();
+    assert!(store.due(10).await.unwrap().is_empty());
+    assert_eq!(index_ms(&mut conn, &store, &name).await, None);
+
+    // A claim in progress written in format 2 (by an earlier version) is read, and taken over
+    // by a resumable claim as the next attempt.
+    let old = store.record_key("s", "old");
+    let value = record_value(
+        "i",
+        1_000,
+        now - 1,
+        ("-", "-"),
+        ("s", "old"),
+        &fp("a"),
+        Some(b"step-1"),
+        b"",
+    );
+    let _: () = conn.pset_ex(&old, value, 60_000).await.unwrap();
+    let taken = claimed(
+        store
+            .begin(req("s", "old", &fp("a"), &p).resumable(&request))
+            .await
+            .unwrap(),
+    );
+    assert_eq!((taken.fence, taken.attempt), (1_001, 2));
+    assert_eq!(taken.recovery_point.as_deref(), Some(&b"step-1"[..]));
+    let ttl: i64 = conn.pttl(&old).await.unwrap();
+    assert_eq!(ttl, -1);
+    let _ = plain;
+}
+
+#[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_index_entry_or_index_is_a_store_error() {
+    let url = common::redis_url();
+    let keys = RedisKeys::new(std::slice::from_ref(&url));
+    let store = RedisStore::builder()
+        .prefix(keys.prefix.clone())
+        .connect(&url)
+        .await
+        .unwrap();
+    let mut conn = raw(&url).await;
+    let index = store.due_key();
+    let is_store_error = |r: Result<Vec<idem::Unfinished>, Error>, what: &str| match r {
+        Err(Error::Store(e)) => e.to_string(),
+        other => panic!("{what}: expected a store error, got {other:?}"),
+    };
+
+    let _: () = conn.zadd(&index, "not a record", 0).await.unwrap();
+    let e = is_store_error(store.due(10).await, "a member that names no record");
+    assert!(e.contains("not a record"), "{e}");
+    let _: () = conn.del(&index).await.unwrap();
+
+    let name = store.record_key("s", "k-foreign");
+    let _: () = conn.set(&name, "hello").await.unwrap();
+    let _: () = conn.zadd(&index, &name, 0).await.unwrap();
+    let e = is_store_error(store.due(10).await, "a member whose value is no record");
+    assert!(e.contains(&name), "{e}");
+    let _: () = conn.del(&[&index, &name]).await.unwrap();
+
+    // The index itself is not a sorted set: due and a resumable claim are refused, and the
+    // claim is not made.
+    let _: () = conn.set(&index, "hello").await.unwrap();
+    is_store_error(store.due(10).await, "an index that is a string");
+    let request = idem::StoredRequest::new("pay", &b"{}"[..])
+        .unwrap()
+        .encode();
+    let p = Policy::DEFAULT;
+    let begun = store
+        .begin(req("s", "k-1", &fp("a"), &p).resumable(&request))
+        .await;
+    assert!(matches!(begun, Err(Error::Store(_))), "{begun:?}");
+    assert!(store.lookup("s", "k-1").await.unwrap().is_none());
+    // Claims that store no request never touch it.
+    claimed(store.begin(req("s", "k-2", &fp("a"), &p)).await.unwrap());
+    // Listing skips the index: it is the one key under the prefix that is not a record.
+    let listed = store.list(&idem::store::RecordQuery::new()).await.unwrap();
+    assert_eq!(listed.len(), 1);
+}
+
 // ---- cluster -----------------------------------------------------------------------------------
 
 /// A 3-primary cluster of this test's own (`.ci/redis-cluster`), stopped on drop.
@@ -934,9 +1203,18 @@ async fn begin_script_decides_every_row_as_lifecycle_decide() {
 
     let mut rows = 0;
     let mut names = Vec::new();
-    for state in [State::InProgress, State::Completed, State::Released] {
+    for state in [
+        State::InProgress,
+        State::Completed,
+        State::Released,
+        State::Parked,
+    ] {
         for same_fingerprint in [true, false] {
-            for expired in [false, true] {
+            // Parked work has no expiry: it never reaches the end of its retention.
+            for expired in [false, true]
+                .into_iter()
+                .filter(|&e| !e || state != State::Parked)
+            {
                 for lease_left_ms in [1500i64, 0, -5] {
                     for policy in [&reclaim, &fail_closed] {
                         rows += 1;
@@ -960,16 +1238,28 @@ async fn begin_script_decides_every_row_as_lifecycle_decide() {
                             State::Completed => (None, &b"{\"done\":1}"[..]),
                             _ => (Some(&b"step-2"[..]), &b""[..]),
                         };
-                        let value = record_value(
-                            state_text,
-                            fence,
-                            now + lease_left_ms,
-                            (status, error),
-                            ("decide", &key),
-                            &mine,
-                            recovery,
-                            body,
-                        );
+                        let value = match state {
+                            State::Parked => work_value(
+                                state_text,
+                                fence,
+                                now + lease_left_ms,
+                                ("decide", &key),
+                                &mine,
+                                recovery,
+                                (Some(b"idemreq1 1000 2000 decide\n{}"), Some("gave up")),
+                                ("-", "-"),
+                            ),
+                            _ => record_value(
+                                state_text,
+                                fence,
+                                now + lease_left_ms,
+                                (status, error),
+                                ("decide", &key),
+                                &mine,
+                                recovery,
+                                body,
+                            ),
+                        };
                         let _: () = raw.set(&name, value).await.unwrap();
                         if expired {
                             // Retention is the key's expiry: an expired record is a key that
@@ -1043,6 +1333,6 @@ async fn begin_script_decides_every_row_as_lifecycle_decide() {
             }
         }
     }
-    assert_eq!(rows, 72);
+    assert_eq!(rows, 84);
     let _: () = raw.del(&names).await.unwrap();
 }

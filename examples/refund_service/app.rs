@@ -159,15 +159,15 @@ async fn with_events<D: Events>(
                 idem,
                 webhook_secret,
             };
-            // Redis keeps no requests yet: a refund whose client went away is finished by the
-            // client's retry with its key, not by a completer.
-            tracing::info!(
-                "idempotency records in Redis: no completer runs; a refund whose client went away is finished by its retry"
-            );
+            // Refunds whose client went away are finished by a completer here too: Redis keeps
+            // their requests.
+            let completer = completer(app.clone())
+                .every(Duration::from_secs(2))
+                .start()?;
             (
                 router(app).nest("/admin", admin),
                 format!("{database}; idempotency records in Redis"),
-                None,
+                Some(completer),
             )
         }
         None => {

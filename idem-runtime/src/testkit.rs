@@ -193,6 +193,12 @@ macro_rules! conformance_tests {
             a_forced_release_with_a_stale_fence_releases_nothing,
             stats_count_by_state_and_prefix,
             expired_records_are_counted_then_purged_in_batches,
+            a_resumable_claim_whose_lease_ran_out_is_due_with_its_request,
+            a_suspended_claim_is_due_after_its_resume_time_with_its_note,
+            due_honours_its_limit_longest_due_first,
+            park_with_the_due_fence_parks_for_good,
+            retry_makes_parked_work_due_again,
+            unfinished_work_outlives_its_retention_and_finished_work_does_not,
         }
     };
 }
@@ -237,10 +243,11 @@ pub mod cases {
 
     use super::Env;
     use crate::lifecycle::State;
+    use crate::store::Retried;
     use crate::store::{ForcedRelease, RecordQuery, StateCounts, StoreAdmin};
     use crate::{
         BeginOutcome, BeginRequest, ClaimRef, Error, ExpiredLease, Fingerprint, Key, Policy,
-        RecordState, Store, StoredResponse,
+        RecordState, Store, StoredRequest, StoredResponse, Unfinished,
     };
 
     pub(super) fn key(s: &str) -> Key {
@@ -1117,6 +1124,486 @@ pub mod cases {
             begin_claimed(env, req("s", &k2, &f, &retain)).await.attempt,
             1
         );
+    }
+
+    // ---- the completer's operations ----------------------------------------------------------
+
+    /// The stored request of a resumable call to `order`, encoded as a store keeps it.
+    fn stored_request(order: &str) -> Vec<u8> {
+        StoredRequest::new("pay:<order_no>", format!("{{\"order_no\":\"{order}\"}}"))
+            .unwrap()
+            .encode()
+    }
+
+    /// The claims `due(limit)` lists whose scope is `scope`, by key.
+    async fn due_in<S: Store + Clone>(env: &Env<S>, scope: &str, limit: usize) -> Vec<Unfinished> {
+        let mut due = env.store().due(limit).await.unwrap();
+        due.retain(|u| u.scope == scope);
+        due
+    }
+
+    fn keys(due: &[Unfinished]) -> Vec<&str> {
+        due.iter().map(|u| u.key.as_str()).collect()
+    }
+
+    /// A resumable claim on `(scope, k)` whose lease of 300 ms ran out: found due, as the
+    /// completer finds it.
+    async fn due_claim<S: Store + Clone>(env: &Env<S>, scope: &str, k: &Key) -> Unfinished {
+        let short = POLICY.lease(Duration::from_millis(300));
+        let request = stored_request(k.as_str());
+        let f = fp("a");
+        begin_claimed(env, req(scope, k, &f, &short).resumable(&request)).await;
+        env.wait(Duration::from_millis(450)).await;
+        let due = due_in(env, scope, 100).await;
+        let found = due.into_iter().find(|u| u.key == k.as_str());
+        found.expect("a resumable claim whose lease ran out is due")
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    ///
+    /// A resumable claim is due to the completer once its lease runs out, with what the
+    /// completer needs to take it over: its stored request, attempt, fingerprint and fence. A
+    /// claim that stores no request never is, and a live one is not yet.
+    pub async fn a_resumable_claim_whose_lease_ran_out_is_due_with_its_request<S: Store + Clone>(
+        env: &Env<S>,
+    ) {
+        let (resumable, plain, live) = (key("k-due-1"), key("k-due-plain"), key("k-due-live"));
+        let (f, short) = (fp("a"), POLICY.lease(Duration::from_millis(300)));
+        let long = POLICY.lease(Duration::from_secs(30));
+        let request = stored_request("ORD-1");
+        let c = begin_claimed(env, req("due", &resumable, &f, &short).resumable(&request)).await;
+        begin_claimed(env, req("due", &plain, &f, &short)).await;
+        begin_claimed(env, req("due", &live, &f, &long).resumable(&request)).await;
+        assert!(
+            due_in(env, "due", 10).await.is_empty(),
+            "nothing is due while its lease runs"
+        );
+        env.wait(Duration::from_millis(450)).await;
+        let due = due_in(env, "due", 10).await;
+        assert_eq!(
+            keys(&due),
+            ["k-due-1"],
+            "only the resumable claim whose lease ran out"
+        );
+        let u = &due[0];
+        assert_eq!((u.fence, u.attempt), (c.fence, 1));
+        assert_eq!(u.fingerprint, f);
+        assert_eq!(u.request, request, "its request, byte for byte");
+        assert_eq!(u.note, None);
+        assert!(
+            u.overdue >= Duration::from_millis(100) && u.overdue < Duration::from_secs(60),
+            "{:?}",
+            u.overdue
+        );
+        let info = env
+            .store()
+            .inspect("due", resumable.as_str())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(info.resumable && info.holds_work(), "{info:?}");
+        assert_eq!(info.request.as_deref(), Some(&request[..]));
+
+        // Taken over (as the completer does, storing no request of its own): the new claim is
+        // live, then due again with the next attempt and the same request once its lease ends.
+        let again = begin_claimed(env, req("due", &resumable, &f, &short)).await;
+        assert!(again.reclaimed);
+        assert_eq!((again.fence, again.attempt), (c.fence + 1, 2));
+        assert!(due_in(env, "due", 10).await.is_empty());
+        env.wait(Duration::from_millis(450)).await;
+        let due = due_in(env, "due", 10).await;
+        assert_eq!(keys(&due), ["k-due-1"]);
+        assert_eq!((due[0].fence, due[0].attempt), (again.fence, 2));
+        assert_eq!(due[0].request, request);
+
+        // Finished: never due again.
+        let last = begin_claimed(env, req("due", &resumable, &f, &short)).await;
+        complete_ok(
+            env,
+            claim("due", &resumable, last.fence),
+            &StoredResponse::ok(&b"done"[..]),
+        )
+        .await;
+        env.wait(Duration::from_millis(450)).await;
+        assert!(due_in(env, "due", 10).await.is_empty());
+        // Released work is not due either: its retry starts it again.
+        let k = key("k-due-released");
+        let c = begin_claimed(env, req("due", &k, &f, &short).resumable(&request)).await;
+        env.store()
+            .release(claim("due", &k, c.fence))
+            .await
+            .unwrap();
+        env.wait(Duration::from_millis(450)).await;
+        assert!(due_in(env, "due", 10).await.is_empty());
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    ///
+    /// A suspended claim (its outcome unknown) is due once its resume time passes, not before,
+    /// with the note that says why; one that stores no request never is.
+    pub async fn a_suspended_claim_is_due_after_its_resume_time_with_its_note<S: Store + Clone>(
+        env: &Env<S>,
+    ) {
+        let (resumable, plain) = (key("k-susp-1"), key("k-susp-plain"));
+        let f = fp("a");
+        let request = stored_request("ORD-2");
+        let c = begin_claimed(
+            env,
+            req("susp", &resumable, &f, &POLICY).resumable(&request),
+        )
+        .await;
+        let p = begin_claimed(env, req("susp", &plain, &f, &POLICY)).await;
+        env.store()
+            .checkpoint(claim("susp", &resumable, c.fence), b"charged", POLICY.lease)
+            .await
+            .unwrap();
+        for (k, fence) in [(&resumable, c.fence), (&plain, p.fence)] {
+            env.store()
+                .suspend(
+                    claim("susp", k, fence),
+                    "the gateway timed out",
+                    Duration::from_millis(600),
+                )
+                .await
+                .unwrap();
+        }
+        // Its lease ended now, but its resume time has not come.
+        assert!(due_in(env, "susp", 10).await.is_empty());
+        env.wait(Duration::from_millis(800)).await;
+        let due = due_in(env, "susp", 10).await;
+        assert_eq!(
+            keys(&due),
+            ["k-susp-1"],
+            "only the one whose request is stored"
+        );
+        let u = &due[0];
+        assert_eq!((u.fence, u.attempt), (c.fence, 1));
+        assert_eq!(u.note.as_deref(), Some("the gateway timed out"));
+        assert_eq!(u.request, request);
+        assert!(u.overdue < Duration::from_secs(60), "{:?}", u.overdue);
+        // Both hold unfinished work, with their note.
+        for k in [&resumable, &plain] {
+            let info = env.store().inspect("susp", k.as_str()).await.unwrap();
+            let info = info.unwrap();
+            assert!(info.holds_work(), "{info:?}");
+            assert_eq!(info.note.as_deref(), Some("the gateway timed out"));
+        }
+        // The completer's take-over gets the recovery point and the next attempt.
+        let resumed = begin_claimed(env, req("susp", &resumable, &f, &POLICY)).await;
+        assert_eq!((resumed.attempt, resumed.reclaimed), (2, true));
+        assert_eq!(resumed.recovery_point.as_deref(), Some(&b"charged"[..]));
+        assert!(due_in(env, "susp", 10).await.is_empty());
+        // Suspended again after the second attempt: due again, with the new note.
+        env.store()
+            .suspend(
+                claim("susp", &resumable, resumed.fence),
+                "still no answer",
+                Duration::ZERO,
+            )
+            .await
+            .unwrap();
+        env.wait(Duration::from_millis(50)).await;
+        let due = due_in(env, "susp", 10).await;
+        assert_eq!(keys(&due), ["k-susp-1"]);
+        assert_eq!((due[0].fence, due[0].attempt), (resumed.fence, 2));
+        assert_eq!(due[0].note.as_deref(), Some("still no answer"));
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn due_honours_its_limit_longest_due_first<S: Store + Clone>(env: &Env<S>) {
+        let (f, short) = (fp("a"), POLICY.lease(Duration::from_millis(300)));
+        for i in 0..4 {
+            let k = key(&format!("k-limit-{i}"));
+            let request = stored_request(k.as_str());
+            begin_claimed(env, req("limit", &k, &f, &short).resumable(&request)).await;
+            env.wait(Duration::from_millis(30)).await;
+        }
+        env.wait(Duration::from_millis(450)).await;
+        let all = due_in(env, "limit", 10).await;
+        assert_eq!(
+            keys(&all),
+            ["k-limit-0", "k-limit-1", "k-limit-2", "k-limit-3"],
+            "those due longest first"
+        );
+        assert!(all.windows(2).all(|w| w[0].overdue >= w[1].overdue));
+        let two = due_in(env, "limit", 2).await;
+        assert_eq!(keys(&two), ["k-limit-0", "k-limit-1"]);
+        assert!(env.store().due(0).await.unwrap().is_empty());
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    ///
+    /// Parking needs the fence the claim was found due with: it is then parked for good (never
+    /// due, a `begin` answers parked, kept for an operator); a stale fence or a live claim parks
+    /// nothing.
+    pub async fn park_with_the_due_fence_parks_for_good<S: Store + Clone>(env: &Env<S>) {
+        let store = env.store();
+        let k = key("k-park");
+        let u = due_claim(env, "park", &k).await;
+        // A live claim is not parked, nor one under a fence that is not the record's.
+        let live = key("k-park-live");
+        let request = stored_request("live");
+        let l = begin_claimed(
+            env,
+            req("park", &live, &fp("a"), &POLICY).resumable(&request),
+        )
+        .await;
+        for (kk, fence) in [(&live, l.fence), (&k, u.fence + 1), (&k, u.fence - 1)] {
+            let done = store.park(claim("park", kk, fence), "gave up").await;
+            assert!(
+                matches!(done, Err(Error::FenceLost { fence: f }) if f == fence),
+                "{done:?}"
+            );
+        }
+        assert_eq!(
+            store
+                .inspect("park", live.as_str())
+                .await
+                .unwrap()
+                .unwrap()
+                .state,
+            State::InProgress
+        );
+        store
+            .park(claim("park", &k, u.fence), "the bank kept timing out")
+            .await
+            .unwrap();
+
+        let info = store.inspect("park", k.as_str()).await.unwrap().unwrap();
+        assert_eq!((info.state, info.fence), (State::Parked, u.fence));
+        assert_eq!(info.note.as_deref(), Some("the bank kept timing out"));
+        assert!(info.holds_work(), "{info:?}");
+        let parked = store
+            .list(&RecordQuery::new().state(State::Parked))
+            .await
+            .unwrap();
+        assert_eq!(
+            parked.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(),
+            ["k-park"]
+        );
+        let found = store.lookup("park", k.as_str()).await.unwrap().unwrap();
+        assert_eq!((found.state, found.fence), (RecordState::Parked, u.fence));
+        let stats = store.stats(Duration::ZERO).await.unwrap();
+        let mut counts = StateCounts::default();
+        counts.add(State::InProgress, 1);
+        counts.add(State::Parked, 1);
+        assert_eq!(stats.states, counts);
+        // Never run again by itself: a begin is told it is parked (another body: key reuse).
+        for policy in [POLICY, POLICY.expired_lease(ExpiredLease::FailClosed)] {
+            assert_eq!(
+                store
+                    .begin(req("park", &k, &fp("a"), &policy))
+                    .await
+                    .unwrap(),
+                BeginOutcome::Parked
+            );
+        }
+        assert_eq!(
+            store
+                .begin(req("park", &k, &fp("b"), &POLICY))
+                .await
+                .unwrap(),
+            BeginOutcome::KeyReused
+        );
+        env.wait(Duration::from_millis(100)).await;
+        assert!(due_in(env, "park", 10).await.is_empty(), "never due again");
+        // Parked once: parking again, or any write under its fence, changes nothing.
+        let again = store.park(claim("park", &k, u.fence), "twice").await;
+        assert!(matches!(again, Err(Error::FenceLost { .. })), "{again:?}");
+        let late = store
+            .complete(
+                claim("park", &k, u.fence),
+                &StoredResponse::ok(&b"late"[..]),
+            )
+            .await;
+        assert!(matches!(late, Err(Error::FenceLost { .. })), "{late:?}");
+        let info = store.inspect("park", k.as_str()).await.unwrap().unwrap();
+        assert_eq!(info.note.as_deref(), Some("the bank kept timing out"));
+        // An operator may release it instead of retrying it: the fence moves on, and the
+        // request's retry runs as its next attempt.
+        let done = store.force_release("park", k.as_str()).await.unwrap();
+        let ForcedRelease::Released { fence } = done else {
+            panic!("parked work is released: {done:?}")
+        };
+        assert!(fence > u.fence);
+        let retry = begin_claimed(env, req("park", &k, &fp("a"), &POLICY)).await;
+        assert!(retry.fence > fence);
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    ///
+    /// The operator's retry of parked work: in progress again with its lease run out, due at
+    /// once with its attempts counted afresh and its note kept, and taken over by the next
+    /// claim.
+    pub async fn retry_makes_parked_work_due_again<S: Store + Clone>(env: &Env<S>) {
+        let store = env.store();
+        let k = key("k-retry");
+        assert_eq!(
+            store.retry("retry", k.as_str()).await.unwrap(),
+            Retried::NotFound
+        );
+        let u = due_claim(env, "retry", &k).await;
+        assert_eq!(
+            store.retry("retry", k.as_str()).await.unwrap(),
+            Retried::NotParked(State::InProgress)
+        );
+        store
+            .park(claim("retry", &k, u.fence), "gave up")
+            .await
+            .unwrap();
+        assert_eq!(
+            store.retry("retry", k.as_str()).await.unwrap(),
+            Retried::Retried { fence: u.fence }
+        );
+        let info = store.inspect("retry", k.as_str()).await.unwrap().unwrap();
+        assert_eq!((info.state, info.attempt), (State::InProgress, 1));
+        assert_eq!(info.note.as_deref(), Some("gave up"));
+        assert!(
+            info.lease_remaining.is_some_and(|l| l.is_zero()),
+            "{info:?}"
+        );
+        env.wait(Duration::from_millis(20)).await;
+        let due = due_in(env, "retry", 10).await;
+        assert_eq!(keys(&due), ["k-retry"], "due again at once");
+        assert_eq!((due[0].fence, due[0].attempt), (u.fence, 1));
+        assert_eq!(due[0].request, u.request);
+        // Retried once: a second retry finds it not parked.
+        assert_eq!(
+            store.retry("retry", k.as_str()).await.unwrap(),
+            Retried::NotParked(State::InProgress)
+        );
+        // The completer's claim takes it over as the next attempt and finishes it.
+        let c = begin_claimed(env, req("retry", &k, &fp("a"), &POLICY)).await;
+        assert_eq!((c.fence, c.attempt, c.reclaimed), (u.fence + 1, 2, true));
+        complete_ok(
+            env,
+            claim("retry", &k, c.fence),
+            &StoredResponse::ok(&b"done"[..]),
+        )
+        .await;
+        assert!(due_in(env, "retry", 10).await.is_empty());
+        match store
+            .begin(req("retry", &k, &fp("a"), &POLICY))
+            .await
+            .unwrap()
+        {
+            BeginOutcome::Replay(r) => assert_eq!(&r.body[..], b"done"),
+            other => panic!("the finished work is replayed: {other:?}"),
+        }
+        assert_eq!(
+            store.retry("retry", k.as_str()).await.unwrap(),
+            Retried::NotParked(State::Completed)
+        );
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    ///
+    /// Records that hold unfinished work (a resumable claim in progress, a suspended claim with
+    /// or without its request, parked work) are kept past their retention, and neither purged
+    /// nor freed for a new claim; finished records go when theirs ends, including one finished
+    /// after its retention ended.
+    pub async fn unfinished_work_outlives_its_retention_and_finished_work_does_not<
+        S: Store + Clone,
+    >(
+        env: &Env<S>,
+    ) {
+        let store = env.store();
+        let short = POLICY
+            .lease(Duration::from_millis(300))
+            .retain(Duration::from_millis(300));
+        let f = fp("a");
+        let request = stored_request("ORD-9");
+        let names = [
+            "k-keep-running",
+            "k-keep-suspended",
+            "k-keep-unknown",
+            "k-keep-parked",
+            "k-keep-late",
+            "k-go-resumable",
+            "k-go-plain",
+        ];
+        let ks = names.map(key);
+        let mut fences = Vec::new();
+        for (i, k) in ks.iter().enumerate() {
+            let r = req("keep", k, &f, &short);
+            // Every one stores its request but the suspended claim of unknown outcome and the
+            // plain one.
+            let r = if matches!(i, 2 | 6) {
+                r
+            } else {
+                r.resumable(&request)
+            };
+            fences.push(begin_claimed(env, r).await.fence);
+        }
+        for i in [1, 2] {
+            store
+                .suspend(claim("keep", &ks[i], fences[i]), "unknown", Duration::ZERO)
+                .await
+                .unwrap();
+        }
+        for i in [5, 6] {
+            complete_ok(
+                env,
+                claim("keep", &ks[i], fences[i]),
+                &StoredResponse::ok(vec![]),
+            )
+            .await;
+        }
+        env.wait(Duration::from_millis(450)).await;
+        store
+            .park(claim("keep", &ks[3], fences[3]), "gave up")
+            .await
+            .unwrap();
+        let expired = if env.expires_by_itself { 0 } else { 2 };
+        assert_eq!(store.purge_expired().await.unwrap(), expired);
+        for (i, k) in ks.iter().enumerate().take(5) {
+            let info = store.inspect("keep", k.as_str()).await.unwrap();
+            let info = info.unwrap_or_else(|| panic!("{}: unfinished work is kept", names[i]));
+            assert!(info.holds_work(), "{info:?}");
+            assert!(store.lookup("keep", k.as_str()).await.unwrap().is_some());
+        }
+        for k in &ks[5..] {
+            assert!(store.lookup("keep", k.as_str()).await.unwrap().is_none());
+            assert!(store.inspect("keep", k.as_str()).await.unwrap().is_none());
+        }
+        // Still the same request's: another body is key reuse, its retry continues it.
+        assert_eq!(
+            store
+                .begin(req("keep", &ks[0], &fp("b"), &short))
+                .await
+                .unwrap(),
+            BeginOutcome::KeyReused
+        );
+        let resumed = begin_claimed(env, req("keep", &ks[2], &f, &short)).await;
+        assert_eq!((resumed.attempt, resumed.reclaimed), (2, true));
+        // (In any order: which of a suspended claim and a lease run out is due longer depends on
+        // how a store reads "due longest".)
+        let mut due = keys(&due_in(env, "keep", 10).await)
+            .into_iter()
+            .map(str::to_owned)
+            .collect::<Vec<_>>();
+        due.sort();
+        assert_eq!(due, ["k-keep-late", "k-keep-running", "k-keep-suspended"]);
+        // Finished after its retention ended: it goes.
+        complete_ok(
+            env,
+            claim("keep", &ks[4], fences[4]),
+            &StoredResponse::ok(vec![]),
+        )
+        .await;
+        let expired = if env.expires_by_itself { 0 } else { 1 };
+        assert_eq!(store.purge_expired().await.unwrap(), expired);
+        assert!(
+            store
+                .lookup("keep", ks[4].as_str())
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let left = due_in(env, "keep", 10).await;
+        let mut due = keys(&left);
+        due.sort();
+        assert_eq!(due, ["k-keep-running", "k-keep-suspended"]);
     }
 }
 

@@ -1,5 +1,6 @@
 -- begin, first part: the two usual cases, answered before anything else is set up.
--- ARGV as begin.lua's.
+-- ARGV as begin.lua's. A resumable claim (ARGV[7], its request) is never a usual case: it goes
+-- on to begin.lua.
 local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'string' then
   -- A completed record is answered as it is: the caller checks it whole, then replays it or
@@ -7,7 +8,7 @@ if type(v) == 'string' then
   if string.sub(v, 1, 8) == 'idem2 c ' then
     return v
   end
-elseif not v then
+elseif not v and not ARGV[7] then
   -- The first claim (or the first since the record expired): the fence starts at the server's
   -- clock, above every fence an expired life of the record handed out. ARGV[6] is the rest of
   -- the first line, ' 1 - - <ilen> - 0\n', so that only the two times are converted here.

@@ -9,8 +9,7 @@ end
 if rec == nil or rec.fence_text ~= ARGV[2] or rec.state ~= 'i' then
   return {2}
 end
-redis.call('SET', KEYS[1],
-  header('i', rec.fence_text, now_ms() + tonumber(ARGV[4]), rec.attempt, '-', '-', #ARGV[1],
-    #ARGV[3], 0) .. ARGV[1] .. fp_of(rec) .. ARGV[3],
-  'KEEPTTL')
+local r = parts(rec)
+r.recovery, r.lease_until = ARGV[3], now_ms() + tonumber(ARGV[4])
+put(r, rec)
 return {1}

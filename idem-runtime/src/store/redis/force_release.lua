@@ -1,8 +1,8 @@
--- force_release: the operator's release of a claim stuck in progress. The record becomes
+-- force_release: the operator's release of a claim stuck in progress, or of parked work. The record becomes
 -- released and its fence moves on, so the owner presumed gone cannot complete, release or
 -- checkpoint over the next attempt if it wakes up.
 -- ARGV: identity, the fence the operator saw ('' for whatever claim is in progress).
--- Returns {1} no record | {2, state} not in progress | {3, new fence}
+-- Returns {1} no record | {2, state} neither in progress nor parked | {3, new fence}
 --       | {4, state, fence} the record's fence is not the one asked for: nothing changed
 --       | {0, why the key is not an idem record}.
 local rec, why = load()
@@ -16,12 +16,11 @@ end
 if ARGV[2] ~= '' and rec.fence_text ~= ARGV[2] then
   return {4, rec.state, rec.fence_text}
 end
-if rec.state ~= 'i' then
+if rec.state ~= 'i' and rec.state ~= 'p' then
   return {2, rec.state}
 end
 local fence = rec.fence + 1
-redis.call('SET', KEYS[1],
-  header('r', fence, rec.lease_text, rec.attempt, '-', '-', #ARGV[1], rec.rlen,
-    0) .. string.sub(rec.v, rec.fp_at - #ARGV[1]),
-  'KEEPTTL')
+local r = parts(rec)
+r.state, r.fence, r.request, r.note, r.resume_at = 'r', fence, nil, nil, nil
+put(r, rec)
 return {3, fence}

@@ -11,9 +11,9 @@
 //! anything: a digest collision or a foreign writer is an [`Error::Store`], never someone else's
 //! answer.
 //!
-//! Every operation is one Lua script on that one key, atomic on the server (`record.lua` shared,
-//! then `begin.lua`, `complete.lua`, `release.lua`, `checkpoint.lua`, `renew.lua`,
-//! `force_release.lua`, `read.lua`). `begin` decides exactly as every other store does (the rule
+//! Every operation on a record is one Lua script on that one key, atomic on the server
+//! (`record.lua` shared, then `begin.lua`, `complete.lua`, `release.lua`, `checkpoint.lua`,
+//! `renew.lua`, `suspend.lua`, `park.lua`, `retry.lua`, `force_release.lua`, `read.lua`). `begin` decides exactly as every other store does (the rule
 //! in `lifecycle::decide`, re-stated in Lua because it must run inside the script), and
 //! `complete`, `release`, `checkpoint` and `renew` apply only while the fence is the caller's.
 //! Scripts are sent as `EVALSHA`; a server that does not know one (after a restart or a
@@ -27,12 +27,20 @@
 //! previous life. Retention is the key's own expiry (`SET … PX`, counted on the server's clock
 //! from the claim, kept by every later write with `KEEPTTL`): a key that exists is within its
 //! retention, Redis deletes expired records by itself, so no sweeper is needed and
-//! [`Store::purge_expired`] does nothing.
+//! [`Store::purge_expired`] does nothing. A record that holds unfinished work
+//! ([`lifecycle::unfinished`](crate::lifecycle::unfinished): a resumable claim in progress, a
+//! suspended claim, parked work) has no expiry while it holds it, so that work that may have
+//! happened is never forgotten; once it is finished or released it gets what is left of its
+//! retention back as its expiry (and goes at once when nothing is left).
 //!
-//! The value is a first line of text, `idem2 <state> <fence> <lease_until> <attempt> <status>
-//! <error> <identity length> <recovery length or -> <body length>`, then the identity (the
-//! scope's length, a space, the scope, the key), the 32 bytes of the fingerprint, the recovery
-//! point and the response's body (the format is described in full in `record.lua`). Reading a
+//! A record that holds no unfinished work (format 2) is a first line of text, `idem2 <state>
+//! <fence> <lease_until> <attempt> <status> <error> <identity length> <recovery length or -> <body
+//! length>`, then the identity (the scope's length, a space, the scope, the key), the 32 bytes of
+//! the fingerprint, the recovery point and the response's body. One that holds unfinished work
+//! (format 3, `idem3`, state `i` or `p` for parked) has four more numbers on its first line, the
+//! lengths of its stored request and note, its resume time and the end of its retention, and the
+//! request and note after the body (both formats are described in full in `record.lua`). Both
+//! are read, whichever wrote them. Reading a
 //! record is one `GET` and writing it one `SET`, and the two usual cases are decided before any
 //! parsing in Lua: `begin` answers a completed record by returning it as it is (this client
 //! checks it whole, then replays it or answers key reused; no clock, no write), and writes a
@@ -41,10 +49,31 @@
 //! Everything else goes through the full check of `record.lua`; `lookup`, inspection and listing
 //! read the value with the server's clock (`read.lua`) and decode it here, with the same checks.
 //!
+//! # The completer's index
+//!
+//! [`Operation::Due`] cannot scan every record. Records that hold resumable work have an entry
+//! in one sorted set, [`RedisStore::due_key`] (`{prefix}{due}`, one cluster slot of its own):
+//! the record's key, scored with when it becomes due on the server's clock. Because a script
+//! touches one slot, the index is written beside the record, not in the same step, so it is a
+//! hint and the record is the truth: `due` reads the entries whose time came (in pages, the
+//! records of a page at once), checks each record (in progress, its request stored, its lease
+//! run out and its resume time passed), answers those that are due, and afterwards moves the
+//! entries of records not due yet to when they will be and removes those of records that hold
+//! no resumable work any more (finished, released, parked, gone). An entry that is early or left
+//! over costs one read; a missing one would be work never resumed, so none may go missing: a
+//! resumable claim and an operator's retry write the entry before the record (a crash between
+//! the two leaves an entry too many) and again after it, a suspension moves it to the resume
+//! time after the record, and `due` changes or removes an entry only if its score (whose
+//! fraction is a version that every write changes) is still the one it read with the record
+//! (`index.lua`). Claims that store no request never touch the index: their `begin` and
+//! `complete` are exactly as described above. Entries are scored on the index's server and
+//! records checked on theirs, so between a cluster's nodes a clock difference delays or hastens
+//! a round by as much, never more.
+//!
 //! # Durability is the operator's choice
 //!
 //! - **Eviction.** A server whose `maxmemory-policy` evicts keys would silently drop records
-//!   (every idem key has a TTL, so the `volatile-*` policies evict them too), and an evicted
+//!   (records that hold no unfinished work have a TTL, so the `volatile-*` policies evict them too), and an evicted
 //!   in-progress record lets a retry run the body a second time. [`RedisStore::connect`] checks
 //!   the policy with `CONFIG GET` (on every primary of a cluster) and refuses anything but
 //!   `noeviction` with [`Error::Config`], unless the builder was told
@@ -89,9 +118,9 @@ use crate::fingerprint::Fingerprint;
 use crate::lifecycle::State;
 use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, ExpiredLease, Record, RecordState,
-    StoredResponse,
+    StoredResponse, Unfinished,
 };
-use crate::store::{ForcedRelease, Operation, RecordInfo, Reply, Store, StoreStats};
+use crate::store::{ForcedRelease, Operation, RecordInfo, Reply, Retried, Store, StoreStats};
 
 #[cfg(test)]
 mod tests;
@@ -111,6 +140,10 @@ struct Scripts {
     renew: Script,
     read: Script,
     force_release: Script,
+    suspend: Script,
+    park: Script,
+    retry: Script,
+    index: Script,
 }
 
 /// Each script is the shared prelude followed by its own body; `begin` and `complete` first try
@@ -139,6 +172,10 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         renew: script!("renew.lua"),
         read: script!("read.lua"),
         force_release: script!("force_release.lua"),
+        suspend: script!("suspend.lua"),
+        park: script!("park.lua"),
+        retry: script!("retry.lua"),
+        index: Script::new(include_str!("index.lua")),
     }
 });
 
@@ -364,7 +401,7 @@ async fn check_eviction(conn: &Conn, allow: bool) -> Result<()> {
             );
         } else {
             return Err(Error::Config(format!(
-                "the Redis server's maxmemory-policy is `{bad}`: it may evict idempotency records (every one has a TTL, so `volatile-*` policies evict them too), and an evicted record lets a request run twice. Set `maxmemory-policy noeviction`, or accept the risk with RedisStore::builder().allow_eviction(true)"
+                "the Redis server's maxmemory-policy is `{bad}`: it may evict idempotency records (those that hold no unfinished work have a TTL, so `volatile-*` policies evict them too), and an evicted record lets a request run twice. Set `maxmemory-policy noeviction`, or accept the risk with RedisStore::builder().allow_eviction(true)"
             )));
         }
     }
@@ -497,17 +534,21 @@ fn ms(d: Duration) -> u64 {
 impl Store for RedisStore {
     async fn call(&self, op: Operation<'_>) -> Result<Reply> {
         match op {
-            // An unknown outcome keeps the claim in progress with its lease ended now, so the
-            // same request's retry resumes it at once; the record keeps its retention (Redis
-            // keeps no request, note or resume time yet: nothing here is due to a completer).
-            Operation::Suspend { claim, .. } => {
-                let mut inv = SCRIPTS.renew.prepare_invoke();
-                self.fenced(&mut inv, claim).arg(0u64);
+            Operation::Suspend {
+                claim,
+                note,
+                resume_in,
+            } => self
+                .run_suspend(claim, note, resume_in)
+                .await
+                .map(|()| Reply::Done),
+            Operation::Due { limit } => self.run_due(limit).await.map(Reply::Due),
+            Operation::Park { claim, note } => {
+                let mut inv = SCRIPTS.park.prepare_invoke();
+                self.fenced(&mut inv, claim).arg(note);
                 self.write(claim, &inv).await.map(|()| Reply::Done)
             }
-            op @ (Operation::Due { .. } | Operation::Park { .. } | Operation::Retry { .. }) => {
-                Err(op.unsupported())
-            }
+            Operation::Retry { scope, key } => self.run_retry(scope, key).await.map(Reply::Retried),
             Operation::Begin(req) => self.run_begin(req).await.map(Reply::Begun),
             Operation::Complete { claim, response } => self
                 .run_complete(claim, response)
@@ -631,18 +672,29 @@ impl RedisStore {
             age: RecordInfo::age_from(record.fence, now),
             lease_remaining: (record.state == State::InProgress)
                 .then(|| RecordInfo::ms_left(record.lease_until - now)),
-            // A key without an expiry (-1) has none to wait for; Redis deletes the others
-            // itself when theirs ends.
-            expires_in: RecordInfo::ms_left(retention_left),
+            // A record that holds unfinished work has no expiry: its retention is what its
+            // first line says. Redis deletes the others itself when theirs ends.
+            expires_in: match (retention_left, record.expires_at) {
+                (-1, Some(at)) => RecordInfo::ms_left(at - now),
+                (left, _) => RecordInfo::ms_left(left),
+            },
             recovery_point: if full { record.recovery } else { None },
             response: if full { record.response } else { None },
-            note: None,
-            resumable: false,
-            request: None,
+            note: record.note,
+            resumable: record.request.is_some(),
+            request: if full { record.request } else { None },
         }))
     }
 
-    /// Every key under the store's prefix, on every primary of a cluster: a scan, for
+    /// `names` without the completer's index, the one key under the prefix that is not a
+    /// record.
+    fn records_only(&self, mut names: Vec<String>) -> Vec<String> {
+        let index = self.due_key();
+        names.retain(|n| *n != index);
+        names
+    }
+
+    /// Every record's key under the store's prefix, on every primary of a cluster: a scan, for
     /// operators, never on a request's path.
     async fn scan(&self) -> Result<Vec<String>> {
         let pattern = format!("{}*", glob_escape(&self.inner.prefix));
@@ -666,7 +718,7 @@ impl RedisStore {
                         .map_err(map_err)?;
                     cursor = scan_page(page, &mut names)?;
                     if cursor == "0" {
-                        return Ok(names);
+                        return Ok(self.records_only(names));
                     }
                 }
             }
@@ -707,7 +759,7 @@ impl RedisStore {
                         cursor = scan_page(page, &mut names)?;
                     }
                 }
-                Ok(names)
+                Ok(self.records_only(names))
             }
         }
     }
@@ -725,10 +777,11 @@ impl RedisStore {
     }
 
     async fn run_begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
-        if req.request.is_some() {
-            warn_no_requests();
-        }
         let name = self.record_key(req.scope, req.key);
+        if req.request.is_some() {
+            // Before the record: a claim that is written must have its entry.
+            self.index_set(&name, IndexAt::In(req.policy.lease)).await?;
+        }
         let ident = identity(req.scope, req.key);
         let first_line_end = format!(" 1 - - {} - 0\n", ident.len());
         let mut inv = SCRIPTS.begin.prepare_invoke();
@@ -742,6 +795,9 @@ impl RedisStore {
                 _ => "1",
             })
             .arg(first_line_end);
+        if let Some(request) = req.request {
+            inv.arg(request);
+        }
         let reply = match self.inner.conn.invoke(&inv).await.map_err(map_err)? {
             // A completed record, as it is: checked here whole, then replayed or refused.
             Value::BulkString(value) => {
@@ -760,18 +816,29 @@ impl RedisStore {
             }
         };
         match tag(&reply)? {
-            1 => Ok(BeginOutcome::Claimed(Claimed {
-                fence: int_at(&reply, 1).and_then(non_negative)?,
-                reclaimed: int_at(&reply, 2)? == 1,
-                attempt: int_at(&reply, 3).and_then(non_negative).and_then(|n| {
-                    u32::try_from(n).map_err(|_| protocol(format!("attempt {n} out of range")))
-                })?,
-                recovery_point: opt_bytes_at(&reply, 4)?,
-            })),
+            1 => {
+                let claimed = Claimed {
+                    fence: int_at(&reply, 1).and_then(non_negative)?,
+                    reclaimed: int_at(&reply, 2)? == 1,
+                    attempt: int_at(&reply, 3).and_then(non_negative).and_then(|n| {
+                        u32::try_from(n).map_err(|_| protocol(format!("attempt {n} out of range")))
+                    })?,
+                    recovery_point: opt_bytes_at(&reply, 4)?,
+                };
+                if req.request.is_some() {
+                    // After the record too: a `due` that read the entry before the claim was
+                    // written, and the record as it was, cannot remove it now (the score
+                    // changed).
+                    let lease_until = int_at(&reply, 5)?;
+                    self.index_after(&name, IndexAt::At(lease_until)).await;
+                }
+                Ok(BeginOutcome::Claimed(claimed))
+            }
             3 => Ok(BeginOutcome::InProgress {
                 retry_after: Duration::from_millis(int_at(&reply, 1).and_then(non_negative)?),
             }),
             4 => Ok(BeginOutcome::KeyReused),
+            5 => Ok(BeginOutcome::Parked),
             0 => Err(not_ours(self, req.scope, req.key, &reply)),
             other => Err(protocol(format!("the begin script answered tag {other}"))),
         }
@@ -798,6 +865,200 @@ impl RedisStore {
             ))
             .arg(ident_len);
         self.write(claim, &inv).await
+    }
+
+    /// The name of the completer's index: `{prefix}{due}` (a hash tag of its own: in a cluster,
+    /// one slot), which no record's name can be (theirs are 32 hex digits in braces).
+    pub fn due_key(&self) -> String {
+        format!("{}{{due}}", self.inner.prefix)
+    }
+
+    /// Writes the index entry of the record `name` (see `index.lua`).
+    async fn index_set(&self, name: &str, at: IndexAt) -> Result<()> {
+        let mut inv = SCRIPTS.index.prepare_invoke();
+        inv.key(self.due_key()).arg("set").arg(name);
+        match at {
+            IndexAt::At(ms) => inv.arg(ms).arg(0u64),
+            IndexAt::In(d) => inv.arg("").arg(ms(d)),
+        };
+        self.inner.conn.invoke(&inv).await.map_err(map_err)?;
+        Ok(())
+    }
+
+    /// The entry written again once the record is: the record's write succeeded, so its
+    /// caller is answered whatever becomes of this (the entry written before it still stands,
+    /// unless a `due` removed it in between, which is what this write is for).
+    async fn index_after(&self, name: &str, at: IndexAt) {
+        if let Err(e) = self.index_set(name, at).await {
+            tracing::warn!(
+                target: "idem",
+                key = %name,
+                error = %e,
+                "could not write the completer's index entry of a resumable record after the record: it is found from the entry written before it"
+            );
+        }
+    }
+
+    async fn run_suspend(
+        &self,
+        claim: ClaimRef<'_>,
+        note: &str,
+        resume_in: Duration,
+    ) -> Result<()> {
+        let mut inv = SCRIPTS.suspend.prepare_invoke();
+        self.fenced(&mut inv, claim).arg(note).arg(ms(resume_in));
+        let reply = self.run(&inv).await?;
+        match tag(&reply)? {
+            1 => {}
+            2 => return Err(Error::FenceLost { fence: claim.fence }),
+            0 => return Err(not_ours(self, claim.scope, claim.key, &reply)),
+            other => return Err(protocol(format!("the suspend script answered tag {other}"))),
+        }
+        // A resumable claim's entry (written with its claim) moves to the resume time, which
+        // may come before the end of the lease it was written with.
+        if let Some(Value::Int(resume_at)) = reply.get(1) {
+            self.index_after(
+                &self.record_key(claim.scope, claim.key),
+                IndexAt::At(*resume_at),
+            )
+            .await;
+        }
+        Ok(())
+    }
+
+    async fn run_retry(&self, scope: &str, key: &str) -> Result<Retried> {
+        let name = self.record_key(scope, key);
+        // Before the record, as a claim's: parked work made due must have its entry.
+        self.index_set(&name, IndexAt::In(Duration::ZERO)).await?;
+        let mut inv = SCRIPTS.retry.prepare_invoke();
+        inv.key(&name).arg(identity(scope, key));
+        let reply = self.run(&inv).await?;
+        match tag(&reply)? {
+            1 => Ok(Retried::NotFound),
+            2 => Ok(Retried::NotParked(state_at(&reply, 1)?)),
+            3 => {
+                let fence = int_at(&reply, 1).and_then(non_negative)?;
+                if int_at(&reply, 3)? == 1 {
+                    self.index_after(&name, IndexAt::At(int_at(&reply, 2)?))
+                        .await;
+                }
+                Ok(Retried::Retried { fence })
+            }
+            0 => Err(not_ours(self, scope, key, &reply)),
+            other => Err(protocol(format!("the retry script answered tag {other}"))),
+        }
+    }
+
+    /// At most `limit` claims due to the completer: the index's entries whose time came, read
+    /// in pages, each checked against its record (see `index.lua`); then the index fixed for
+    /// the entries that were early or whose record holds no resumable work any more.
+    async fn run_due(&self, limit: usize) -> Result<Vec<Unfinished>> {
+        const PAGE: usize = 200;
+        let index = self.due_key();
+        let mut due: Vec<(i64, Unfinished)> = Vec::new();
+        // (member, score as read, new time or None to remove)
+        let mut fixes: Vec<(String, String, Option<i64>)> = Vec::new();
+        let mut offset = 0usize;
+        while limit > 0 && due.len() < limit {
+            let mut inv = SCRIPTS.index.prepare_invoke();
+            inv.key(&index).arg("page").arg(offset).arg(PAGE);
+            let page = match self.inner.conn.invoke(&inv).await.map_err(map_err)? {
+                Value::Array(items) => items,
+                other => return Err(protocol(format!("the index answered {other:?}"))),
+            };
+            let entries = page
+                .chunks(2)
+                .map(|pair| match pair {
+                    [member, score] => Some((text(member)?, text(score)?)),
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| protocol("an index page that is not members and scores"))?;
+            let reads = futures_util::future::join_all(
+                entries
+                    .iter()
+                    .map(|(member, _)| self.due_read(&index, member)),
+            )
+            .await;
+            for ((member, score), read) in entries.iter().zip(reads) {
+                match read? {
+                    Some(Ok((since, unfinished))) => due.push((since, unfinished)),
+                    Some(Err(at)) => fixes.push((member.clone(), score.clone(), Some(at))),
+                    None => fixes.push((member.clone(), score.clone(), None)),
+                }
+            }
+            if entries.len() < PAGE {
+                break;
+            }
+            offset += PAGE;
+        }
+        for chunk in fixes.chunks(100) {
+            let mut inv = SCRIPTS.index.prepare_invoke();
+            inv.key(&index).arg("fix");
+            for (member, score, at) in chunk {
+                inv.arg(member).arg(score);
+                match at {
+                    Some(at) => inv.arg(*at),
+                    None => inv.arg("-"),
+                };
+            }
+            self.inner.conn.invoke(&inv).await.map_err(map_err)?;
+        }
+        due.sort_by_key(|(since, _)| *since);
+        due.truncate(limit);
+        Ok(due.into_iter().map(|(_, u)| u).collect())
+    }
+
+    /// The record an index entry names, for `due`: `Ok` with when it became due when it is
+    /// due; `Err` with when it will be when it is resumable work not due yet; `None` when it
+    /// holds no resumable work (its entry is removed).
+    async fn due_read(
+        &self,
+        index: &str,
+        member: &str,
+    ) -> Result<Option<Result<(i64, Unfinished), i64>>> {
+        let is_record_name = member
+            .strip_prefix(self.inner.prefix.as_str())
+            .and_then(|rest| rest.strip_prefix('{'))
+            .and_then(|rest| rest.strip_suffix('}'))
+            .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| HEX.contains(&b)));
+        if !is_record_name {
+            return Err(Error::Store(
+                format!(
+                    "the completer's index {index} holds {member:?}, which is not the name of a record under the store's prefix"
+                )
+                .into(),
+            ));
+        }
+        let Some(read) = self.read(member, None).await? else {
+            return Ok(None);
+        };
+        let record = read.record;
+        if self.record_key(&record.scope, &record.key) != member {
+            return Err(self.not_a_record(member, None, "the record of another scope and key"));
+        }
+        let (State::InProgress, Some(request), Some(resume_at)) =
+            (record.state, record.request, record.resume_at)
+        else {
+            return Ok(None);
+        };
+        let since = record.lease_until.max(resume_at);
+        if since > read.now {
+            return Ok(Some(Err(since)));
+        }
+        Ok(Some(Ok((
+            since,
+            Unfinished::new(
+                record.scope,
+                record.key,
+                record.fence,
+                record.attempt,
+                record.fingerprint,
+                request,
+                record.note,
+                RecordInfo::ms_left(read.now - since),
+            ),
+        ))))
     }
 
     async fn run_lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
@@ -890,6 +1151,15 @@ impl RedisStore {
     }
 }
 
+/// When an index entry says its record becomes due.
+#[derive(Debug, Clone, Copy)]
+enum IndexAt {
+    /// At this time of the record's server, in ms.
+    At(i64),
+    /// This long from now on the index's server.
+    In(Duration),
+}
+
 /// A record read whole (`read.lua`).
 struct Read {
     record: Unpacked,
@@ -912,6 +1182,14 @@ struct Unpacked {
     recovery: Option<Vec<u8>>,
     /// The stored response of a completed record.
     response: Option<StoredResponse>,
+    /// The stored request of a resumable claim (format 3).
+    request: Option<Vec<u8>>,
+    /// Why its last attempt did not finish, or why it was parked (format 3).
+    note: Option<String>,
+    /// When the completer may resume it, on the server's clock (format 3).
+    resume_at: Option<i64>,
+    /// When its retention ends, for a record without an expiry of its own (format 3).
+    expires_at: Option<i64>,
 }
 
 /// The identity of `(scope, key)` as a record stores it: the scope's length in decimal, a
@@ -925,8 +1203,8 @@ fn identity(scope: &str, key: &str) -> Vec<u8> {
     out
 }
 
-/// Decodes a record's value, with every check `parse` in `record.lua` makes; the reason when
-/// `value` is not a record.
+/// Decodes a record's value (format 2 or 3), with every check `parse` in `record.lua` makes;
+/// the reason when `value` is not a record.
 fn unpack(value: &[u8]) -> Result<Unpacked, String> {
     let malformed = || "a value whose first line is not that of an idem record".to_owned();
     let Some(newline) = value.iter().position(|&b| b == b'\n') else {
@@ -936,14 +1214,19 @@ fn unpack(value: &[u8]) -> Result<Unpacked, String> {
     let parts: Vec<&str> = head.split(' ').collect();
     if let Some(version) = parts[0].strip_prefix("idem")
         && version != "2"
+        && version != "3"
         && !version.is_empty()
         && version.bytes().all(|b| b.is_ascii_digit())
         && parts.len() > 1
     {
         return Err(format!("a record of unknown format version {version}"));
     }
+    let (common, work): (&[&str], &[&str]) = match &parts[..] {
+        ["idem2", common @ ..] if common.len() == 9 => (common, &["-", "-", "-", "-"]),
+        ["idem3", common @ ..] if common.len() == 13 => common.split_at(9),
+        _ => return Err(malformed()),
+    };
     let &[
-        "idem2",
         state,
         fence,
         lease_until,
@@ -953,8 +1236,11 @@ fn unpack(value: &[u8]) -> Result<Unpacked, String> {
         ilen,
         rlen,
         blen,
-    ] = &parts[..]
+    ] = common
     else {
+        return Err(malformed());
+    };
+    let &[qlen, nlen, resume_at, expires_at] = work else {
         return Err(malformed());
     };
     let digits = |s: &str, max: usize| {
@@ -966,10 +1252,15 @@ fn unpack(value: &[u8]) -> Result<Unpacked, String> {
         }
         s.parse::<u64>().map_err(|_| malformed())
     };
-    let state = match state {
-        "i" => State::InProgress,
-        "c" => State::Completed,
-        "r" => State::Released,
+    let optional = |s: &str, max: usize| match s {
+        "-" => Ok(None),
+        n => digits(n, max).map(Some),
+    };
+    let state = match (state, parts[0]) {
+        ("i", _) => State::InProgress,
+        ("c", _) => State::Completed,
+        ("r", _) => State::Released,
+        ("p", "idem3") => State::Parked,
         _ => return Err(malformed()),
     };
     if !(status == "-" || (!status.is_empty() && status.bytes().all(|b| b.is_ascii_digit()))) {
@@ -985,20 +1276,27 @@ fn unpack(value: &[u8]) -> Result<Unpacked, String> {
     let lease_until = digits(lease_until, 15)?;
     let attempt = digits(attempt, 9)?;
     let ilen = digits(ilen, 9)?;
-    let rlen = match rlen {
-        "-" => None,
-        n => Some(digits(n, 9)?),
-    };
+    let rlen = optional(rlen, 9)?;
     let blen = digits(blen, 9)?;
+    let (qlen, nlen) = (optional(qlen, 9)?, optional(nlen, 9)?);
+    let time = |n: Option<u64>| {
+        n.map(|n| i64::try_from(n).map_err(|_| malformed()))
+            .transpose()
+    };
+    let resume_at = time(optional(resume_at, 15)?)?;
+    let expires_at = time(optional(expires_at, 15)?)?;
     let len = |n: u64| usize::try_from(n).map_err(|_| malformed());
     let (ilen, rlen_n, blen) = (len(ilen)?, len(rlen.unwrap_or(0))?, len(blen)?);
+    let (qlen_n, nlen_n) = (len(qlen.unwrap_or(0))?, len(nlen.unwrap_or(0))?);
     let rest = &value[newline + 1..];
-    if rest.len() != ilen + 32 + rlen_n + blen {
+    if rest.len() != ilen + 32 + rlen_n + blen + qlen_n + nlen_n {
         return Err("a record whose length is not what its first line says".to_owned());
     }
     let (ident, rest) = rest.split_at(ilen);
     let (fp, rest) = rest.split_at(32);
-    let (recovery, body) = rest.split_at(rlen_n);
+    let (recovery, rest) = rest.split_at(rlen_n);
+    let (body, rest) = rest.split_at(blen);
+    let (request, note) = rest.split_at(qlen_n);
     let bad_identity = || "a record whose identity is malformed".to_owned();
     let space = ident
         .iter()
@@ -1033,6 +1331,13 @@ fn unpack(value: &[u8]) -> Result<Unpacked, String> {
         (_, None) if status == "-" && blen == 0 => None,
         _ => return Err("a record in progress or released with a response".to_owned()),
     };
+    let note = match nlen {
+        None => None,
+        Some(_) => Some(
+            String::from_utf8(note.to_vec())
+                .map_err(|_| "a record whose note is not text".to_owned())?,
+        ),
+    };
     Ok(Unpacked {
         state,
         fence,
@@ -1043,6 +1348,10 @@ fn unpack(value: &[u8]) -> Result<Unpacked, String> {
         fingerprint: Fingerprint::from_slice(fp).ok_or_else(malformed)?,
         recovery: rlen.map(|_| recovery.to_vec()),
         response,
+        request: qlen.map(|_| request.to_vec()),
+        note,
+        resume_at,
+        expires_at,
     })
 }
 
@@ -1097,12 +1406,13 @@ fn non_negative(n: i64) -> Result<u64> {
     u64::try_from(n).map_err(|_| protocol(format!("a negative number {n}")))
 }
 
-/// A record's state as the scripts write it (`i`, `c`, `r`), at `i` of `reply`.
+/// A record's state as the scripts write it (`i`, `c`, `r`, `p`), at `i` of `reply`.
 fn state_at(reply: &[Value], i: usize) -> Result<State> {
     match &bytes_at(reply, i)?[..] {
         b"i" => Ok(State::InProgress),
         b"c" => Ok(State::Completed),
         b"r" => Ok(State::Released),
+        b"p" => Ok(State::Parked),
         _ => Err(protocol("a script answered an unknown state")),
     }
 }
@@ -1186,15 +1496,4 @@ fn map_err(e: RedisError) -> Error {
 
 fn config_err(e: RedisError) -> Error {
     Error::Config(format!("invalid Redis address: {e}"))
-}
-
-/// Warns once that resumable calls on Redis are guarded but not resumable.
-fn warn_no_requests() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        tracing::warn!(
-            target: "idem",
-            "the Redis store does not keep requests: resumable calls are guarded as any other, but no completer can finish one whose caller went away (its retry with the same key resumes it); keep resumable work in a SQL store"
-        );
-    });
 }

@@ -1,5 +1,6 @@
 -- release: give the claim up so that a retry can claim, if the fence still owns it. The record
--- stays (as released) until its retention ends, so that fences keep growing.
+-- stays (as released) until its retention ends, so that fences keep growing; the work it held
+-- (its stored request, its note) goes.
 -- ARGV: identity, fence.
 -- Returns {1} done | {2} fence lost | {0, why the key is not an idem record}.
 local rec, why = load()
@@ -9,8 +10,7 @@ end
 if rec == nil or rec.fence_text ~= ARGV[2] or rec.state ~= 'i' then
   return {2}
 end
-redis.call('SET', KEYS[1],
-  header('r', rec.fence_text, rec.lease_text, rec.attempt, '-', '-', #ARGV[1],
-    rec.rlen, 0) .. string.sub(rec.v, rec.fp_at - #ARGV[1], rec.body_at - 1),
-  'KEEPTTL')
+local r = parts(rec)
+r.state, r.request, r.note, r.resume_at = 'r', nil, nil, nil
+put(r, rec)
 return {1}

@@ -9,8 +9,7 @@ end
 if rec == nil or rec.fence_text ~= ARGV[2] or rec.state ~= 'i' then
   return {2}
 end
-redis.call('SET', KEYS[1],
-  header('i', rec.fence_text, now_ms() + tonumber(ARGV[3]), rec.attempt, '-', '-', #ARGV[1],
-    rec.rlen, 0) .. string.sub(rec.v, rec.fp_at - #ARGV[1]),
-  'KEEPTTL')
+local r = parts(rec)
+r.lease_until = now_ms() + tonumber(ARGV[3])
+put(r, rec)
 return {1}
