@@ -64,7 +64,8 @@
 //!   an operator retries it (`idem records retry`, the admin view) or releases it.
 //! - **Visible.** Unfinished and parked claims are listed and counted by the store's operator
 //!   operations (`idem records list --state parked`, `idem stats`, the admin view), and the
-//!   completer reports what it did as metrics ([`crate::observe`]'s list).
+//!   completer reports what it did as metrics (`idem_completer_resumed_total`,
+//!   `idem_completer_parked_total`, `idem_unfinished_claims`, `idem_unfinished_oldest_seconds`).
 //!
 //! A resume function that fails before the guarded call claims the record (it could not decode
 //! the request, a dependency was down) counts as an attempt: the claim is suspended with its

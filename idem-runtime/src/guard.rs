@@ -1,7 +1,7 @@
 //! A claim on a record, as an owner holds it: [`Guard`] completes it, releases it, records how far
 //! the work got, and releases it when dropped; [`ClaimInfo`] is what a guarded body may know of it.
 //!
-//! [`begin`] hands out a guard. It is the API `#[idempotent]` expands to, and the
+//! [`begin`](crate::flow::begin) hands out a guard. It is the API `#[idempotent]` expands to, and the
 //! one to call by hand when a guarded operation does not fit a function.
 //!
 //! ```

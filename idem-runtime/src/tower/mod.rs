@@ -728,7 +728,7 @@ impl<St: Store + Clone> GuardLayer<St> {
     /// the point the guard stopped reading it. Either way the request ran: when the answer
     /// would have been stored ([`GuardLayer::store_if`]) its record is completed without it,
     /// and a retry is answered 409 `ANSWER_NOT_KEPT`
-    /// ([`Error::AnswerNotKept`](crate::Error::AnswerNotKept)) rather than run again; other
+    /// ([`Error::AnswerNotKept`]) rather than run again; other
     /// answers release or keep the claim as [`GuardLayer::release_if`] says.
     pub fn stream_if(self, rule: impl Fn(&Answer<'_>) -> bool + Send + Sync + 'static) -> Self {
         self.edit(|c| c.stream_if = Arc::new(rule))
