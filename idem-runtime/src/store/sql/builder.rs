@@ -1,0 +1,208 @@
+//! The builder every SQL store starts from, and what each offers the same way on its engine.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::store::sweeper::DEFAULT_PURGE_EVERY;
+
+use super::*;
+
+/// The default table name of the SQL stores.
+pub(crate) const DEFAULT_TABLE: &str = "idem_records";
+
+/// What every SQL store offers the same way, on its engine (`inner`): `Debug`, `builder`, `new`,
+/// `table`, `migrate`, and the transactional methods that need no dialect.
+macro_rules! engine_store_api {
+    ($store:ident, $pool:ty, $db:ty, $conn:ty) => {
+        impl fmt::Debug for $store {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($store))
+                    .field("table", &self.inner.sql.table)
+                    .finish_non_exhaustive()
+            }
+        }
+
+        impl $store {
+            /// A builder with the default table name, creating the table.
+            pub fn builder() -> SqlStoreBuilder<$store> {
+                SqlStoreBuilder::default()
+            }
+
+            /// A store on `pool`, with the default table. The table is not created: call
+            #[doc = concat!("[`", stringify!($store), "::migrate`], or use the builder.")]
+            /// Expired records are purged in the background once a minute, as with the
+            /// builder's defaults (inside a Tokio runtime); everything else is the builder's
+            /// default too.
+            pub fn new(pool: $pool) -> $store {
+                $store::on_engine(
+                    Engine::new(pool.clone(), pool, sql::DEFAULT_TABLE)
+                        .expect("the default table name is valid")
+                        .start(Some(crate::store::sweeper::DEFAULT_PURGE_EVERY)),
+                )
+            }
+
+            /// The table name.
+            pub fn table(&self) -> &str {
+                &self.inner.sql.table
+            }
+
+            /// Creates the table and its index if missing. Any number of processes may do it at
+            /// once: PostgreSQL migrates under an advisory lock, SQLite under its write lock.
+            pub async fn migrate(&self) -> Result<()> {
+                self.inner.migrate().await
+            }
+        }
+
+        impl TxStore for $store {
+            type Database = $db;
+
+            fn begin_transaction(
+                &self,
+            ) -> impl Future<Output = Result<sqlx::Transaction<'static, $db>>> + Send {
+                self.inner.begin_transaction()
+            }
+
+            async fn answer_first(&self, req: BeginRequest<'_>) -> Result<Option<BeginOutcome>> {
+                self.inner.answer_first_in_tx(&req).await
+            }
+
+            async fn begin_in(
+                &self,
+                conn: &mut $conn,
+                req: BeginRequest<'_>,
+            ) -> Result<BeginOutcome> {
+                self.begin_in_transaction(conn, req).await
+            }
+
+            fn complete_in(
+                &self,
+                conn: &mut $conn,
+                claim: ClaimRef<'_>,
+                response: &StoredResponse,
+            ) -> impl Future<Output = Result<()>> + Send {
+                self.inner.complete_on(conn, claim, response)
+            }
+        }
+    };
+}
+pub(crate) use engine_store_api;
+
+/// Builds a SQL store: the table name, whether to create it, and how expired records are
+/// purged. `PgStore::builder()` and `SqliteStore::builder()` start one; each store adds its own
+/// `build` and `connect`.
+///
+/// # Retention
+///
+/// A record lives as long as its policy's retention (`retain`, 24 hours by default, set per
+/// handler), then its identity is free again. The store built here deletes expired records in
+/// the background: once a minute by default ([`purge_every`](Self::purge_every)), in batches
+/// that give the database back to live requests in between (SQLite's one writer takes a claim
+/// between two batches), on a task that starts with the store, is shared by all its clones and
+/// ends when the last of them is dropped. A purge that fails is logged at `warn` and the next
+/// one tries again. [`background_purge(false)`](Self::background_purge) turns it off, for a
+/// database purged by other means (a job of its own, another service sharing the table).
+#[derive(Debug, Clone)]
+pub struct SqlStoreBuilder<S> {
+    pub(crate) table: String,
+    pub(crate) create_table: bool,
+    pub(crate) read_first: Option<bool>,
+    purge_every: Duration,
+    background_purge: bool,
+    #[cfg(feature = "postgres")]
+    pub(crate) group_commit: Option<crate::store::group::GroupCommit>,
+    #[cfg(feature = "postgres")]
+    pub(crate) duplicate_wait: std::time::Duration,
+    #[cfg(feature = "postgres")]
+    pub(crate) waiting_duplicates: Option<usize>,
+    store: PhantomData<fn() -> S>,
+}
+
+impl<S> Default for SqlStoreBuilder<S> {
+    fn default() -> Self {
+        SqlStoreBuilder {
+            table: DEFAULT_TABLE.to_owned(),
+            create_table: true,
+            read_first: None,
+            purge_every: DEFAULT_PURGE_EVERY,
+            background_purge: true,
+            #[cfg(feature = "postgres")]
+            group_commit: Some(crate::store::group::GroupCommit::default()),
+            #[cfg(feature = "postgres")]
+            duplicate_wait: crate::store::postgres::DEFAULT_DUPLICATE_WAIT,
+            #[cfg(feature = "postgres")]
+            waiting_duplicates: None,
+            store: PhantomData,
+        }
+    }
+}
+
+impl<S> SqlStoreBuilder<S> {
+    /// Whether a claim always (`true`) or never (`false`) first reads the record on the
+    /// readers (SQLite's reader pool, PostgreSQL's pool), and answers a replay or "in progress"
+    /// from there without a write: a replay is then one `SELECT` that never waits for SQLite's
+    /// writer, and in transactional mode no transaction opens for it. Inserting first makes a
+    /// new key one statement, as in a hand-written guard, and an existing one an insert that
+    /// does nothing and a read; reading first makes replays several times faster and new keys
+    /// a statement dearer (a read, then the insert).
+    ///
+    /// By default the store chooses as it goes: it inserts first while claims are new keys,
+    /// and reads first while recent claims found their record (more than about one in nine),
+    /// in both modes. Fix it here for a workload known in advance. `BENCHMARKS.md` has all
+    /// three. (PostgreSQL's group commit, when it batches, reads in its batch statement.)
+    pub fn read_first(mut self, read_first: bool) -> Self {
+        self.read_first = Some(read_first);
+        self
+    }
+
+    /// The table holding the records (default `idem_records`): an identifier, checked
+    /// (`schema.table` on PostgreSQL).
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// Whether to create the table and its index if missing (default: yes).
+    pub fn create_table(mut self, create: bool) -> Self {
+        self.create_table = create;
+        self
+    }
+
+    /// How often expired records are deleted in the background (default: once a minute).
+    /// Longer than zero; see [Retention](Self#retention).
+    pub fn purge_every(mut self, every: Duration) -> Self {
+        self.purge_every = every;
+        self
+    }
+
+    /// Whether the store deletes expired records in the background (default: yes). Without
+    /// it, expired records are never answered (a read checks their retention) but stay in the
+    /// table until [`Store::purge_expired`](crate::Store::purge_expired) is called.
+    pub fn background_purge(mut self, on: bool) -> Self {
+        self.background_purge = on;
+        self
+    }
+
+    /// The engine on these pools, its table created if asked for, purging in the background
+    /// unless told not to.
+    pub(crate) async fn open<D: Dialect>(
+        self,
+        writer: sqlx::Pool<D::Db>,
+        reader: sqlx::Pool<D::Db>,
+    ) -> Result<Arc<Engine<D>>> {
+        if self.background_purge && self.purge_every.is_zero() {
+            return Err(Error::Config(
+                "the background purge interval must be longer than zero".into(),
+            ));
+        }
+        let mut engine = Engine::new(writer, reader, &self.table)?;
+        if let Some(always) = self.read_first {
+            engine.read_first = ReadFirst::always(always);
+        }
+        if self.create_table {
+            engine.migrate().await?;
+        }
+        Ok(engine.start(self.background_purge.then_some(self.purge_every)))
+    }
+}

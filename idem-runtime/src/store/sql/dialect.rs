@@ -1,0 +1,242 @@
+//! What differs between the SQL databases ([`Dialect`]), the values bound to statements, and reading columns.
+
+use std::future::Future;
+use std::time::Duration;
+
+use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
+
+use crate::error::{Error, Result};
+use crate::store::schema::Database;
+
+/// A value bound to a statement.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Arg<'a> {
+    Text(&'a str),
+    Bytes(&'a [u8]),
+    OptBytes(Option<&'a [u8]>),
+    Int(i64),
+    OptInt4(Option<i32>),
+    Bool(bool),
+}
+
+/// What differs between two SQL databases, and nothing else.
+pub(crate) trait Dialect: Send + Sync + Sized + 'static {
+    /// The sqlx database.
+    type Db: sqlx::Database;
+    /// Its rows.
+    type Row: Columns + Send;
+
+    /// Now, as the timestamp columns store it.
+    const NOW: &'static str;
+    /// Now in milliseconds since the Unix epoch: the first fence of a record.
+    const NOW_MS: &'static str;
+    /// Which database it is: the tables are created from its DDL in `store::schema`.
+    const DATABASE: Database;
+    /// The types of the columns added since the tables were first created.
+    const TYPES: Types;
+    /// The boolean `false` as a column default.
+    const FALSE: &'static str;
+    /// How many expired records one purge statement deletes: short enough that live traffic is
+    /// never held behind it for long.
+    const PURGE_BATCH: i64;
+    /// Whether a table name may be `schema.table`.
+    const QUALIFIED_TABLES: bool;
+    /// The statement that opens a transaction for a guarded body, when the driver's default
+    /// will not do.
+    const BEGIN: Option<&'static str>;
+
+    /// `Self::NOW` plus the milliseconds in parameter `param`.
+    fn after(param: &str) -> String;
+    /// The milliseconds from now until the timestamp column `col`, negative once it passed.
+    fn ms_until(col: &str) -> String;
+    /// The timestamp column `col` as an integer that changes whenever it does.
+    fn stamp(col: &str) -> String;
+    /// The statements that delete a batch of the records of table `t` for which `expired` (a
+    /// condition on its columns) holds, the last one returning how many (`deleted`).
+    fn purge(t: &str, expired: &str) -> Vec<SqlStr>;
+    /// Widens the `state` check of a table created before `parked` was a state: a query whose
+    /// `present` column is 1 when the check allows it already, and the statements that make
+    /// it do (`states` is the list, written for the DDL).
+    fn allow_states(t: &str, table: &str, states: &str) -> (SqlStr, Vec<SqlStr>);
+    /// A statement run first in a migration's transaction, before any table is created: what
+    /// serialises concurrent migrations where the transaction does not, and keeps them quiet.
+    fn migration_start() -> Option<SqlStr>;
+    /// Adds `column` (`definition` after its name) to a table created before it existed: the
+    /// statement, and, where the database cannot say `IF NOT EXISTS`, a query whose `present`
+    /// column counts the column if it is there already.
+    fn add_column(t: &str, table: &str, column: &str, definition: &str) -> AddColumn;
+    /// A query whose `present` column is 1 when table `t`, its index `index` and every column
+    /// of `columns` exist already, read from the catalog without locking the table; `None`
+    /// where migrating a table that is up to date takes no lock that could wait on its users.
+    ///
+    /// PostgreSQL's `CREATE INDEX IF NOT EXISTS` and `ALTER TABLE … ADD COLUMN IF NOT EXISTS`
+    /// lock the table before they find there is nothing to do: an instance starting next to
+    /// busy ones (a rolling restart, a restart after a crash) would queue every claim behind
+    /// its migration, or deadlock with a claim in flight.
+    fn up_to_date(_t: &str, _index: &str, _columns: &[&str]) -> Option<SqlStr> {
+        None
+    }
+
+    /// The text of `col` up to its first `:` (all of it when there is none): a scope's prefix,
+    /// as `StoreStats` counts it.
+    fn scope_prefix(col: &str) -> String;
+
+    /// Runs `sql` with `args` on `conn`: every row.
+    fn fetch_all<'a>(
+        conn: &'a mut <Self::Db as sqlx::Database>::Connection,
+        sql: &'a SqlStr,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = Result<Vec<Self::Row>>> + Send + 'a;
+
+    /// Runs `sql` with `args` on `conn`: its first row, if any.
+    fn fetch<'a>(
+        conn: &'a mut <Self::Db as sqlx::Database>::Connection,
+        sql: &'a SqlStr,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = Result<Option<Self::Row>>> + Send + 'a;
+}
+
+/// A column added to tables created before it existed.
+pub(crate) struct AddColumn {
+    pub(crate) probe: Option<SqlStr>,
+    pub(crate) alter: SqlStr,
+}
+
+/// Columns added since the table was first created, with their definitions: tables created
+/// earlier get them when the store migrates.
+pub(super) const ADDED_COLUMNS: &[(&str, &str)] = &[
+    ("attempt", "{int4} NOT NULL DEFAULT 1"),
+    ("request", "{bytes}"),
+    ("resume_at", "{timestamp}"),
+    ("note", "{text}"),
+];
+
+/// The types of added columns, per dialect (the tables' DDL is in `store::schema`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Types {
+    pub(crate) int4: &'static str,
+    pub(crate) timestamp: &'static str,
+    pub(crate) bytes: &'static str,
+    pub(crate) text: &'static str,
+}
+
+/// Reading a column of a row, the same way for every database.
+pub(crate) trait Columns {
+    fn int8(&self, col: &str) -> Result<i64, sqlx::Error>;
+    fn int4(&self, col: &str) -> Result<i32, sqlx::Error>;
+    fn opt_int4(&self, col: &str) -> Result<Option<i32>, sqlx::Error>;
+    fn opt_int8(&self, col: &str) -> Result<Option<i64>, sqlx::Error>;
+    fn text(&self, col: &str) -> Result<String, sqlx::Error>;
+    fn opt_text(&self, col: &str) -> Result<Option<String>, sqlx::Error>;
+    fn bytes(&self, col: &str) -> Result<Vec<u8>, sqlx::Error>;
+    fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, sqlx::Error>;
+    fn boolean(&self, col: &str) -> Result<bool, sqlx::Error>;
+}
+
+impl<R> Columns for R
+where
+    R: sqlx::Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    fn int8(&self, col: &str) -> Result<i64, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn int4(&self, col: &str) -> Result<i32, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn opt_int4(&self, col: &str) -> Result<Option<i32>, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn opt_int8(&self, col: &str) -> Result<Option<i64>, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn text(&self, col: &str) -> Result<String, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn opt_text(&self, col: &str) -> Result<Option<String>, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn bytes(&self, col: &str) -> Result<Vec<u8>, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn boolean(&self, col: &str) -> Result<bool, sqlx::Error> {
+        self.try_get(col)
+    }
+}
+
+/// `sql` with `args` bound: the one way statements are prepared.
+pub(crate) fn bound<'q, DB>(
+    sql: &SqlStr,
+    args: &'q [Arg<'_>],
+) -> sqlx::query::Query<'q, DB, DB::Arguments>
+where
+    DB: sqlx::Database,
+    for<'a> &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'a> &'a [u8]: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'a> Option<&'a [u8]>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'a> i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'a> Option<i32>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'a> bool: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+{
+    let mut q = sqlx::query::<DB>(sql.clone());
+    for arg in args {
+        q = match *arg {
+            Arg::Text(v) => q.bind(v),
+            Arg::Bytes(v) => q.bind(v),
+            Arg::OptBytes(v) => q.bind(v),
+            Arg::Int(v) => q.bind(v),
+            Arg::OptInt4(v) => q.bind(v),
+            Arg::Bool(v) => q.bind(v),
+        };
+    }
+    q
+}
+
+/// A dialect's `fetch` and `fetch_all` on its database: statements bound by [`bound`], their
+/// errors sorted by [`map_err`].
+macro_rules! run_statements {
+    ($db:ty, $conn:ty, $row:ty) => {
+        fn fetch_all<'a>(
+            conn: &'a mut $conn,
+            sql: &'a SqlStr,
+            args: &'a [Arg<'a>],
+        ) -> impl Future<Output = Result<Vec<$row>>> + Send + 'a {
+            let q = sql::bound::<$db>(sql, args);
+            async move { q.fetch_all(&mut *conn).await.map_err(sql::map_err) }
+        }
+
+        fn fetch<'a>(
+            conn: &'a mut $conn,
+            sql: &'a SqlStr,
+            args: &'a [Arg<'a>],
+        ) -> impl Future<Output = Result<Option<$row>>> + Send + 'a {
+            let q = sql::bound::<$db>(sql, args);
+            async move { q.fetch_optional(&mut *conn).await.map_err(sql::map_err) }
+        }
+    };
+}
+pub(crate) use run_statements;
+
+pub(super) fn sql(s: String) -> SqlStr {
+    AssertSqlSafe(s).into_sql_str()
+}
+
+pub(crate) fn fence_from_db(fence: i64) -> Result<u64> {
+    u64::try_from(fence).map_err(|_| Error::Store(format!("negative fence {fence}").into()))
+}
+
+pub(crate) fn fence_to_db(fence: u64) -> i64 {
+    i64::try_from(fence).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn ms(d: Duration) -> i64 {
+    crate::clock::duration_ms(d)
+}

@@ -1,0 +1,395 @@
+//! Every statement of one SQL store, built once from its table name, and the migration.
+
+use sqlx::SqlStr;
+
+use crate::error::Result;
+use crate::lifecycle::State;
+use crate::record::BeginRequest;
+use crate::store::RecordQuery;
+use crate::store::schema::{self};
+
+use super::*;
+
+/// Every statement of one store, built once from its table name.
+pub(crate) struct Statements {
+    pub(crate) table: String,
+    /// Deletes a batch of expired records; the last statement returns how many.
+    pub(crate) purge: Vec<SqlStr>,
+    /// A first claim alone: `INSERT … ON CONFLICT DO NOTHING RETURNING fence`, no row when the
+    /// record exists (or a concurrent claim committed it while this one waited on the index).
+    pub(crate) insert: SqlStr,
+    /// The record's columns ([`CurRow`]), by scope and key.
+    pub(crate) select: SqlStr,
+    pub(super) reclaim: SqlStr,
+    pub(super) complete: SqlStr,
+    pub(super) release: SqlStr,
+    pub(super) checkpoint: SqlStr,
+    pub(super) renew: SqlStr,
+    pub(super) lookup: SqlStr,
+    pub(super) suspend: SqlStr,
+    pub(super) due: SqlStr,
+    pub(super) park: SqlStr,
+    /// What operators ask ([`crate::store::admin`]).
+    pub(super) admin: AdminStatements,
+    pub(super) migration: Migration,
+}
+
+/// The statements of the operators' operations; `List` writes its own from its filters.
+pub(crate) struct AdminStatements {
+    /// The columns of a `RecordInfo`, without the recovery point and answer.
+    pub(super) info_columns: String,
+    /// `FROM` the table.
+    pub(super) table: String,
+    /// `NOW_MS`, the table's clock in ms.
+    pub(super) now_ms: &'static str,
+    pub(super) inspect: SqlStr,
+    pub(super) force_release: SqlStr,
+    pub(super) retry: SqlStr,
+    /// `force_release` of the claim with the fence `$3` only.
+    pub(super) force_release_fenced: SqlStr,
+    pub(super) count_expired: SqlStr,
+    pub(super) stats: SqlStr,
+}
+
+/// How a table is created, and brought up to date when it was created by an earlier version:
+/// the same steps for the records' table and the outbox's.
+pub(crate) struct Migration {
+    /// `CREATE … IF NOT EXISTS` statements, in order.
+    pub(crate) create: Vec<SqlStr>,
+    /// Columns added since the table was first created.
+    pub(crate) upgrade: Vec<AddColumn>,
+    /// Statements run once the columns are there (an index on an added column).
+    pub(crate) finish: Vec<SqlStr>,
+    /// A check to widen, when the table was created before a value it must allow: a query
+    /// whose `present` column is 1 when it allows it already, and what widens it.
+    pub(crate) widen: Option<(SqlStr, Vec<SqlStr>)>,
+    /// The dialect's catalog probe that finds the table up to date without locking it.
+    pub(crate) up_to_date: Option<SqlStr>,
+}
+
+impl Migration {
+    /// Creates what is missing, in one transaction opened by the dialect's `migration_start`; safe
+    /// to run from many instances at once. A table found up to date by the probe is not
+    /// touched.
+    pub(crate) async fn run<D: Dialect>(&self, pool: &sqlx::Pool<D::Db>) -> Result<()> {
+        if let Some(probe) = &self.up_to_date {
+            let mut conn = pool.acquire().await.map_err(map_err)?;
+            if let Some(row) = D::fetch(&mut conn, probe, &[]).await?
+                && row.int8("present").map_err(map_err)? > 0
+            {
+                return Ok(());
+            }
+        }
+        let mut tx = begin_on::<D>(pool).await?;
+        for stmt in D::migration_start().iter().chain(&self.create) {
+            D::fetch(&mut tx, stmt, &[]).await?;
+        }
+        for add in &self.upgrade {
+            if let Some(probe) = &add.probe
+                && let Some(row) = D::fetch(&mut tx, probe, &[]).await?
+                && row.int8("present").map_err(map_err)? > 0
+            {
+                continue;
+            }
+            D::fetch(&mut tx, &add.alter, &[]).await?;
+        }
+        if let Some((probe, widen)) = &self.widen {
+            let present = match D::fetch(&mut tx, probe, &[]).await? {
+                Some(row) => row.int8("present").map_err(map_err)? > 0,
+                None => false,
+            };
+            if !present {
+                for stmt in widen {
+                    D::fetch(&mut tx, stmt, &[]).await?;
+                }
+            }
+        }
+        for stmt in &self.finish {
+            D::fetch(&mut tx, stmt, &[]).await?;
+        }
+        tx.commit().await.map_err(map_err)
+    }
+}
+
+impl Statements {
+    pub(crate) fn new<D: Dialect>(table: &str) -> Result<Statements> {
+        let t = quote_table(table, D::QUALIFIED_TABLES)?;
+        let now = D::NOW;
+        let types = D::TYPES;
+        let (in_progress, completed, released, parked) = (
+            State::InProgress.as_str(),
+            State::Completed.as_str(),
+            State::Released.as_str(),
+            State::Parked.as_str(),
+        );
+        let holds = holds_work();
+        let live = format!("(expires_at > {now} OR {holds})");
+        // A fenced write applies only while its owner holds a live claim (`lifecycle::owns`).
+        let owned = format!("fence = $3 AND state = '{in_progress}' AND {live}");
+        // What ends a claim clears the work it held.
+        let no_work = "request = NULL, resume_at = NULL, note = NULL";
+        let states = [in_progress, completed, released, parked]
+            .map(|s| format!("'{s}'"))
+            .join(", ");
+        // The completer's index is on a column that tables created earlier gain by migrating:
+        // it is created once the columns are there.
+        let mut create = schema::records(D::DATABASE, table)?;
+        let finish: Vec<SqlStr> = create.split_off(2).into_iter().map(sql).collect();
+        Ok(Statements {
+            table: table.to_owned(),
+            purge: D::purge(&t, &format!("expires_at <= {now} AND NOT {holds}")),
+            // A resumable claim ($6) stores its request and is due to the completer once its
+            // lease runs out.
+            insert: sql(format!(
+                "INSERT INTO {t} (scope, key, fingerprint, state, fence, lease_until, expires_at, \
+                 request, resume_at, created_at, updated_at) \
+                 VALUES ($1, $2, $3, '{in_progress}', {}, {}, {}, $6, \
+                 CASE WHEN $6 IS NULL THEN NULL ELSE {now} END, {now}, {now}) \
+                 ON CONFLICT (scope, key) DO NOTHING RETURNING fence",
+                D::NOW_MS,
+                D::after("$4"),
+                D::after("$5"),
+            )),
+            select: sql(format!(
+                "SELECT fence, fingerprint, state, response_status, response_error, response_body, \
+                 (expires_at <= {now} AND NOT {holds}) AS expired, {} AS lease_left_ms, \
+                 {} AS lease_stamp \
+                 FROM {t} WHERE scope = $1 AND key = $2",
+                D::ms_until("lease_until"),
+                D::stamp("lease_until"),
+            )),
+            // A take-over applies only to the record exactly as it was read: what to do was
+            // decided from that, and anything since (a completion, a release, a checkpoint, a
+            // competing take-over) changed its fence, state or lease. One that continues the
+            // same request ($6) keeps its work (its request, unless a new one comes with the
+            // claim, $10, and why it did not finish); another starts without.
+            reclaim: sql(format!(
+                "UPDATE {t} SET fence = fence + 1, state = '{in_progress}', fingerprint = $3, \
+                 lease_until = {}, expires_at = {}, \
+                 recovery_point = CASE WHEN $6 THEN recovery_point END, \
+                 attempt = CASE WHEN $6 THEN attempt + 1 ELSE 1 END, \
+                 response_status = NULL, response_error = {}, response_body = NULL, \
+                 request = COALESCE($10, CASE WHEN $6 THEN request END), \
+                 resume_at = CASE WHEN $10 IS NOT NULL OR ($6 AND request IS NOT NULL) \
+                   THEN {now} END, \
+                 note = CASE WHEN $6 THEN note END, \
+                 updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND fence = $7 AND state = $8 AND {} = $9 \
+                 RETURNING fence, recovery_point, attempt",
+                D::after("$4"),
+                D::after("$5"),
+                D::FALSE,
+                D::stamp("lease_until"),
+            )),
+            // A completion whose reply was lost after the database committed it is retried
+            // (`Guard::finish`): finding the record completed by this very fence with this very
+            // answer, the retry succeeds rather than report the fence lost for a completion
+            // that is in fact ours.
+            complete: sql(format!(
+                "UPDATE {t} SET state = '{completed}', response_status = $4, response_error = $5, \
+                 response_body = $6, recovery_point = NULL, {no_work}, updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND (({owned}) OR (fence = $3 \
+                 AND state = '{completed}' AND expires_at > {now} \
+                 AND response_status IS NOT DISTINCT FROM $4 AND response_error = $5 \
+                 AND response_body = $6)) RETURNING fence"
+            )),
+            release: sql(format!(
+                "UPDATE {t} SET state = '{released}', {no_work}, updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence"
+            )),
+            checkpoint: sql(format!(
+                "UPDATE {t} SET recovery_point = $4, lease_until = {}, updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence",
+                D::after("$5"),
+            )),
+            renew: sql(format!(
+                "UPDATE {t} SET lease_until = {}, updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence",
+                D::after("$4"),
+            )),
+            lookup: sql(format!(
+                "SELECT fingerprint, state, fence, response_status, response_error, response_body, \
+                 {} AS lease_left_ms \
+                 FROM {t} WHERE scope = $1 AND key = $2 AND state <> '{released}' AND {live}",
+                D::ms_until("lease_until"),
+            )),
+            // The lease ends now, so the same request's retry takes it over at once; the
+            // completer waits $5 ms.
+            suspend: sql(format!(
+                "UPDATE {t} SET lease_until = {now}, note = $4, \
+                 resume_at = CASE WHEN request IS NOT NULL THEN {} END, updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence",
+                D::after("$5"),
+            )),
+            due: sql(format!(
+                "SELECT scope, key, fence, attempt, fingerprint, request, note, \
+                 {} AS resume_left_ms, {} AS lease_left_ms \
+                 FROM {t} WHERE resume_at IS NOT NULL AND resume_at <= {now} \
+                 AND state = '{in_progress}' AND lease_until <= {now} \
+                 ORDER BY resume_at LIMIT $1",
+                D::ms_until("resume_at"),
+                D::ms_until("lease_until"),
+            )),
+            park: sql(format!(
+                "UPDATE {t} SET state = '{parked}', note = $4, resume_at = NULL, \
+                 updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND fence = $3 AND state = '{in_progress}' \
+                 AND lease_until <= {now} RETURNING fence"
+            )),
+            admin: AdminStatements::new::<D>(&t),
+            migration: Migration {
+                create: create.into_iter().map(sql).collect(),
+                upgrade: ADDED_COLUMNS
+                    .iter()
+                    .map(|(column, definition)| {
+                        let definition = definition
+                            .replace("{int4}", types.int4)
+                            .replace("{bytes}", types.bytes)
+                            .replace("{timestamp}", types.timestamp)
+                            .replace("{text}", types.text);
+                        D::add_column(&t, table, column, &definition)
+                    })
+                    .collect(),
+                up_to_date: D::up_to_date(
+                    &t,
+                    &index_name(table, "resume_at"),
+                    &ADDED_COLUMNS.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
+                ),
+                widen: Some(D::allow_states(&t, table, &states)),
+                finish,
+            },
+        })
+    }
+
+    /// The arguments of the first claim: scope, key, fingerprint, lease, retention and the
+    /// stored request.
+    pub(crate) fn claim_args<'a>(req: &BeginRequest<'a>) -> [Arg<'a>; 6] {
+        [
+            Arg::Text(req.scope),
+            Arg::Text(req.key),
+            Arg::Bytes(req.fingerprint.as_bytes()),
+            Arg::Int(ms(req.policy.lease)),
+            Arg::Int(ms(req.policy.retain)),
+            Arg::OptBytes(req.request),
+        ]
+    }
+}
+
+impl AdminStatements {
+    pub(super) fn new<D: Dialect>(t: &str) -> AdminStatements {
+        let now = D::NOW;
+        let (in_progress, released, parked) = (
+            State::InProgress.as_str(),
+            State::Released.as_str(),
+            State::Parked.as_str(),
+        );
+        let holds = holds_work();
+        let info_columns = format!(
+            "scope, key, state, fence, attempt, fingerprint, {} AS now_ms, \
+             {} AS lease_left_ms, {} AS expires_ms, note, \
+             CASE WHEN request IS NULL THEN 0 ELSE 1 END AS resumable",
+            D::NOW_MS,
+            D::ms_until("lease_until"),
+            D::ms_until("expires_at"),
+        );
+        let live = format!("(expires_at > {now} OR {holds})");
+        let expired = format!("(expires_at <= {now} AND NOT {holds})");
+        let unfinished = format!(
+            "state = '{in_progress}' AND (request IS NOT NULL OR note IS NOT NULL) \
+             AND lease_until <= {now}"
+        );
+        AdminStatements {
+            inspect: sql(format!(
+                "SELECT {info_columns}, recovery_point, response_status, response_error, \
+                 response_body, request FROM {t} WHERE scope = $1 AND key = $2"
+            )),
+            // The fence moves on, so that the owner that is presumed gone cannot complete,
+            // release or checkpoint over the next attempt if it wakes up. Parked work is
+            // released the same way.
+            force_release: sql(format!(
+                "UPDATE {t} SET state = '{released}', fence = fence + 1, request = NULL, \
+                 resume_at = NULL, note = NULL, updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND state IN ('{in_progress}', '{parked}') \
+                 AND {live} RETURNING fence"
+            )),
+            retry: sql(format!(
+                "UPDATE {t} SET state = '{in_progress}', lease_until = {now}, attempt = 1, \
+                 resume_at = CASE WHEN request IS NOT NULL THEN {now} END, updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND state = '{parked}' RETURNING fence"
+            )),
+            // Only the claim the operator saw: a claim taken since keeps running.
+            force_release_fenced: sql(format!(
+                "UPDATE {t} SET state = '{released}', fence = fence + 1, request = NULL, \
+                 resume_at = NULL, note = NULL, updated_at = {now} \
+                 WHERE scope = $1 AND key = $2 AND state IN ('{in_progress}', '{parked}') \
+                 AND {live} AND fence = $3 RETURNING fence"
+            )),
+            count_expired: sql(format!("SELECT count(*) AS n FROM {t} WHERE {expired}")),
+            stats: sql(format!(
+                "SELECT {prefix} AS prefix, state, \
+                 count(*) AS n, \
+                 {oldest} AS oldest_fence, \
+                 sum(CASE WHEN {expired} THEN 1 ELSE 0 END) AS expired, \
+                 sum(CASE WHEN {live} AND {until} <= $1 THEN 1 ELSE 0 END) AS expiring, \
+                 sum(CASE WHEN {unfinished} THEN 1 ELSE 0 END) AS unfinished, \
+                 min(CASE WHEN {unfinished} THEN fence END) AS oldest_unfinished_fence, \
+                 max({now_ms}) AS now_ms \
+                 FROM {t} GROUP BY {prefix}, state",
+                prefix = D::scope_prefix("scope"),
+                oldest = format_args!(
+                    "min(CASE WHEN state = '{in_progress}' AND {live} THEN fence END)"
+                ),
+                until = D::ms_until("expires_at"),
+                now_ms = D::NOW_MS,
+            )),
+            info_columns,
+            table: t.to_owned(),
+            now_ms: D::NOW_MS,
+        }
+    }
+
+    /// `List`'s statement and arguments, from its filters.
+    pub(super) fn list<'q>(&self, query: &'q RecordQuery) -> (SqlStr, Vec<Arg<'q>>) {
+        let mut conditions = Vec::new();
+        let mut args = Vec::new();
+        if let Some(state) = query.state {
+            args.push(Arg::Text(state.as_str()));
+            conditions.push(format!("state = ${}", args.len()));
+        }
+        if let Some(prefix) = query.scope_prefix.as_deref() {
+            args.push(Arg::Text(prefix));
+            // By length, not LIKE: a prefix holding `%` or `_` means itself.
+            conditions.push(format!(
+                "substr(scope, 1, {}) = ${}",
+                prefix.chars().count(),
+                args.len()
+            ));
+        }
+        if let Some(age) = query.older_than {
+            args.push(Arg::Int(ms(age)));
+            conditions.push(format!("fence < {} - ${}", self.now_ms, args.len()));
+        }
+        let filter = if conditions.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE {}", conditions.join(" AND "))
+        };
+        let statement = sql(format!(
+            "SELECT {} FROM {}{filter} ORDER BY fence LIMIT {}",
+            self.info_columns,
+            self.table,
+            query.limit.min(i64::MAX as usize),
+        ));
+        (statement, args)
+    }
+}
+
+/// Whether a row holds unfinished work, in SQL (`lifecycle::unfinished`): such a row never
+/// expires.
+pub(crate) fn holds_work() -> String {
+    format!(
+        "(state = '{}' OR (state = '{}' AND (request IS NOT NULL OR note IS NOT NULL)))",
+        State::Parked.as_str(),
+        State::InProgress.as_str()
+    )
+}
