@@ -47,6 +47,7 @@ impl Dialect for Pg {
         text: "text",
     };
     const FALSE: &'static str = "false";
+    const BYTE_ORDER: &'static str = " COLLATE \"C\"";
     const QUALIFIED_TABLES: bool = true;
     const BEGIN: Option<&'static str> = None;
 

@@ -32,11 +32,13 @@ pub const RECORDS_TABLE: &str = "idem_records";
 pub const OUTBOX_TABLE: &str = "idem_outbox";
 
 /// The records table of PostgreSQL (`idem_records`), its index on `expires_at`, which the
-/// purge scans, and its index on `resume_at`, which completers scan. `fillfactor = 80` leaves room on each page for a completion's update to stay
-/// there (it changes no indexed column, so it is a HOT update).
+/// purge scans, and its index on `resume_at`, which completers scan. `fillfactor = 80` leaves
+/// room on each page for a completion's update to stay there (it changes no indexed column, so
+/// it is a HOT update). Scopes are ordered by their bytes (`COLLATE "C"`), so that the primary
+/// key serves the operators' listings by scope prefix, and compares them without the locale.
 pub const POSTGRES_RECORDS: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS \"idem_records\" (
-    scope text NOT NULL,
+    scope text COLLATE \"C\" NOT NULL,
     key text NOT NULL,
     fingerprint bytea NOT NULL,
     state text NOT NULL CHECK (state IN ('in_progress', 'completed', 'released', 'parked')),

@@ -41,6 +41,8 @@ impl Dialect for Lite {
         text: "TEXT",
     };
     const FALSE: &'static str = "0";
+    // Text is compared byte by byte unless a column says otherwise (BINARY).
+    const BYTE_ORDER: &'static str = "";
     const QUALIFIED_TABLES: bool = false;
     // A transaction that writes takes the write lock up front: two that started reading could
     // otherwise deadlock upgrading their locks.

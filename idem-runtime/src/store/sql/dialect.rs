@@ -39,6 +39,9 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     /// How many expired records one purge statement deletes: short enough that live traffic is
     /// never held behind it for long.
     const PURGE_BATCH: i64;
+    /// What follows a text column in a comparison that must be one of bytes (UTF-8's order of
+    /// code points), and that the records' primary key, created in that order, serves.
+    const BYTE_ORDER: &'static str;
     /// Whether a table name may be `schema.table`.
     const QUALIFIED_TABLES: bool;
     /// The statement that opens a transaction for a guarded body, when the driver's default

@@ -42,6 +42,8 @@ pub(crate) struct AdminStatements {
     pub(super) table: String,
     /// `NOW_MS`, the table's clock in ms.
     pub(super) now_ms: &'static str,
+    /// `BYTE_ORDER`, what makes a comparison of scopes one of bytes.
+    pub(super) byte_order: &'static str,
     pub(super) inspect: SqlStr,
     pub(super) force_release: SqlStr,
     pub(super) retry: SqlStr,
@@ -345,11 +347,17 @@ impl AdminStatements {
             info_columns,
             table: t.to_owned(),
             now_ms: D::NOW_MS,
+            byte_order: D::BYTE_ORDER,
         }
     }
 
-    /// `List`'s statement and arguments, from its filters.
-    pub(super) fn list<'q>(&self, query: &'q RecordQuery) -> (SqlStr, Vec<Arg<'q>>) {
+    /// `List`'s statement and arguments, from its filters; `prefix_end` is
+    /// [`prefix_end`] of its scope prefix.
+    pub(super) fn list<'q>(
+        &self,
+        query: &'q RecordQuery,
+        prefix_end: Option<&'q str>,
+    ) -> (SqlStr, Vec<Arg<'q>>) {
         let mut conditions = Vec::new();
         let mut args = Vec::new();
         if let Some(state) = query.state {
@@ -357,13 +365,16 @@ impl AdminStatements {
             conditions.push(format!("state = ${}", args.len()));
         }
         if let Some(prefix) = query.scope_prefix.as_deref() {
+            // A range of the primary key in byte order, not LIKE (a prefix holding `%` or `_`
+            // means itself) nor a function of the column (which no index serves): the scopes
+            // from the prefix up to the first text after every one that starts with it.
+            let scope = format!("scope{}", self.byte_order);
             args.push(Arg::Text(prefix));
-            // By length, not LIKE: a prefix holding `%` or `_` means itself.
-            conditions.push(format!(
-                "substr(scope, 1, {}) = ${}",
-                prefix.chars().count(),
-                args.len()
-            ));
+            conditions.push(format!("{scope} >= ${}", args.len()));
+            if let Some(end) = prefix_end {
+                args.push(Arg::Text(end));
+                conditions.push(format!("{scope} < ${}", args.len()));
+            }
         }
         if let Some(age) = query.older_than {
             args.push(Arg::Int(ms(age)));
@@ -384,6 +395,25 @@ impl AdminStatements {
     }
 }
 
+/// The least text after every text that starts with `prefix`, in byte order (which is UTF-8's
+/// order of code points): `prefix` with its last character that is not the greatest one
+/// incremented and the characters after it dropped; `None` when there is no such character
+/// (every scope from `prefix` on starts with it).
+pub(crate) fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = match last {
+            char::MAX => continue,
+            // The surrogates are no characters: the next one after them.
+            '\u{D7FF}' => '\u{E000}',
+            c => char::from_u32(u32::from(c) + 1)?,
+        };
+        chars.push(next);
+        return Some(chars.into_iter().collect());
+    }
+    None
+}
+
 /// Whether a row holds unfinished work, in SQL (`lifecycle::unfinished`): such a row never
 /// expires.
 pub(crate) fn holds_work() -> String {
@@ -392,4 +422,71 @@ pub(crate) fn holds_work() -> String {
         State::Parked.as_str(),
         State::InProgress.as_str()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Every text that starts with the prefix is below its end, and every text from the
+        /// prefix up to its end starts with it: the range is the prefix, exactly.
+        #[test]
+        fn the_end_of_a_prefix_bounds_exactly_the_texts_that_start_with_it(
+            prefix in "\\PC{0,4}|[\u{10FFFF}\u{D7FF}a]{0,3}",
+            rest in "\\PC{0,4}|[\u{10FFFF}\u{D7FF}\u{E000}a]{0,3}",
+            other in "\\PC{0,6}",
+        ) {
+            let end = prefix_end(&prefix);
+            let under = format!("{prefix}{rest}");
+            prop_assert!(end.as_deref().is_none_or(|e| under.as_str() < e));
+            let in_range = other.as_str() >= prefix.as_str()
+                && end.as_deref().is_none_or(|e| other.as_str() < e);
+            prop_assert_eq!(in_range, other.starts_with(&prefix));
+        }
+    }
+
+    #[test]
+    fn the_end_of_a_prefix_skips_what_has_no_successor() {
+        assert_eq!(prefix_end("refund:").as_deref(), Some("refund;"));
+        assert_eq!(prefix_end("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(prefix_end("\u{D7FF}").as_deref(), Some("\u{E000}"));
+        assert_eq!(prefix_end("\u{10FFFF}\u{10FFFF}"), None);
+        assert_eq!(prefix_end(""), None);
+    }
+
+    /// The operators' listing by scope prefix is a search of the primary key, not a scan of
+    /// the table.
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn a_listing_by_scope_prefix_searches_the_primary_key_on_sqlite() {
+        use crate::store::sqlite::Lite;
+
+        let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+        let statements = Statements::new::<Lite>(schema::RECORDS_TABLE).unwrap();
+        statements.migration.run::<Lite>(&pool).await.unwrap();
+        for query in [
+            RecordQuery::new().scope_prefix("refund:"),
+            RecordQuery::new()
+                .scope_prefix("refund:")
+                .state(State::InProgress)
+                .older_than(std::time::Duration::from_secs(60)),
+            RecordQuery::new().scope_prefix("\u{10FFFF}"),
+        ] {
+            let end = query.scope_prefix.as_deref().and_then(prefix_end);
+            let (statement, args) = statements.admin.list(&query, end.as_deref());
+            let explain = sql(format!("EXPLAIN QUERY PLAN {}", statement.as_str()));
+            let mut conn = pool.acquire().await.unwrap();
+            let plan = Lite::fetch_all(&mut conn, &explain, &args).await.unwrap();
+            let plan: Vec<String> = plan.iter().map(|r| r.text("detail").unwrap()).collect();
+            assert!(
+                plan.iter()
+                    .any(|step| step.starts_with("SEARCH idem_records USING PRIMARY KEY (scope>")),
+                "{query:?}: {plan:?}"
+            );
+            assert!(!plan.iter().any(|step| step.starts_with("SCAN idem_records")), "{plan:?}");
+        }
+    }
 }
