@@ -78,8 +78,8 @@ pub mod key;
 pub mod lifecycle;
 pub mod limit;
 mod observe;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+#[cfg(feature = "sql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sql")))]
 pub mod outbox;
 #[cfg(any(feature = "axum", feature = "tower"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "axum", feature = "tower"))))]
@@ -123,7 +123,7 @@ pub use crate::store::sweeper::{Sweeper, spawn_sweeper};
 pub use crate::store::{DynStore, SharedStore, Store};
 pub use crate::transition::{Created, StateMachine, Transition, Versioned};
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub use crate::store::TxStore;
 
 #[cfg(feature = "postgres")]
@@ -136,6 +136,6 @@ pub use crate::store::redis::{RedisStore, RedisStoreBuilder};
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use crate::store::sqlite::SqliteStore;
 /// The sqlx idem is built with: use it for pools and rows, so the versions agree.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+#[cfg(feature = "sql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sql")))]
 pub use sqlx;

@@ -65,7 +65,7 @@ use crate::store::Store;
 
 #[doc(inline)]
 pub use crate::conformance_tests;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 #[doc(inline)]
 pub use crate::tx_conformance_tests;
 
@@ -205,7 +205,7 @@ macro_rules! conformance_tests {
 
 /// One `#[test]` per transactional conformance case for the [`TxStore`](crate::TxStore) (that
 /// is also a [`tx_cases::TxFixture`]) that `make` builds; see [`conformance_tests!`].
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 #[doc(hidden)]
 #[macro_export]
 macro_rules! tx_conformance_tests {
@@ -1608,7 +1608,7 @@ pub mod cases {
 }
 
 /// The cases every transactional store passes.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub mod tx_cases {
     use std::future::Future;
     use std::time::Duration;

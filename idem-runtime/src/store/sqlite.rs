@@ -15,7 +15,9 @@ use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
 use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
 use crate::store::schema::Database;
-use crate::store::sql::{self, AddColumn, Arg, Dialect, Engine, SqlStoreBuilder, Types, map_err};
+use crate::store::sql::{
+    self, AddColumn, Arg, Dialect, Engine, SqlKind, SqlStoreBuilder, Types, map_err,
+};
 use crate::store::{Operation, Reply, Store, TxStore};
 
 /// The store's clock: milliseconds since the Unix epoch, read by SQLite itself.
@@ -177,6 +179,13 @@ pub struct SqliteStore {
 /// Builds a [`SqliteStore`]: table name, whether to create the table.
 pub type SqliteStoreBuilder = SqlStoreBuilder<SqliteStore>;
 
+impl sql::sealed::Sealed for SqliteStore {}
+
+impl SqlKind for SqliteStore {
+    /// SQLite's store has no settings of its own.
+    type Options = ();
+}
+
 impl SqlStoreBuilder<SqliteStore> {
     /// A store on an existing pool, for reads and writes.
     pub async fn build(self, pool: SqlitePool) -> Result<SqliteStore> {
@@ -290,7 +299,7 @@ sql::engine_store_api!(SqliteStore, SqlitePool, sqlx::Sqlite, SqliteConnection);
 
 #[cfg(test)]
 mod tests {
-    use super::is_in_memory;
+    use super::{Lite, is_in_memory};
 
     #[test]
     fn in_memory_urls() {
@@ -308,6 +317,40 @@ mod tests {
             "sqlite://idem.db",
         ] {
             assert!(!is_in_memory(url), "{url}");
+        }
+    }
+
+    /// The operators' listing by scope prefix is a search of the primary key, not a scan of
+    /// the table.
+    #[tokio::test]
+    async fn a_listing_by_scope_prefix_searches_the_primary_key_on_sqlite() {
+        use crate::lifecycle::State;
+        use crate::store::RecordQuery;
+        use crate::store::sql::{Columns as _, Statements, ddl, prefix_end};
+
+        let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+        let statements = Statements::new::<Lite>(ddl::RECORDS_TABLE).unwrap();
+        statements.migration.run::<Lite>(&pool).await.unwrap();
+        for query in [
+            RecordQuery::new().scope_prefix("refund:"),
+            RecordQuery::new()
+                .scope_prefix("refund:")
+                .state(State::InProgress)
+                .older_than(std::time::Duration::from_secs(60)),
+            RecordQuery::new().scope_prefix("\u{10FFFF}"),
+        ] {
+            let end = query.scope_prefix.as_deref().and_then(prefix_end);
+            let (statement, args) = statements.admin.list(&query, end.as_deref());
+            let explain = sql(format!("EXPLAIN QUERY PLAN {}", statement.as_str()));
+            let mut conn = pool.acquire().await.unwrap();
+            let plan = Lite::fetch_all(&mut conn, &explain, &args).await.unwrap();
+            let plan: Vec<String> = plan.iter().map(|r| r.text("detail").unwrap()).collect();
+            assert!(
+                plan.iter()
+                    .any(|step| step.starts_with("SEARCH idem_records USING PRIMARY KEY (scope>")),
+                "{query:?}: {plan:?}"
+            );
+            assert!(!plan.iter().any(|step| step.starts_with("SCAN idem_records")), "{plan:?}");
         }
     }
 }

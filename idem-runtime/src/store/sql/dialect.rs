@@ -6,7 +6,7 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
 
 use crate::error::{Error, Result};
-use crate::store::schema::Database;
+use super::ddl::Database;
 
 /// A value bound to a statement.
 #[derive(Debug, Clone, Copy)]

@@ -6,7 +6,6 @@ use crate::error::Result;
 use crate::lifecycle::State;
 use crate::record::BeginRequest;
 use crate::store::RecordQuery;
-use crate::store::schema::{self};
 
 use super::*;
 
@@ -30,8 +29,8 @@ pub(crate) struct Statements {
     pub(super) due: SqlStr,
     pub(super) park: SqlStr,
     /// What operators ask ([`crate::store::admin`]).
-    pub(super) admin: AdminStatements,
-    pub(super) migration: Migration,
+    pub(crate) admin: AdminStatements,
+    pub(crate) migration: Migration,
 }
 
 /// The statements of the operators' operations; `List` writes its own from its filters.
@@ -135,7 +134,7 @@ impl Statements {
             .join(", ");
         // The completer's index is on a column that tables created earlier gain by migrating:
         // it is created once the columns are there.
-        let mut create = schema::records(D::DATABASE, table)?;
+        let mut create = ddl::records(D::DATABASE, table)?;
         let finish: Vec<SqlStr> = create.split_off(2).into_iter().map(sql).collect();
         Ok(Statements {
             table: table.to_owned(),
@@ -353,7 +352,7 @@ impl AdminStatements {
 
     /// `List`'s statement and arguments, from its filters; `prefix_end` is
     /// [`prefix_end`] of its scope prefix.
-    pub(super) fn list<'q>(
+    pub(crate) fn list<'q>(
         &self,
         query: &'q RecordQuery,
         prefix_end: Option<&'q str>,
@@ -455,38 +454,5 @@ mod tests {
         assert_eq!(prefix_end("\u{D7FF}").as_deref(), Some("\u{E000}"));
         assert_eq!(prefix_end("\u{10FFFF}\u{10FFFF}"), None);
         assert_eq!(prefix_end(""), None);
-    }
-
-    /// The operators' listing by scope prefix is a search of the primary key, not a scan of
-    /// the table.
-    #[cfg(feature = "sqlite")]
-    #[tokio::test]
-    async fn a_listing_by_scope_prefix_searches_the_primary_key_on_sqlite() {
-        use crate::store::sqlite::Lite;
-
-        let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
-        let statements = Statements::new::<Lite>(schema::RECORDS_TABLE).unwrap();
-        statements.migration.run::<Lite>(&pool).await.unwrap();
-        for query in [
-            RecordQuery::new().scope_prefix("refund:"),
-            RecordQuery::new()
-                .scope_prefix("refund:")
-                .state(State::InProgress)
-                .older_than(std::time::Duration::from_secs(60)),
-            RecordQuery::new().scope_prefix("\u{10FFFF}"),
-        ] {
-            let end = query.scope_prefix.as_deref().and_then(prefix_end);
-            let (statement, args) = statements.admin.list(&query, end.as_deref());
-            let explain = sql(format!("EXPLAIN QUERY PLAN {}", statement.as_str()));
-            let mut conn = pool.acquire().await.unwrap();
-            let plan = Lite::fetch_all(&mut conn, &explain, &args).await.unwrap();
-            let plan: Vec<String> = plan.iter().map(|r| r.text("detail").unwrap()).collect();
-            assert!(
-                plan.iter()
-                    .any(|step| step.starts_with("SEARCH idem_records USING PRIMARY KEY (scope>")),
-                "{query:?}: {plan:?}"
-            );
-            assert!(!plan.iter().any(|step| step.starts_with("SCAN idem_records")), "{plan:?}");
-        }
     }
 }

@@ -1,5 +1,7 @@
 //! The PostgreSQL store: production, shared by any number of service instances.
 
+mod group;
+
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -12,10 +14,10 @@ use tokio::sync::Semaphore;
 
 use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
-use crate::store::group::{ClaimJob, ClaimReply, CompleteJob, Group};
+use self::group::{ClaimJob, ClaimReply, CompleteJob, Group};
 use crate::store::schema::Database;
 use crate::store::sql::{
-    self, AddColumn, Arg, Dialect, Engine, Next, SqlStoreBuilder, Types, map_err,
+    self, AddColumn, Arg, Dialect, Engine, Next, SqlKind, SqlStoreBuilder, Types, map_err,
 };
 use crate::store::{Operation, Reply, Store, TxStore};
 
@@ -245,10 +247,35 @@ impl TxClaims {
     }
 }
 
-pub use crate::store::group::{GroupCommit, GroupCommitStats};
+pub use self::group::{GroupCommit, GroupCommitStats};
 
 /// Builds a [`PgStore`]: table name, whether to create the table, group commit.
 pub type PgStoreBuilder = SqlStoreBuilder<PgStore>;
+
+/// What a [`PgStoreBuilder`] sets that other SQL stores do not have: group commit and the
+/// transactional duplicates' wait, set through the builder's methods.
+#[derive(Debug, Clone)]
+pub struct PgOptions {
+    group_commit: Option<GroupCommit>,
+    duplicate_wait: Duration,
+    waiting_duplicates: Option<usize>,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions {
+            group_commit: Some(GroupCommit::default()),
+            duplicate_wait: DEFAULT_DUPLICATE_WAIT,
+            waiting_duplicates: None,
+        }
+    }
+}
+
+impl sql::sealed::Sealed for PgStore {}
+
+impl SqlKind for PgStore {
+    type Options = PgOptions;
+}
 
 impl SqlStoreBuilder<PgStore> {
     /// Group commit (default: on, `GroupCommit::default()`; `group_commit(None)` turns it
@@ -261,7 +288,7 @@ impl SqlStoreBuilder<PgStore> {
     /// batched. `BENCHMARKS.md` ("Group commit on by default") has the measurements behind the
     /// default: level with off at 1 and 8 tasks, 1.45× at 32 and 3× at 128.
     pub fn group_commit(mut self, group_commit: impl Into<Option<GroupCommit>>) -> Self {
-        self.group_commit = group_commit.into();
+        self.options.group_commit = group_commit.into();
         self
     }
 
@@ -274,7 +301,7 @@ impl SqlStoreBuilder<PgStore> {
     /// connection, so only [`waiting_duplicates`](Self::waiting_duplicates) of them wait at
     /// once; the others are answered "in progress" at once.
     pub fn duplicate_wait(mut self, wait: Duration) -> Self {
-        self.duplicate_wait = wait;
+        self.options.duplicate_wait = wait;
         self
     }
 
@@ -283,14 +310,17 @@ impl SqlStoreBuilder<PgStore> {
     /// connections, at least one. Past it, a duplicate is answered "in progress" at once, so
     /// that retries of one slow request can never take the pool from every other key.
     pub fn waiting_duplicates(mut self, duplicates: usize) -> Self {
-        self.waiting_duplicates = Some(duplicates);
+        self.options.waiting_duplicates = Some(duplicates);
         self
     }
 
     /// A store on an existing pool.
     pub async fn build(self, pool: PgPool) -> Result<PgStore> {
-        let group_commit = self.group_commit;
-        let (wait, waiters) = (self.duplicate_wait, self.waiting_duplicates);
+        let PgOptions {
+            group_commit,
+            duplicate_wait: wait,
+            waiting_duplicates: waiters,
+        } = self.options.clone();
         let waiters = waiters.unwrap_or_else(|| default_waiters(&pool));
         if wait > MAX_DUPLICATE_WAIT {
             return Err(Error::Config(format!(

@@ -28,7 +28,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use crate::error::{Error, Result};
 use crate::lifecycle::State;
 use crate::record::{ClaimRef, Claimed, StoredResponse};
-use crate::store::postgres::Pg;
+use super::Pg;
 use crate::store::sql::{
     Columns as _, CurRow, Dialect, Engine, fence_to_db, map_err, ms, quote_table,
 };
