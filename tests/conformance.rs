@@ -10,11 +10,11 @@ mod common;
 
 use idem::testkit::Env;
 use idem::{
-    CachedStore, GroupCommit, ManualClock, MemoryStore, PgStore, RedisStore, SharedStore,
-    SqliteStore,
+    CachedStore, GroupCommit, ManualClock, MemoryStore, MySqlStore, PgStore, RedisStore,
+    SharedStore, SqliteStore,
 };
 
-use common::{PgSchema, RedisKeys, SqliteFile};
+use common::{MyDatabase, PgSchema, RedisKeys, SqliteFile};
 
 async fn memory() -> Env<MemoryStore> {
     let clock = ManualClock::new();
@@ -70,6 +70,28 @@ async fn postgres_group_always() -> Env<PgStore> {
         .await
         .expect("create the table");
     Env::new(store).keep(schema)
+}
+
+/// MySQL (MariaDB here) in a database of the case's own, through the store's own pool
+/// (`READ COMMITTED`, strict mode).
+async fn mysql() -> Env<MySqlStore> {
+    let db = MyDatabase::create(&common::mysql_url(), 4).await;
+    let store = MySqlStore::builder()
+        .connect(&db.url)
+        .await
+        .expect("create the table");
+    Env::new(store).keep(db)
+}
+
+/// MySQL with every claim reading first.
+async fn mysql_read_first() -> Env<MySqlStore> {
+    let db = MyDatabase::create(&common::mysql_url(), 4).await;
+    let store = MySqlStore::builder()
+        .read_first(true)
+        .connect(&db.url)
+        .await
+        .expect("create the table");
+    Env::new(store).keep(db)
 }
 
 /// Redis under a key prefix of the case's own. Records leave by their time to live, so
@@ -165,6 +187,26 @@ mod postgres_group_commit_always {
     );
 }
 
+mod mysql_store {
+    idem::testkit::conformance_tests!(
+        #[cfg_attr(
+            not(idem_mysql),
+            ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+        )]
+        super::mysql
+    );
+}
+
+mod mysql_read_first {
+    idem::testkit::conformance_tests!(
+        #[cfg_attr(
+            not(idem_mysql),
+            ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+        )]
+        super::mysql_read_first
+    );
+}
+
 mod redis_store {
     idem::testkit::conformance_tests!(
         #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
@@ -193,6 +235,16 @@ mod postgres_transactional {
             ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
         )]
         super::postgres
+    );
+}
+
+mod mysql_transactional {
+    idem::testkit::tx_conformance_tests!(
+        #[cfg_attr(
+            not(idem_mysql),
+            ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+        )]
+        super::mysql
     );
 }
 

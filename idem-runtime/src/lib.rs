@@ -33,6 +33,14 @@
 #![cfg_attr(feature = "postgres", doc = "- `postgres`: [`PgStore`].")]
 #![cfg_attr(not(feature = "postgres"), doc = "- `postgres`: `PgStore`.")]
 #![cfg_attr(
+    feature = "mysql",
+    doc = "- `mysql`: [`MySqlStore`], MySQL 8 or MariaDB: records in both modes and the operators' operations; the outbox and the SQL macros are PostgreSQL's and SQLite's for now."
+)]
+#![cfg_attr(
+    not(feature = "mysql"),
+    doc = "- `mysql`: `MySqlStore`, MySQL 8 or MariaDB: records in both modes and the operators' operations; the outbox and the SQL macros are PostgreSQL's and SQLite's for now."
+)]
+#![cfg_attr(
     feature = "redis",
     doc = "- `redis`: [`RedisStore`], Redis or Valkey, standalone or cluster."
 )]
@@ -126,6 +134,9 @@ pub use crate::transition::{Created, StateMachine, Transition, Versioned};
 #[cfg(feature = "sql")]
 pub use crate::store::TxStore;
 
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use crate::store::mysql::MySqlStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use crate::store::postgres::{GroupCommit, GroupCommitStats, PgStore};

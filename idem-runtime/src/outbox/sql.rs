@@ -105,10 +105,10 @@ impl OutboxStatements {
             table: table.to_owned(),
             channel,
             migration: Migration {
-                create: create.into_iter().map(sql).collect(),
+                create: create.into_iter().map(D::stmt).collect(),
                 upgrade,
                 // After the columns it covers; the probe takes its presence as "up to date".
-                finish: finish.into_iter().map(sql).collect(),
+                finish: finish.into_iter().map(D::stmt).collect(),
                 up_to_date: D::up_to_date(
                     &t,
                     &parked_index,

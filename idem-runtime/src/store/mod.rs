@@ -19,6 +19,9 @@ pub mod admin;
 pub use admin::{ForcedRelease, RecordInfo, RecordQuery, Retried, StateCounts, StoreStats};
 
 pub mod memory;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;

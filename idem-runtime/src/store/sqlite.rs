@@ -10,13 +10,12 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteRow, SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
 
 use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
 use crate::store::schema::Database;
 use crate::store::sql::{
-    self, AddColumn, Arg, Dialect, Engine, SqlKind, SqlStoreBuilder, Types, map_err,
+    self, AddColumn, Arg, Dialect, Engine, SqlKind, SqlStoreBuilder, Stmt, Types, map_err,
 };
 use crate::store::{Operation, Reply, Store, TxStore};
 
@@ -62,19 +61,18 @@ impl Dialect for Lite {
         col.to_owned()
     }
 
-    fn purge(t: &str, expired: &str) -> Vec<SqlStr> {
+    fn purge(t: &str, expired: &str) -> Vec<Stmt> {
         vec![
-            AssertSqlSafe(format!(
+            Stmt::plain(format!(
                 "DELETE FROM {t} WHERE (scope, key) IN ( \
                    SELECT scope, key FROM {t} WHERE {expired} LIMIT {})",
                 Self::PURGE_BATCH
-            ))
-            .into_sql_str(),
-            "SELECT changes() AS deleted".into_sql_str(),
+            )),
+            Stmt::plain("SELECT changes() AS deleted"),
         ]
     }
 
-    fn migration_start() -> Option<SqlStr> {
+    fn migration_start() -> Option<Stmt> {
         // `BEGIN IMMEDIATE` already serialises migrations, across processes too.
         None
     }
@@ -83,14 +81,12 @@ impl Dialect for Lite {
         // `table` is a checked identifier, so it can stand in a string literal.
         AddColumn {
             probe: Some(
-                AssertSqlSafe(format!(
+                Stmt::plain(format!(
                     "SELECT count(*) AS present FROM pragma_table_info('{table}') \
                      WHERE name = '{column}'"
-                ))
-                .into_sql_str(),
+                )),
             ),
-            alter: AssertSqlSafe(format!("ALTER TABLE {t} ADD COLUMN {column} {definition}"))
-                .into_sql_str(),
+            alter: Stmt::plain(format!("ALTER TABLE {t} ADD COLUMN {column} {definition}")),
         }
     }
 
@@ -100,7 +96,7 @@ impl Dialect for Lite {
         )
     }
 
-    fn allow_states(t: &str, table: &str, _states: &str) -> (SqlStr, Vec<SqlStr>) {
+    fn allow_states(t: &str, table: &str, _states: &str) -> Option<(Stmt, Vec<Stmt>)> {
         // SQLite cannot alter a check: a table created before `parked` was a state is rebuilt
         // with today's DDL, its rows copied, in the migration's transaction. `table` is a
         // checked identifier, so it can stand in a string literal.
@@ -123,13 +119,7 @@ impl Dialect for Lite {
             // The indexes went with the old table.
             widen.extend(ddl.into_iter().skip(1).map(|s| s.replace(&new, table)));
         }
-        (
-            AssertSqlSafe(probe).into_sql_str(),
-            widen
-                .into_iter()
-                .map(|s| AssertSqlSafe(s).into_sql_str())
-                .collect(),
-        )
+        Some((Stmt::plain(probe), widen.into_iter().map(Stmt::plain).collect()))
     }
 
     sql::run_statements!(sqlx::Sqlite, SqliteConnection, SqliteRow);
@@ -326,7 +316,7 @@ mod tests {
     async fn a_listing_by_scope_prefix_searches_the_primary_key_on_sqlite() {
         use crate::lifecycle::State;
         use crate::store::RecordQuery;
-        use crate::store::sql::{Columns as _, Statements, ddl, prefix_end};
+        use crate::store::sql::{Columns as _, Statements, Stmt, ddl, prefix_end};
 
         let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
         let statements = Statements::new::<Lite>(ddl::RECORDS_TABLE).unwrap();
@@ -340,8 +330,8 @@ mod tests {
             RecordQuery::new().scope_prefix("\u{10FFFF}"),
         ] {
             let end = query.scope_prefix.as_deref().and_then(prefix_end);
-            let (statement, args) = statements.admin.list(&query, end.as_deref());
-            let explain = sql(format!("EXPLAIN QUERY PLAN {}", statement.as_str()));
+            let (statement, args) = statements.admin.list::<Lite>(&query, end.as_deref());
+            let explain = Stmt::plain(format!("EXPLAIN QUERY PLAN {}", statement.sql.as_str()));
             let mut conn = pool.acquire().await.unwrap();
             let plan = Lite::fetch_all(&mut conn, &explain, &args).await.unwrap();
             let plan: Vec<String> = plan.iter().map(|r| r.text("detail").unwrap()).collect();

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, Row as _, SqlSafeStr as _, SqlStr};
+use sqlx::Row as _;
 use tokio::sync::Semaphore;
 
 use crate::error::{Error, Result};
@@ -17,7 +17,7 @@ use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
 use self::group::{ClaimJob, ClaimReply, CompleteJob, Group};
 use crate::store::schema::Database;
 use crate::store::sql::{
-    self, AddColumn, Arg, Dialect, Engine, Next, SqlKind, SqlStoreBuilder, Types, map_err,
+    self, AddColumn, Arg, Dialect, Engine, Next, SqlKind, SqlStoreBuilder, Stmt, Types, map_err,
 };
 use crate::store::{Operation, Reply, Store, TxStore};
 
@@ -66,43 +66,40 @@ impl Dialect for Pg {
         format!("(EXTRACT(EPOCH FROM {col}) * 1000000)::int8")
     }
 
-    fn purge(t: &str, expired: &str) -> Vec<SqlStr> {
+    fn purge(t: &str, expired: &str) -> Vec<Stmt> {
         vec![
-            AssertSqlSafe(format!(
+            Stmt::plain(format!(
                 "WITH gone AS (DELETE FROM {t} WHERE ctid = ANY(ARRAY( \
                    SELECT ctid FROM {t} WHERE {expired} LIMIT {}) \
                  ) RETURNING 1) \
                  SELECT count(*) AS deleted FROM gone",
                 Self::PURGE_BATCH
-            ))
-            .into_sql_str(),
+            )),
         ]
     }
 
-    fn migration_start() -> Option<SqlStr> {
+    fn migration_start() -> Option<Stmt> {
         // `IF NOT EXISTS` on what exists already says so in a NOTICE ("column … already exists,
         // skipping"), which sqlx logs: a migration that has nothing to do stays silent, for this
         // transaction only.
         Some(
-            AssertSqlSafe(format!(
+            Stmt::plain(format!(
                 "SELECT set_config('client_min_messages', 'warning', true), \
                  pg_advisory_xact_lock({MIGRATION_LOCK})"
-            ))
-            .into_sql_str(),
+            )),
         )
     }
 
     fn add_column(t: &str, _table: &str, column: &str, definition: &str) -> AddColumn {
         AddColumn {
             probe: None,
-            alter: AssertSqlSafe(format!(
+            alter: Stmt::plain(format!(
                 "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {column} {definition}"
-            ))
-            .into_sql_str(),
+            )),
         }
     }
 
-    fn up_to_date(t: &str, index: &str, columns: &[&str]) -> Option<SqlStr> {
+    fn up_to_date(t: &str, index: &str, columns: &[&str]) -> Option<Stmt> {
         // `t` is a checked, quoted identifier and the names are identifiers: they can stand
         // in string literals. PostgreSQL cuts identifiers to 63 bytes.
         let has_columns = if columns.is_empty() {
@@ -117,14 +114,13 @@ impl Dialect for Pg {
             )
         };
         Some(
-            AssertSqlSafe(format!(
+            Stmt::plain(format!(
                 "SELECT (CASE WHEN to_regclass('{t}') IS NOT NULL \
                    AND EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
                      WHERE i.indrelid = to_regclass('{t}') AND c.relname = left('{index}', 63)) \
                    AND {has_columns} \
                  THEN 1 ELSE 0 END)::int8 AS present"
-            ))
-            .into_sql_str(),
+            )),
         )
     }
 
@@ -132,7 +128,7 @@ impl Dialect for Pg {
         format!("split_part({col}, ':', 1)")
     }
 
-    fn allow_states(t: &str, table: &str, states: &str) -> (SqlStr, Vec<SqlStr>) {
+    fn allow_states(t: &str, table: &str, states: &str) -> Option<(Stmt, Vec<Stmt>)> {
         // The check written inline in the DDL is named `<table>_state_check`; `t` is a checked,
         // quoted identifier, and the names identifiers, so they can stand in string literals.
         let check = format!("{}_state_check", sql::base_name(table));
@@ -145,10 +141,7 @@ impl Dialect for Pg {
             "ALTER TABLE {t} DROP CONSTRAINT IF EXISTS \"{check}\", \
              ADD CONSTRAINT \"{check}\" CHECK (state IN ({states}))"
         );
-        (
-            AssertSqlSafe(probe).into_sql_str(),
-            vec![AssertSqlSafe(widen).into_sql_str()],
-        )
+        Some((Stmt::plain(probe), vec![Stmt::plain(widen)]))
     }
 
     sql::run_statements!(sqlx::Postgres, PgConnection, PgRow);
@@ -197,7 +190,7 @@ pub struct PgStore {
 /// runs). A duplicate then waits for the lock within a bound, and only so many at once.
 struct TxClaims {
     /// `got` (the lock), `fence` (the first claim's, when the insert wrote one).
-    claim: SqlStr,
+    claim: Stmt,
     /// The table's name, part of every lock's key.
     table: String,
     wait: Duration,
@@ -209,7 +202,7 @@ impl TxClaims {
     fn new(table: &str, wait: Duration, waiters: usize) -> TxClaims {
         let in_progress = crate::lifecycle::State::InProgress.as_str();
         let now = Pg::NOW;
-        let claim = AssertSqlSafe(format!(
+        let claim = Stmt::plain(format!(
             "WITH lock AS (SELECT pg_try_advisory_xact_lock($7) AS got), \
              claimed AS (INSERT INTO {table} (scope, key, fingerprint, state, fence, lease_until, \
                expires_at, request, resume_at, created_at, updated_at) \
@@ -221,8 +214,7 @@ impl TxClaims {
             Pg::NOW_MS,
             Pg::after("$4"),
             Pg::after("$5"),
-        ))
-        .into_sql_str();
+        ));
         TxClaims {
             claim,
             table: table.to_owned(),

@@ -19,6 +19,66 @@ pub(crate) enum Arg<'a> {
     Bool(bool),
 }
 
+/// A statement written for one database ([`Dialect::stmt`]): its text, which argument each
+/// placeholder binds where the database numbers none, and how a write's result is read where
+/// the database returns no row from it.
+#[derive(Debug, Clone)]
+pub(crate) struct Stmt {
+    pub(crate) sql: SqlStr,
+    /// The argument (0-based) each `?` binds, in order; `None` where placeholders are numbered
+    /// (`$1`) and the arguments are bound as given.
+    pub(crate) binds: Option<Box<[usize]>>,
+    pub(crate) returns: Returns,
+}
+
+/// How the row a statement answers is read.
+#[derive(Debug, Clone)]
+pub(crate) enum Returns {
+    /// The statement's own rows: a query, or a write with `RETURNING`.
+    Rows,
+    /// A write that returns nothing: when it matched a row, one row whose `fence` is argument
+    /// `.0` (0-based).
+    FenceArg(usize),
+    /// A write that sets the fence through `LAST_INSERT_ID(…)` ([`Dialect::set_fence`]): when
+    /// it matched (an insert: inserted) a row, one row whose `fence` is the value it set.
+    InsertId,
+    /// A write: one row whose `deleted` is how many rows it changed.
+    Affected,
+    /// A write, then, when it matched a row, this query on the same connection, with the
+    /// write's arguments.
+    Then(Box<Stmt>),
+}
+
+impl Stmt {
+    /// `sql` as written, its own rows read.
+    pub(crate) fn plain(sql: impl Into<String>) -> Stmt {
+        Stmt {
+            sql: AssertSqlSafe(sql.into()).into_sql_str(),
+            binds: None,
+            returns: Returns::Rows,
+        }
+    }
+}
+
+impl From<SqlStr> for Stmt {
+    fn from(sql: SqlStr) -> Stmt {
+        Stmt {
+            sql,
+            binds: None,
+            returns: Returns::Rows,
+        }
+    }
+}
+
+/// Where the fence a write returns comes from ([`Dialect::returning`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FenceFrom {
+    /// It is the argument `$n` (a fenced write, which leaves it as it is).
+    Arg(usize),
+    /// The write sets it, with [`Dialect::set_fence`].
+    Set,
+}
+
 /// What differs between two SQL databases, and nothing else.
 pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     /// The sqlx database.
@@ -48,6 +108,37 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     /// will not do.
     const BEGIN: Option<&'static str>;
 
+    /// `IS NOT DISTINCT FROM`: equality that holds between two NULLs.
+    const NULL_SAFE_EQ: &'static str = "IS NOT DISTINCT FROM";
+
+    /// A statement written as the engine writes them (`$n` placeholders, `"quoted"`
+    /// identifiers) in this database's terms.
+    fn stmt(sql: String) -> Stmt {
+        Stmt::plain(sql)
+    }
+
+    /// The write `update` (an `UPDATE` or `DELETE` that matches at most one row), answering
+    /// `columns` of the row it wrote (`fence` among them, coming from `fence`) when it
+    /// matched one. `t` is its table.
+    fn returning(update: String, _t: &str, columns: &str, _fence: FenceFrom) -> Stmt {
+        Self::stmt(format!("{update} RETURNING {columns}"))
+    }
+
+    /// The value `expr` as a write sets the fence to it, so that [`returning`](Self::returning)
+    /// with [`FenceFrom::Set`] can answer it.
+    fn set_fence(expr: &str) -> String {
+        expr.to_owned()
+    }
+
+    /// `insert` (an `INSERT` of one record, with its fence set through
+    /// [`set_fence`](Self::set_fence)) made a first claim: it answers the row's `fence` when it
+    /// inserted it, nothing when the key exists.
+    fn insert_new(insert: String) -> Stmt {
+        Self::stmt(format!(
+            "{insert} ON CONFLICT (scope, key) DO NOTHING RETURNING fence"
+        ))
+    }
+
     /// `Self::NOW` plus the milliseconds in parameter `param`.
     fn after(param: &str) -> String;
     /// The milliseconds from now until the timestamp column `col`, negative once it passed.
@@ -56,14 +147,14 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     fn stamp(col: &str) -> String;
     /// The statements that delete a batch of the records of table `t` for which `expired` (a
     /// condition on its columns) holds, the last one returning how many (`deleted`).
-    fn purge(t: &str, expired: &str) -> Vec<SqlStr>;
+    fn purge(t: &str, expired: &str) -> Vec<Stmt>;
     /// Widens the `state` check of a table created before `parked` was a state: a query whose
     /// `present` column is 1 when the check allows it already, and the statements that make
     /// it do (`states` is the list, written for the DDL).
-    fn allow_states(t: &str, table: &str, states: &str) -> (SqlStr, Vec<SqlStr>);
+    fn allow_states(t: &str, table: &str, states: &str) -> Option<(Stmt, Vec<Stmt>)>;
     /// A statement run first in a migration's transaction, before any table is created: what
     /// serialises concurrent migrations where the transaction does not, and keeps them quiet.
-    fn migration_start() -> Option<SqlStr>;
+    fn migration_start() -> Option<Stmt>;
     /// Adds `column` (`definition` after its name) to a table created before it existed: the
     /// statement, and, where the database cannot say `IF NOT EXISTS`, a query whose `present`
     /// column counts the column if it is there already.
@@ -76,7 +167,7 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     /// lock the table before they find there is nothing to do: an instance starting next to
     /// busy ones (a rolling restart, a restart after a crash) would queue every claim behind
     /// its migration, or deadlock with a claim in flight.
-    fn up_to_date(_t: &str, _index: &str, _columns: &[&str]) -> Option<SqlStr> {
+    fn up_to_date(_t: &str, _index: &str, _columns: &[&str]) -> Option<Stmt> {
         None
     }
 
@@ -87,22 +178,22 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     /// Runs `sql` with `args` on `conn`: every row.
     fn fetch_all<'a>(
         conn: &'a mut <Self::Db as sqlx::Database>::Connection,
-        sql: &'a SqlStr,
+        sql: &'a Stmt,
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = Result<Vec<Self::Row>>> + Send + 'a;
 
     /// Runs `sql` with `args` on `conn`: its first row, if any.
     fn fetch<'a>(
         conn: &'a mut <Self::Db as sqlx::Database>::Connection,
-        sql: &'a SqlStr,
+        sql: &'a Stmt,
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = Result<Option<Self::Row>>> + Send + 'a;
 }
 
 /// A column added to tables created before it existed.
 pub(crate) struct AddColumn {
-    pub(crate) probe: Option<SqlStr>,
-    pub(crate) alter: SqlStr,
+    pub(crate) probe: Option<Stmt>,
+    pub(crate) alter: Stmt,
 }
 
 /// Columns added since the table was first created, with their definitions: tables created
@@ -209,28 +300,24 @@ macro_rules! run_statements {
     ($db:ty, $conn:ty, $row:ty) => {
         fn fetch_all<'a>(
             conn: &'a mut $conn,
-            sql: &'a SqlStr,
+            sql: &'a sql::Stmt,
             args: &'a [Arg<'a>],
         ) -> impl Future<Output = Result<Vec<$row>>> + Send + 'a {
-            let q = sql::bound::<$db>(sql, args);
+            let q = sql::bound::<$db>(&sql.sql, args);
             async move { q.fetch_all(&mut *conn).await.map_err(sql::map_err) }
         }
 
         fn fetch<'a>(
             conn: &'a mut $conn,
-            sql: &'a SqlStr,
+            sql: &'a sql::Stmt,
             args: &'a [Arg<'a>],
         ) -> impl Future<Output = Result<Option<$row>>> + Send + 'a {
-            let q = sql::bound::<$db>(sql, args);
+            let q = sql::bound::<$db>(&sql.sql, args);
             async move { q.fetch_optional(&mut *conn).await.map_err(sql::map_err) }
         }
     };
 }
 pub(crate) use run_statements;
-
-pub(super) fn sql(s: String) -> SqlStr {
-    AssertSqlSafe(s).into_sql_str()
-}
 
 pub(crate) fn fence_from_db(fence: i64) -> Result<u64> {
     u64::try_from(fence).map_err(|_| Error::Store(format!("negative fence {fence}").into()))

@@ -1,12 +1,14 @@
 //! The DDL of the SQL stores' tables: one file per database, and what writes it for another
 //! table name. Public as [`crate::store::schema`]; the engine creates its tables from it.
 
+mod mysql;
 mod postgres;
 mod sqlite;
 
 use super::ident::{base_name, quote_table};
 use crate::error::Result;
 
+pub use self::mysql::*;
 pub use self::postgres::*;
 pub use self::sqlite::*;
 
@@ -32,14 +34,20 @@ pub enum Database {
     Postgres,
     /// SQLite.
     Sqlite,
+    /// MySQL, or MariaDB.
+    Mysql,
 }
 
 impl Database {
-    /// The database's name: `postgres` or `sqlite`.
+    /// Every database, in the order the tool lists them.
+    pub const ALL: &'static [Database] = &[Database::Sqlite, Database::Postgres, Database::Mysql];
+
+    /// The database's name: `postgres`, `sqlite` or `mysql`.
     pub fn as_str(self) -> &'static str {
         match self {
             Database::Postgres => "postgres",
             Database::Sqlite => "sqlite",
+            Database::Mysql => "mysql",
         }
     }
 
@@ -50,11 +58,19 @@ impl Database {
                 records: POSTGRES_RECORDS,
                 outbox: POSTGRES_OUTBOX,
                 qualified: true,
+                quote: '"',
             },
             Database::Sqlite => Tables {
                 records: SQLITE_RECORDS,
                 outbox: SQLITE_OUTBOX,
                 qualified: false,
+                quote: '"',
+            },
+            Database::Mysql => Tables {
+                records: MYSQL_RECORDS,
+                outbox: MYSQL_OUTBOX,
+                qualified: true,
+                quote: '`',
             },
         }
     }
@@ -66,6 +82,8 @@ struct Tables {
     outbox: &'static [&'static str],
     /// Whether a table name may be `schema.table`.
     qualified: bool,
+    /// What quotes an identifier in its DDL.
+    quote: char,
 }
 
 /// The statements that create the records table `table` (an identifier, checked;
@@ -74,17 +92,19 @@ pub fn records(db: Database, table: &str) -> Result<Vec<String>> {
     let Tables {
         records: statements,
         qualified,
+        quote: q,
         ..
     } = db.tables();
-    let quoted = quote_table(table, qualified)?;
+    // Identifiers are checked: none holds a quote of either kind.
+    let quoted = quote_table(table, qualified)?.replace('"', &q.to_string());
     let base = base_name(table);
     Ok(statements
         .iter()
         .map(|s| {
-            rename(s, |ident, _| match ident {
+            rename(s, q, |ident, _| match ident {
                 RECORDS_TABLE => Some(quoted.clone()),
-                "idem_records_expires_at_idx" => Some(format!("\"{base}_expires_at_idx\"")),
-                "idem_records_resume_at_idx" => Some(format!("\"{base}_resume_at_idx\"")),
+                "idem_records_expires_at_idx" => Some(format!("{q}{base}_expires_at_idx{q}")),
+                "idem_records_resume_at_idx" => Some(format!("{q}{base}_resume_at_idx{q}")),
                 _ => None,
             })
         })
@@ -98,18 +118,19 @@ pub fn outbox(db: Database, table: &str) -> Result<Vec<String>> {
     let Tables {
         outbox: statements,
         qualified,
+        quote: q,
         ..
     } = db.tables();
-    let quoted = quote_table(table, qualified)?;
+    let quoted = quote_table(table, qualified)?.replace('"', &q.to_string());
     let base = base_name(table);
     Ok(statements
         .iter()
         .map(|s| {
-            rename(s, |ident, _| match ident {
+            rename(s, q, |ident, _| match ident {
                 OUTBOX_TABLE => Some(quoted.clone()),
-                "idem_outbox_pending_idx" => Some(format!("\"{base}_pending_idx\"")),
-                "idem_outbox_sent_idx" => Some(format!("\"{base}_sent_idx\"")),
-                "idem_outbox_parked_idx" => Some(format!("\"{base}_parked_idx\"")),
+                "idem_outbox_pending_idx" => Some(format!("{q}{base}_pending_idx{q}")),
+                "idem_outbox_sent_idx" => Some(format!("{q}{base}_sent_idx{q}")),
+                "idem_outbox_parked_idx" => Some(format!("{q}{base}_parked_idx{q}")),
                 _ => None,
             })
         })
@@ -130,7 +151,7 @@ pub fn outbox_notify(table: &str) -> Result<Vec<String>> {
     Ok(POSTGRES_OUTBOX_NOTIFY
         .iter()
         .map(|s| {
-            rename(s, |ident, called| match (ident, called) {
+            rename(s, '"', |ident, called| match (ident, called) {
                 (OUTBOX_TABLE, _) => Some(quoted.clone()),
                 ("idem_outbox_notify", true) => Some(function.clone()),
                 ("idem_outbox_notify", false) => Some(format!("\"{base}_notify\"")),
@@ -157,16 +178,17 @@ pub fn script<S: AsRef<str>>(statements: &[S]) -> String {
         .join("\n")
 }
 
-/// `template` with each quoted identifier `"name"` replaced by `rename(name, called)` (kept
+/// `template` with each identifier quoted by `quote` (`"name"`, or `` `name` `` on MySQL)
+/// replaced by `rename(name, called)` (kept
 /// when it answers `None`), where `called` says whether a `(` follows it (a function). One
 /// pass, so a replacement is never renamed again.
-fn rename(template: &str, rename: impl Fn(&str, bool) -> Option<String>) -> String {
+fn rename(template: &str, quote: char, rename: impl Fn(&str, bool) -> Option<String>) -> String {
     let mut out = String::with_capacity(template.len() + 32);
     let mut rest = template;
-    while let Some(open) = rest.find('"') {
+    while let Some(open) = rest.find(quote) {
         out.push_str(&rest[..open]);
         let after = &rest[open + 1..];
-        let Some(close) = after.find('"') else {
+        let Some(close) = after.find(quote) else {
             out.push_str(&rest[open..]);
             return out;
         };
@@ -189,10 +211,11 @@ mod tests {
 
     #[test]
     fn default_names_give_the_constants() {
-        for db in [Database::Postgres, Database::Sqlite] {
+        for &db in Database::ALL {
             let (records_ddl, outbox_ddl) = match db {
                 Database::Postgres => (POSTGRES_RECORDS, POSTGRES_OUTBOX),
                 Database::Sqlite => (SQLITE_RECORDS, SQLITE_OUTBOX),
+                Database::Mysql => (MYSQL_RECORDS, MYSQL_OUTBOX),
             };
             assert_eq!(records(db, RECORDS_TABLE).unwrap(), records_ddl);
             assert_eq!(outbox(db, OUTBOX_TABLE).unwrap(), outbox_ddl);
@@ -220,6 +243,16 @@ mod tests {
         assert!(all.contains("pg_notify('events_wake', '')"), "{all}");
         let lite = outbox(Database::Sqlite, "events").unwrap().join("\n");
         assert!(!lite.contains("idem_") && lite.contains("\"events_parked_idx\""));
+        let my = [
+            records(Database::Mysql, "app.recs").unwrap(),
+            outbox(Database::Mysql, "app.events").unwrap(),
+        ]
+        .concat()
+        .join("\n");
+        assert!(!my.contains("idem_") && !my.contains('"'), "{my}");
+        assert!(my.contains("CREATE TABLE IF NOT EXISTS `app`.`recs` ("), "{my}");
+        assert!(my.contains("INDEX `recs_resume_at_idx` (resume_at)"), "{my}");
+        assert!(my.contains("INDEX `events_parked_idx`"), "{my}");
     }
 
     #[test]
@@ -231,10 +264,16 @@ mod tests {
 
     #[test]
     fn the_state_check_names_every_state() {
-        for state in [State::InProgress, State::Completed, State::Released] {
+        for state in [
+            State::InProgress,
+            State::Completed,
+            State::Released,
+            State::Parked,
+        ] {
             let quoted = format!("'{}'", state.as_str());
             assert!(POSTGRES_RECORDS[0].contains(&quoted));
             assert!(SQLITE_RECORDS[0].contains(&quoted));
+            assert!(MYSQL_RECORDS[0].contains(&quoted));
         }
     }
 
