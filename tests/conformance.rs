@@ -496,9 +496,10 @@ async fn postgres_lists_a_scope_prefix_from_the_primary_key() {
     let schema = PgSchema::create(&common::pg_url(), 1).await;
     // One connection, so that its statistics can be flushed on demand, and no sequential scan
     // while another plan exists: a listing an index can serve is served by it.
-    let options = PgConnectOptions::from_str(&schema.url)
-        .unwrap()
-        .options([("search_path", schema.name.as_str()), ("enable_seqscan", "off")]);
+    let options = PgConnectOptions::from_str(&schema.url).unwrap().options([
+        ("search_path", schema.name.as_str()),
+        ("enable_seqscan", "off"),
+    ]);
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .connect_with(options)

@@ -207,10 +207,24 @@ fn reexports(text: &str, base: &[String]) -> BTreeMap<String, Vec<String>> {
             },
         };
         let module = resolve(prefix, base);
-        for item in items.split(',').map(str::trim).filter(|i| !i.is_empty() && *i != "*") {
-            let name = item.rsplit("::").next().unwrap().split(" as ").next().unwrap();
+        for item in items
+            .split(',')
+            .map(str::trim)
+            .filter(|i| !i.is_empty() && *i != "*")
+        {
+            let name = item
+                .rsplit("::")
+                .next()
+                .unwrap()
+                .split(" as ")
+                .next()
+                .unwrap();
             let mut full = module.clone();
-            full.extend(item.split("::").take(item.matches("::").count()).map(str::to_owned));
+            full.extend(
+                item.split("::")
+                    .take(item.matches("::").count())
+                    .map(str::to_owned),
+            );
             names.insert(name.trim().to_owned(), full);
         }
     }
@@ -269,7 +283,11 @@ fn child_edges(src: &Path, dir: &str) -> BTreeMap<String, BTreeMap<String, Strin
         match path.get(1) {
             Some(child) if children.contains(child) => Some(child.clone()),
             Some(name) => match renamed.get(name) {
-                Some(full) => full.get(1).filter(|c| children.contains(*c)).cloned().or(Some(dir.to_owned())),
+                Some(full) => full
+                    .get(1)
+                    .filter(|c| children.contains(*c))
+                    .cloned()
+                    .or(Some(dir.to_owned())),
                 None => Some(dir.to_owned()),
             },
             None => Some(dir.to_owned()),
@@ -284,7 +302,9 @@ fn child_edges(src: &Path, dir: &str) -> BTreeMap<String, BTreeMap<String, Strin
         let text = fs::read_to_string(&file).unwrap();
         for (n, line) in text.lines().enumerate() {
             let code = line.trim_start();
-            if code.starts_with("//") || (file == own && code.starts_with("pub") && code.contains("use ")) {
+            if code.starts_with("//")
+                || (file == own && code.starts_with("pub") && code.contains("use "))
+            {
                 continue;
             }
             for start in ["crate::", "super::", "self::"] {
@@ -302,8 +322,13 @@ fn child_edges(src: &Path, dir: &str) -> BTreeMap<String, BTreeMap<String, Strin
                     let path = resolve(written.trim_end_matches(':'), &at);
                     let Some(to) = node_of(&path) else { continue };
                     if to != from {
-                        let place = format!("{}:{}", file.strip_prefix(src).unwrap().display(), n + 1);
-                        edges.entry(from.clone()).or_default().entry(to).or_insert(place);
+                        let place =
+                            format!("{}:{}", file.strip_prefix(src).unwrap().display(), n + 1);
+                        edges
+                            .entry(from.clone())
+                            .or_default()
+                            .entry(to)
+                            .or_insert(place);
                     }
                 }
             }
@@ -355,7 +380,11 @@ fn the_store_check_resolves_super_self_and_reexports() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path();
     fs::create_dir_all(src.join("store/sql")).unwrap();
-    fs::write(src.join("lib.rs"), "pub use crate::store::lite::LiteStore;\n").unwrap();
+    fs::write(
+        src.join("lib.rs"),
+        "pub use crate::store::lite::LiteStore;\n",
+    )
+    .unwrap();
     fs::write(
         src.join("store/mod.rs"),
         "mod sql;\npub use sql::{Builder, Kind};\npub use self::admin::Query;\npub trait Store {}\n",
@@ -368,12 +397,19 @@ fn the_store_check_resolves_super_self_and_reexports() {
         "use super::super::Query;\nuse crate::LiteStore;\n// crate::store::memory\n",
     )
     .unwrap();
-    fs::write(src.join("store/lite.rs"), "use crate::store::Builder;\nfn f(_: &dyn super::Store) {}\n").unwrap();
+    fs::write(
+        src.join("store/lite.rs"),
+        "use crate::store::Builder;\nfn f(_: &dyn super::Store) {}\n",
+    )
+    .unwrap();
     let edges = child_edges(src, "store");
     assert_eq!(edges["admin"].keys().collect::<Vec<_>>(), ["store"]);
     assert_eq!(edges["sql"].keys().collect::<Vec<_>>(), ["admin", "lite"]);
     assert_eq!(edges["lite"].keys().collect::<Vec<_>>(), ["sql", "store"]);
-    assert!(!edges.contains_key("store"), "a facade's re-export is no edge: {edges:?}");
+    assert!(
+        !edges.contains_key("store"),
+        "a facade's re-export is no edge: {edges:?}"
+    );
 }
 
 #[test]

@@ -66,6 +66,14 @@
 )]
 #![forbid(unsafe_code)]
 
+#[cfg(all(
+    feature = "sql",
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql"))
+))]
+compile_error!(
+    "the feature `sql` is the SQL stores' shared engine: turn on a store's feature (`sqlite`, `postgres` or `mysql`) instead"
+);
+
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod admin;

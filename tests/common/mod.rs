@@ -188,14 +188,18 @@ pub struct MyDatabase {
 impl MyDatabase {
     pub async fn create(url: &str, max_connections: u32) -> MyDatabase {
         let name = unique("idem_test");
-        let admin = sqlx::MySqlPool::connect(url).await.expect("connect to MySQL");
+        let admin = sqlx::MySqlPool::connect(url)
+            .await
+            .expect("connect to MySQL");
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
             .execute(&admin)
             .await
             .expect("create test database");
         admin.close().await;
         // The URL's path is its database: this one instead.
-        let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
+        let (base, query) = url
+            .split_once('?')
+            .map_or((url, None), |(b, q)| (b, Some(q)));
         let server = match base.strip_prefix("mysql://") {
             Some(rest) => match rest.split_once('/') {
                 Some((server, _)) => format!("mysql://{server}"),

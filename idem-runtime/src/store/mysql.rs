@@ -165,15 +165,15 @@ impl Dialect for My {
         format!("SUBSTRING_INDEX({col}, ':', 1)")
     }
 
-    fn fetch_all<'a>(
+    async fn fetch_all<'a>(
         conn: &'a mut MySqlConnection,
         stmt: &'a Stmt,
         args: &'a [Arg<'a>],
-    ) -> impl Future<Output = Result<Vec<MyRow>>> + Send + 'a {
-        async move {
+    ) -> Result<Vec<MyRow>> {
+        {
             match &stmt.returns {
                 Returns::Rows => {
-                    let rows = bound(stmt, args)
+                    let rows = sql::bound::<sqlx::MySql>(stmt, args)
                         .fetch_all(&mut *conn)
                         .await
                         .map_err(my_err)?;
@@ -184,13 +184,13 @@ impl Dialect for My {
         }
     }
 
-    fn fetch<'a>(
+    async fn fetch<'a>(
         conn: &'a mut MySqlConnection,
         stmt: &'a Stmt,
         args: &'a [Arg<'a>],
-    ) -> impl Future<Output = Result<Option<MyRow>>> + Send + 'a {
-        async move {
-            let q = bound(stmt, args);
+    ) -> Result<Option<MyRow>> {
+        {
+            let q = sql::bound::<sqlx::MySql>(stmt, args);
             if let Returns::Rows = stmt.returns {
                 let row = q.fetch_optional(&mut *conn).await.map_err(my_err)?;
                 return Ok(row.map(MyRow::Db));
@@ -220,7 +220,7 @@ impl Dialect for My {
                 }),
                 Returns::Then(read) => match matched {
                     false => None,
-                    true => bound(read, args)
+                    true => sql::bound::<sqlx::MySql>(read, args)
                         .fetch_optional(&mut *conn)
                         .await
                         .map_err(my_err)?
@@ -310,32 +310,6 @@ pub(crate) fn render(sql: &str) -> (String, Vec<usize>) {
     (out, binds)
 }
 
-/// `stmt` with `args` bound in the order of its placeholders.
-fn bound<'q>(
-    stmt: &'q Stmt,
-    args: &'q [Arg<'_>],
-) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
-    let mut q = sqlx::query::<sqlx::MySql>(stmt.sql.clone());
-    let order: Box<dyn Iterator<Item = usize>> = match &stmt.binds {
-        Some(binds) => Box::new(binds.iter().copied()),
-        None => Box::new(0..args.len()),
-    };
-    for i in order {
-        q = match args.get(i).copied() {
-            Some(Arg::Text(v)) => q.bind(v),
-            Some(Arg::Bytes(v)) => q.bind(v),
-            Some(Arg::OptBytes(v)) => q.bind(v),
-            Some(Arg::Int(v)) => q.bind(v),
-            Some(Arg::OptInt4(v)) => q.bind(v),
-            Some(Arg::Bool(v)) => q.bind(v),
-            // A statement names an argument it was not given: bound as NULL, which no
-            // condition matches; the statements are ours, and their tests bind every one.
-            None => q.bind(None::<i64>),
-        };
-    }
-    q
-}
-
 /// A driver error sorted: MySQL's lock wait timeout (1205) and deadlock (1213) are
 /// contention, as PostgreSQL's are; the rest as for every SQL store.
 fn my_err(e: sqlx::Error) -> Error {
@@ -404,12 +378,14 @@ impl MyRow {
         }
         match row.try_get::<Option<Vec<u8>>, _>(col)? {
             None => Ok(None),
-            Some(bytes) => String::from_utf8(bytes)
-                .map(Some)
-                .map_err(|e| sqlx::Error::ColumnDecode {
-                    index: col.to_owned(),
-                    source: Box::new(e),
-                }),
+            Some(bytes) => {
+                String::from_utf8(bytes)
+                    .map(Some)
+                    .map_err(|e| sqlx::Error::ColumnDecode {
+                        index: col.to_owned(),
+                        source: Box::new(e),
+                    })
+            }
         }
     }
 }

@@ -23,8 +23,7 @@
 //! ```
 
 pub use crate::store::sql::ddl::{
-    Database, MYSQL_OUTBOX, MYSQL_RECORDS, OUTBOX_TABLE, POSTGRES_OUTBOX, POSTGRES_OUTBOX_NOTIFY,
-    POSTGRES_RECORDS, RECORDS_TABLE, SQLITE_OUTBOX, SQLITE_RECORDS, outbox, outbox_notify,
-    records, script,
+    Database, MYSQL_RECORDS, OUTBOX_TABLE, POSTGRES_OUTBOX, POSTGRES_OUTBOX_NOTIFY,
+    POSTGRES_RECORDS, RECORDS_TABLE, SQLITE_OUTBOX, SQLITE_RECORDS, outbox, outbox_notify, records,
+    script,
 };
-pub(crate) use crate::store::sql::ddl::notify_channel;

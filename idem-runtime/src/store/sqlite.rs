@@ -80,12 +80,10 @@ impl Dialect for Lite {
     fn add_column(t: &str, table: &str, column: &str, definition: &str) -> AddColumn {
         // `table` is a checked identifier, so it can stand in a string literal.
         AddColumn {
-            probe: Some(
-                Stmt::plain(format!(
-                    "SELECT count(*) AS present FROM pragma_table_info('{table}') \
+            probe: Some(Stmt::plain(format!(
+                "SELECT count(*) AS present FROM pragma_table_info('{table}') \
                      WHERE name = '{column}'"
-                )),
-            ),
+            ))),
             alter: Stmt::plain(format!("ALTER TABLE {t} ADD COLUMN {column} {definition}")),
         }
     }
@@ -119,7 +117,10 @@ impl Dialect for Lite {
             // The indexes went with the old table.
             widen.extend(ddl.into_iter().skip(1).map(|s| s.replace(&new, table)));
         }
-        Some((Stmt::plain(probe), widen.into_iter().map(Stmt::plain).collect()))
+        Some((
+            Stmt::plain(probe),
+            widen.into_iter().map(Stmt::plain).collect(),
+        ))
     }
 
     sql::run_statements!(sqlx::Sqlite, SqliteConnection, SqliteRow);
@@ -316,7 +317,7 @@ mod tests {
     async fn a_listing_by_scope_prefix_searches_the_primary_key_on_sqlite() {
         use crate::lifecycle::State;
         use crate::store::RecordQuery;
-        use crate::store::sql::{Columns as _, Statements, Stmt, ddl, prefix_end};
+        use crate::store::sql::{Columns as _, Dialect as _, Statements, Stmt, ddl, prefix_end};
 
         let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
         let statements = Statements::new::<Lite>(ddl::RECORDS_TABLE).unwrap();
@@ -340,7 +341,12 @@ mod tests {
                     .any(|step| step.starts_with("SEARCH idem_records USING PRIMARY KEY (scope>")),
                 "{query:?}: {plan:?}"
             );
-            assert!(!plan.iter().any(|step| step.starts_with("SCAN idem_records")), "{plan:?}");
+            assert!(
+                !plan
+                    .iter()
+                    .any(|step| step.starts_with("SCAN idem_records")),
+                "{plan:?}"
+            );
         }
     }
 }

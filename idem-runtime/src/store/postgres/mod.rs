@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::Row as _;
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
 use tokio::sync::Semaphore;
 
+use self::group::{ClaimJob, ClaimReply, CompleteJob, Group};
 use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
-use self::group::{ClaimJob, ClaimReply, CompleteJob, Group};
 use crate::store::schema::Database;
 use crate::store::sql::{
     self, AddColumn, Arg, Dialect, Engine, Next, SqlKind, SqlStoreBuilder, Stmt, Types, map_err,
@@ -67,27 +67,23 @@ impl Dialect for Pg {
     }
 
     fn purge(t: &str, expired: &str) -> Vec<Stmt> {
-        vec![
-            Stmt::plain(format!(
-                "WITH gone AS (DELETE FROM {t} WHERE ctid = ANY(ARRAY( \
+        vec![Stmt::plain(format!(
+            "WITH gone AS (DELETE FROM {t} WHERE ctid = ANY(ARRAY( \
                    SELECT ctid FROM {t} WHERE {expired} LIMIT {}) \
                  ) RETURNING 1) \
                  SELECT count(*) AS deleted FROM gone",
-                Self::PURGE_BATCH
-            )),
-        ]
+            Self::PURGE_BATCH
+        ))]
     }
 
     fn migration_start() -> Option<Stmt> {
         // `IF NOT EXISTS` on what exists already says so in a NOTICE ("column … already exists,
         // skipping"), which sqlx logs: a migration that has nothing to do stays silent, for this
         // transaction only.
-        Some(
-            Stmt::plain(format!(
-                "SELECT set_config('client_min_messages', 'warning', true), \
+        Some(Stmt::plain(format!(
+            "SELECT set_config('client_min_messages', 'warning', true), \
                  pg_advisory_xact_lock({MIGRATION_LOCK})"
-            )),
-        )
+        )))
     }
 
     fn add_column(t: &str, _table: &str, column: &str, definition: &str) -> AddColumn {
@@ -113,15 +109,13 @@ impl Dialect for Pg {
                 columns.len()
             )
         };
-        Some(
-            Stmt::plain(format!(
-                "SELECT (CASE WHEN to_regclass('{t}') IS NOT NULL \
+        Some(Stmt::plain(format!(
+            "SELECT (CASE WHEN to_regclass('{t}') IS NOT NULL \
                    AND EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
                      WHERE i.indrelid = to_regclass('{t}') AND c.relname = left('{index}', 63)) \
                    AND {has_columns} \
                  THEN 1 ELSE 0 END)::int8 AS present"
-            )),
-        )
+        )))
     }
 
     fn scope_prefix(col: &str) -> String {

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
 
-use crate::error::{Error, Result};
 use super::ddl::Database;
+use crate::error::{Error, Result};
 
 /// A value bound to a statement.
 #[derive(Debug, Clone, Copy)]
@@ -28,11 +28,14 @@ pub(crate) struct Stmt {
     /// The argument (0-based) each `?` binds, in order; `None` where placeholders are numbered
     /// (`$1`) and the arguments are bound as given.
     pub(crate) binds: Option<Box<[usize]>>,
+    // Read by the dialects whose writes return no rows (MySQL).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) returns: Returns,
 }
 
 /// How the row a statement answers is read.
 #[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) enum Returns {
     /// The statement's own rows: a query, or a write with `RETURNING`.
     Rows,
@@ -72,6 +75,7 @@ impl From<SqlStr> for Stmt {
 
 /// Where the fence a write returns comes from ([`Dialect::returning`]).
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) enum FenceFrom {
     /// It is the argument `$n` (a fenced write, which leaves it as it is).
     Arg(usize),
@@ -268,7 +272,7 @@ where
 
 /// `sql` with `args` bound: the one way statements are prepared.
 pub(crate) fn bound<'q, DB>(
-    sql: &SqlStr,
+    stmt: &Stmt,
     args: &'q [Arg<'_>],
 ) -> sqlx::query::Query<'q, DB, DB::Arguments>
 where
@@ -280,8 +284,18 @@ where
     for<'a> Option<i32>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
     for<'a> bool: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
 {
-    let mut q = sqlx::query::<DB>(sql.clone());
-    for arg in args {
+    let mut q = sqlx::query::<DB>(stmt.sql.clone());
+    let order: Box<dyn Iterator<Item = usize>> = match &stmt.binds {
+        Some(binds) => Box::new(binds.iter().copied()),
+        None => Box::new(0..args.len()),
+    };
+    for i in order {
+        // A statement that names an argument it was not given binds NULL, which no condition
+        // matches; the statements are ours, and their tests bind every one.
+        let Some(arg) = args.get(i) else {
+            q = q.bind(None::<i32>);
+            continue;
+        };
         q = match *arg {
             Arg::Text(v) => q.bind(v),
             Arg::Bytes(v) => q.bind(v),
@@ -295,7 +309,8 @@ where
 }
 
 /// A dialect's `fetch` and `fetch_all` on its database: statements bound by [`bound`], their
-/// errors sorted by [`map_err`].
+/// errors sorted by [`map_err`]; for the databases whose writes return their rows.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 macro_rules! run_statements {
     ($db:ty, $conn:ty, $row:ty) => {
         fn fetch_all<'a>(
@@ -303,7 +318,7 @@ macro_rules! run_statements {
             sql: &'a sql::Stmt,
             args: &'a [Arg<'a>],
         ) -> impl Future<Output = Result<Vec<$row>>> + Send + 'a {
-            let q = sql::bound::<$db>(&sql.sql, args);
+            let q = sql::bound::<$db>(sql, args);
             async move { q.fetch_all(&mut *conn).await.map_err(sql::map_err) }
         }
 
@@ -312,11 +327,12 @@ macro_rules! run_statements {
             sql: &'a sql::Stmt,
             args: &'a [Arg<'a>],
         ) -> impl Future<Output = Result<Option<$row>>> + Send + 'a {
-            let q = sql::bound::<$db>(&sql.sql, args);
+            let q = sql::bound::<$db>(sql, args);
             async move { q.fetch_optional(&mut *conn).await.map_err(sql::map_err) }
         }
     };
 }
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use run_statements;
 
 pub(crate) fn fence_from_db(fence: i64) -> Result<u64> {

@@ -16,8 +16,8 @@ mod errors;
 mod ident;
 mod statements;
 
-pub use self::builder::{SqlKind, SqlStoreBuilder};
 pub(crate) use self::builder::*;
+pub use self::builder::{SqlKind, SqlStoreBuilder};
 pub(crate) use self::dialect::*;
 pub(crate) use self::engine::*;
 pub(crate) use self::errors::*;

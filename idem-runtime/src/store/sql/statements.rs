@@ -167,8 +167,9 @@ impl Statements {
             // competing take-over) changed its fence, state or lease. One that continues the
             // same request ($6) keeps its work (its request, unless a new one comes with the
             // claim, $10, and why it did not finish); another starts without.
-            reclaim: D::returning(format!(
-                "UPDATE {t} SET fence = {}, state = '{in_progress}', fingerprint = $3, \
+            reclaim: D::returning(
+                format!(
+                    "UPDATE {t} SET fence = {}, state = '{in_progress}', fingerprint = $3, \
                  lease_until = {}, expires_at = {}, \
                  recovery_point = CASE WHEN $6 THEN recovery_point END, \
                  attempt = CASE WHEN $6 THEN attempt + 1 ELSE 1 END, \
@@ -179,12 +180,16 @@ impl Statements {
                  note = CASE WHEN $6 THEN note END, \
                  updated_at = {now} \
                  WHERE scope = $1 AND key = $2 AND fence = $7 AND state = $8 AND {} = $9",
-                D::set_fence("fence + 1"),
-                D::after("$4"),
-                D::after("$5"),
-                D::FALSE,
-                D::stamp("lease_until"),
-            ), &t, "fence, recovery_point, attempt", FenceFrom::Set),
+                    D::set_fence("fence + 1"),
+                    D::after("$4"),
+                    D::after("$5"),
+                    D::FALSE,
+                    D::stamp("lease_until"),
+                ),
+                &t,
+                "fence, recovery_point, attempt",
+                FenceFrom::Set,
+            ),
             // A completion whose reply was lost after the database committed it is retried
             // (`Guard::finish`): finding the record completed by this very fence with this very
             // answer, the retry succeeds rather than report the fence lost for a completion

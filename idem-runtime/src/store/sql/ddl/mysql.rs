@@ -31,24 +31,3 @@ pub const MYSQL_RECORDS: &[&str] = &["CREATE TABLE IF NOT EXISTS `idem_records` 
     INDEX `idem_records_expires_at_idx` (expires_at),
     INDEX `idem_records_resume_at_idx` (resume_at)
 ) ENGINE = InnoDB"];
-
-/// The outbox table of MySQL and MariaDB (`idem_outbox`) and its indexes, as
-/// [`POSTGRES_OUTBOX`](super::POSTGRES_OUTBOX).
-pub const MYSQL_OUTBOX: &[&str] = &["CREATE TABLE IF NOT EXISTS `idem_outbox` (
-    seq BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-    id VARBINARY(255) NOT NULL UNIQUE,
-    topic VARBINARY(1024) NOT NULL,
-    partition_key VARBINARY(1024) NOT NULL,
-    payload LONGBLOB NOT NULL,
-    created_at BIGINT NOT NULL,
-    sent_at BIGINT,
-    lease_until BIGINT,
-    lease_owner VARBINARY(255),
-    attempts INT NOT NULL DEFAULT 0,
-    failures INT NOT NULL DEFAULT 0,
-    parked_at BIGINT,
-    last_error TEXT,
-    INDEX `idem_outbox_pending_idx` (partition_key(255), seq),
-    INDEX `idem_outbox_sent_idx` (sent_at),
-    INDEX `idem_outbox_parked_idx` (parked_at, seq)
-) ENGINE = InnoDB"];
