@@ -1,5 +1,6 @@
 //! Which services the tests can reach, decided when they are built: `DATABASE_URL` pointing at
-//! PostgreSQL sets `cfg(idem_postgres)`, `IDEM_REDIS_URL` (redis://…) `cfg(idem_redis)`,
+//! PostgreSQL sets `cfg(idem_postgres)`, `IDEM_MYSQL_URL` (mysql://…) `cfg(idem_mysql)`,
+//! `IDEM_REDIS_URL` (redis://…) `cfg(idem_redis)`,
 //! `NATS_URL` (nats://…) `cfg(idem_nats)`, `AMQP_URL` (amqp://…) `cfg(idem_amqp)`. Without one,
 //! its tests are compiled `#[ignore]`d, unless `IDEM_REQUIRE_POSTGRES=1` (`IDEM_REQUIRE_REDIS=1`,
 //! `IDEM_REQUIRE_NATS=1`, `IDEM_REQUIRE_AMQP=1`) makes its absence an error (CI).
@@ -13,6 +14,13 @@ const SERVICES: &[(&str, &str, &[&str], &str, &str)] = &[
         &["postgres://", "postgresql://"],
         "IDEM_REQUIRE_POSTGRES",
         "DATABASE_URL=postgres://postgres@127.0.0.1:5432/test",
+    ),
+    (
+        "idem_mysql",
+        "IDEM_MYSQL_URL",
+        &["mysql://", "mariadb://"],
+        "IDEM_REQUIRE_MYSQL",
+        "IDEM_MYSQL_URL=mysql://root@127.0.0.1:3306/test",
     ),
     (
         "idem_redis",

@@ -307,7 +307,7 @@ pub use idem_macros::idempotent;
 pub use idem_runtime::*;
 
 /// The sqlx idem is built with, linked rather than inlined.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 #[doc(no_inline)]
 pub use idem_runtime::sqlx;
 

@@ -27,6 +27,14 @@ const SERVICES: &[Service] = &[
         example: "DATABASE_URL=postgres://postgres@127.0.0.1:5432/test",
     },
     Service {
+        cfg: "idem_mysql",
+        var: "IDEM_MYSQL_URL",
+        schemes: &["mysql://", "mariadb://"],
+        require: "IDEM_REQUIRE_MYSQL",
+        name: "MySQL or MariaDB",
+        example: "IDEM_MYSQL_URL=mysql://root@127.0.0.1:3306/test",
+    },
+    Service {
         cfg: "idem_redis",
         var: "IDEM_REDIS_URL",
         schemes: &["redis://", "rediss://", "valkey://"],

@@ -10,11 +10,11 @@ mod common;
 
 use idem::testkit::Env;
 use idem::{
-    CachedStore, GroupCommit, ManualClock, MemoryStore, PgStore, RedisStore, SharedStore,
-    SqliteStore,
+    CachedStore, GroupCommit, ManualClock, MemoryStore, MySqlStore, PgStore, RedisStore,
+    SharedStore, SqliteStore,
 };
 
-use common::{PgSchema, RedisKeys, SqliteFile};
+use common::{MyDatabase, PgSchema, RedisKeys, SqliteFile};
 
 async fn memory() -> Env<MemoryStore> {
     let clock = ManualClock::new();
@@ -70,6 +70,28 @@ async fn postgres_group_always() -> Env<PgStore> {
         .await
         .expect("create the table");
     Env::new(store).keep(schema)
+}
+
+/// MySQL (MariaDB here) in a database of the case's own, through the store's own pool
+/// (`READ COMMITTED`, strict mode).
+async fn mysql() -> Env<MySqlStore> {
+    let db = MyDatabase::create(&common::mysql_url(), 4).await;
+    let store = MySqlStore::builder()
+        .connect(&db.url)
+        .await
+        .expect("create the table");
+    Env::new(store).keep(db)
+}
+
+/// MySQL with every claim reading first.
+async fn mysql_read_first() -> Env<MySqlStore> {
+    let db = MyDatabase::create(&common::mysql_url(), 4).await;
+    let store = MySqlStore::builder()
+        .read_first(true)
+        .connect(&db.url)
+        .await
+        .expect("create the table");
+    Env::new(store).keep(db)
 }
 
 /// Redis under a key prefix of the case's own. Records leave by their time to live, so
@@ -165,6 +187,26 @@ mod postgres_group_commit_always {
     );
 }
 
+mod mysql_store {
+    idem::testkit::conformance_tests!(
+        #[cfg_attr(
+            not(idem_mysql),
+            ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+        )]
+        super::mysql
+    );
+}
+
+mod mysql_read_first {
+    idem::testkit::conformance_tests!(
+        #[cfg_attr(
+            not(idem_mysql),
+            ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+        )]
+        super::mysql_read_first
+    );
+}
+
 mod redis_store {
     idem::testkit::conformance_tests!(
         #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
@@ -193,6 +235,16 @@ mod postgres_transactional {
             ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
         )]
         super::postgres
+    );
+}
+
+mod mysql_transactional {
+    idem::testkit::tx_conformance_tests!(
+        #[cfg_attr(
+            not(idem_mysql),
+            ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+        )]
+        super::mysql
     );
 }
 
@@ -296,6 +348,7 @@ mod unreadable_records {
 /// A records table created before a column was added gets it when the store migrates, keeps its
 /// records, and works with it at once.
 mod older_tables {
+    use idem::store::StoreAdmin as _;
     use idem::{BeginOutcome, BeginRequest, ClaimRef, Fingerprint, Key, Policy, Store};
 
     const OLD_SQLITE: &str = "CREATE TABLE idem_records (scope TEXT NOT NULL, key TEXT NOT NULL, \
@@ -338,6 +391,20 @@ mod older_tables {
             panic!("a second claim")
         };
         assert_eq!(second.attempt, 2);
+        // Listed by scope prefix on the table as it was created (on PostgreSQL, its scopes in
+        // the database's collation, not byte order).
+        let listed = store
+            .list(&idem::store::RecordQuery::new().scope_prefix("s"))
+            .await
+            .unwrap();
+        assert_eq!(listed.len(), 1);
+        assert!(
+            store
+                .list(&idem::store::RecordQuery::new().scope_prefix("S"))
+                .await
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[tokio::test]
@@ -409,6 +476,89 @@ async fn postgres_starts_next_to_busy_instances_without_locking_the_table() {
         .expect("a store starting next to a busy one waited for a lock on the table")
         .unwrap();
     drop((first, second));
+}
+
+/// The operators' listing by scope prefix reads that range of the primary key and nothing else:
+/// with 200 records under another prefix, listing three reads three index entries and no table
+/// scan. (It filtered by `substr(scope, …)`, which no index serves.)
+#[tokio::test]
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+async fn postgres_lists_a_scope_prefix_from_the_primary_key() {
+    use std::str::FromStr;
+
+    use idem::store::{RecordQuery, StoreAdmin as _};
+    use idem::{BeginOutcome, BeginRequest, Fingerprint, Policy, Store as _};
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+    let schema = PgSchema::create(&common::pg_url(), 1).await;
+    // One connection, so that its statistics can be flushed on demand, and no sequential scan
+    // while another plan exists: a listing an index can serve is served by it.
+    let options = PgConnectOptions::from_str(&schema.url).unwrap().options([
+        ("search_path", schema.name.as_str()),
+        ("enable_seqscan", "off"),
+    ]);
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store = PgStore::builder()
+        .background_purge(false)
+        .build(pool.clone())
+        .await
+        .unwrap();
+    let f = Fingerprint::of("a").unwrap();
+    for scope in (0..200)
+        .map(|i| format!("order:{i}"))
+        .chain((0..3).map(|i| format!("refund:{i}")))
+    {
+        let outcome = store
+            .begin(BeginRequest {
+                scope: &scope,
+                key: "k",
+                fingerprint: &f,
+                policy: &Policy::DEFAULT,
+                request: None,
+            })
+            .await
+            .unwrap();
+        assert!(matches!(outcome, BeginOutcome::Claimed(_)));
+    }
+    let read = || async {
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let counts: (i64, i64) = sqlx::query_as(
+            "SELECT t.seq_scan, i.idx_tup_read FROM pg_stat_user_tables t \
+             JOIN pg_stat_user_indexes i ON i.relid = t.relid \
+             WHERE t.schemaname = current_schema() AND t.relname = 'idem_records' \
+             AND i.indexrelname = 'idem_records_pkey'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        counts
+    };
+    let (scans, entries) = read().await;
+    let listed = store
+        .list(&RecordQuery::new().scope_prefix("refund:"))
+        .await
+        .unwrap();
+    assert_eq!(
+        listed.iter().map(|r| r.scope.as_str()).collect::<Vec<_>>(),
+        ["refund:0", "refund:1", "refund:2"]
+    );
+    let (scans_after, entries_after) = read().await;
+    assert_eq!(scans_after, scans, "the listing scanned the table");
+    assert!(
+        entries_after - entries <= 3,
+        "the listing read {} entries of the primary key for three records",
+        entries_after - entries
+    );
 }
 
 /// Group commit under concurrency: many tasks on the same and on different keys, in batches.

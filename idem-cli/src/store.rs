@@ -1,18 +1,19 @@
 //! Which store a command works on: its URL, from `--store`, else `IDEM_STORE_URL`, else
 //! `DATABASE_URL`, and the store opened from it.
 
-use idem::{PgStore, RedisStore, SharedStore, SqliteStore};
+use idem::{MySqlStore, PgStore, RedisStore, SharedStore, SqliteStore};
 
 use crate::Failure;
 
 /// Where the store is, for every command that works on one.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct StoreArgs {
-    /// The store's URL: sqlite://FILE, postgres://…, redis://… (several, comma-separated, for a
+    /// The store's URL: sqlite://FILE, postgres://…, mysql://…, redis://… (several, comma-separated, for a
     /// Redis Cluster). Default: IDEM_STORE_URL, else DATABASE_URL.
     #[arg(long, value_name = "URL")]
     pub(crate) store: Option<String>,
-    /// The records table of a SQL store (`schema.table` on PostgreSQL).
+    /// The records table of a SQL store (`schema.table` on PostgreSQL, `database.table` on
+    /// MySQL).
     #[arg(long, value_name = "NAME", default_value = idem::store::schema::RECORDS_TABLE)]
     pub(crate) table: String,
     /// The key prefix of a Redis store.
@@ -30,6 +31,7 @@ pub(crate) struct StoreArgs {
 pub(crate) enum Kind {
     Sqlite,
     Postgres,
+    Mysql,
     Redis,
     RedisCluster,
 }
@@ -50,7 +52,7 @@ pub(crate) fn resolve(flag: Option<&str>) -> Result<String, Failure> {
     .ok_or_else(|| {
         Failure::Usage(
             "no store: pass --store URL, or set IDEM_STORE_URL or DATABASE_URL \
-                 (sqlite://FILE, postgres://…, redis://…)"
+                 (sqlite://FILE, postgres://…, mysql://…, redis://…)"
                 .into(),
         )
     })
@@ -62,11 +64,12 @@ pub(crate) fn kind(url: &str) -> Result<Kind, Failure> {
     match scheme.to_ascii_lowercase().as_str() {
         "sqlite" => Ok(Kind::Sqlite),
         "postgres" | "postgresql" => Ok(Kind::Postgres),
+        "mysql" | "mariadb" => Ok(Kind::Mysql),
         "redis" | "rediss" | "valkey" | "valkeys" if url.contains(',') => Ok(Kind::RedisCluster),
         "redis" | "rediss" | "valkey" | "valkeys" => Ok(Kind::Redis),
         _ => Err(Failure::Usage(format!(
             "{} is not the URL of a store idem knows: use sqlite://FILE, postgres://…, \
-             redis://… (or several, comma-separated, for a Redis Cluster)",
+             mysql://…, redis://… (or several, comma-separated, for a Redis Cluster)",
             redact(url)
         ))),
     }
@@ -122,6 +125,14 @@ pub(crate) async fn open(args: &StoreArgs) -> Result<(SharedStore, String), Fail
                 .connect(&url)
                 .await?,
         ),
+        Kind::Mysql => SharedStore::new(
+            MySqlStore::builder()
+                .table(&args.table)
+                .create_table(false)
+                .background_purge(false)
+                .connect(&url.replacen("mariadb://", "mysql://", 1))
+                .await?,
+        ),
         // Looking at records and purging are safe on a server that may evict keys: the
         // refusal is for services that rely on their records staying.
         Kind::Redis => SharedStore::new(
@@ -150,9 +161,11 @@ mod tests {
     fn schemes() {
         assert_eq!(kind("sqlite://a.db").unwrap(), Kind::Sqlite);
         assert_eq!(kind("postgresql://h/db").unwrap(), Kind::Postgres);
+        assert_eq!(kind("mysql://root@h/db").unwrap(), Kind::Mysql);
+        assert_eq!(kind("mariadb://root@h/db").unwrap(), Kind::Mysql);
         assert_eq!(kind("redis://h:6379").unwrap(), Kind::Redis);
         assert_eq!(kind("redis://a,redis://b").unwrap(), Kind::RedisCluster);
-        assert!(matches!(kind("mysql://h/db"), Err(Failure::Usage(_))));
+        assert!(matches!(kind("mongodb://h/db"), Err(Failure::Usage(_))));
         assert!(matches!(kind("idem.db"), Err(Failure::Usage(_))));
     }
 

@@ -349,15 +349,15 @@ fn the_store_comes_from_the_flag_then_idem_store_url_then_database_url() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("no store"), "{}", stderr(&out));
     // An unknown scheme: a usage error naming it.
-    let out = run(&[("DATABASE_URL", "mysql://db/app")], &[]);
+    let out = run(&[("DATABASE_URL", "mongodb://db/app")], &[]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("mysql://db/app"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("mongodb://db/app"), "{}", stderr(&out));
     // IDEM_STORE_URL wins over DATABASE_URL, and the flag over both: each is the one opened
     // (a SQLite file that does not exist is not created, and the error names it).
     let out = run(
         &[
             ("IDEM_STORE_URL", &missing),
-            ("DATABASE_URL", "mysql://db/app"),
+            ("DATABASE_URL", "mongodb://db/app"),
         ],
         &[],
     );
@@ -365,7 +365,7 @@ fn the_store_comes_from_the_flag_then_idem_store_url_then_database_url() {
     assert!(stderr(&out).contains("records.db"), "{}", stderr(&out));
     assert!(!dir.path().join("records.db").exists());
     let out = run(
-        &[("IDEM_STORE_URL", "mysql://db/app")],
+        &[("IDEM_STORE_URL", "mongodb://db/app")],
         &["--store", &missing],
     );
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
@@ -652,6 +652,125 @@ mod postgres {
 #[test]
 #[ignore = "needs PostgreSQL: set DATABASE_URL=postgres://postgres@127.0.0.1:5432/test"]
 fn postgres_schema_and_records() {}
+
+#[cfg(idem_mysql)]
+mod mysql {
+    use super::*;
+    use idem::MySqlStore;
+    use idem::sqlx::{Connection as _, MySqlConnection};
+
+    /// A database of its own on the test server, dropped at the end.
+    struct Database {
+        /// The server's URL, without a database.
+        server: String,
+        name: String,
+    }
+
+    impl Database {
+        async fn new(tag: &str) -> Database {
+            let url = std::env::var("IDEM_MYSQL_URL").unwrap();
+            let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+            let server = format!("mysql://{}", rest.split('/').next().unwrap());
+            let name = format!(
+                "idem_cli_{tag}_{}_{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .subsec_nanos()
+            );
+            let mut conn = MySqlConnection::connect(&server).await.unwrap();
+            idem::sqlx::raw_sql(idem::sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            Database { server, name }
+        }
+
+        fn url(&self) -> String {
+            format!("{}/{}", self.server, self.name)
+        }
+
+        async fn drop(self) {
+            let mut conn = MySqlConnection::connect(&self.server).await.unwrap();
+            idem::sqlx::raw_sql(idem::sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE {}",
+                self.name
+            )))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        }
+    }
+
+    /// The records table as the server describes it.
+    async fn described(url: &str, table: &str) -> String {
+        let mut conn = MySqlConnection::connect(url).await.unwrap();
+        let (_, ddl): (String, String) = idem::sqlx::query_as(idem::sqlx::AssertSqlSafe(format!(
+            "SHOW CREATE TABLE {table}"
+        )))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        ddl
+    }
+
+    #[tokio::test]
+    async fn the_printed_mysql_schema_is_what_the_store_creates() {
+        let made = Database::new("made").await;
+        let printed = Database::new("printed").await;
+        let store = MySqlStore::builder()
+            .background_purge(false)
+            .connect(&made.url())
+            .await
+            .unwrap();
+        drop(store);
+        let out = idem(&["schema", "--store", "mysql"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stdout(&out);
+        assert!(
+            !text.contains("outbox"),
+            "no outbox runs on MySQL yet: {text}"
+        );
+        let mut conn = MySqlConnection::connect(&printed.url()).await.unwrap();
+        idem::sqlx::raw_sql(idem::sqlx::AssertSqlSafe(text))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let from_store = described(&made.url(), RECORDS_TABLE).await;
+        let from_text = described(&printed.url(), RECORDS_TABLE).await;
+        made.drop().await;
+        printed.drop().await;
+        assert!(
+            from_store.contains("`scope` varbinary(1024)"),
+            "{from_store}"
+        );
+        assert_eq!(from_text, from_store);
+    }
+
+    #[tokio::test]
+    async fn every_record_command_on_mysql() {
+        let db = Database::new("ops").await;
+        let store = MySqlStore::builder()
+            .background_purge(false)
+            .connect(&db.url())
+            .await
+            .unwrap();
+        let target = Target {
+            url: db.url(),
+            flags: vec![],
+            keeps_expired: true,
+        };
+        every_command(&store, &target).await;
+        db.drop().await;
+    }
+}
+
+/// Listed as ignored where MySQL is not configured, never as passed.
+#[cfg(not(idem_mysql))]
+#[test]
+#[ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://root@127.0.0.1:3306/test"]
+fn mysql_schema_and_records() {}
 
 // ---- every record command, on every store --------------------------------------------------
 

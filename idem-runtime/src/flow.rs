@@ -678,7 +678,7 @@ where
 /// The macro calls [`tx_start`], runs the body inline on the transaction it opened (no closure,
 /// so nothing higher-ranked stands between the body and the caller's `Send` checks), then
 /// [`tx_finish`], which is the one call that needs the return type's bounds.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 mod transactional {
     use super::*;
     use crate::store::TxStore;
@@ -916,7 +916,7 @@ mod transactional {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub use transactional::{TxClaim, TxStart, tx_finish, tx_start};
 
 #[cfg(test)]

@@ -33,6 +33,14 @@
 #![cfg_attr(feature = "postgres", doc = "- `postgres`: [`PgStore`].")]
 #![cfg_attr(not(feature = "postgres"), doc = "- `postgres`: `PgStore`.")]
 #![cfg_attr(
+    feature = "mysql",
+    doc = "- `mysql`: [`MySqlStore`], MySQL 8 or MariaDB: records in both modes and the operators' operations; the outbox and the SQL macros are PostgreSQL's and SQLite's for now."
+)]
+#![cfg_attr(
+    not(feature = "mysql"),
+    doc = "- `mysql`: `MySqlStore`, MySQL 8 or MariaDB: records in both modes and the operators' operations; the outbox and the SQL macros are PostgreSQL's and SQLite's for now."
+)]
+#![cfg_attr(
     feature = "redis",
     doc = "- `redis`: [`RedisStore`], Redis or Valkey, standalone or cluster."
 )]
@@ -58,6 +66,14 @@
 )]
 #![forbid(unsafe_code)]
 
+#[cfg(all(
+    feature = "sql",
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql"))
+))]
+compile_error!(
+    "the feature `sql` is the SQL stores' shared engine: turn on a store's feature (`sqlite`, `postgres` or `mysql`) instead"
+);
+
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod admin;
@@ -78,8 +94,8 @@ pub mod key;
 pub mod lifecycle;
 pub mod limit;
 mod observe;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+#[cfg(feature = "sql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sql")))]
 pub mod outbox;
 #[cfg(any(feature = "axum", feature = "tower"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "axum", feature = "tower"))))]
@@ -123,9 +139,12 @@ pub use crate::store::sweeper::{Sweeper, spawn_sweeper};
 pub use crate::store::{DynStore, SharedStore, Store};
 pub use crate::transition::{Created, StateMachine, Transition, Versioned};
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub use crate::store::TxStore;
 
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use crate::store::mysql::MySqlStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use crate::store::postgres::{GroupCommit, GroupCommitStats, PgStore};
@@ -136,6 +155,6 @@ pub use crate::store::redis::{RedisStore, RedisStoreBuilder};
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use crate::store::sqlite::SqliteStore;
 /// The sqlx idem is built with: use it for pools and rows, so the versions agree.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+#[cfg(feature = "sql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sql")))]
 pub use sqlx;

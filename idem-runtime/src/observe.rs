@@ -159,7 +159,7 @@ pub(crate) fn unfinished(due: u64, oldest: std::time::Duration) {
 }
 
 /// Counts an outbox event a relay parked (its error log is the relay's own).
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub(crate) fn outbox_parked() {
     #[cfg(feature = "metrics")]
     metrics::counter!("idem_outbox_parked_total").increment(1);
@@ -183,7 +183,7 @@ pub(crate) fn settled(settlement: &'static str) {
 }
 
 /// Counts an outbox event a relay published and marked sent.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub(crate) fn outbox_published() {
     #[cfg(feature = "metrics")]
     metrics::counter!("idem_outbox_published_total").increment(1);
@@ -191,7 +191,7 @@ pub(crate) fn outbox_published() {
 
 /// Counts a publish of an outbox event that failed: the broker `refused` it, or was out of
 /// reach.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub(crate) fn outbox_publish_failed(refused: bool) {
     #[cfg(feature = "metrics")]
     if refused {
@@ -205,7 +205,7 @@ pub(crate) fn outbox_publish_failed(refused: bool) {
 }
 
 /// Records how many events an outbox holds waiting and parked.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub(crate) fn outbox_backlog(pending: u64, parked: u64) {
     #[cfg(feature = "metrics")]
     {

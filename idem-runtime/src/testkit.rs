@@ -65,7 +65,7 @@ use crate::store::Store;
 
 #[doc(inline)]
 pub use crate::conformance_tests;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 #[doc(inline)]
 pub use crate::tx_conformance_tests;
 
@@ -205,7 +205,7 @@ macro_rules! conformance_tests {
 
 /// One `#[test]` per transactional conformance case for the [`TxStore`](crate::TxStore) (that
 /// is also a [`tx_cases::TxFixture`]) that `make` builds; see [`conformance_tests!`].
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 #[doc(hidden)]
 #[macro_export]
 macro_rules! tx_conformance_tests {
@@ -1608,7 +1608,7 @@ pub mod cases {
 }
 
 /// The cases every transactional store passes.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub mod tx_cases {
     use std::future::Future;
     use std::time::Duration;
@@ -1618,8 +1618,9 @@ pub mod tx_cases {
     use crate::{BeginOutcome, StoredResponse, TxStore};
 
     /// A business table beside the records, for the transactional cases: the body's own SQL, which
-    /// must commit and roll back together with the claim. Implemented here for [`SqliteStore`] and
-    /// [`PgStore`]; a transactional store of your own implements it on its database.
+    /// must commit and roll back together with the claim. Implemented here for [`SqliteStore`],
+    /// [`PgStore`] and `MySqlStore`; a transactional store of your own implements it on its
+    /// database.
     ///
     /// [`SqliteStore`]: crate::SqliteStore
     /// [`PgStore`]: crate::PgStore
@@ -1668,6 +1669,31 @@ pub mod tx_cases {
 
     tx_fixture!("sqlite", crate::SqliteStore, sqlx::Sqlite, reader_pool);
     tx_fixture!("postgres", crate::PgStore, sqlx::Postgres, pool);
+
+    // MySQL numbers no placeholders, and indexes a text only by a prefix.
+    #[cfg(feature = "mysql")]
+    impl TxFixture for crate::MySqlStore {
+        async fn create_biz(&self) {
+            sqlx::query("CREATE TABLE biz (order_no VARCHAR(255) NOT NULL UNIQUE)")
+                .execute(self.pool())
+                .await
+                .unwrap();
+        }
+        async fn insert_biz(&self, tx: &mut sqlx::Transaction<'static, sqlx::MySql>, n: &str) {
+            sqlx::query("INSERT INTO biz (order_no) VALUES (?)")
+                .bind(n)
+                .execute(&mut **tx)
+                .await
+                .unwrap();
+        }
+        async fn count_biz(&self, n: &str) -> i64 {
+            sqlx::query_scalar("SELECT count(*) FROM biz WHERE order_no = ?")
+                .bind(n)
+                .fetch_one(self.pool())
+                .await
+                .unwrap()
+        }
+    }
 
     type Tx<S> = sqlx::Transaction<'static, <S as TxStore>::Database>;
 

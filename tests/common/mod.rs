@@ -162,6 +162,93 @@ impl Drop for PgSchema {
     }
 }
 
+/// The MySQL (or MariaDB) URL for tests: `IDEM_MYSQL_URL`.
+///
+/// Tests that call this carry `#[cfg_attr(not(idem_mysql), ignore = "…")]`: `build.rs` sets
+/// `idem_mysql` when the variable is set, so without it they are listed as ignored.
+pub fn mysql_url() -> String {
+    match std::env::var("IDEM_MYSQL_URL") {
+        Ok(url) if url.starts_with("mysql://") || url.starts_with("mariadb://") => {
+            url.replacen("mariadb://", "mysql://", 1)
+        }
+        _ => panic!("this test needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"),
+    }
+}
+
+/// A MySQL database of its own for one test: created on `create`, dropped (with everything in
+/// it) when dropped, even when the test panics.
+pub struct MyDatabase {
+    pub name: String,
+    /// A URL whose connections use this database.
+    pub url: String,
+    admin_url: String,
+    pub pool: sqlx::MySqlPool,
+}
+
+impl MyDatabase {
+    pub async fn create(url: &str, max_connections: u32) -> MyDatabase {
+        let name = unique("idem_test");
+        let admin = sqlx::MySqlPool::connect(url)
+            .await
+            .expect("connect to MySQL");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+            .execute(&admin)
+            .await
+            .expect("create test database");
+        admin.close().await;
+        // The URL's path is its database: this one instead.
+        let (base, query) = url
+            .split_once('?')
+            .map_or((url, None), |(b, q)| (b, Some(q)));
+        let server = match base.strip_prefix("mysql://") {
+            Some(rest) => match rest.split_once('/') {
+                Some((server, _)) => format!("mysql://{server}"),
+                None => base.to_owned(),
+            },
+            None => base.to_owned(),
+        };
+        let url_here = match query {
+            Some(q) => format!("{server}/{name}?{q}"),
+            None => format!("{server}/{name}"),
+        };
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(max_connections)
+            .connect(&url_here)
+            .await
+            .expect("connect to MySQL");
+        MyDatabase {
+            name,
+            url: url_here,
+            admin_url: url.to_owned(),
+            pool,
+        }
+    }
+}
+
+impl Drop for MyDatabase {
+    fn drop(&mut self) {
+        let url = self.admin_url.clone();
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(pool) = sqlx::MySqlPool::connect(&url).await {
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS `{name}`"
+                    )))
+                    .execute(&pool)
+                    .await;
+                    pool.close().await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
 /// A SQLite database file in a temporary directory, removed on drop.
 pub struct SqliteFile {
     pub dir: tempfile::TempDir,

@@ -140,6 +140,12 @@ impl Outbox {
                     .map_err(unreachable)?;
                 Outbox::Postgres(PgOutbox::with_table(pool, &args.outbox_table)?)
             }
+            Kind::Mysql => {
+                return Err(Failure::Usage(format!(
+                    "{shown} is a MySQL database, where no outbox runs yet: name the SQL \
+                     database of the outbox (sqlite://FILE, postgres://…)"
+                )));
+            }
             Kind::Redis | Kind::RedisCluster => {
                 return Err(Failure::Usage(format!(
                     "{shown} is a Redis store, which has no outbox: name the SQL database of \

@@ -9,9 +9,9 @@ use crate::{Failure, output};
 /// `idem schema`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The database: `postgres` or `sqlite`, or a store URL naming one. Default: the database of
-    /// IDEM_STORE_URL, else DATABASE_URL.
-    #[arg(long, value_name = "postgres|sqlite")]
+    /// The database: `postgres`, `sqlite` or `mysql`, or a store URL naming one. Default: the
+    /// database of IDEM_STORE_URL, else DATABASE_URL.
+    #[arg(long, value_name = "postgres|sqlite|mysql")]
     store: Option<String>,
     /// The records table (`schema.table` on PostgreSQL).
     #[arg(long, value_name = "NAME", default_value = schema::RECORDS_TABLE)]
@@ -28,7 +28,8 @@ pub(crate) struct Args {
 pub(crate) fn run(args: Args) -> Result<(), Failure> {
     let db = database(args.store.as_deref())?;
     let records = schema::records(db, &args.table)?;
-    let outbox = schema::outbox(db, &args.outbox_table)?;
+    // No outbox runs on MySQL yet: its records only.
+    let outbox = schema::outbox(db, &args.outbox_table).unwrap_or_default();
     let notify = match db {
         Database::Postgres => schema::outbox_notify(&args.outbox_table)?,
         _ => Vec::new(),
@@ -41,21 +42,20 @@ pub(crate) fn run(args: Args) -> Result<(), Failure> {
             "outbox_notify": notify,
         }));
     }
-    let name = match db {
-        Database::Postgres => "PostgreSQL",
-        _ => "SQLite",
-    };
+    let name = db.title();
     let mut text = format!(
         "-- idem's tables on {name}: every statement is safe to run again, and the stores \
          create\n-- their tables from this very text.\n\n-- Idempotency records: one row per \
          (scope, key).\n{}",
         schema::script(&records)
     );
-    text.push_str(&format!(
-        "\n-- The transactional outbox: events enqueued with the state change, published by \
-         relays.\n{}",
-        schema::script(&outbox)
-    ));
+    if !outbox.is_empty() {
+        text.push_str(&format!(
+            "\n-- The transactional outbox: events enqueued with the state change, published \
+             by relays.\n{}",
+            schema::script(&outbox)
+        ));
+    }
     if !notify.is_empty() {
         text.push_str(&format!(
             "\n-- Wakes outbox relays (LISTEN) when an enqueuing transaction commits.\n{}",
@@ -71,14 +71,18 @@ fn database(flag: Option<&str>) -> Result<Database, Failure> {
     match flag.map(str::to_ascii_lowercase).as_deref() {
         Some("postgres" | "postgresql" | "pg") => return Ok(Database::Postgres),
         Some("sqlite") => return Ok(Database::Sqlite),
+        Some("mysql" | "mariadb") => return Ok(Database::Mysql),
         _ => {}
     }
     let url = store::resolve(flag).map_err(|_| {
-        Failure::Usage("say which database: --store postgres or --store sqlite".into())
+        Failure::Usage(
+            "say which database: --store postgres, --store sqlite or --store mysql".into(),
+        )
     })?;
     match store::kind(&url)? {
         Kind::Postgres => Ok(Database::Postgres),
         Kind::Sqlite => Ok(Database::Sqlite),
+        Kind::Mysql => Ok(Database::Mysql),
         Kind::Redis | Kind::RedisCluster => Err(Failure::Usage(
             "a Redis store has no schema to create: each record is a hash, created by the \
              store as it is used"

@@ -748,7 +748,7 @@ async fn publish_back(
 ///   reach or slow (a lost connection, a timeout) is [`Unreachable`] and never parks.
 ///
 /// [`Relay::park_after`]: crate::outbox::Relay::park_after
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 #[derive(Clone)]
 pub struct AmqpPublisher {
     link: std::sync::Arc<tokio::sync::Mutex<Link>>,
@@ -758,14 +758,14 @@ pub struct AmqpPublisher {
 
 /// How a publisher reaches the broker: its connection (reopened from `uri` when there is one)
 /// and the channel in confirm mode it publishes on, replaced when it closes.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 struct Link {
     uri: Option<String>,
     connection: Option<lapin::Connection>,
     channel: Option<lapin::Channel>,
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 impl fmt::Debug for AmqpPublisher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AmqpPublisher")
@@ -776,18 +776,18 @@ impl fmt::Debug for AmqpPublisher {
 }
 
 /// The default of [`AmqpPublisher::confirm_timeout`].
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 use crate::outbox::Unreachable;
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 fn unreachable(e: impl Into<BoxError>) -> Unreachable {
     Unreachable::new(e)
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 impl AmqpPublisher {
     /// Publishes to `exchange` (`""`: the default exchange, routing to the queue named by the
     /// topic) on channels of `connection`: a channel that closes is replaced by a new one. A
@@ -880,7 +880,7 @@ impl AmqpPublisher {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 impl Link {
     async fn reopen(&mut self) -> Result<lapin::Channel, Unreachable> {
         let connected = self
@@ -912,7 +912,7 @@ impl Link {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 impl crate::outbox::Publisher for AmqpPublisher {
     async fn publish(&self, event: &crate::outbox::Event) -> Result<(), BoxError> {
         // The id and topic become short strings, whose conversion panics past 255 bytes.
@@ -964,7 +964,7 @@ impl crate::outbox::Publisher for AmqpPublisher {
 /// A publish's error from lapin, as the relay needs to read it: a channel error is the broker
 /// refusing this publish (an unknown exchange, a message over its size limit); anything else
 /// (a lost connection, a channel already closed, a connection error) is the broker out of reach.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 fn whose(e: lapin::Error) -> BoxError {
     use lapin::protocol::AMQPErrorKind;
     match e.kind() {
@@ -977,7 +977,7 @@ fn whose(e: lapin::Error) -> BoxError {
 
 /// What the broker's confirmation of `event` says: only an ack without a returned message means
 /// a queue holds it.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 fn confirmed(
     exchange: &str,
     event: &crate::outbox::Event,

@@ -700,20 +700,20 @@ pub async fn redrive(
 /// (or deduplicated) it. A server out of reach or slow to answer is
 /// [`Unreachable`](crate::outbox::Unreachable); a refusal (no stream captures the topic, a payload over the server's limit) counts toward
 /// parking the event ([`Relay::park_after`](crate::outbox::Relay::park_after)).
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 #[derive(Clone)]
 pub struct JetStreamPublisher {
     context: jetstream::Context,
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 impl fmt::Debug for JetStreamPublisher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JetStreamPublisher").finish_non_exhaustive()
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 impl JetStreamPublisher {
     /// Publishes through `context`; a stream must capture the events' topics.
     pub fn new(context: jetstream::Context) -> Self {
@@ -721,7 +721,7 @@ impl JetStreamPublisher {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 impl crate::outbox::Publisher for JetStreamPublisher {
     async fn publish(&self, event: &crate::outbox::Event) -> Result<(), BoxError> {
         // A header value with a line break would panic inside the client: refuse it first.
@@ -742,7 +742,7 @@ impl crate::outbox::Publisher for JetStreamPublisher {
 /// A publish's error, as the relay needs to read it: the server out of reach or slow is
 /// [`Unreachable`](crate::outbox::Unreachable); anything else (no stream captures the subject, a payload over the
 /// server's limit, a stream that refused the message) is this event refused.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 fn whose(e: jetstream::context::PublishError) -> BoxError {
     use jetstream::context::PublishErrorKind;
     match e.kind() {

@@ -60,9 +60,12 @@ use crate::error::{BoxError, Error, Result};
 use crate::guard::{ClaimInfo, downstream_key};
 use crate::key::Key;
 
+// The databases an outbox runs on.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 
-pub use sql::DEFAULT_OUTBOX_TABLE;
+/// The default table of the outbox.
+pub const DEFAULT_OUTBOX_TABLE: &str = "idem_outbox";
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use sql::PgOutbox;

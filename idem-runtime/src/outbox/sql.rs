@@ -20,8 +20,7 @@ use crate::store::sql::{
     AddColumn, Dialect, Migration, Types, base_name, map_err, ms, quote_table,
 };
 
-/// The default table of the outbox.
-pub const DEFAULT_OUTBOX_TABLE: &str = "idem_outbox";
+use super::DEFAULT_OUTBOX_TABLE;
 
 /// How many sent events one purge statement deletes.
 const PURGE_BATCH: i64 = 10_000;
@@ -75,7 +74,7 @@ impl OutboxStatements {
         let Types {
             int4, timestamp, ..
         } = D::TYPES;
-        let channel = schema::notify_channel(table);
+        let channel = crate::store::sql::ddl::notify_channel(table);
         let lock = D::LOCK;
         let parked_index = format!("{base}_parked_idx");
         // The table and its indexes, the parked events' last: it is created once the columns
@@ -105,10 +104,10 @@ impl OutboxStatements {
             table: table.to_owned(),
             channel,
             migration: Migration {
-                create: create.into_iter().map(sql).collect(),
+                create: create.into_iter().map(D::stmt).collect(),
                 upgrade,
                 // After the columns it covers; the probe takes its presence as "up to date".
-                finish: finish.into_iter().map(sql).collect(),
+                finish: finish.into_iter().map(D::stmt).collect(),
                 up_to_date: D::up_to_date(
                     &t,
                     &parked_index,

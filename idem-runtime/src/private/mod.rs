@@ -16,7 +16,7 @@ pub use crate::flow::{
     Body, DetachedBody, ErrorOps, IdemResult, Plain, Prepared, Timing, WithClaim, default_policy,
     run, run_detached,
 };
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub use crate::flow::{TxClaim, TxStart, tx_finish, tx_start};
 pub use crate::guard::ClaimInfo;
 pub use crate::key::{Key, ToKey};
@@ -24,14 +24,14 @@ pub use crate::record::{ExpiredLease, Policy, StoredResponse};
 pub use crate::replay::{FinalError, Replay};
 pub use crate::scope::ScopeBuilder;
 pub use crate::store::Store;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub use crate::store::TxStore;
 pub use crate::transition::{
     Created, Miss, StateMachine, StateValue, Transition, Versioned, classify_miss,
     warn_guard_differs_after, warn_guard_mismatch,
 };
 pub use serde;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub use sqlx;
 
 use std::marker::PhantomData;
@@ -254,7 +254,7 @@ where
     s.handle().clone()
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 store_argument!(
     /// A value that gives a store that can run the body in its transaction.
     #[diagnostic::on_unimplemented(
@@ -265,7 +265,7 @@ store_argument!(
     IsTxStore: TxStore
 );
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub fn tx_store<'a, S: IsTxStore<'a, M>, M>(s: &'a S) -> S::Handle
 where
     S::Handle: Clone,
@@ -384,9 +384,9 @@ impl<T> HttpShape for ShapeProbe<(http::StatusCode, axum::Json<T>)> {
 mod machine;
 pub use machine::*;
 pub mod columns;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 mod sql;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub use sql::*;
 
 /// Marks the implementation of a check trait that applies.

@@ -37,8 +37,10 @@ impl<'c, A: sqlx::Acquire<'c>> Executor<'c, Holds> for A {
 impl<'c, A: Impossible> Executor<'c, Never> for A {
     #[cfg(feature = "sqlite")]
     type Database = sqlx::Sqlite;
-    #[cfg(not(feature = "sqlite"))]
+    #[cfg(all(not(feature = "sqlite"), feature = "postgres"))]
     type Database = sqlx::Postgres;
+    #[cfg(all(not(feature = "sqlite"), not(feature = "postgres")))]
+    type Database = sqlx::MySql;
     type Checked = A;
     fn checked(self) -> A {
         self

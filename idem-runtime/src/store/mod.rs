@@ -18,31 +18,32 @@ use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse
 pub mod admin;
 pub use admin::{ForcedRelease, RecordInfo, RecordQuery, Retried, StateCounts, StoreStats};
 
-#[cfg(feature = "postgres")]
-mod group;
 pub mod memory;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+#[cfg(feature = "sql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sql")))]
 pub mod schema;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
 pub mod sweeper;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 mod tx;
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
-pub use sql::SqlStoreBuilder;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sql")))]
+pub use sql::{SqlKind, SqlStoreBuilder};
+#[cfg(feature = "sql")]
 pub use tx::TxStore;
 
 /// One operation on a store: what [`Store::call`] is asked to do.

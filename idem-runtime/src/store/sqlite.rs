@@ -10,12 +10,13 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteRow, SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
 
 use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
 use crate::store::schema::Database;
-use crate::store::sql::{self, AddColumn, Arg, Dialect, Engine, SqlStoreBuilder, Types, map_err};
+use crate::store::sql::{
+    self, AddColumn, Arg, Dialect, Engine, SqlKind, SqlStoreBuilder, Stmt, Types, map_err,
+};
 use crate::store::{Operation, Reply, Store, TxStore};
 
 /// The store's clock: milliseconds since the Unix epoch, read by SQLite itself.
@@ -41,6 +42,8 @@ impl Dialect for Lite {
         text: "TEXT",
     };
     const FALSE: &'static str = "0";
+    // Text is compared byte by byte unless a column says otherwise (BINARY).
+    const BYTE_ORDER: &'static str = "";
     const QUALIFIED_TABLES: bool = false;
     // A transaction that writes takes the write lock up front: two that started reading could
     // otherwise deadlock upgrading their locks.
@@ -58,19 +61,18 @@ impl Dialect for Lite {
         col.to_owned()
     }
 
-    fn purge(t: &str, expired: &str) -> Vec<SqlStr> {
+    fn purge(t: &str, expired: &str) -> Vec<Stmt> {
         vec![
-            AssertSqlSafe(format!(
+            Stmt::plain(format!(
                 "DELETE FROM {t} WHERE (scope, key) IN ( \
                    SELECT scope, key FROM {t} WHERE {expired} LIMIT {})",
                 Self::PURGE_BATCH
-            ))
-            .into_sql_str(),
-            "SELECT changes() AS deleted".into_sql_str(),
+            )),
+            Stmt::plain("SELECT changes() AS deleted"),
         ]
     }
 
-    fn migration_start() -> Option<SqlStr> {
+    fn migration_start() -> Option<Stmt> {
         // `BEGIN IMMEDIATE` already serialises migrations, across processes too.
         None
     }
@@ -78,15 +80,11 @@ impl Dialect for Lite {
     fn add_column(t: &str, table: &str, column: &str, definition: &str) -> AddColumn {
         // `table` is a checked identifier, so it can stand in a string literal.
         AddColumn {
-            probe: Some(
-                AssertSqlSafe(format!(
-                    "SELECT count(*) AS present FROM pragma_table_info('{table}') \
+            probe: Some(Stmt::plain(format!(
+                "SELECT count(*) AS present FROM pragma_table_info('{table}') \
                      WHERE name = '{column}'"
-                ))
-                .into_sql_str(),
-            ),
-            alter: AssertSqlSafe(format!("ALTER TABLE {t} ADD COLUMN {column} {definition}"))
-                .into_sql_str(),
+            ))),
+            alter: Stmt::plain(format!("ALTER TABLE {t} ADD COLUMN {column} {definition}")),
         }
     }
 
@@ -96,7 +94,7 @@ impl Dialect for Lite {
         )
     }
 
-    fn allow_states(t: &str, table: &str, _states: &str) -> (SqlStr, Vec<SqlStr>) {
+    fn allow_states(t: &str, table: &str, _states: &str) -> Option<(Stmt, Vec<Stmt>)> {
         // SQLite cannot alter a check: a table created before `parked` was a state is rebuilt
         // with today's DDL, its rows copied, in the migration's transaction. `table` is a
         // checked identifier, so it can stand in a string literal.
@@ -119,13 +117,10 @@ impl Dialect for Lite {
             // The indexes went with the old table.
             widen.extend(ddl.into_iter().skip(1).map(|s| s.replace(&new, table)));
         }
-        (
-            AssertSqlSafe(probe).into_sql_str(),
-            widen
-                .into_iter()
-                .map(|s| AssertSqlSafe(s).into_sql_str())
-                .collect(),
-        )
+        Some((
+            Stmt::plain(probe),
+            widen.into_iter().map(Stmt::plain).collect(),
+        ))
     }
 
     sql::run_statements!(sqlx::Sqlite, SqliteConnection, SqliteRow);
@@ -174,6 +169,13 @@ pub struct SqliteStore {
 
 /// Builds a [`SqliteStore`]: table name, whether to create the table.
 pub type SqliteStoreBuilder = SqlStoreBuilder<SqliteStore>;
+
+impl sql::sealed::Sealed for SqliteStore {}
+
+impl SqlKind for SqliteStore {
+    /// SQLite's store has no settings of its own.
+    type Options = ();
+}
 
 impl SqlStoreBuilder<SqliteStore> {
     /// A store on an existing pool, for reads and writes.
@@ -288,7 +290,7 @@ sql::engine_store_api!(SqliteStore, SqlitePool, sqlx::Sqlite, SqliteConnection);
 
 #[cfg(test)]
 mod tests {
-    use super::is_in_memory;
+    use super::{Lite, is_in_memory};
 
     #[test]
     fn in_memory_urls() {
@@ -306,6 +308,45 @@ mod tests {
             "sqlite://idem.db",
         ] {
             assert!(!is_in_memory(url), "{url}");
+        }
+    }
+
+    /// The operators' listing by scope prefix is a search of the primary key, not a scan of
+    /// the table.
+    #[tokio::test]
+    async fn a_listing_by_scope_prefix_searches_the_primary_key_on_sqlite() {
+        use crate::lifecycle::State;
+        use crate::store::RecordQuery;
+        use crate::store::sql::{Columns as _, Dialect as _, Statements, Stmt, ddl, prefix_end};
+
+        let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+        let statements = Statements::new::<Lite>(ddl::RECORDS_TABLE).unwrap();
+        statements.migration.run::<Lite>(&pool).await.unwrap();
+        for query in [
+            RecordQuery::new().scope_prefix("refund:"),
+            RecordQuery::new()
+                .scope_prefix("refund:")
+                .state(State::InProgress)
+                .older_than(std::time::Duration::from_secs(60)),
+            RecordQuery::new().scope_prefix("\u{10FFFF}"),
+        ] {
+            let end = query.scope_prefix.as_deref().and_then(prefix_end);
+            let (statement, args) = statements.admin.list::<Lite>(&query, end.as_deref());
+            let explain = Stmt::plain(format!("EXPLAIN QUERY PLAN {}", statement.sql.as_str()));
+            let mut conn = pool.acquire().await.unwrap();
+            let plan = Lite::fetch_all(&mut conn, &explain, &args).await.unwrap();
+            let plan: Vec<String> = plan.iter().map(|r| r.text("detail").unwrap()).collect();
+            assert!(
+                plan.iter()
+                    .any(|step| step.starts_with("SEARCH idem_records USING PRIMARY KEY (scope>")),
+                "{query:?}: {plan:?}"
+            );
+            assert!(
+                !plan
+                    .iter()
+                    .any(|step| step.starts_with("SCAN idem_records")),
+                "{plan:?}"
+            );
         }
     }
 }

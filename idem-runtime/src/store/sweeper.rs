@@ -15,7 +15,7 @@ use crate::store::Store;
 
 /// How often a store that purges in the background deletes its expired records, unless told
 /// otherwise: once a minute.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub(crate) const DEFAULT_PURGE_EVERY: Duration = Duration::from_secs(60);
 
 /// A running sweeper. Dropping it stops the task.

@@ -1,5 +1,6 @@
 //! The builder every SQL store starts from, and what each offers the same way on its engine.
 
+use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,22 +105,31 @@ pub(crate) use engine_store_api;
 /// one tries again. [`background_purge(false)`](Self::background_purge) turns it off, for a
 /// database purged by other means (a job of its own, another service sharing the table).
 #[derive(Debug, Clone)]
-pub struct SqlStoreBuilder<S> {
+pub struct SqlStoreBuilder<S: SqlKind> {
     pub(crate) table: String,
     pub(crate) create_table: bool,
     pub(crate) read_first: Option<bool>,
     purge_every: Duration,
     background_purge: bool,
-    #[cfg(feature = "postgres")]
-    pub(crate) group_commit: Option<crate::store::group::GroupCommit>,
-    #[cfg(feature = "postgres")]
-    pub(crate) duplicate_wait: std::time::Duration,
-    #[cfg(feature = "postgres")]
-    pub(crate) waiting_duplicates: Option<usize>,
+    /// What only this kind of store sets (only PostgreSQL's has settings yet).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) options: S::Options,
     store: PhantomData<fn() -> S>,
 }
 
-impl<S> Default for SqlStoreBuilder<S> {
+/// A kind of SQL store, as its builder knows it: what it sets that the others do not. Each SQL
+/// store implements it; it cannot be implemented elsewhere.
+pub trait SqlKind: sealed::Sealed {
+    /// The settings only this store has (PostgreSQL's group commit, …), with their defaults.
+    type Options: Default + Clone + fmt::Debug;
+}
+
+pub(crate) mod sealed {
+    /// Only this crate's stores are SQL kinds.
+    pub trait Sealed {}
+}
+
+impl<S: SqlKind> Default for SqlStoreBuilder<S> {
     fn default() -> Self {
         SqlStoreBuilder {
             table: DEFAULT_TABLE.to_owned(),
@@ -127,18 +137,13 @@ impl<S> Default for SqlStoreBuilder<S> {
             read_first: None,
             purge_every: DEFAULT_PURGE_EVERY,
             background_purge: true,
-            #[cfg(feature = "postgres")]
-            group_commit: Some(crate::store::group::GroupCommit::default()),
-            #[cfg(feature = "postgres")]
-            duplicate_wait: crate::store::postgres::DEFAULT_DUPLICATE_WAIT,
-            #[cfg(feature = "postgres")]
-            waiting_duplicates: None,
+            options: S::Options::default(),
             store: PhantomData,
         }
     }
 }
 
-impl<S> SqlStoreBuilder<S> {
+impl<S: SqlKind> SqlStoreBuilder<S> {
     /// Whether a claim always (`true`) or never (`false`) first reads the record on the
     /// readers (SQLite's reader pool, PostgreSQL's pool), and answers a replay or "in progress"
     /// from there without a write: a replay is then one `SELECT` that never waits for SQLite's

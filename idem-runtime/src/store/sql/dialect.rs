@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
 
+use super::ddl::Database;
 use crate::error::{Error, Result};
-use crate::store::schema::Database;
 
 /// A value bound to a statement.
 #[derive(Debug, Clone, Copy)]
@@ -17,6 +17,70 @@ pub(crate) enum Arg<'a> {
     Int(i64),
     OptInt4(Option<i32>),
     Bool(bool),
+}
+
+/// A statement written for one database ([`Dialect::stmt`]): its text, which argument each
+/// placeholder binds where the database numbers none, and how a write's result is read where
+/// the database returns no row from it.
+#[derive(Debug, Clone)]
+pub(crate) struct Stmt {
+    pub(crate) sql: SqlStr,
+    /// The argument (0-based) each `?` binds, in order; `None` where placeholders are numbered
+    /// (`$1`) and the arguments are bound as given.
+    pub(crate) binds: Option<Box<[usize]>>,
+    // Read by the dialects whose writes return no rows (MySQL).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) returns: Returns,
+}
+
+/// How the row a statement answers is read.
+#[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) enum Returns {
+    /// The statement's own rows: a query, or a write with `RETURNING`.
+    Rows,
+    /// A write that returns nothing: when it matched a row, one row whose `fence` is argument
+    /// `.0` (0-based).
+    FenceArg(usize),
+    /// A write that sets the fence through `LAST_INSERT_ID(…)` ([`Dialect::set_fence`]): when
+    /// it matched (an insert: inserted) a row, one row whose `fence` is the value it set.
+    InsertId,
+    /// A write: one row whose `deleted` is how many rows it changed.
+    Affected,
+    /// A write, then, when it matched a row, this query on the same connection, with the
+    /// write's arguments.
+    Then(Box<Stmt>),
+}
+
+impl Stmt {
+    /// `sql` as written, its own rows read.
+    pub(crate) fn plain(sql: impl Into<String>) -> Stmt {
+        Stmt {
+            sql: AssertSqlSafe(sql.into()).into_sql_str(),
+            binds: None,
+            returns: Returns::Rows,
+        }
+    }
+}
+
+impl From<SqlStr> for Stmt {
+    fn from(sql: SqlStr) -> Stmt {
+        Stmt {
+            sql,
+            binds: None,
+            returns: Returns::Rows,
+        }
+    }
+}
+
+/// Where the fence a write returns comes from ([`Dialect::returning`]).
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) enum FenceFrom {
+    /// It is the argument `$n` (a fenced write, which leaves it as it is).
+    Arg(usize),
+    /// The write sets it, with [`Dialect::set_fence`].
+    Set,
 }
 
 /// What differs between two SQL databases, and nothing else.
@@ -39,11 +103,45 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     /// How many expired records one purge statement deletes: short enough that live traffic is
     /// never held behind it for long.
     const PURGE_BATCH: i64;
+    /// What follows a text column in a comparison that must be one of bytes (UTF-8's order of
+    /// code points), and that the records' primary key, created in that order, serves.
+    const BYTE_ORDER: &'static str;
     /// Whether a table name may be `schema.table`.
     const QUALIFIED_TABLES: bool;
     /// The statement that opens a transaction for a guarded body, when the driver's default
     /// will not do.
     const BEGIN: Option<&'static str>;
+
+    /// `IS NOT DISTINCT FROM`: equality that holds between two NULLs.
+    const NULL_SAFE_EQ: &'static str = "IS NOT DISTINCT FROM";
+
+    /// A statement written as the engine writes them (`$n` placeholders, `"quoted"`
+    /// identifiers) in this database's terms.
+    fn stmt(sql: String) -> Stmt {
+        Stmt::plain(sql)
+    }
+
+    /// The write `update` (an `UPDATE` or `DELETE` that matches at most one row), answering
+    /// `columns` of the row it wrote (`fence` among them, coming from `fence`) when it
+    /// matched one. `t` is its table.
+    fn returning(update: String, _t: &str, columns: &str, _fence: FenceFrom) -> Stmt {
+        Self::stmt(format!("{update} RETURNING {columns}"))
+    }
+
+    /// The value `expr` as a write sets the fence to it, so that [`returning`](Self::returning)
+    /// with [`FenceFrom::Set`] can answer it.
+    fn set_fence(expr: &str) -> String {
+        expr.to_owned()
+    }
+
+    /// `insert` (an `INSERT` of one record, with its fence set through
+    /// [`set_fence`](Self::set_fence)) made a first claim: it answers the row's `fence` when it
+    /// inserted it, nothing when the key exists.
+    fn insert_new(insert: String) -> Stmt {
+        Self::stmt(format!(
+            "{insert} ON CONFLICT (scope, key) DO NOTHING RETURNING fence"
+        ))
+    }
 
     /// `Self::NOW` plus the milliseconds in parameter `param`.
     fn after(param: &str) -> String;
@@ -53,14 +151,14 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     fn stamp(col: &str) -> String;
     /// The statements that delete a batch of the records of table `t` for which `expired` (a
     /// condition on its columns) holds, the last one returning how many (`deleted`).
-    fn purge(t: &str, expired: &str) -> Vec<SqlStr>;
+    fn purge(t: &str, expired: &str) -> Vec<Stmt>;
     /// Widens the `state` check of a table created before `parked` was a state: a query whose
     /// `present` column is 1 when the check allows it already, and the statements that make
     /// it do (`states` is the list, written for the DDL).
-    fn allow_states(t: &str, table: &str, states: &str) -> (SqlStr, Vec<SqlStr>);
+    fn allow_states(t: &str, table: &str, states: &str) -> Option<(Stmt, Vec<Stmt>)>;
     /// A statement run first in a migration's transaction, before any table is created: what
     /// serialises concurrent migrations where the transaction does not, and keeps them quiet.
-    fn migration_start() -> Option<SqlStr>;
+    fn migration_start() -> Option<Stmt>;
     /// Adds `column` (`definition` after its name) to a table created before it existed: the
     /// statement, and, where the database cannot say `IF NOT EXISTS`, a query whose `present`
     /// column counts the column if it is there already.
@@ -73,7 +171,7 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     /// lock the table before they find there is nothing to do: an instance starting next to
     /// busy ones (a rolling restart, a restart after a crash) would queue every claim behind
     /// its migration, or deadlock with a claim in flight.
-    fn up_to_date(_t: &str, _index: &str, _columns: &[&str]) -> Option<SqlStr> {
+    fn up_to_date(_t: &str, _index: &str, _columns: &[&str]) -> Option<Stmt> {
         None
     }
 
@@ -84,22 +182,22 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     /// Runs `sql` with `args` on `conn`: every row.
     fn fetch_all<'a>(
         conn: &'a mut <Self::Db as sqlx::Database>::Connection,
-        sql: &'a SqlStr,
+        sql: &'a Stmt,
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = Result<Vec<Self::Row>>> + Send + 'a;
 
     /// Runs `sql` with `args` on `conn`: its first row, if any.
     fn fetch<'a>(
         conn: &'a mut <Self::Db as sqlx::Database>::Connection,
-        sql: &'a SqlStr,
+        sql: &'a Stmt,
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = Result<Option<Self::Row>>> + Send + 'a;
 }
 
 /// A column added to tables created before it existed.
 pub(crate) struct AddColumn {
-    pub(crate) probe: Option<SqlStr>,
-    pub(crate) alter: SqlStr,
+    pub(crate) probe: Option<Stmt>,
+    pub(crate) alter: Stmt,
 }
 
 /// Columns added since the table was first created, with their definitions: tables created
@@ -174,7 +272,7 @@ where
 
 /// `sql` with `args` bound: the one way statements are prepared.
 pub(crate) fn bound<'q, DB>(
-    sql: &SqlStr,
+    stmt: &Stmt,
     args: &'q [Arg<'_>],
 ) -> sqlx::query::Query<'q, DB, DB::Arguments>
 where
@@ -186,8 +284,18 @@ where
     for<'a> Option<i32>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
     for<'a> bool: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
 {
-    let mut q = sqlx::query::<DB>(sql.clone());
-    for arg in args {
+    let mut q = sqlx::query::<DB>(stmt.sql.clone());
+    let order: Box<dyn Iterator<Item = usize>> = match &stmt.binds {
+        Some(binds) => Box::new(binds.iter().copied()),
+        None => Box::new(0..args.len()),
+    };
+    for i in order {
+        // A statement that names an argument it was not given binds NULL, which no condition
+        // matches; the statements are ours, and their tests bind every one.
+        let Some(arg) = args.get(i) else {
+            q = q.bind(None::<i32>);
+            continue;
+        };
         q = match *arg {
             Arg::Text(v) => q.bind(v),
             Arg::Bytes(v) => q.bind(v),
@@ -201,12 +309,13 @@ where
 }
 
 /// A dialect's `fetch` and `fetch_all` on its database: statements bound by [`bound`], their
-/// errors sorted by [`map_err`].
+/// errors sorted by [`map_err`]; for the databases whose writes return their rows.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 macro_rules! run_statements {
     ($db:ty, $conn:ty, $row:ty) => {
         fn fetch_all<'a>(
             conn: &'a mut $conn,
-            sql: &'a SqlStr,
+            sql: &'a sql::Stmt,
             args: &'a [Arg<'a>],
         ) -> impl Future<Output = Result<Vec<$row>>> + Send + 'a {
             let q = sql::bound::<$db>(sql, args);
@@ -215,7 +324,7 @@ macro_rules! run_statements {
 
         fn fetch<'a>(
             conn: &'a mut $conn,
-            sql: &'a SqlStr,
+            sql: &'a sql::Stmt,
             args: &'a [Arg<'a>],
         ) -> impl Future<Output = Result<Option<$row>>> + Send + 'a {
             let q = sql::bound::<$db>(sql, args);
@@ -223,11 +332,8 @@ macro_rules! run_statements {
         }
     };
 }
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use run_statements;
-
-pub(super) fn sql(s: String) -> SqlStr {
-    AssertSqlSafe(s).into_sql_str()
-}
 
 pub(crate) fn fence_from_db(fence: i64) -> Result<u64> {
     u64::try_from(fence).map_err(|_| Error::Store(format!("negative fence {fence}").into()))

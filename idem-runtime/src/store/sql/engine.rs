@@ -522,7 +522,8 @@ impl<D: Dialect> Engine<D> {
                 ))
             }
             Operation::List(query) => {
-                let (statement, args) = self.sql.admin.list(query);
+                let end = query.scope_prefix.as_deref().and_then(prefix_end);
+                let (statement, args) = self.sql.admin.list::<D>(query, end.as_deref());
                 let mut conn = self.read_conn().await?;
                 let rows = D::fetch_all(&mut conn, &statement, &args).await?;
                 rows.iter()

@@ -9,14 +9,15 @@
 //! statement only checks that nothing changed in between.
 
 mod builder;
+pub(crate) mod ddl;
 mod dialect;
 mod engine;
 mod errors;
 mod ident;
 mod statements;
 
-pub use self::builder::SqlStoreBuilder;
 pub(crate) use self::builder::*;
+pub use self::builder::{SqlKind, SqlStoreBuilder};
 pub(crate) use self::dialect::*;
 pub(crate) use self::engine::*;
 pub(crate) use self::errors::*;

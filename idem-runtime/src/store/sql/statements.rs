@@ -1,12 +1,9 @@
 //! Every statement of one SQL store, built once from its table name, and the migration.
 
-use sqlx::SqlStr;
-
 use crate::error::Result;
 use crate::lifecycle::State;
 use crate::record::BeginRequest;
 use crate::store::RecordQuery;
-use crate::store::schema::{self};
 
 use super::*;
 
@@ -14,24 +11,24 @@ use super::*;
 pub(crate) struct Statements {
     pub(crate) table: String,
     /// Deletes a batch of expired records; the last statement returns how many.
-    pub(crate) purge: Vec<SqlStr>,
+    pub(crate) purge: Vec<Stmt>,
     /// A first claim alone: `INSERT … ON CONFLICT DO NOTHING RETURNING fence`, no row when the
     /// record exists (or a concurrent claim committed it while this one waited on the index).
-    pub(crate) insert: SqlStr,
+    pub(crate) insert: Stmt,
     /// The record's columns ([`CurRow`]), by scope and key.
-    pub(crate) select: SqlStr,
-    pub(super) reclaim: SqlStr,
-    pub(super) complete: SqlStr,
-    pub(super) release: SqlStr,
-    pub(super) checkpoint: SqlStr,
-    pub(super) renew: SqlStr,
-    pub(super) lookup: SqlStr,
-    pub(super) suspend: SqlStr,
-    pub(super) due: SqlStr,
-    pub(super) park: SqlStr,
+    pub(crate) select: Stmt,
+    pub(super) reclaim: Stmt,
+    pub(super) complete: Stmt,
+    pub(super) release: Stmt,
+    pub(super) checkpoint: Stmt,
+    pub(super) renew: Stmt,
+    pub(super) lookup: Stmt,
+    pub(super) suspend: Stmt,
+    pub(super) due: Stmt,
+    pub(super) park: Stmt,
     /// What operators ask ([`crate::store::admin`]).
-    pub(super) admin: AdminStatements,
-    pub(super) migration: Migration,
+    pub(crate) admin: AdminStatements,
+    pub(crate) migration: Migration,
 }
 
 /// The statements of the operators' operations; `List` writes its own from its filters.
@@ -42,29 +39,31 @@ pub(crate) struct AdminStatements {
     pub(super) table: String,
     /// `NOW_MS`, the table's clock in ms.
     pub(super) now_ms: &'static str,
-    pub(super) inspect: SqlStr,
-    pub(super) force_release: SqlStr,
-    pub(super) retry: SqlStr,
+    /// `BYTE_ORDER`, what makes a comparison of scopes one of bytes.
+    pub(super) byte_order: &'static str,
+    pub(super) inspect: Stmt,
+    pub(super) force_release: Stmt,
+    pub(super) retry: Stmt,
     /// `force_release` of the claim with the fence `$3` only.
-    pub(super) force_release_fenced: SqlStr,
-    pub(super) count_expired: SqlStr,
-    pub(super) stats: SqlStr,
+    pub(super) force_release_fenced: Stmt,
+    pub(super) count_expired: Stmt,
+    pub(super) stats: Stmt,
 }
 
 /// How a table is created, and brought up to date when it was created by an earlier version:
 /// the same steps for the records' table and the outbox's.
 pub(crate) struct Migration {
     /// `CREATE … IF NOT EXISTS` statements, in order.
-    pub(crate) create: Vec<SqlStr>,
+    pub(crate) create: Vec<Stmt>,
     /// Columns added since the table was first created.
     pub(crate) upgrade: Vec<AddColumn>,
     /// Statements run once the columns are there (an index on an added column).
-    pub(crate) finish: Vec<SqlStr>,
+    pub(crate) finish: Vec<Stmt>,
     /// A check to widen, when the table was created before a value it must allow: a query
     /// whose `present` column is 1 when it allows it already, and what widens it.
-    pub(crate) widen: Option<(SqlStr, Vec<SqlStr>)>,
+    pub(crate) widen: Option<(Stmt, Vec<Stmt>)>,
     /// The dialect's catalog probe that finds the table up to date without locking it.
-    pub(crate) up_to_date: Option<SqlStr>,
+    pub(crate) up_to_date: Option<Stmt>,
 }
 
 impl Migration {
@@ -128,29 +127,34 @@ impl Statements {
         let owned = format!("fence = $3 AND state = '{in_progress}' AND {live}");
         // What ends a claim clears the work it held.
         let no_work = "request = NULL, resume_at = NULL, note = NULL";
+        // A write fenced by `$3`, which it leaves as it is: it answers that fence.
+        let fenced = |update: String| D::returning(update, &t, "fence", FenceFrom::Arg(3));
         let states = [in_progress, completed, released, parked]
             .map(|s| format!("'{s}'"))
             .join(", ");
         // The completer's index is on a column that tables created earlier gain by migrating:
         // it is created once the columns are there.
-        let mut create = schema::records(D::DATABASE, table)?;
-        let finish: Vec<SqlStr> = create.split_off(2).into_iter().map(sql).collect();
+        let mut create = ddl::records(D::DATABASE, table)?;
+        let finish: Vec<Stmt> = create
+            .split_off(create.len().min(2))
+            .into_iter()
+            .map(D::stmt)
+            .collect();
         Ok(Statements {
             table: table.to_owned(),
             purge: D::purge(&t, &format!("expires_at <= {now} AND NOT {holds}")),
             // A resumable claim ($6) stores its request and is due to the completer once its
             // lease runs out.
-            insert: sql(format!(
+            insert: D::insert_new(format!(
                 "INSERT INTO {t} (scope, key, fingerprint, state, fence, lease_until, expires_at, \
                  request, resume_at, created_at, updated_at) \
                  VALUES ($1, $2, $3, '{in_progress}', {}, {}, {}, $6, \
-                 CASE WHEN $6 IS NULL THEN NULL ELSE {now} END, {now}, {now}) \
-                 ON CONFLICT (scope, key) DO NOTHING RETURNING fence",
-                D::NOW_MS,
+                 CASE WHEN $6 IS NULL THEN NULL ELSE {now} END, {now}, {now})",
+                D::set_fence(D::NOW_MS),
                 D::after("$4"),
                 D::after("$5"),
             )),
-            select: sql(format!(
+            select: D::stmt(format!(
                 "SELECT fence, fingerprint, state, response_status, response_error, response_body, \
                  (expires_at <= {now} AND NOT {holds}) AS expired, {} AS lease_left_ms, \
                  {} AS lease_stamp \
@@ -163,8 +167,9 @@ impl Statements {
             // competing take-over) changed its fence, state or lease. One that continues the
             // same request ($6) keeps its work (its request, unless a new one comes with the
             // claim, $10, and why it did not finish); another starts without.
-            reclaim: sql(format!(
-                "UPDATE {t} SET fence = fence + 1, state = '{in_progress}', fingerprint = $3, \
+            reclaim: D::returning(
+                format!(
+                    "UPDATE {t} SET fence = {}, state = '{in_progress}', fingerprint = $3, \
                  lease_until = {}, expires_at = {}, \
                  recovery_point = CASE WHEN $6 THEN recovery_point END, \
                  attempt = CASE WHEN $6 THEN attempt + 1 ELSE 1 END, \
@@ -174,40 +179,45 @@ impl Statements {
                    THEN {now} END, \
                  note = CASE WHEN $6 THEN note END, \
                  updated_at = {now} \
-                 WHERE scope = $1 AND key = $2 AND fence = $7 AND state = $8 AND {} = $9 \
-                 RETURNING fence, recovery_point, attempt",
-                D::after("$4"),
-                D::after("$5"),
-                D::FALSE,
-                D::stamp("lease_until"),
-            )),
+                 WHERE scope = $1 AND key = $2 AND fence = $7 AND state = $8 AND {} = $9",
+                    D::set_fence("fence + 1"),
+                    D::after("$4"),
+                    D::after("$5"),
+                    D::FALSE,
+                    D::stamp("lease_until"),
+                ),
+                &t,
+                "fence, recovery_point, attempt",
+                FenceFrom::Set,
+            ),
             // A completion whose reply was lost after the database committed it is retried
             // (`Guard::finish`): finding the record completed by this very fence with this very
             // answer, the retry succeeds rather than report the fence lost for a completion
             // that is in fact ours.
-            complete: sql(format!(
+            complete: fenced(format!(
                 "UPDATE {t} SET state = '{completed}', response_status = $4, response_error = $5, \
                  response_body = $6, recovery_point = NULL, {no_work}, updated_at = {now} \
                  WHERE scope = $1 AND key = $2 AND (({owned}) OR (fence = $3 \
                  AND state = '{completed}' AND expires_at > {now} \
-                 AND response_status IS NOT DISTINCT FROM $4 AND response_error = $5 \
-                 AND response_body = $6)) RETURNING fence"
+                 AND response_status {} $4 AND response_error = $5 \
+                 AND response_body = $6))",
+                D::NULL_SAFE_EQ,
             )),
-            release: sql(format!(
+            release: fenced(format!(
                 "UPDATE {t} SET state = '{released}', {no_work}, updated_at = {now} \
-                 WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence"
+                 WHERE scope = $1 AND key = $2 AND {owned}"
             )),
-            checkpoint: sql(format!(
+            checkpoint: fenced(format!(
                 "UPDATE {t} SET recovery_point = $4, lease_until = {}, updated_at = {now} \
-                 WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence",
+                 WHERE scope = $1 AND key = $2 AND {owned}",
                 D::after("$5"),
             )),
-            renew: sql(format!(
+            renew: fenced(format!(
                 "UPDATE {t} SET lease_until = {}, updated_at = {now} \
-                 WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence",
+                 WHERE scope = $1 AND key = $2 AND {owned}",
                 D::after("$4"),
             )),
-            lookup: sql(format!(
+            lookup: D::stmt(format!(
                 "SELECT fingerprint, state, fence, response_status, response_error, response_body, \
                  {} AS lease_left_ms \
                  FROM {t} WHERE scope = $1 AND key = $2 AND state <> '{released}' AND {live}",
@@ -215,13 +225,13 @@ impl Statements {
             )),
             // The lease ends now, so the same request's retry takes it over at once; the
             // completer waits $5 ms.
-            suspend: sql(format!(
+            suspend: fenced(format!(
                 "UPDATE {t} SET lease_until = {now}, note = $4, \
                  resume_at = CASE WHEN request IS NOT NULL THEN {} END, updated_at = {now} \
-                 WHERE scope = $1 AND key = $2 AND {owned} RETURNING fence",
+                 WHERE scope = $1 AND key = $2 AND {owned}",
                 D::after("$5"),
             )),
-            due: sql(format!(
+            due: D::stmt(format!(
                 "SELECT scope, key, fence, attempt, fingerprint, request, note, \
                  {} AS resume_left_ms, {} AS lease_left_ms \
                  FROM {t} WHERE resume_at IS NOT NULL AND resume_at <= {now} \
@@ -230,15 +240,15 @@ impl Statements {
                 D::ms_until("resume_at"),
                 D::ms_until("lease_until"),
             )),
-            park: sql(format!(
+            park: fenced(format!(
                 "UPDATE {t} SET state = '{parked}', note = $4, resume_at = NULL, \
                  updated_at = {now} \
                  WHERE scope = $1 AND key = $2 AND fence = $3 AND state = '{in_progress}' \
-                 AND lease_until <= {now} RETURNING fence"
+                 AND lease_until <= {now}"
             )),
             admin: AdminStatements::new::<D>(&t),
             migration: Migration {
-                create: create.into_iter().map(sql).collect(),
+                create: create.into_iter().map(D::stmt).collect(),
                 upgrade: ADDED_COLUMNS
                     .iter()
                     .map(|(column, definition)| {
@@ -255,7 +265,7 @@ impl Statements {
                     &index_name(table, "resume_at"),
                     &ADDED_COLUMNS.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
                 ),
-                widen: Some(D::allow_states(&t, table, &states)),
+                widen: D::allow_states(&t, table, &states),
                 finish,
             },
         })
@@ -284,6 +294,7 @@ impl AdminStatements {
             State::Parked.as_str(),
         );
         let holds = holds_work();
+        let bump = D::set_fence("fence + 1");
         let info_columns = format!(
             "scope, key, state, fence, attempt, fingerprint, {} AS now_ms, \
              {} AS lease_left_ms, {} AS expires_ms, note, \
@@ -299,39 +310,58 @@ impl AdminStatements {
              AND lease_until <= {now}"
         );
         AdminStatements {
-            inspect: sql(format!(
+            inspect: D::stmt(format!(
                 "SELECT {info_columns}, recovery_point, response_status, response_error, \
                  response_body, request FROM {t} WHERE scope = $1 AND key = $2"
             )),
             // The fence moves on, so that the owner that is presumed gone cannot complete,
             // release or checkpoint over the next attempt if it wakes up. Parked work is
             // released the same way.
-            force_release: sql(format!(
-                "UPDATE {t} SET state = '{released}', fence = fence + 1, request = NULL, \
-                 resume_at = NULL, note = NULL, updated_at = {now} \
-                 WHERE scope = $1 AND key = $2 AND state IN ('{in_progress}', '{parked}') \
-                 AND {live} RETURNING fence"
-            )),
-            retry: sql(format!(
-                "UPDATE {t} SET state = '{in_progress}', lease_until = {now}, attempt = 1, \
-                 resume_at = CASE WHEN request IS NOT NULL THEN {now} END, updated_at = {now} \
-                 WHERE scope = $1 AND key = $2 AND state = '{parked}' RETURNING fence"
-            )),
+            force_release: D::returning(
+                format!(
+                    "UPDATE {t} SET state = '{released}', fence = {bump}, request = NULL, \
+                     resume_at = NULL, note = NULL, updated_at = {now} \
+                     WHERE scope = $1 AND key = $2 AND state IN ('{in_progress}', '{parked}') \
+                     AND {live}"
+                ),
+                t,
+                "fence",
+                FenceFrom::Set,
+            ),
+            retry: D::returning(
+                format!(
+                    "UPDATE {t} SET state = '{in_progress}', lease_until = {now}, attempt = 1, \
+                     resume_at = CASE WHEN request IS NOT NULL THEN {now} END, \
+                     fence = {}, updated_at = {now} \
+                     WHERE scope = $1 AND key = $2 AND state = '{parked}'",
+                    D::set_fence("fence"),
+                ),
+                t,
+                "fence",
+                FenceFrom::Set,
+            ),
             // Only the claim the operator saw: a claim taken since keeps running.
-            force_release_fenced: sql(format!(
-                "UPDATE {t} SET state = '{released}', fence = fence + 1, request = NULL, \
-                 resume_at = NULL, note = NULL, updated_at = {now} \
-                 WHERE scope = $1 AND key = $2 AND state IN ('{in_progress}', '{parked}') \
-                 AND {live} AND fence = $3 RETURNING fence"
-            )),
-            count_expired: sql(format!("SELECT count(*) AS n FROM {t} WHERE {expired}")),
-            stats: sql(format!(
+            force_release_fenced: D::returning(
+                format!(
+                    "UPDATE {t} SET state = '{released}', fence = {bump}, request = NULL, \
+                     resume_at = NULL, note = NULL, updated_at = {now} \
+                     WHERE scope = $1 AND key = $2 AND state IN ('{in_progress}', '{parked}') \
+                     AND {live} AND fence = $3"
+                ),
+                t,
+                "fence",
+                FenceFrom::Set,
+            ),
+            count_expired: D::stmt(format!("SELECT count(*) AS n FROM {t} WHERE {expired}")),
+            // Counted rather than summed: every database answers a count as its 64-bit
+            // integer.
+            stats: D::stmt(format!(
                 "SELECT {prefix} AS prefix, state, \
                  count(*) AS n, \
                  {oldest} AS oldest_fence, \
-                 sum(CASE WHEN {expired} THEN 1 ELSE 0 END) AS expired, \
-                 sum(CASE WHEN {live} AND {until} <= $1 THEN 1 ELSE 0 END) AS expiring, \
-                 sum(CASE WHEN {unfinished} THEN 1 ELSE 0 END) AS unfinished, \
+                 count(CASE WHEN {expired} THEN 1 END) AS expired, \
+                 count(CASE WHEN {live} AND {until} <= $1 THEN 1 END) AS expiring, \
+                 count(CASE WHEN {unfinished} THEN 1 END) AS unfinished, \
                  min(CASE WHEN {unfinished} THEN fence END) AS oldest_unfinished_fence, \
                  max({now_ms}) AS now_ms \
                  FROM {t} GROUP BY {prefix}, state",
@@ -345,11 +375,17 @@ impl AdminStatements {
             info_columns,
             table: t.to_owned(),
             now_ms: D::NOW_MS,
+            byte_order: D::BYTE_ORDER,
         }
     }
 
-    /// `List`'s statement and arguments, from its filters.
-    pub(super) fn list<'q>(&self, query: &'q RecordQuery) -> (SqlStr, Vec<Arg<'q>>) {
+    /// `List`'s statement and arguments, from its filters; `prefix_end` is
+    /// [`prefix_end`] of its scope prefix.
+    pub(crate) fn list<'q, D: Dialect>(
+        &self,
+        query: &'q RecordQuery,
+        prefix_end: Option<&'q str>,
+    ) -> (Stmt, Vec<Arg<'q>>) {
         let mut conditions = Vec::new();
         let mut args = Vec::new();
         if let Some(state) = query.state {
@@ -357,13 +393,16 @@ impl AdminStatements {
             conditions.push(format!("state = ${}", args.len()));
         }
         if let Some(prefix) = query.scope_prefix.as_deref() {
+            // A range of the primary key in byte order, not LIKE (a prefix holding `%` or `_`
+            // means itself) nor a function of the column (which no index serves): the scopes
+            // from the prefix up to the first text after every one that starts with it.
+            let scope = format!("scope{}", self.byte_order);
             args.push(Arg::Text(prefix));
-            // By length, not LIKE: a prefix holding `%` or `_` means itself.
-            conditions.push(format!(
-                "substr(scope, 1, {}) = ${}",
-                prefix.chars().count(),
-                args.len()
-            ));
+            conditions.push(format!("{scope} >= ${}", args.len()));
+            if let Some(end) = prefix_end {
+                args.push(Arg::Text(end));
+                conditions.push(format!("{scope} < ${}", args.len()));
+            }
         }
         if let Some(age) = query.older_than {
             args.push(Arg::Int(ms(age)));
@@ -374,7 +413,7 @@ impl AdminStatements {
         } else {
             format!(" WHERE {}", conditions.join(" AND "))
         };
-        let statement = sql(format!(
+        let statement = D::stmt(format!(
             "SELECT {} FROM {}{filter} ORDER BY fence LIMIT {}",
             self.info_columns,
             self.table,
@@ -382,6 +421,25 @@ impl AdminStatements {
         ));
         (statement, args)
     }
+}
+
+/// The least text after every text that starts with `prefix`, in byte order (which is UTF-8's
+/// order of code points): `prefix` with its last character that is not the greatest one
+/// incremented and the characters after it dropped; `None` when there is no such character
+/// (every scope from `prefix` on starts with it).
+pub(crate) fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = match last {
+            char::MAX => continue,
+            // The surrogates are no characters: the next one after them.
+            '\u{D7FF}' => '\u{E000}',
+            c => char::from_u32(u32::from(c) + 1)?,
+        };
+        chars.push(next);
+        return Some(chars.into_iter().collect());
+    }
+    None
 }
 
 /// Whether a row holds unfinished work, in SQL (`lifecycle::unfinished`): such a row never
@@ -392,4 +450,38 @@ pub(crate) fn holds_work() -> String {
         State::Parked.as_str(),
         State::InProgress.as_str()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Every text that starts with the prefix is below its end, and every text from the
+        /// prefix up to its end starts with it: the range is the prefix, exactly.
+        #[test]
+        fn the_end_of_a_prefix_bounds_exactly_the_texts_that_start_with_it(
+            prefix in "\\PC{0,4}|[\u{10FFFF}\u{D7FF}a]{0,3}",
+            rest in "\\PC{0,4}|[\u{10FFFF}\u{D7FF}\u{E000}a]{0,3}",
+            other in "\\PC{0,6}",
+        ) {
+            let end = prefix_end(&prefix);
+            let under = format!("{prefix}{rest}");
+            prop_assert!(end.as_deref().is_none_or(|e| under.as_str() < e));
+            let in_range = other.as_str() >= prefix.as_str()
+                && end.as_deref().is_none_or(|e| other.as_str() < e);
+            prop_assert_eq!(in_range, other.starts_with(&prefix));
+        }
+    }
+
+    #[test]
+    fn the_end_of_a_prefix_skips_what_has_no_successor() {
+        assert_eq!(prefix_end("refund:").as_deref(), Some("refund;"));
+        assert_eq!(prefix_end("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(prefix_end("\u{D7FF}").as_deref(), Some("\u{E000}"));
+        assert_eq!(prefix_end("\u{10FFFF}\u{10FFFF}"), None);
+        assert_eq!(prefix_end(""), None);
+    }
 }

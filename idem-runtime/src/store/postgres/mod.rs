@@ -1,21 +1,23 @@
 //! The PostgreSQL store: production, shared by any number of service instances.
 
+mod group;
+
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+use sqlx::Row as _;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, Row as _, SqlSafeStr as _, SqlStr};
 use tokio::sync::Semaphore;
 
+use self::group::{ClaimJob, ClaimReply, CompleteJob, Group};
 use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
-use crate::store::group::{ClaimJob, ClaimReply, CompleteJob, Group};
 use crate::store::schema::Database;
 use crate::store::sql::{
-    self, AddColumn, Arg, Dialect, Engine, Next, SqlStoreBuilder, Types, map_err,
+    self, AddColumn, Arg, Dialect, Engine, Next, SqlKind, SqlStoreBuilder, Stmt, Types, map_err,
 };
 use crate::store::{Operation, Reply, Store, TxStore};
 
@@ -47,6 +49,7 @@ impl Dialect for Pg {
         text: "text",
     };
     const FALSE: &'static str = "false";
+    const BYTE_ORDER: &'static str = " COLLATE \"C\"";
     const QUALIFIED_TABLES: bool = true;
     const BEGIN: Option<&'static str> = None;
 
@@ -63,43 +66,36 @@ impl Dialect for Pg {
         format!("(EXTRACT(EPOCH FROM {col}) * 1000000)::int8")
     }
 
-    fn purge(t: &str, expired: &str) -> Vec<SqlStr> {
-        vec![
-            AssertSqlSafe(format!(
-                "WITH gone AS (DELETE FROM {t} WHERE ctid = ANY(ARRAY( \
+    fn purge(t: &str, expired: &str) -> Vec<Stmt> {
+        vec![Stmt::plain(format!(
+            "WITH gone AS (DELETE FROM {t} WHERE ctid = ANY(ARRAY( \
                    SELECT ctid FROM {t} WHERE {expired} LIMIT {}) \
                  ) RETURNING 1) \
                  SELECT count(*) AS deleted FROM gone",
-                Self::PURGE_BATCH
-            ))
-            .into_sql_str(),
-        ]
+            Self::PURGE_BATCH
+        ))]
     }
 
-    fn migration_start() -> Option<SqlStr> {
+    fn migration_start() -> Option<Stmt> {
         // `IF NOT EXISTS` on what exists already says so in a NOTICE ("column … already exists,
         // skipping"), which sqlx logs: a migration that has nothing to do stays silent, for this
         // transaction only.
-        Some(
-            AssertSqlSafe(format!(
-                "SELECT set_config('client_min_messages', 'warning', true), \
+        Some(Stmt::plain(format!(
+            "SELECT set_config('client_min_messages', 'warning', true), \
                  pg_advisory_xact_lock({MIGRATION_LOCK})"
-            ))
-            .into_sql_str(),
-        )
+        )))
     }
 
     fn add_column(t: &str, _table: &str, column: &str, definition: &str) -> AddColumn {
         AddColumn {
             probe: None,
-            alter: AssertSqlSafe(format!(
+            alter: Stmt::plain(format!(
                 "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {column} {definition}"
-            ))
-            .into_sql_str(),
+            )),
         }
     }
 
-    fn up_to_date(t: &str, index: &str, columns: &[&str]) -> Option<SqlStr> {
+    fn up_to_date(t: &str, index: &str, columns: &[&str]) -> Option<Stmt> {
         // `t` is a checked, quoted identifier and the names are identifiers: they can stand
         // in string literals. PostgreSQL cuts identifiers to 63 bytes.
         let has_columns = if columns.is_empty() {
@@ -113,23 +109,20 @@ impl Dialect for Pg {
                 columns.len()
             )
         };
-        Some(
-            AssertSqlSafe(format!(
-                "SELECT (CASE WHEN to_regclass('{t}') IS NOT NULL \
+        Some(Stmt::plain(format!(
+            "SELECT (CASE WHEN to_regclass('{t}') IS NOT NULL \
                    AND EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
                      WHERE i.indrelid = to_regclass('{t}') AND c.relname = left('{index}', 63)) \
                    AND {has_columns} \
                  THEN 1 ELSE 0 END)::int8 AS present"
-            ))
-            .into_sql_str(),
-        )
+        )))
     }
 
     fn scope_prefix(col: &str) -> String {
         format!("split_part({col}, ':', 1)")
     }
 
-    fn allow_states(t: &str, table: &str, states: &str) -> (SqlStr, Vec<SqlStr>) {
+    fn allow_states(t: &str, table: &str, states: &str) -> Option<(Stmt, Vec<Stmt>)> {
         // The check written inline in the DDL is named `<table>_state_check`; `t` is a checked,
         // quoted identifier, and the names identifiers, so they can stand in string literals.
         let check = format!("{}_state_check", sql::base_name(table));
@@ -142,10 +135,7 @@ impl Dialect for Pg {
             "ALTER TABLE {t} DROP CONSTRAINT IF EXISTS \"{check}\", \
              ADD CONSTRAINT \"{check}\" CHECK (state IN ({states}))"
         );
-        (
-            AssertSqlSafe(probe).into_sql_str(),
-            vec![AssertSqlSafe(widen).into_sql_str()],
-        )
+        Some((Stmt::plain(probe), vec![Stmt::plain(widen)]))
     }
 
     sql::run_statements!(sqlx::Postgres, PgConnection, PgRow);
@@ -194,7 +184,7 @@ pub struct PgStore {
 /// runs). A duplicate then waits for the lock within a bound, and only so many at once.
 struct TxClaims {
     /// `got` (the lock), `fence` (the first claim's, when the insert wrote one).
-    claim: SqlStr,
+    claim: Stmt,
     /// The table's name, part of every lock's key.
     table: String,
     wait: Duration,
@@ -206,7 +196,7 @@ impl TxClaims {
     fn new(table: &str, wait: Duration, waiters: usize) -> TxClaims {
         let in_progress = crate::lifecycle::State::InProgress.as_str();
         let now = Pg::NOW;
-        let claim = AssertSqlSafe(format!(
+        let claim = Stmt::plain(format!(
             "WITH lock AS (SELECT pg_try_advisory_xact_lock($7) AS got), \
              claimed AS (INSERT INTO {table} (scope, key, fingerprint, state, fence, lease_until, \
                expires_at, request, resume_at, created_at, updated_at) \
@@ -218,8 +208,7 @@ impl TxClaims {
             Pg::NOW_MS,
             Pg::after("$4"),
             Pg::after("$5"),
-        ))
-        .into_sql_str();
+        ));
         TxClaims {
             claim,
             table: table.to_owned(),
@@ -244,10 +233,35 @@ impl TxClaims {
     }
 }
 
-pub use crate::store::group::{GroupCommit, GroupCommitStats};
+pub use self::group::{GroupCommit, GroupCommitStats};
 
 /// Builds a [`PgStore`]: table name, whether to create the table, group commit.
 pub type PgStoreBuilder = SqlStoreBuilder<PgStore>;
+
+/// What a [`PgStoreBuilder`] sets that other SQL stores do not have: group commit and the
+/// transactional duplicates' wait, set through the builder's methods.
+#[derive(Debug, Clone)]
+pub struct PgOptions {
+    group_commit: Option<GroupCommit>,
+    duplicate_wait: Duration,
+    waiting_duplicates: Option<usize>,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions {
+            group_commit: Some(GroupCommit::default()),
+            duplicate_wait: DEFAULT_DUPLICATE_WAIT,
+            waiting_duplicates: None,
+        }
+    }
+}
+
+impl sql::sealed::Sealed for PgStore {}
+
+impl SqlKind for PgStore {
+    type Options = PgOptions;
+}
 
 impl SqlStoreBuilder<PgStore> {
     /// Group commit (default: on, `GroupCommit::default()`; `group_commit(None)` turns it
@@ -260,7 +274,7 @@ impl SqlStoreBuilder<PgStore> {
     /// batched. `BENCHMARKS.md` ("Group commit on by default") has the measurements behind the
     /// default: level with off at 1 and 8 tasks, 1.45× at 32 and 3× at 128.
     pub fn group_commit(mut self, group_commit: impl Into<Option<GroupCommit>>) -> Self {
-        self.group_commit = group_commit.into();
+        self.options.group_commit = group_commit.into();
         self
     }
 
@@ -273,7 +287,7 @@ impl SqlStoreBuilder<PgStore> {
     /// connection, so only [`waiting_duplicates`](Self::waiting_duplicates) of them wait at
     /// once; the others are answered "in progress" at once.
     pub fn duplicate_wait(mut self, wait: Duration) -> Self {
-        self.duplicate_wait = wait;
+        self.options.duplicate_wait = wait;
         self
     }
 
@@ -282,14 +296,17 @@ impl SqlStoreBuilder<PgStore> {
     /// connections, at least one. Past it, a duplicate is answered "in progress" at once, so
     /// that retries of one slow request can never take the pool from every other key.
     pub fn waiting_duplicates(mut self, duplicates: usize) -> Self {
-        self.waiting_duplicates = Some(duplicates);
+        self.options.waiting_duplicates = Some(duplicates);
         self
     }
 
     /// A store on an existing pool.
     pub async fn build(self, pool: PgPool) -> Result<PgStore> {
-        let group_commit = self.group_commit;
-        let (wait, waiters) = (self.duplicate_wait, self.waiting_duplicates);
+        let PgOptions {
+            group_commit,
+            duplicate_wait: wait,
+            waiting_duplicates: waiters,
+        } = self.options.clone();
         let waiters = waiters.unwrap_or_else(|| default_waiters(&pool));
         if wait > MAX_DUPLICATE_WAIT {
             return Err(Error::Config(format!(

@@ -25,10 +25,10 @@ use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, SqlSafeStr as _, SqlStr};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use super::Pg;
 use crate::error::{Error, Result};
 use crate::lifecycle::State;
 use crate::record::{ClaimRef, Claimed, StoredResponse};
-use crate::store::postgres::Pg;
 use crate::store::sql::{
     Columns as _, CurRow, Dialect, Engine, fence_to_db, map_err, ms, quote_table,
 };

@@ -1,0 +1,300 @@
+//! The DDL of the SQL stores' tables: one file per database, and what writes it for another
+//! table name. Public as [`crate::store::schema`]; the engine creates its tables from it.
+
+mod mysql;
+mod postgres;
+mod sqlite;
+
+use super::ident::{base_name, quote_table};
+use crate::error::{Error, Result};
+
+pub use self::mysql::*;
+pub use self::postgres::*;
+pub use self::sqlite::*;
+
+/// The default name of the records table.
+pub const RECORDS_TABLE: &str = "idem_records";
+
+/// The default name of the outbox table.
+pub const OUTBOX_TABLE: &str = "idem_outbox";
+
+/// The completers' index: resumable claims in progress, by when they may be resumed (the column
+/// is set only on those).
+pub(super) const RESUME_INDEX: &str = "CREATE INDEX IF NOT EXISTS \"idem_records_resume_at_idx\" ON \"idem_records\" (resume_at) WHERE resume_at IS NOT NULL";
+
+pub(super) const PENDING_INDEX: &str = "CREATE INDEX IF NOT EXISTS \"idem_outbox_pending_idx\" ON \"idem_outbox\" (partition_key, seq) WHERE sent_at IS NULL";
+pub(super) const SENT_INDEX: &str = "CREATE INDEX IF NOT EXISTS \"idem_outbox_sent_idx\" ON \"idem_outbox\" (sent_at) WHERE sent_at IS NOT NULL";
+pub(super) const PARKED_INDEX: &str = "CREATE INDEX IF NOT EXISTS \"idem_outbox_parked_idx\" ON \"idem_outbox\" (seq) WHERE parked_at IS NOT NULL AND sent_at IS NULL";
+
+/// A SQL database the stores keep their tables in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Database {
+    /// PostgreSQL.
+    Postgres,
+    /// SQLite.
+    Sqlite,
+    /// MySQL, or MariaDB.
+    Mysql,
+}
+
+impl Database {
+    /// Every database, in the order the tool lists them.
+    pub const ALL: &'static [Database] = &[Database::Sqlite, Database::Postgres, Database::Mysql];
+
+    /// Its name as people write it: `PostgreSQL`, `SQLite`, `MySQL`.
+    pub fn title(self) -> &'static str {
+        match self {
+            Database::Postgres => "PostgreSQL",
+            Database::Sqlite => "SQLite",
+            Database::Mysql => "MySQL",
+        }
+    }
+
+    /// The database's name: `postgres`, `sqlite` or `mysql`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Database::Postgres => "postgres",
+            Database::Sqlite => "sqlite",
+            Database::Mysql => "mysql",
+        }
+    }
+
+    /// Its tables' DDL, with the default names.
+    fn tables(self) -> Tables {
+        match self {
+            Database::Postgres => Tables {
+                records: POSTGRES_RECORDS,
+                outbox: Some(POSTGRES_OUTBOX),
+                qualified: true,
+                quote: '"',
+            },
+            Database::Sqlite => Tables {
+                records: SQLITE_RECORDS,
+                outbox: Some(SQLITE_OUTBOX),
+                qualified: false,
+                quote: '"',
+            },
+            Database::Mysql => Tables {
+                records: MYSQL_RECORDS,
+                outbox: None,
+                qualified: true,
+                quote: '`',
+            },
+        }
+    }
+}
+
+/// One database's tables, as its file writes them.
+struct Tables {
+    records: &'static [&'static str],
+    /// `None` where no outbox runs on it yet.
+    outbox: Option<&'static [&'static str]>,
+    /// Whether a table name may be `schema.table`.
+    qualified: bool,
+    /// What quotes an identifier in its DDL.
+    quote: char,
+}
+
+/// The statements that create the records table `table` (an identifier, checked;
+/// `schema.table` on PostgreSQL) and its index.
+pub fn records(db: Database, table: &str) -> Result<Vec<String>> {
+    let Tables {
+        records: statements,
+        qualified,
+        quote: q,
+        ..
+    } = db.tables();
+    // Identifiers are checked: none holds a quote of either kind.
+    let quoted = quote_table(table, qualified)?.replace('"', &q.to_string());
+    let base = base_name(table);
+    Ok(statements
+        .iter()
+        .map(|s| {
+            rename(s, q, |ident, _| match ident {
+                RECORDS_TABLE => Some(quoted.clone()),
+                "idem_records_expires_at_idx" => Some(format!("{q}{base}_expires_at_idx{q}")),
+                "idem_records_resume_at_idx" => Some(format!("{q}{base}_resume_at_idx{q}")),
+                _ => None,
+            })
+        })
+        .collect())
+}
+
+/// The statements that create the outbox table `table` (an identifier, checked; `schema.table`
+/// on PostgreSQL) and its indexes ([`Error::Config`] on a database no outbox runs on yet:
+/// MySQL), the parked events' index last (a migration creates it once
+/// the columns it covers are there). PostgreSQL adds [`outbox_notify`].
+pub fn outbox(db: Database, table: &str) -> Result<Vec<String>> {
+    let Tables {
+        outbox: statements,
+        qualified,
+        quote: q,
+        ..
+    } = db.tables();
+    let statements = statements
+        .ok_or_else(|| Error::Config(format!("the outbox does not run on {} yet", db.title())))?;
+    let quoted = quote_table(table, qualified)?.replace('"', &q.to_string());
+    let base = base_name(table);
+    Ok(statements
+        .iter()
+        .map(|s| {
+            rename(s, q, |ident, _| match ident {
+                OUTBOX_TABLE => Some(quoted.clone()),
+                "idem_outbox_pending_idx" => Some(format!("{q}{base}_pending_idx{q}")),
+                "idem_outbox_sent_idx" => Some(format!("{q}{base}_sent_idx{q}")),
+                "idem_outbox_parked_idx" => Some(format!("{q}{base}_parked_idx{q}")),
+                _ => None,
+            })
+        })
+        .collect())
+}
+
+/// PostgreSQL's `NOTIFY` function and trigger ([`POSTGRES_OUTBOX_NOTIFY`]) for the outbox table
+/// `table`: the function `<table>_notify` in the table's schema, the channel `<base>_wake`,
+/// where `<base>` is the table's name without its schema.
+pub fn outbox_notify(table: &str) -> Result<Vec<String>> {
+    let quoted = quote_table(table, true)?;
+    let base = base_name(table);
+    let function = match table.rsplit_once('.') {
+        Some((schema, base)) => format!("\"{schema}\".\"{base}_notify\""),
+        None => format!("\"{table}_notify\""),
+    };
+    let channel = notify_channel(table);
+    Ok(POSTGRES_OUTBOX_NOTIFY
+        .iter()
+        .map(|s| {
+            rename(s, '"', |ident, called| match (ident, called) {
+                (OUTBOX_TABLE, _) => Some(quoted.clone()),
+                ("idem_outbox_notify", true) => Some(function.clone()),
+                ("idem_outbox_notify", false) => Some(format!("\"{base}_notify\"")),
+                _ => None,
+            })
+            // A channel is a string literal; identifiers never hold a quote, so the only one
+            // is the template's own.
+            .replace("'idem_outbox_wake'", &format!("'{channel}'"))
+        })
+        .collect())
+}
+
+/// The `NOTIFY` channel of the outbox table `table`.
+pub(crate) fn notify_channel(table: &str) -> String {
+    format!("{}_wake", base_name(table))
+}
+
+/// `statements` as one script: each ends with `;`, a blank line between two.
+pub fn script<S: AsRef<str>>(statements: &[S]) -> String {
+    statements
+        .iter()
+        .map(|s| format!("{};\n", s.as_ref()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `template` with each identifier quoted by `quote` (`"name"`, or `` `name` `` on MySQL)
+/// replaced by `rename(name, called)` (kept
+/// when it answers `None`), where `called` says whether a `(` follows it (a function). One
+/// pass, so a replacement is never renamed again.
+fn rename(template: &str, quote: char, rename: impl Fn(&str, bool) -> Option<String>) -> String {
+    let mut out = String::with_capacity(template.len() + 32);
+    let mut rest = template;
+    while let Some(open) = rest.find(quote) {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let Some(close) = after.find(quote) else {
+            out.push_str(&rest[open..]);
+            return out;
+        };
+        let ident = &after[..close];
+        let tail = &after[close + 1..];
+        match rename(ident, tail.starts_with('(')) {
+            Some(new) => out.push_str(&new),
+            None => out.push_str(&rest[open..open + close + 2]),
+        }
+        rest = tail;
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lifecycle::State;
+
+    #[test]
+    fn default_names_give_the_constants() {
+        for &db in Database::ALL {
+            let (records_ddl, outbox_ddl) = match db {
+                Database::Postgres => (POSTGRES_RECORDS, Some(POSTGRES_OUTBOX)),
+                Database::Sqlite => (SQLITE_RECORDS, Some(SQLITE_OUTBOX)),
+                Database::Mysql => (MYSQL_RECORDS, None),
+            };
+            assert_eq!(records(db, RECORDS_TABLE).unwrap(), records_ddl);
+            match outbox_ddl {
+                Some(ddl) => assert_eq!(outbox(db, OUTBOX_TABLE).unwrap(), ddl),
+                None => assert!(matches!(outbox(db, OUTBOX_TABLE), Err(Error::Config(_)))),
+            }
+        }
+        assert_eq!(outbox_notify(OUTBOX_TABLE).unwrap(), POSTGRES_OUTBOX_NOTIFY);
+    }
+
+    #[test]
+    fn other_names_replace_every_default_name() {
+        let all = [
+            records(Database::Postgres, "app.recs").unwrap(),
+            outbox(Database::Postgres, "app.events").unwrap(),
+            outbox_notify("app.events").unwrap(),
+        ]
+        .concat()
+        .join("\n");
+        assert!(!all.contains("idem_"), "{all}");
+        assert!(all.contains("ON \"app\".\"recs\" (expires_at)"), "{all}");
+        assert!(all.contains("\"recs_expires_at_idx\""), "{all}");
+        assert!(
+            all.contains("FUNCTION \"app\".\"events_notify\"()"),
+            "{all}"
+        );
+        assert!(all.contains("TRIGGER \"events_notify\" AFTER"), "{all}");
+        assert!(all.contains("pg_notify('events_wake', '')"), "{all}");
+        let lite = outbox(Database::Sqlite, "events").unwrap().join("\n");
+        assert!(!lite.contains("idem_") && lite.contains("\"events_parked_idx\""));
+        let my = records(Database::Mysql, "app.recs").unwrap().join("\n");
+        assert!(!my.contains("idem_") && !my.contains('"'), "{my}");
+        assert!(
+            my.contains("CREATE TABLE IF NOT EXISTS `app`.`recs` ("),
+            "{my}"
+        );
+        assert!(
+            my.contains("INDEX `recs_resume_at_idx` (resume_at)"),
+            "{my}"
+        );
+    }
+
+    #[test]
+    fn table_names_are_checked() {
+        assert!(records(Database::Sqlite, "app.recs").is_err());
+        assert!(records(Database::Postgres, "x\"; DROP TABLE y; --").is_err());
+        assert!(outbox_notify("a b").is_err());
+    }
+
+    #[test]
+    fn the_state_check_names_every_state() {
+        for state in [
+            State::InProgress,
+            State::Completed,
+            State::Released,
+            State::Parked,
+        ] {
+            let quoted = format!("'{}'", state.as_str());
+            assert!(POSTGRES_RECORDS[0].contains(&quoted));
+            assert!(SQLITE_RECORDS[0].contains(&quoted));
+            assert!(MYSQL_RECORDS[0].contains(&quoted));
+        }
+    }
+
+    #[test]
+    fn a_script_ends_every_statement() {
+        assert_eq!(script(&["A", "B"]), "A;\n\nB;\n");
+    }
+}

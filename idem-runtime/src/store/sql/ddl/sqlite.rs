@@ -1,0 +1,53 @@
+//! SQLite's tables.
+
+use super::{PARKED_INDEX, PENDING_INDEX, RESUME_INDEX, SENT_INDEX};
+
+/// The records table of SQLite (`idem_records`) and its indexes on `expires_at` and
+/// `resume_at`. Timestamps are
+/// integer milliseconds since the Unix epoch, read from SQLite's own clock.
+pub const SQLITE_RECORDS: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS \"idem_records\" (
+    scope TEXT NOT NULL,
+    key TEXT NOT NULL,
+    fingerprint BLOB NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('in_progress', 'completed', 'released', 'parked')),
+    fence INTEGER NOT NULL,
+    lease_until INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    recovery_point BLOB,
+    attempt INTEGER NOT NULL DEFAULT 1,
+    response_status INTEGER,
+    response_error INTEGER NOT NULL DEFAULT 0,
+    response_body BLOB,
+    request BLOB,
+    resume_at INTEGER,
+    note TEXT,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (scope, key)
+) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS \"idem_records_expires_at_idx\" ON \"idem_records\" (expires_at)",
+    RESUME_INDEX,
+];
+
+/// The outbox table of SQLite (`idem_outbox`) and its indexes, as [`POSTGRES_OUTBOX`].
+pub const SQLITE_OUTBOX: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS \"idem_outbox\" (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    topic TEXT NOT NULL,
+    partition_key TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    created_at INTEGER NOT NULL,
+    sent_at INTEGER,
+    lease_until INTEGER,
+    lease_owner TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    failures INTEGER NOT NULL DEFAULT 0,
+    parked_at INTEGER,
+    last_error TEXT
+)",
+    PENDING_INDEX,
+    SENT_INDEX,
+    PARKED_INDEX,
+];
