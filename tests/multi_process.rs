@@ -1,8 +1,8 @@
-//! Several OS processes race on the same keys, against one SQLite file, against PostgreSQL, and
-//! against Redis standalone and Redis Cluster: every key is claimed, and its side effect done,
-//! exactly once.
+//! Several OS processes race on the same keys, against one SQLite file, against PostgreSQL, MySQL
+//! (MariaDB), and against Redis standalone and Redis Cluster: every key is claimed, and its side
+//! effect done, exactly once.
 //!
-//! On SQLite and PostgreSQL the race is at scale: 4 processes × 8 tasks each send every one of
+//! On SQLite, PostgreSQL and MySQL the race is at scale: 4 processes × 8 tasks each send every one of
 //! 320 keys, 10,240 racing duplicate requests per store, and each key still runs once.
 //!
 //! A plain `main` (harness = false): the test starts copies of its own binary with `--worker`.
@@ -14,8 +14,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::{
-    BeginOutcome, BeginRequest, ClaimRef, Fingerprint, Key, PgStore, Policy, RedisStore,
-    SqliteStore, Store, StoredResponse,
+    BeginOutcome, BeginRequest, ClaimRef, Fingerprint, Key, MySqlStore, PgStore, Policy,
+    RedisStore, SqliteStore, Store, StoredResponse,
 };
 
 const PROCESSES: usize = 4;
@@ -38,7 +38,7 @@ impl Scale {
 
     fn of(kind: &str) -> Scale {
         match kind {
-            "sqlite" | "postgres" => Scale::SQL,
+            "sqlite" | "postgres" | "mysql" => Scale::SQL,
             _ => Scale::REDIS,
         }
     }
@@ -92,6 +92,27 @@ fn main() {
         } else {
             println!(
                 "test multi_process::postgres ... ignored, needs PostgreSQL: set DATABASE_URL=postgres://…"
+            );
+        }
+
+        if cfg!(idem_mysql) {
+            let db = common::MyDatabase::create(&common::mysql_url(), 4).await;
+            let store = MySqlStore::builder().connect(&db.url).await.unwrap();
+            sqlx::query("CREATE TABLE effects (`key` VARCHAR(64) NOT NULL, pid BIGINT NOT NULL)")
+                .execute(store.pool())
+                .await
+                .unwrap();
+            race("mysql", &db.url).await;
+            let counts: Vec<(String, i64)> =
+                sqlx::query_as("SELECT `key`, count(*) FROM effects GROUP BY `key`")
+                    .fetch_all(store.pool())
+                    .await
+                    .unwrap();
+            check_effects("mysql", counts);
+            println!("test multi_process::mysql ... ok");
+        } else {
+            println!(
+                "test multi_process::mysql ... ignored, needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
             );
         }
 
@@ -242,6 +263,22 @@ async fn worker(kind: &str, target: &str, start_at_ms: u128) {
                 let pool = pool.clone();
                 async move {
                     sqlx::query("INSERT INTO effects (key, pid) VALUES ($1, $2)")
+                        .bind(key)
+                        .bind(i64::from(std::process::id()))
+                        .execute(&pool)
+                        .await
+                        .unwrap();
+                }
+            })
+            .await
+        }
+        "mysql" => {
+            let store = MySqlStore::connect(target).await.unwrap();
+            let pool = store.pool().clone();
+            run(kind, &store, start_at_ms, |key| {
+                let pool = pool.clone();
+                async move {
+                    sqlx::query("INSERT INTO effects (`key`, pid) VALUES (?, ?)")
                         .bind(key)
                         .bind(i64::from(std::process::id()))
                         .execute(&pool)
