@@ -351,7 +351,11 @@ fn the_store_comes_from_the_flag_then_idem_store_url_then_database_url() {
     // An unknown scheme: a usage error naming it.
     let out = run(&[("DATABASE_URL", "mongodb://db/app")], &[]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("mongodb://db/app"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("mongodb://db/app"),
+        "{}",
+        stderr(&out)
+    );
     // IDEM_STORE_URL wins over DATABASE_URL, and the flag over both: each is the one opened
     // (a SQLite file that does not exist is not created, and the error names it).
     let out = run(
