@@ -35,7 +35,8 @@
 //! - [`macro@state_transition`] generates the guarded `UPDATE` of a state machine and says what
 //!   happened when it did not apply.
 //! - Stores: [`MemoryStore`], `SqliteStore` (feature `sqlite`, default), `PgStore` (feature
-//!   `postgres`), `RedisStore` (feature `redis`: Redis or Valkey, standalone or cluster), all
+//!   `postgres`), `MySqlStore` (feature `mysql`: MySQL or MariaDB), `RedisStore` (feature
+//!   `redis`: Redis or Valkey, standalone or cluster), all
 //!   passing one conformance suite, which `testkit` (feature `testkit`) runs on a store of your
 //!   own.
 //! - [`begin`] and [`Guard`]: the same lifecycle by hand.
@@ -123,8 +124,16 @@
     doc = "- `postgres`: `PgStore`, for many instances sharing one database."
 )]
 #![cfg_attr(
+    feature = "mysql",
+    doc = "- `mysql`: [`MySqlStore`], MySQL 8 or MariaDB, for many instances sharing one database (no outbox or SQL macros on it yet)."
+)]
+#![cfg_attr(
+    not(feature = "mysql"),
+    doc = "- `mysql`: `MySqlStore`, MySQL 8 or MariaDB, for many instances sharing one database (no outbox or SQL macros on it yet)."
+)]
+#![cfg_attr(
     feature = "axum",
-    doc = "- `axum`: the [`http`] module: the `IdempotencyKey` extractor, problem+json errors, \
+    doc = "- `axum`: the [`axum`] module: the `IdempotencyKey` extractor, problem+json errors, \
            the replay layer, the lookup by key."
 )]
 #![cfg_attr(

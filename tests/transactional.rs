@@ -1,13 +1,14 @@
 //! `#[idempotent(…, transaction = tx)]`: the claim, the body's SQL and the completion commit
 //! together; a failure rolls all of them back, and so does a dropped call. Each case is written
-//! once over a [`Backend`] and runs on SQLite (`sqlite::…`) and PostgreSQL (`postgres::…`).
+//! once over a [`Backend`] and runs on SQLite (`sqlite::…`), PostgreSQL (`postgres::…`) and
+//! MySQL (`mysql::…`).
 
 mod common;
 
 use std::future::Future;
 use std::time::Duration;
 
-use idem::{Error, PgStore, SqliteStore, TxStore, idempotent};
+use idem::{Error, MySqlStore, PgStore, SqliteStore, TxStore, idempotent};
 
 /// The transaction a guarded body gets on `S`.
 type Tx<S> = sqlx::Transaction<'static, <S as TxStore>::Database>;
@@ -29,14 +30,25 @@ trait Backend: TxStore + Clone + Send + Sync + 'static {
     fn committed_orders(&self) -> impl Future<Output = i64> + Send;
 
     /// Whether a duplicate may be answered "in progress" rather than wait for the first
-    /// transaction (PostgreSQL bounds the wait and the number of waiting duplicates; SQLite's
-    /// one writer serialises them).
+    /// transaction (PostgreSQL and MySQL bound the wait and the number of waiting duplicates;
+    /// SQLite's one writer serialises them).
     const BOUNDS_WAITING_DUPLICATES: bool;
+}
+
+/// A database whose transactional duplicates wait within a bound.
+trait Bounded: Backend {
+    /// A store on a pool of `connections` whose duplicates wait `wait`, with an empty `orders`
+    /// table.
+    fn waiting(
+        connections: u32,
+        wait: Duration,
+    ) -> impl Future<Output = (Self, Self::Guard)> + Send;
 }
 
 /// The `orders` table in each database's types.
 const ORDERS_SQLITE: &str = "CREATE TABLE orders (sku INTEGER NOT NULL)";
 const ORDERS_PG: &str = "CREATE TABLE orders (sku bigint NOT NULL)";
+const ORDERS_MYSQL: &str = "CREATE TABLE orders (sku BIGINT NOT NULL) ENGINE = InnoDB";
 
 async fn sqlite_store(_connections: u32) -> (SqliteStore, common::SqliteFile) {
     let file = common::SqliteFile::new();
@@ -50,9 +62,15 @@ async fn pg_store(connections: u32) -> (PgStore, common::PgSchema) {
     (store, schema)
 }
 
+async fn mysql_store(connections: u32) -> (MySqlStore, common::MyDatabase) {
+    let db = common::MyDatabase::create(&common::mysql_url(), connections).await;
+    let store = MySqlStore::builder().build(db.pool.clone()).await.unwrap();
+    (store, db)
+}
+
 /// [`Backend`] for stores whose statements are the same text: only the connection type differs.
 macro_rules! backend {
-    ($($store:ty: $guard:ty = $fresh:ident, $orders:ident, $bounds:literal;)*) => {$(
+    ($($store:ty: $guard:ty = $fresh:ident, $orders:ident, $insert:literal, $bounds:literal;)*) => {$(
         impl Backend for $store {
             type Guard = $guard;
             const BOUNDS_WAITING_DUPLICATES: bool = $bounds;
@@ -64,7 +82,7 @@ macro_rules! backend {
             }
 
             async fn insert_order(tx: &mut Tx<Self>, sku: i64) -> Result<i64, Error> {
-                sqlx::query("INSERT INTO orders (sku) VALUES ($1)")
+                sqlx::query($insert)
                     .bind(sku)
                     .execute(&mut **tx)
                     .await
@@ -86,8 +104,9 @@ macro_rules! backend {
 }
 
 backend! {
-    SqliteStore: common::SqliteFile = sqlite_store, ORDERS_SQLITE, false;
-    PgStore: common::PgSchema = pg_store, ORDERS_PG, true;
+    SqliteStore: common::SqliteFile = sqlite_store, ORDERS_SQLITE, "INSERT INTO orders (sku) VALUES ($1)", false;
+    PgStore: common::PgSchema = pg_store, ORDERS_PG, "INSERT INTO orders (sku) VALUES ($1)", true;
+    MySqlStore: common::MyDatabase = mysql_store, ORDERS_MYSQL, "INSERT INTO orders (sku) VALUES (?)", true;
 }
 
 fn db(e: sqlx::Error) -> Error {
@@ -188,6 +207,25 @@ async fn a_cancelled_call_leaves_nothing_behind<S: Backend>() {
     );
 }
 
+impl Bounded for PgStore {
+    async fn waiting(connections: u32, wait: Duration) -> (PgStore, common::PgSchema) {
+        pg_store_waiting(connections, wait).await
+    }
+}
+
+impl Bounded for MySqlStore {
+    async fn waiting(connections: u32, wait: Duration) -> (MySqlStore, common::MyDatabase) {
+        let db = common::MyDatabase::create(&common::mysql_url(), connections).await;
+        sqlx::query(ORDERS_MYSQL).execute(&db.pool).await.unwrap();
+        let store = MySqlStore::builder()
+            .duplicate_wait(wait)
+            .build(db.pool.clone())
+            .await
+            .unwrap();
+        (store, db)
+    }
+}
+
 /// A PostgreSQL store on a pool of `connections` whose transactional duplicates wait `wait`.
 async fn pg_store_waiting(connections: u32, wait: Duration) -> (PgStore, common::PgSchema) {
     let schema = common::PgSchema::create(&common::pg_url(), connections).await;
@@ -210,8 +248,23 @@ async fn pg_store_waiting(connections: u32, wait: Duration) -> (PgStore, common:
     ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
 )]
 async fn postgres_duplicates_of_a_slow_transaction_never_take_the_pool() {
-    let wait = Duration::from_millis(400);
-    let (store, _schema) = pg_store_waiting(4, wait).await;
+    duplicates_of_a_slow_transaction_never_take_the_pool::<PgStore>(Duration::from_millis(400))
+        .await
+}
+
+/// The same on MySQL, whose lock waits are counted in whole seconds. (Unbounded, each duplicate
+/// waited on the first transaction's row for `innodb_lock_wait_timeout`, 50 s by default.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+async fn mysql_duplicates_of_a_slow_transaction_never_take_the_pool() {
+    duplicates_of_a_slow_transaction_never_take_the_pool::<MySqlStore>(Duration::from_secs(1)).await
+}
+
+async fn duplicates_of_a_slow_transaction_never_take_the_pool<S: Bounded>(wait: Duration) {
+    let (store, _guard) = S::waiting(4, wait).await;
     let slow = tokio::spawn({
         let store = store.clone();
         async move { create_order(&store, 1, "slow", Then::Hang).await }
@@ -315,9 +368,72 @@ async fn postgres_a_waiting_duplicate_leaves_lock_timeout_as_it_was() {
     assert_eq!(setting, "7s");
 }
 
+/// A duplicate that waited for the first transaction and then claimed (the first rolled back)
+/// runs its body with the session's own `innodb_lock_wait_timeout`, not the wait's bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+async fn mysql_a_waiting_duplicate_leaves_the_lock_wait_timeout_as_it_was() {
+    use idem::{BeginOutcome, BeginRequest, Fingerprint, Policy};
+    let (store, _db) = MySqlStore::waiting(4, Duration::from_secs(5)).await;
+    let fp = Fingerprint::of(&1).unwrap();
+    let policy = Policy::DEFAULT;
+    let req = BeginRequest::new("s", "k", &fp, &policy);
+    let mut first = store.begin_transaction().await.unwrap();
+    assert!(matches!(
+        store.begin_in(&mut first, req).await.unwrap(),
+        BeginOutcome::Claimed(_)
+    ));
+    let duplicate = tokio::spawn({
+        let store = store.clone();
+        async move {
+            let (fp, policy) = (Fingerprint::of(&1).unwrap(), Policy::DEFAULT);
+            let mut tx = store.begin_transaction().await.unwrap();
+            sqlx::query("SET SESSION innodb_lock_wait_timeout = 7")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let outcome = store
+                .begin_in(&mut tx, BeginRequest::new("s", "k", &fp, &policy))
+                .await
+                .unwrap();
+            let setting: i64 =
+                sqlx::query_scalar("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)")
+                    .fetch_one(&mut *tx)
+                    .await
+                    .unwrap();
+            (outcome, setting)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !duplicate.is_finished(),
+        "the duplicate waits for the first transaction"
+    );
+    first.rollback().await.unwrap();
+    let (outcome, setting) = duplicate.await.unwrap();
+    assert!(matches!(outcome, BeginOutcome::Claimed(_)), "{outcome:?}");
+    assert_eq!(setting, 7);
+}
+
 mod sqlite {
     crate::backend_tests!(
         idem::SqliteStore:
+        commits_together_and_rolls_back_together,
+        concurrent_duplicates_insert_once(flavor = "multi_thread", worker_threads = 4),
+        a_cancelled_call_leaves_nothing_behind,
+    );
+}
+
+mod mysql {
+    crate::backend_tests!(
+        #[cfg_attr(
+            not(idem_mysql),
+            ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+        )]
+        idem::MySqlStore:
         commits_together_and_rolls_back_together,
         concurrent_duplicates_insert_once(flavor = "multi_thread", worker_threads = 4),
         a_cancelled_call_leaves_nothing_behind,

@@ -2,7 +2,7 @@
 //! instances, as PostgreSQL's is.
 //!
 //! MySQL has no `RETURNING` on `UPDATE` (MariaDB has it on `INSERT` and `DELETE` only), no
-//! `ON CONFLICT … DO NOTHING`, and numbers no placeholders. Its [`Dialect`] writes the engine's
+//! `ON CONFLICT … DO NOTHING`, and numbers no placeholders. Its dialect writes the engine's
 //! statements in its terms, and each write answers from the server's reply to it, in the same
 //! round trip: a fenced write matched its row (`CLIENT_FOUND_ROWS`, which sqlx always sets, so
 //! a write that changed nothing still counts its row) and answers its own fence; a write that
@@ -14,6 +14,7 @@ use std::fmt;
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{Executor as _, Row as _, ValueRef as _};
@@ -54,7 +55,11 @@ impl Dialect for My {
     // Scopes are VARBINARY: compared by their bytes.
     const BYTE_ORDER: &'static str = "";
     const QUALIFIED_TABLES: bool = true;
-    const BEGIN: Option<&'static str> = None;
+    // A guarded body's transaction reads committed rows and locks no gaps, whatever the
+    // session's level (MySQL's default, REPEATABLE READ, would lock the gap where an absent
+    // key's record goes, and hold up every other key's first claim into it).
+    const BEGIN: Option<&'static str> =
+        Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION");
     const NULL_SAFE_EQ: &'static str = "<=>";
 
     fn stmt(sql: String) -> Stmt {
@@ -468,36 +473,157 @@ impl Columns for MyRow {
 pub struct MySqlStore {
     // One pointer: the macro clones the store on every call.
     inner: Arc<Engine<My>>,
+    /// How transactional claims meet a duplicate's transaction.
+    tx: Arc<TxClaims>,
 }
 
-/// Builds a [`MySqlStore`]: table name, whether to create the table.
+/// How long a transactional duplicate waits by default for the transaction that holds its key
+/// ([`MySqlStoreBuilder::duplicate_wait`]).
+pub const DEFAULT_DUPLICATE_WAIT: Duration = Duration::from_secs(2);
+
+/// The longest wait a builder accepts.
+const MAX_DUPLICATE_WAIT: Duration = Duration::from_secs(60);
+
+/// Builds a [`MySqlStore`]: table name, whether to create the table, how transactional
+/// duplicates wait.
 pub type MySqlStoreBuilder = SqlStoreBuilder<MySqlStore>;
+
+/// What a [`MySqlStoreBuilder`] sets that other SQL stores do not have: the transactional
+/// duplicates' wait, set through the builder's methods.
+#[derive(Debug, Clone)]
+pub struct MySqlOptions {
+    duplicate_wait: Duration,
+    waiting_duplicates: Option<usize>,
+}
+
+impl Default for MySqlOptions {
+    fn default() -> Self {
+        MySqlOptions {
+            duplicate_wait: DEFAULT_DUPLICATE_WAIT,
+            waiting_duplicates: None,
+        }
+    }
+}
 
 impl sql::sealed::Sealed for MySqlStore {}
 
 impl SqlKind for MySqlStore {
-    /// MySQL's store has no settings of its own yet.
-    type Options = ();
+    type Options = MySqlOptions;
+}
+
+/// Transactional claims: before its claim, a transaction reads the record with a lock it does
+/// not wait for (`FOR UPDATE NOWAIT`). A record another transaction inserted or holds is
+/// locked: the duplicate then waits for it within a bound (`innodb_lock_wait_timeout`, set for
+/// that read only), and only so many at once, instead of waiting on the row for as long as the
+/// first transaction runs while holding a pool connection.
+struct TxClaims {
+    /// The read that does not wait, and the one that waits.
+    probe: Stmt,
+    wait_for: Stmt,
+    wait: Duration,
+    waiters: tokio::sync::Semaphore,
+    limit: usize,
+}
+
+impl TxClaims {
+    fn new(table: &str, wait: Duration, waiters: usize) -> Result<TxClaims> {
+        let t = sql::quote_table(table, true)?;
+        Ok(TxClaims {
+            probe: My::stmt(format!(
+                "SELECT 1 AS held FROM {t} WHERE scope = $1 AND key = $2 FOR UPDATE NOWAIT"
+            )),
+            wait_for: My::stmt(format!(
+                "SELECT 1 AS held FROM {t} WHERE scope = $1 AND key = $2 FOR UPDATE"
+            )),
+            wait,
+            waiters: tokio::sync::Semaphore::new(waiters),
+            limit: waiters,
+        })
+    }
+}
+
+/// A quarter of the pool's connections, at least one.
+fn default_waiters(pool: &MySqlPool) -> usize {
+    (pool.options().get_max_connections() as usize / 4).max(1)
+}
+
+/// Whether `e` (a driver error, as the store's errors carry it) is InnoDB's deadlock, which
+/// rolled the transaction back.
+fn is_deadlock(e: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
+    e.downcast_ref::<sqlx::Error>().is_some_and(|e| {
+        matches!(e, sqlx::Error::Database(db)
+            if db
+                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                .is_some_and(|my| my.number() == 1213))
+    })
+}
+
+/// Whether `e` says a row lock was not granted: at once (`NOWAIT`: MySQL's 3572, MariaDB's
+/// 1205) or within the wait (1205).
+fn lock_not_granted(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db)
+        if db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .is_some_and(|my| matches!(my.number(), 1205 | 3572)))
 }
 
 impl SqlStoreBuilder<MySqlStore> {
+    /// How long a duplicate of a request running in transactional mode waits for the first
+    /// request's transaction (default two seconds, [`DEFAULT_DUPLICATE_WAIT`], rounded up to
+    /// whole seconds, as MySQL counts its lock waits): when it commits within the bound, the
+    /// duplicate replays its answer; when it rolls back, the duplicate claims; when the bound
+    /// runs out, the duplicate is answered "in progress" (409 with `Retry-After`) and its
+    /// transaction rolls back, giving its connection back to the pool. `Duration::ZERO`
+    /// answers "in progress" at once. Only
+    /// [`waiting_duplicates`](Self::waiting_duplicates) wait at once.
+    pub fn duplicate_wait(mut self, wait: Duration) -> Self {
+        self.options.duplicate_wait = wait;
+        self
+    }
+
+    /// How many transactional duplicates may wait at once
+    /// ([`duplicate_wait`](Self::duplicate_wait)); default a quarter of the pool's
+    /// connections, at least one. Past it, a duplicate is answered "in progress" at once.
+    pub fn waiting_duplicates(mut self, duplicates: usize) -> Self {
+        self.options.waiting_duplicates = Some(duplicates);
+        self
+    }
+
     /// A store on an existing pool. Its connections must run in strict SQL mode
     /// (`STRICT_TRANS_TABLES` or `STRICT_ALL_TABLES`, the default since MySQL 5.7 and MariaDB
     /// 10.2.4): without it, MySQL cuts a value too long for its column short instead of
-    /// refusing it.
+    /// refusing it. A server with `innodb_rollback_on_timeout=ON` is refused too: a lock wait
+    /// that runs out would end the caller's transaction, not just its statement.
     pub async fn build(self, pool: MySqlPool) -> Result<MySqlStore> {
-        let mode: String = sqlx::query_scalar("SELECT @@SESSION.sql_mode")
-            .fetch_one(&pool)
-            .await
-            .map_err(my_err)?;
+        let (mode, rollback_on_timeout): (String, i64) = sqlx::query_as(
+            "SELECT @@SESSION.sql_mode, CAST(@@GLOBAL.innodb_rollback_on_timeout AS SIGNED)",
+        )
+        .fetch_one(&pool)
+        .await
+        .map_err(my_err)?;
+        if rollback_on_timeout != 0 {
+            return Err(Error::Config(
+                "the MySQL server runs with innodb_rollback_on_timeout=ON: a transactional duplicate's bounded wait would roll back the caller's whole transaction, and what followed would commit outside it; turn it off".into(),
+            ));
+        }
         if !mode.contains("STRICT_TRANS_TABLES") && !mode.contains("STRICT_ALL_TABLES") {
             return Err(Error::Config(format!(
                 "the MySQL pool's sql_mode is {mode:?}: idem needs strict mode (add STRICT_TRANS_TABLES), or values too long for their column would be cut short"
             )));
         }
-        Ok(MySqlStore {
-            inner: self.open(pool.clone(), pool).await?,
-        })
+        let MySqlOptions {
+            duplicate_wait: wait,
+            waiting_duplicates: waiters,
+        } = self.options.clone();
+        if wait > MAX_DUPLICATE_WAIT {
+            return Err(Error::Config(format!(
+                "a transactional duplicate waits at most {MAX_DUPLICATE_WAIT:?}, not {wait:?}: past that, answer it \"in progress\" and let the client retry"
+            )));
+        }
+        let waiters = waiters.unwrap_or_else(|| default_waiters(&pool));
+        let inner = self.open(pool.clone(), pool).await?;
+        let tx = Arc::new(TxClaims::new(&inner.sql.table, wait, waiters)?);
+        Ok(MySqlStore { inner, tx })
     }
 
     /// Connects a pool of up to 16 connections to `url` with
@@ -525,9 +651,15 @@ impl SqlStoreBuilder<MySqlStore> {
 }
 
 impl MySqlStore {
-    /// A store on `inner`.
+    /// A store on `inner`, with the transactional duplicates' defaults.
     fn on_engine(inner: Arc<Engine<My>>) -> MySqlStore {
-        MySqlStore { inner }
+        let waiters = default_waiters(&inner.writer);
+        let tx = TxClaims::new(&inner.sql.table, DEFAULT_DUPLICATE_WAIT, waiters)
+            .expect("the engine's table name was checked");
+        MySqlStore {
+            inner,
+            tx: Arc::new(tx),
+        }
     }
 
     /// Connects to `url` (`mysql://user:password@host/database`) and creates the table if
@@ -562,13 +694,84 @@ impl Store for MySqlStore {
 }
 
 impl MySqlStore {
-    /// `begin` inside the caller's transaction.
+    /// `begin` inside the caller's transaction: the record read with a lock that does not
+    /// wait, then claimed as outside a transaction (the transaction holds the record's lock
+    /// from then on); a record another transaction holds is waited for within the bound.
     async fn begin_in_transaction(
         &self,
         conn: &mut MySqlConnection,
         req: BeginRequest<'_>,
     ) -> Result<BeginOutcome> {
-        self.inner.begin(Some(conn), &req).await
+        let key = [Arg::Text(req.scope), Arg::Text(req.key)];
+        match sql::bound::<sqlx::MySql>(&self.tx.probe, &key)
+            .fetch_optional(&mut *conn)
+            .await
+        {
+            Ok(_) => self.claim_in(conn, &req).await,
+            Err(e) if lock_not_granted(&e) => self.wait_for_claimer(conn, &req).await,
+            Err(e) => Err(my_err(e)),
+        }
+    }
+
+    /// The claim itself, in the transaction. First claims of one key racing in several
+    /// transactions can deadlock in InnoDB (each waits on the other's insert of the same key):
+    /// the one InnoDB rolls back is a duplicate of a request that is running, and is told so.
+    async fn claim_in(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &BeginRequest<'_>,
+    ) -> Result<BeginOutcome> {
+        match self.inner.begin(Some(conn), req).await {
+            Err(Error::Unavailable(e)) if is_deadlock(&*e) => Ok(BeginOutcome::InProgress {
+                retry_after: self.tx.wait.max(Duration::from_secs(1)),
+            }),
+            other => other,
+        }
+    }
+
+    /// Another transaction holds the record: wait for it within the bound (one of at most
+    /// `waiting_duplicates`), then claim or replay as its end decides; "in progress" when the
+    /// bound runs out or too many wait already.
+    async fn wait_for_claimer(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &BeginRequest<'_>,
+    ) -> Result<BeginOutcome> {
+        let busy = BeginOutcome::InProgress {
+            retry_after: self.tx.wait.max(Duration::from_secs(1)),
+        };
+        if self.tx.wait.is_zero() {
+            return Ok(busy);
+        }
+        let Ok(_waiting) = self.tx.waiters.try_acquire() else {
+            tracing::debug!(target: "idem", scope = req.scope, key = req.key, waiting = self.tx.limit, "a transactional duplicate is answered in progress at once: as many wait already");
+            return Ok(busy);
+        };
+        // The bound applies to this wait only: the caller's setting comes back after it.
+        let seconds = self.tx.wait.as_secs() + u64::from(self.tx.wait.subsec_nanos() > 0);
+        sqlx::query(
+            "SET @idem_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
+             SESSION innodb_lock_wait_timeout = ?",
+        )
+        .bind(seconds)
+        .execute(&mut *conn)
+        .await
+        .map_err(my_err)?;
+        let key = [Arg::Text(req.scope), Arg::Text(req.key)];
+        let waited = sql::bound::<sqlx::MySql>(&self.tx.wait_for, &key)
+            .fetch_optional(&mut *conn)
+            .await;
+        sqlx::query("SET SESSION innodb_lock_wait_timeout = @idem_lock_wait")
+            .execute(&mut *conn)
+            .await
+            .map_err(my_err)?;
+        match waited {
+            // The first transaction ended: its record is committed (a replay, or one to take
+            // over), or gone with its rollback (claim).
+            Ok(_) => self.claim_in(conn, req).await,
+            Err(e) if lock_not_granted(&e) => Ok(busy),
+            Err(e) => Err(my_err(e)),
+        }
     }
 }
 

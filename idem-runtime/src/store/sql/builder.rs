@@ -111,8 +111,8 @@ pub struct SqlStoreBuilder<S: SqlKind> {
     pub(crate) read_first: Option<bool>,
     purge_every: Duration,
     background_purge: bool,
-    /// What only this kind of store sets (only PostgreSQL's has settings yet).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    /// What only this kind of store sets (SQLite's has no settings).
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) options: S::Options,
     store: PhantomData<fn() -> S>,
 }

@@ -30,7 +30,7 @@ pub const SQLITE_RECORDS: &[&str] = &[
     RESUME_INDEX,
 ];
 
-/// The outbox table of SQLite (`idem_outbox`) and its indexes, as [`POSTGRES_OUTBOX`].
+/// The outbox table of SQLite (`idem_outbox`) and its indexes, as [`POSTGRES_OUTBOX`](super::POSTGRES_OUTBOX).
 pub const SQLITE_OUTBOX: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS \"idem_outbox\" (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
