@@ -2,7 +2,7 @@
 //! measured side by side, interleaved, in one run.
 //!
 //! ```text
-//! cargo run --release --example bench -- --store sqlite|postgres|memory|redis --concurrency N --seconds S
+//! cargo run --release --example bench -- --store sqlite|postgres|mysql|memory|redis --concurrency N --seconds S
 //!     [--rounds R]     rounds of every variant, interleaved (default 3)
 //!     [--variants a,b] only these variants (unguarded always runs: ratios are against it)
 //!     [--read-first true|false] SQLite: claims always (never) read on the readers first
@@ -11,7 +11,9 @@
 //!     [--group-min N] PostgreSQL, `separate_group`: `GroupCommit::min_in_flight` (default its own)
 //! ```
 //!
-//! PostgreSQL needs `DATABASE_URL`; the run works in a schema of its own and drops it. Each
+//! PostgreSQL needs `DATABASE_URL`; the run works in a schema of its own and drops it. MySQL
+//! needs `IDEM_MYSQL_URL` (MariaDB here); the run works in a database of its own and drops it,
+//! and its hand-written inbox claims with `INSERT IGNORE`, as one written for MySQL would. Each
 //! request inserts one business row (`bench_orders`), guarded in each way:
 //!
 //! - `unguarded`: the insert alone;
@@ -67,19 +69,50 @@ fn db(e: sqlx::Error) -> Error {
 /// Bodies that ran: the storm checks that duplicates ran it once.
 static BODY_RUNS: AtomicUsize = AtomicUsize::new(0);
 
-/// The variants for one SQL database.
+/// The statements of the unguarded and hand-written variants, in one database's terms. The
+/// updates bind the answer, then the key.
+mod numbered {
+    pub const ORDER: &str = "INSERT INTO bench_orders (order_no, amount) VALUES ($1, $2)";
+    pub const HW_CLAIM: &str =
+        "INSERT INTO handwritten_records (key, request_hash, status) VALUES ($1, $2, 'PROCESSING')";
+    pub const HW_DONE: &str =
+        "UPDATE handwritten_records SET status = 'DONE', result = $1 WHERE key = $2";
+    pub const INBOX_CLAIM: &str = "INSERT INTO handwritten_inbox (key, request_hash) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING";
+    pub const INBOX_READ: &str =
+        "SELECT request_hash, result FROM handwritten_inbox WHERE key = $1";
+    pub const INBOX_DONE: &str = "UPDATE handwritten_inbox SET result = $1 WHERE key = $2";
+}
+
+mod mysql_sql {
+    pub const ORDER: &str = "INSERT INTO bench_orders (order_no, amount) VALUES (?, ?)";
+    pub const HW_CLAIM: &str =
+        "INSERT INTO handwritten_records (`key`, request_hash, status) VALUES (?, ?, 'PROCESSING')";
+    pub const HW_DONE: &str =
+        "UPDATE handwritten_records SET status = 'DONE', result = ? WHERE `key` = ?";
+    pub const INBOX_CLAIM: &str =
+        "INSERT IGNORE INTO handwritten_inbox (`key`, request_hash) VALUES (?, ?)";
+    pub const INBOX_READ: &str =
+        "SELECT request_hash, result FROM handwritten_inbox WHERE `key` = ?";
+    pub const INBOX_DONE: &str = "UPDATE handwritten_inbox SET result = ? WHERE `key` = ?";
+}
+
+/// The variants for one SQL database, with its statements (`$q`).
 macro_rules! sql_variants {
-    ($db:ty, $store:ty, $pool:ty) => {
+    ($db:ty, $store:ty, $pool:ty, $q:ident) => {
+        use super::$q as q;
         use super::*;
 
         pub async fn unguarded(pool: &$pool, order_no: &str, amount: i64) -> Result<Order, Error> {
-            sqlx::query("INSERT INTO bench_orders (order_no, amount) VALUES ($1, $2)")
+            sqlx::query(q::ORDER)
                 .bind(order_no)
                 .bind(amount)
                 .execute(pool)
                 .await
                 .map_err(db)?;
-            Ok(Order { order_no: order_no.to_owned(), amount })
+            Ok(Order {
+                order_no: order_no.to_owned(),
+                amount,
+            })
         }
 
         #[idempotent(scope = "bench", key = key, store = store, skip(pool, order_no))]
@@ -95,22 +128,35 @@ macro_rules! sql_variants {
         }
 
         #[idempotent(scope = "bench", key = key, store = store, skip(order_no), transaction = tx)]
-        pub async fn transactional(store: &$store, key: &str, order_no: &str, amount: i64) -> Result<Order, Error> {
+        pub async fn transactional(
+            store: &$store,
+            key: &str,
+            order_no: &str,
+            amount: i64,
+        ) -> Result<Order, Error> {
             BODY_RUNS.fetch_add(1, Ordering::Relaxed);
-            sqlx::query("INSERT INTO bench_orders (order_no, amount) VALUES ($1, $2)")
+            sqlx::query(q::ORDER)
                 .bind(order_no)
                 .bind(amount)
                 .execute(&mut **tx)
                 .await
                 .map_err(db)?;
-            Ok(Order { order_no: order_no.to_owned(), amount })
+            Ok(Order {
+                order_no: order_no.to_owned(),
+                amount,
+            })
         }
 
         /// The usual hand-written guard: a placeholder row, the business insert, then the result.
-        pub async fn handwritten(pool: &$pool, key: &str, order_no: &str, amount: i64) -> Result<Order, Error> {
+        pub async fn handwritten(
+            pool: &$pool,
+            key: &str,
+            order_no: &str,
+            amount: i64,
+        ) -> Result<Order, Error> {
             let body = serde_json::to_vec(&amount).map_err(|e| Error::Encode(e.to_string()))?;
             let hash = idem::Fingerprint::of(&body)?.to_string();
-            sqlx::query("INSERT INTO handwritten_records (key, request_hash, status) VALUES ($1, $2, 'PROCESSING')")
+            sqlx::query(q::HW_CLAIM)
                 .bind(key)
                 .bind(&hash)
                 .execute(pool)
@@ -118,9 +164,9 @@ macro_rules! sql_variants {
                 .map_err(db)?;
             let order = unguarded(pool, order_no, amount).await?;
             let result = serde_json::to_string(&order).map_err(|e| Error::Encode(e.to_string()))?;
-            sqlx::query("UPDATE handwritten_records SET status = 'DONE', result = $2 WHERE key = $1")
-                .bind(key)
+            sqlx::query(q::HW_DONE)
                 .bind(result)
+                .bind(key)
                 .execute(pool)
                 .await
                 .map_err(db)?;
@@ -130,11 +176,16 @@ macro_rules! sql_variants {
         /// The inbox written by hand in one transaction: the key first (a duplicate waits on
         /// the unique index until the first commits, then reads its answer), the effect, the
         /// answer, one commit.
-        pub async fn handwritten_tx(pool: &$pool, key: &str, order_no: &str, amount: i64) -> Result<Order, Error> {
+        pub async fn handwritten_tx(
+            pool: &$pool,
+            key: &str,
+            order_no: &str,
+            amount: i64,
+        ) -> Result<Order, Error> {
             let body = serde_json::to_vec(&amount).map_err(|e| Error::Encode(e.to_string()))?;
             let hash = idem::Fingerprint::of(&body)?.to_string();
             let mut tx = pool.begin().await.map_err(db)?;
-            let inserted = sqlx::query("INSERT INTO handwritten_inbox (key, request_hash) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING")
+            let inserted = sqlx::query(q::INBOX_CLAIM)
                 .bind(key)
                 .bind(&hash)
                 .execute(&mut *tx)
@@ -142,31 +193,34 @@ macro_rules! sql_variants {
                 .map_err(db)?
                 .rows_affected();
             if inserted == 0 {
-                let (stored_hash, result): (String, Option<String>) =
-                    sqlx::query_as("SELECT request_hash, result FROM handwritten_inbox WHERE key = $1")
-                        .bind(key)
-                        .fetch_one(&mut *tx)
-                        .await
-                        .map_err(db)?;
+                let (stored_hash, result): (String, Option<String>) = sqlx::query_as(q::INBOX_READ)
+                    .bind(key)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db)?;
                 tx.rollback().await.map_err(db)?;
                 if stored_hash != hash {
                     return Err(Error::KeyReused);
                 }
-                let result = result.ok_or_else(|| Error::Decode("an inbox row without its answer".into()))?;
+                let result = result
+                    .ok_or_else(|| Error::Decode("an inbox row without its answer".into()))?;
                 return serde_json::from_str(&result).map_err(|e| Error::Decode(e.to_string()));
             }
             BODY_RUNS.fetch_add(1, Ordering::Relaxed);
-            sqlx::query("INSERT INTO bench_orders (order_no, amount) VALUES ($1, $2)")
+            sqlx::query(q::ORDER)
                 .bind(order_no)
                 .bind(amount)
                 .execute(&mut *tx)
                 .await
                 .map_err(db)?;
-            let order = Order { order_no: order_no.to_owned(), amount };
+            let order = Order {
+                order_no: order_no.to_owned(),
+                amount,
+            };
             let result = serde_json::to_string(&order).map_err(|e| Error::Encode(e.to_string()))?;
-            sqlx::query("UPDATE handwritten_inbox SET result = $2 WHERE key = $1")
-                .bind(key)
+            sqlx::query(q::INBOX_DONE)
                 .bind(result)
+                .bind(key)
                 .execute(&mut *tx)
                 .await
                 .map_err(db)?;
@@ -177,11 +231,15 @@ macro_rules! sql_variants {
 }
 
 mod on_sqlite {
-    sql_variants!(sqlx::Sqlite, idem::SqliteStore, sqlx::SqlitePool);
+    sql_variants!(sqlx::Sqlite, idem::SqliteStore, sqlx::SqlitePool, numbered);
 }
 
 mod on_postgres {
-    sql_variants!(sqlx::Postgres, idem::PgStore, sqlx::PgPool);
+    sql_variants!(sqlx::Postgres, idem::PgStore, sqlx::PgPool, numbered);
+}
+
+mod on_mysql {
+    sql_variants!(sqlx::MySql, idem::MySqlStore, sqlx::MySqlPool, mysql_sql);
 }
 
 /// The `idempotent` crate's Valkey store, guarding the same body as `memory_separate`: the same
@@ -266,6 +324,11 @@ enum Target {
         store: idem::SqliteStore,
         cached: CachedStore<idem::SqliteStore>,
     },
+    Mysql {
+        pool: sqlx::MySqlPool,
+        store: idem::MySqlStore,
+        cached: CachedStore<idem::MySqlStore>,
+    },
     Postgres {
         pool: sqlx::PgPool,
         store: idem::PgStore,
@@ -336,7 +399,7 @@ impl Target {
                     | "peer_separate"
                     | "peer_replay"
             ),
-            Target::Sqlite { .. } => !matches!(
+            Target::Sqlite { .. } | Target::Mysql { .. } => !matches!(
                 variant,
                 "separate_group" | "pg_separate" | "pg_replay" | "peer_separate" | "peer_replay"
             ),
@@ -499,6 +562,39 @@ impl Target {
                     .await
                     .map(drop)
             }
+            (Target::Mysql { pool, .. }, "unguarded") => {
+                on_mysql::unguarded(pool, &order_no, amount).await.map(drop)
+            }
+            (Target::Mysql { pool, store, .. }, "separate") => {
+                on_mysql::separate(store, pool, &key, &order_no, amount)
+                    .await
+                    .map(drop)
+            }
+            (Target::Mysql { store, .. }, "transactional") => {
+                on_mysql::transactional(store, &key, &order_no, amount)
+                    .await
+                    .map(drop)
+            }
+            (Target::Mysql { pool, .. }, "handwritten") => {
+                on_mysql::handwritten(pool, &key, &order_no, amount)
+                    .await
+                    .map(drop)
+            }
+            (Target::Mysql { pool, .. }, "handwritten_tx") => {
+                on_mysql::handwritten_tx(pool, &key, &order_no, amount)
+                    .await
+                    .map(drop)
+            }
+            (Target::Mysql { pool, store, .. }, "replay") => {
+                on_mysql::separate(store, pool, &replay_key, &replay_no, amount_replay)
+                    .await
+                    .map(drop)
+            }
+            (Target::Mysql { pool, cached, .. }, "cached_replay") => {
+                on_mysql::separate(cached, pool, &replay_key, &replay_no, amount_replay)
+                    .await
+                    .map(drop)
+            }
             _ => unreachable!("unsupported variant {variant}"),
         }
     }
@@ -526,6 +622,12 @@ impl Target {
             (Target::Sqlite { store, .. }, true) => {
                 on_sqlite::transactional(store, key, key, 1).await.map(drop)
             }
+            (Target::Mysql { pool, store, .. }, false) => {
+                on_mysql::separate(store, pool, key, key, 1).await.map(drop)
+            }
+            (Target::Mysql { store, .. }, true) => {
+                on_mysql::transactional(store, key, key, 1).await.map(drop)
+            }
             (Target::Postgres { pool, store, .. }, false) => {
                 on_postgres::separate(store, pool, key, key, 1)
                     .await
@@ -539,6 +641,13 @@ impl Target {
         }
     }
 }
+
+/// MySQL indexes a text only by a prefix, and `key` is a reserved word there.
+const MYSQL_SCHEMA: [&str; 3] = [
+    "CREATE TABLE bench_orders (order_no VARCHAR(64) PRIMARY KEY, amount BIGINT NOT NULL)",
+    "CREATE TABLE handwritten_records (`key` VARCHAR(255) PRIMARY KEY, request_hash VARCHAR(64) NOT NULL, status VARCHAR(16) NOT NULL, result TEXT)",
+    "CREATE TABLE handwritten_inbox (`key` VARCHAR(255) PRIMARY KEY, request_hash VARCHAR(64) NOT NULL, result TEXT)",
+];
 
 const SCHEMA: [&str; 3] = [
     "CREATE TABLE bench_orders (order_no TEXT PRIMARY KEY, amount BIGINT NOT NULL)",
@@ -558,7 +667,7 @@ struct Args {
 }
 
 const USAGE: &str = "\
-usage: bench --store sqlite|postgres|memory|redis [--concurrency N] [--seconds S] [--rounds R]
+usage: bench --store sqlite|postgres|mysql|memory|redis [--concurrency N] [--seconds S] [--rounds R]
              [--variants a,b] [--read-first true|false] [--group-wait-us N] [--group-min N]
 (what each variant measures: the header of benches/programs/bench.rs)";
 
@@ -674,6 +783,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = args();
     let _file;
     let mut pg_cleanup: Option<RunSchema> = None;
+    let mut mysql_cleanup: Option<(String, String)> = None;
     let mut redis_cleanup: Option<(String, String)> = None;
     let target = match a.store.as_str() {
         "memory" => {
@@ -745,6 +855,32 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 pool,
                 store,
                 group,
+            }
+        }
+        "mysql" => {
+            let url = std::env::var("IDEM_MYSQL_URL")
+                .map_err(|_| "--store mysql needs IDEM_MYSQL_URL")?;
+            // A database of the run's own, on the server the URL names.
+            let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+            let server = format!("mysql://{}", rest.split('/').next().unwrap_or(rest));
+            let name = format!("idem_bench_{}", std::process::id());
+            let admin = sqlx::MySqlPool::connect(&server).await?;
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+                .execute(&admin)
+                .await?;
+            admin.close().await;
+            let run_url = format!("{server}/{name}");
+            mysql_cleanup = Some((server, name));
+            let store = idem::MySqlStore::builder().connect(&run_url).await?;
+            // The business statements on the store's own pool, as a service would share it.
+            let pool = store.pool().clone();
+            for stmt in MYSQL_SCHEMA {
+                sqlx::query(stmt).execute(&pool).await?;
+            }
+            Target::Mysql {
+                cached: CachedStore::new(store.clone(), 10_000),
+                pool,
+                store,
             }
         }
         "redis" => {
@@ -916,6 +1052,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some((url, prefix)) = redis_cleanup {
         let deleted = delete_prefix(&url, &prefix).await?;
         println!("deleted {deleted} Redis keys under {prefix}");
+    }
+    if let Some((server, name)) = mysql_cleanup {
+        let admin = sqlx::MySqlPool::connect(&server).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE `{name}`")))
+            .execute(&admin)
+            .await?;
     }
     if let Some(schema) = pg_cleanup {
         schema.drop().await?;
