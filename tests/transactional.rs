@@ -43,6 +43,12 @@ trait Bounded: Backend {
         connections: u32,
         wait: Duration,
     ) -> impl Future<Output = (Self, Self::Guard)> + Send;
+
+    /// Sets how long `tx`'s statements wait for a lock, in whole seconds, as a caller would.
+    fn set_lock_wait(tx: &mut Tx<Self>, seconds: u32) -> impl Future<Output = ()> + Send;
+
+    /// How long `tx`'s statements wait for a lock, in whole seconds.
+    fn lock_wait(tx: &mut Tx<Self>) -> impl Future<Output = u32> + Send;
 }
 
 /// The `orders` table in each database's types.
@@ -209,7 +215,32 @@ async fn a_cancelled_call_leaves_nothing_behind<S: Backend>() {
 
 impl Bounded for PgStore {
     async fn waiting(connections: u32, wait: Duration) -> (PgStore, common::PgSchema) {
-        pg_store_waiting(connections, wait).await
+        let schema = common::PgSchema::create(&common::pg_url(), connections).await;
+        sqlx::query(ORDERS_PG).execute(&schema.pool).await.unwrap();
+        let store = PgStore::builder()
+            .duplicate_wait(wait)
+            .build(schema.pool.clone())
+            .await
+            .unwrap();
+        (store, schema)
+    }
+
+    async fn set_lock_wait(tx: &mut Tx<Self>, seconds: u32) {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SET LOCAL lock_timeout = '{seconds}s'"
+        )))
+        .execute(&mut **tx)
+        .await
+        .unwrap();
+    }
+
+    async fn lock_wait(tx: &mut Tx<Self>) -> u32 {
+        let setting: String = sqlx::query_scalar("SHOW lock_timeout")
+            .fetch_one(&mut **tx)
+            .await
+            .unwrap();
+        let seconds = setting.strip_suffix('s').expect("lock_timeout in seconds");
+        seconds.parse().unwrap()
     }
 }
 
@@ -224,18 +255,23 @@ impl Bounded for MySqlStore {
             .unwrap();
         (store, db)
     }
-}
 
-/// A PostgreSQL store on a pool of `connections` whose transactional duplicates wait `wait`.
-async fn pg_store_waiting(connections: u32, wait: Duration) -> (PgStore, common::PgSchema) {
-    let schema = common::PgSchema::create(&common::pg_url(), connections).await;
-    sqlx::query(ORDERS_PG).execute(&schema.pool).await.unwrap();
-    let store = PgStore::builder()
-        .duplicate_wait(wait)
-        .build(schema.pool.clone())
-        .await
-        .unwrap();
-    (store, schema)
+    async fn set_lock_wait(tx: &mut Tx<Self>, seconds: u32) {
+        sqlx::query("SET SESSION innodb_lock_wait_timeout = ?")
+            .bind(seconds)
+            .execute(&mut **tx)
+            .await
+            .unwrap();
+    }
+
+    async fn lock_wait(tx: &mut Tx<Self>) -> u32 {
+        let seconds: i64 =
+            sqlx::query_scalar("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)")
+                .fetch_one(&mut **tx)
+                .await
+                .unwrap();
+        seconds.try_into().unwrap()
+    }
 }
 
 /// Retries of one slow request in transactional mode: each is answered "in progress" (409 with
@@ -320,102 +356,58 @@ async fn duplicates_of_a_slow_transaction_never_take_the_pool<S: Bounded>(wait: 
 }
 
 /// A duplicate that waited for the first transaction and then claimed (the first rolled back)
-/// runs its body with the caller's own `lock_timeout`, not the wait's bound.
+/// runs its body with the caller's own lock wait, not the wait's bound.
+async fn a_waiting_duplicate_leaves_the_lock_wait_as_it_was<S: Bounded>() {
+    use idem::{BeginOutcome, BeginRequest, Fingerprint, Policy};
+    let (store, _guard) = S::waiting(4, Duration::from_secs(5)).await;
+    let fp = Fingerprint::of(&1).unwrap();
+    let policy = Policy::DEFAULT;
+    let req = BeginRequest::new("s", "k", &fp, &policy);
+    let mut first = store.begin_transaction().await.unwrap();
+    assert!(matches!(
+        store.begin_in(&mut first, req).await.unwrap(),
+        BeginOutcome::Claimed(_)
+    ));
+    let duplicate = tokio::spawn({
+        let store = store.clone();
+        async move {
+            let (fp, policy) = (Fingerprint::of(&1).unwrap(), Policy::DEFAULT);
+            let mut tx = store.begin_transaction().await.unwrap();
+            S::set_lock_wait(&mut tx, 7).await;
+            let outcome = store
+                .begin_in(&mut tx, BeginRequest::new("s", "k", &fp, &policy))
+                .await
+                .unwrap();
+            (outcome, S::lock_wait(&mut tx).await)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !duplicate.is_finished(),
+        "the duplicate waits for the first transaction"
+    );
+    first.rollback().await.unwrap();
+    let (outcome, seconds) = duplicate.await.unwrap();
+    assert!(matches!(outcome, BeginOutcome::Claimed(_)), "{outcome:?}");
+    assert_eq!(seconds, 7, "the caller's lock wait after the duplicate's");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(idem_postgres),
     ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
 )]
 async fn postgres_a_waiting_duplicate_leaves_lock_timeout_as_it_was() {
-    use idem::{BeginOutcome, BeginRequest, Fingerprint, Policy};
-    let (store, _schema) = pg_store_waiting(4, Duration::from_secs(5)).await;
-    let fp = Fingerprint::of(&1).unwrap();
-    let policy = Policy::DEFAULT;
-    let req = BeginRequest::new("s", "k", &fp, &policy);
-    let mut first = store.begin_transaction().await.unwrap();
-    assert!(matches!(
-        store.begin_in(&mut first, req).await.unwrap(),
-        BeginOutcome::Claimed(_)
-    ));
-    let duplicate = tokio::spawn({
-        let store = store.clone();
-        async move {
-            let (fp, policy) = (Fingerprint::of(&1).unwrap(), Policy::DEFAULT);
-            let mut tx = store.begin_transaction().await.unwrap();
-            sqlx::query("SET LOCAL lock_timeout = '7s'")
-                .execute(&mut *tx)
-                .await
-                .unwrap();
-            let outcome = store
-                .begin_in(&mut tx, BeginRequest::new("s", "k", &fp, &policy))
-                .await
-                .unwrap();
-            let setting: String = sqlx::query_scalar("SHOW lock_timeout")
-                .fetch_one(&mut *tx)
-                .await
-                .unwrap();
-            (outcome, setting)
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !duplicate.is_finished(),
-        "the duplicate waits for the first transaction"
-    );
-    first.rollback().await.unwrap();
-    let (outcome, setting) = duplicate.await.unwrap();
-    assert!(matches!(outcome, BeginOutcome::Claimed(_)), "{outcome:?}");
-    assert_eq!(setting, "7s");
+    a_waiting_duplicate_leaves_the_lock_wait_as_it_was::<PgStore>().await
 }
 
-/// A duplicate that waited for the first transaction and then claimed (the first rolled back)
-/// runs its body with the session's own `innodb_lock_wait_timeout`, not the wait's bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(idem_mysql),
     ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
 )]
 async fn mysql_a_waiting_duplicate_leaves_the_lock_wait_timeout_as_it_was() {
-    use idem::{BeginOutcome, BeginRequest, Fingerprint, Policy};
-    let (store, _db) = MySqlStore::waiting(4, Duration::from_secs(5)).await;
-    let fp = Fingerprint::of(&1).unwrap();
-    let policy = Policy::DEFAULT;
-    let req = BeginRequest::new("s", "k", &fp, &policy);
-    let mut first = store.begin_transaction().await.unwrap();
-    assert!(matches!(
-        store.begin_in(&mut first, req).await.unwrap(),
-        BeginOutcome::Claimed(_)
-    ));
-    let duplicate = tokio::spawn({
-        let store = store.clone();
-        async move {
-            let (fp, policy) = (Fingerprint::of(&1).unwrap(), Policy::DEFAULT);
-            let mut tx = store.begin_transaction().await.unwrap();
-            sqlx::query("SET SESSION innodb_lock_wait_timeout = 7")
-                .execute(&mut *tx)
-                .await
-                .unwrap();
-            let outcome = store
-                .begin_in(&mut tx, BeginRequest::new("s", "k", &fp, &policy))
-                .await
-                .unwrap();
-            let setting: i64 =
-                sqlx::query_scalar("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)")
-                    .fetch_one(&mut *tx)
-                    .await
-                    .unwrap();
-            (outcome, setting)
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !duplicate.is_finished(),
-        "the duplicate waits for the first transaction"
-    );
-    first.rollback().await.unwrap();
-    let (outcome, setting) = duplicate.await.unwrap();
-    assert!(matches!(outcome, BeginOutcome::Claimed(_)), "{outcome:?}");
-    assert_eq!(setting, 7);
+    a_waiting_duplicate_leaves_the_lock_wait_as_it_was::<MySqlStore>().await
 }
 
 mod sqlite {

@@ -34,6 +34,15 @@ fn json(o: &Output) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", stdout(o), stderr(o)))
 }
 
+/// `idem_cli_<tag>_<process>_<nanoseconds>`: a name no other run on this server takes.
+fn unique_name(tag: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("idem_cli_{tag}_{}_{nanos}", std::process::id())
+}
+
 fn sqlite_url(dir: &Path) -> String {
     format!("sqlite://{}", dir.join("records.db").display())
 }
@@ -471,14 +480,7 @@ mod postgres {
     impl Schema {
         async fn new(tag: &str) -> Schema {
             let url = std::env::var("DATABASE_URL").unwrap();
-            let name = format!(
-                "idem_cli_{tag}_{}_{}",
-                std::process::id(),
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .subsec_nanos()
-            );
+            let name = unique_name(tag);
             let mut conn = PgConnection::connect(&url).await.unwrap();
             idem::sqlx::raw_sql(idem::sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}")))
                 .execute(&mut conn)
@@ -675,14 +677,7 @@ mod mysql {
             let url = std::env::var("IDEM_MYSQL_URL").unwrap();
             let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
             let server = format!("mysql://{}", rest.split('/').next().unwrap());
-            let name = format!(
-                "idem_cli_{tag}_{}_{}",
-                std::process::id(),
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .subsec_nanos()
-            );
+            let name = unique_name(tag);
             let mut conn = MySqlConnection::connect(&server).await.unwrap();
             idem::sqlx::raw_sql(idem::sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
                 .execute(&mut conn)

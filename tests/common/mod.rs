@@ -139,27 +139,28 @@ impl PgSchema {
 
 impl Drop for PgSchema {
     fn drop(&mut self) {
-        let url = self.url.clone();
-        let name = self.name.clone();
-        // Drop cannot await, and may run inside a runtime: clean up from a thread of its own.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                if let Ok(pool) = PgPool::connect(&url).await {
-                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                        "DROP SCHEMA IF EXISTS \"{name}\" CASCADE"
-                    )))
-                    .execute(&pool)
-                    .await;
-                    pool.close().await;
-                }
-            });
-        })
-        .join();
+        let (url, name) = (self.url.clone(), self.name.clone());
+        in_a_thread_of_its_own(async move {
+            if let Ok(pool) = PgPool::connect(&url).await {
+                let drop = format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE");
+                let _ = sqlx::query(sqlx::AssertSqlSafe(drop)).execute(&pool).await;
+                pool.close().await;
+            }
+        });
     }
+}
+
+/// Runs `cleanup` to its end on a runtime of its own, in a thread of its own: `Drop` cannot
+/// await, and may run inside the test's runtime.
+pub fn in_a_thread_of_its_own(cleanup: impl Future<Output = ()> + Send + 'static) {
+    let _ = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(cleanup)
+    })
+    .join();
 }
 
 /// The MySQL (or MariaDB) URL for tests: `IDEM_MYSQL_URL`.
@@ -227,25 +228,14 @@ impl MyDatabase {
 
 impl Drop for MyDatabase {
     fn drop(&mut self) {
-        let url = self.admin_url.clone();
-        let name = self.name.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                if let Ok(pool) = sqlx::MySqlPool::connect(&url).await {
-                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                        "DROP DATABASE IF EXISTS `{name}`"
-                    )))
-                    .execute(&pool)
-                    .await;
-                    pool.close().await;
-                }
-            });
-        })
-        .join();
+        let (url, name) = (self.admin_url.clone(), self.name.clone());
+        in_a_thread_of_its_own(async move {
+            if let Ok(pool) = sqlx::MySqlPool::connect(&url).await {
+                let drop = format!("DROP DATABASE IF EXISTS `{name}`");
+                let _ = sqlx::query(sqlx::AssertSqlSafe(drop)).execute(&pool).await;
+                pool.close().await;
+            }
+        });
     }
 }
 
@@ -351,29 +341,21 @@ impl Drop for RedisKeys {
     fn drop(&mut self) {
         let nodes = self.nodes.clone();
         let prefix = self.prefix.clone();
-        // Drop cannot await, and may run inside a runtime: clean up from a thread of its own.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                for node in &nodes {
-                    let keys = scan(node, &prefix).await;
-                    let Ok(client) = redis::Client::open(node.as_str()) else {
-                        continue;
-                    };
-                    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
-                        continue;
-                    };
-                    for key in keys {
-                        let _: redis::RedisResult<i64> =
-                            redis::cmd("DEL").arg(key).query_async(&mut conn).await;
-                    }
+        in_a_thread_of_its_own(async move {
+            for node in &nodes {
+                let keys = scan(node, &prefix).await;
+                let Ok(client) = redis::Client::open(node.as_str()) else {
+                    continue;
+                };
+                let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+                    continue;
+                };
+                for key in keys {
+                    let _: redis::RedisResult<i64> =
+                        redis::cmd("DEL").arg(key).query_async(&mut conn).await;
                 }
-            });
-        })
-        .join();
+            }
+        });
     }
 }
 
@@ -474,21 +456,14 @@ impl Drop for JsStreams {
     fn drop(&mut self) {
         let url = self.url.clone();
         let names = std::mem::take(&mut *self.names.lock().unwrap());
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                if let Ok(client) = async_nats::connect(&url).await {
-                    let js = async_nats::jetstream::new(client);
-                    for name in names {
-                        let _ = js.delete_stream(&name).await;
-                    }
+        in_a_thread_of_its_own(async move {
+            if let Ok(client) = async_nats::connect(&url).await {
+                let js = async_nats::jetstream::new(client);
+                for name in names {
+                    let _ = js.delete_stream(&name).await;
                 }
-            });
-        })
-        .join();
+            }
+        });
     }
 }
 

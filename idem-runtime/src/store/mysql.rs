@@ -14,7 +14,6 @@ use std::fmt;
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{Executor as _, Row as _, ValueRef as _};
@@ -23,8 +22,8 @@ use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
 use crate::store::schema::Database;
 use crate::store::sql::{
-    self, AddColumn, Arg, Columns, Dialect, Engine, FenceFrom, Returns, SqlKind, SqlStoreBuilder,
-    Stmt, Types, map_err,
+    self, AddColumn, Arg, Columns, Dialect, DuplicateWaits, Engine, FenceFrom, Returns, SqlKind,
+    SqlStoreBuilder, Stmt, Types, WaitingRoom, map_err,
 };
 use crate::store::{Operation, Reply, Store, TxStore};
 
@@ -477,12 +476,7 @@ pub struct MySqlStore {
     tx: Arc<TxClaims>,
 }
 
-/// How long a transactional duplicate waits by default for the transaction that holds its key
-/// ([`MySqlStoreBuilder::duplicate_wait`]).
-pub const DEFAULT_DUPLICATE_WAIT: Duration = Duration::from_secs(2);
-
-/// The longest wait a builder accepts.
-const MAX_DUPLICATE_WAIT: Duration = Duration::from_secs(60);
+pub use crate::store::sql::waits::DEFAULT_DUPLICATE_WAIT;
 
 /// Builds a [`MySqlStore`]: table name, whether to create the table, how transactional
 /// duplicates wait.
@@ -490,25 +484,21 @@ pub type MySqlStoreBuilder = SqlStoreBuilder<MySqlStore>;
 
 /// What a [`MySqlStoreBuilder`] sets that other SQL stores do not have: the transactional
 /// duplicates' wait, set through the builder's methods.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct MySqlOptions {
-    duplicate_wait: Duration,
-    waiting_duplicates: Option<usize>,
-}
-
-impl Default for MySqlOptions {
-    fn default() -> Self {
-        MySqlOptions {
-            duplicate_wait: DEFAULT_DUPLICATE_WAIT,
-            waiting_duplicates: None,
-        }
-    }
+    waits: DuplicateWaits,
 }
 
 impl sql::sealed::Sealed for MySqlStore {}
 
 impl SqlKind for MySqlStore {
     type Options = MySqlOptions;
+}
+
+impl sql::sealed::WaitingKind for MySqlStore {
+    fn waits(options: &mut MySqlOptions) -> &mut DuplicateWaits {
+        &mut options.waits
+    }
 }
 
 /// Transactional claims: before its claim, a transaction reads the record with a lock it does
@@ -520,13 +510,11 @@ struct TxClaims {
     /// The read that does not wait, and the one that waits.
     probe: Stmt,
     wait_for: Stmt,
-    wait: Duration,
-    waiters: tokio::sync::Semaphore,
-    limit: usize,
+    room: WaitingRoom,
 }
 
 impl TxClaims {
-    fn new(table: &str, wait: Duration, waiters: usize) -> Result<TxClaims> {
+    fn new(table: &str, room: WaitingRoom) -> Result<TxClaims> {
         let t = sql::quote_table(table, true)?;
         Ok(TxClaims {
             probe: My::stmt(format!(
@@ -535,16 +523,9 @@ impl TxClaims {
             wait_for: My::stmt(format!(
                 "SELECT 1 AS held FROM {t} WHERE scope = $1 AND key = $2 FOR UPDATE"
             )),
-            wait,
-            waiters: tokio::sync::Semaphore::new(waiters),
-            limit: waiters,
+            room,
         })
     }
-}
-
-/// A quarter of the pool's connections, at least one.
-fn default_waiters(pool: &MySqlPool) -> usize {
-    (pool.options().get_max_connections() as usize / 4).max(1)
 }
 
 /// Whether `e` (a driver error, as the store's errors carry it) is InnoDB's deadlock, which
@@ -568,27 +549,6 @@ fn lock_not_granted(e: &sqlx::Error) -> bool {
 }
 
 impl SqlStoreBuilder<MySqlStore> {
-    /// How long a duplicate of a request running in transactional mode waits for the first
-    /// request's transaction (default two seconds, [`DEFAULT_DUPLICATE_WAIT`], rounded up to
-    /// whole seconds, as MySQL counts its lock waits): when it commits within the bound, the
-    /// duplicate replays its answer; when it rolls back, the duplicate claims; when the bound
-    /// runs out, the duplicate is answered "in progress" (409 with `Retry-After`) and its
-    /// transaction rolls back, giving its connection back to the pool. `Duration::ZERO`
-    /// answers "in progress" at once. Only
-    /// [`waiting_duplicates`](Self::waiting_duplicates) wait at once.
-    pub fn duplicate_wait(mut self, wait: Duration) -> Self {
-        self.options.duplicate_wait = wait;
-        self
-    }
-
-    /// How many transactional duplicates may wait at once
-    /// ([`duplicate_wait`](Self::duplicate_wait)); default a quarter of the pool's
-    /// connections, at least one. Past it, a duplicate is answered "in progress" at once.
-    pub fn waiting_duplicates(mut self, duplicates: usize) -> Self {
-        self.options.waiting_duplicates = Some(duplicates);
-        self
-    }
-
     /// A store on an existing pool. Its connections must run in strict SQL mode
     /// (`STRICT_TRANS_TABLES` or `STRICT_ALL_TABLES`, the default since MySQL 5.7 and MariaDB
     /// 10.2.4): without it, MySQL cuts a value too long for its column short instead of
@@ -611,18 +571,9 @@ impl SqlStoreBuilder<MySqlStore> {
                 "the MySQL pool's sql_mode is {mode:?}: idem needs strict mode (add STRICT_TRANS_TABLES), or values too long for their column would be cut short"
             )));
         }
-        let MySqlOptions {
-            duplicate_wait: wait,
-            waiting_duplicates: waiters,
-        } = self.options.clone();
-        if wait > MAX_DUPLICATE_WAIT {
-            return Err(Error::Config(format!(
-                "a transactional duplicate waits at most {MAX_DUPLICATE_WAIT:?}, not {wait:?}: past that, answer it \"in progress\" and let the client retry"
-            )));
-        }
-        let waiters = waiters.unwrap_or_else(|| default_waiters(&pool));
+        let room = WaitingRoom::new(&self.options.waits, pool.options().get_max_connections())?;
         let inner = self.open(pool.clone(), pool).await?;
-        let tx = Arc::new(TxClaims::new(&inner.sql.table, wait, waiters)?);
+        let tx = Arc::new(TxClaims::new(&inner.sql.table, room)?);
         Ok(MySqlStore { inner, tx })
     }
 
@@ -653,9 +604,9 @@ impl SqlStoreBuilder<MySqlStore> {
 impl MySqlStore {
     /// A store on `inner`, with the transactional duplicates' defaults.
     fn on_engine(inner: Arc<Engine<My>>) -> MySqlStore {
-        let waiters = default_waiters(&inner.writer);
-        let tx = TxClaims::new(&inner.sql.table, DEFAULT_DUPLICATE_WAIT, waiters)
-            .expect("the engine's table name was checked");
+        let room = WaitingRoom::default_for(inner.writer.options().get_max_connections());
+        let tx =
+            TxClaims::new(&inner.sql.table, room).expect("the engine's table name was checked");
         MySqlStore {
             inner,
             tx: Arc::new(tx),
@@ -677,19 +628,6 @@ impl MySqlStore {
     /// The pool.
     pub fn pool(&self) -> &MySqlPool {
         &self.inner.writer
-    }
-}
-
-impl Store for MySqlStore {
-    async fn call(&self, op: Operation<'_>) -> Result<Reply> {
-        match op {
-            Operation::Begin(req) => self.inner.begin(None, &req).await.map(Reply::Begun),
-            op => self.inner.call(op).await,
-        }
-    }
-
-    fn defer(&self, write: super::Deferred) {
-        super::spawn_deferred(self.clone(), write)
     }
 }
 
@@ -722,9 +660,7 @@ impl MySqlStore {
         req: &BeginRequest<'_>,
     ) -> Result<BeginOutcome> {
         match self.inner.begin(Some(conn), req).await {
-            Err(Error::Unavailable(e)) if is_deadlock(&*e) => Ok(BeginOutcome::InProgress {
-                retry_after: self.tx.wait.max(Duration::from_secs(1)),
-            }),
+            Err(Error::Unavailable(e)) if is_deadlock(&*e) => Ok(self.tx.room.busy()),
             other => other,
         }
     }
@@ -737,18 +673,13 @@ impl MySqlStore {
         conn: &mut MySqlConnection,
         req: &BeginRequest<'_>,
     ) -> Result<BeginOutcome> {
-        let busy = BeginOutcome::InProgress {
-            retry_after: self.tx.wait.max(Duration::from_secs(1)),
-        };
-        if self.tx.wait.is_zero() {
-            return Ok(busy);
-        }
-        let Ok(_waiting) = self.tx.waiters.try_acquire() else {
-            tracing::debug!(target: "idem", scope = req.scope, key = req.key, waiting = self.tx.limit, "a transactional duplicate is answered in progress at once: as many wait already");
+        let busy = self.tx.room.busy();
+        let Some(_waiting) = self.tx.room.enter(req) else {
             return Ok(busy);
         };
         // The bound applies to this wait only: the caller's setting comes back after it.
-        let seconds = self.tx.wait.as_secs() + u64::from(self.tx.wait.subsec_nanos() > 0);
+        let wait = self.tx.room.wait;
+        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
         sqlx::query(
             "SET @idem_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
              SESSION innodb_lock_wait_timeout = ?",
@@ -775,7 +706,13 @@ impl MySqlStore {
     }
 }
 
-sql::engine_store_api!(MySqlStore, MySqlPool, sqlx::MySql, MySqlConnection);
+sql::engine_store_api!(
+    MySqlStore,
+    MySqlPool,
+    sqlx::MySql,
+    MySqlConnection,
+    engine_calls
+);
 
 #[cfg(test)]
 mod tests {

@@ -262,19 +262,6 @@ impl SqliteStore {
     }
 }
 
-impl Store for SqliteStore {
-    async fn call(&self, op: Operation<'_>) -> Result<Reply> {
-        match op {
-            Operation::Begin(req) => self.inner.begin(None, &req).await.map(Reply::Begun),
-            op => self.inner.call(op).await,
-        }
-    }
-
-    fn defer(&self, write: super::Deferred) {
-        super::spawn_deferred(self.clone(), write)
-    }
-}
-
 impl SqliteStore {
     /// `begin` inside the caller's transaction.
     async fn begin_in_transaction(
@@ -286,7 +273,13 @@ impl SqliteStore {
     }
 }
 
-sql::engine_store_api!(SqliteStore, SqlitePool, sqlx::Sqlite, SqliteConnection);
+sql::engine_store_api!(
+    SqliteStore,
+    SqlitePool,
+    sqlx::Sqlite,
+    SqliteConnection,
+    engine_calls
+);
 
 #[cfg(test)]
 mod tests {

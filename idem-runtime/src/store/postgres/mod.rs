@@ -5,25 +5,22 @@ mod group;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use sqlx::Row as _;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
-use tokio::sync::Semaphore;
 
 use self::group::{ClaimJob, ClaimReply, CompleteJob, Group};
 use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
 use crate::store::schema::Database;
 use crate::store::sql::{
-    self, AddColumn, Arg, Dialect, Engine, Next, SqlKind, SqlStoreBuilder, Stmt, Types, map_err,
+    self, AddColumn, Arg, Dialect, DuplicateWaits, Engine, Next, SqlKind, SqlStoreBuilder, Stmt,
+    Types, WaitingRoom, map_err,
 };
 use crate::store::{Operation, Reply, Store, TxStore};
 
-/// How long a transactional duplicate waits by default for the transaction that holds its key
-/// ([`SqlStoreBuilder::duplicate_wait`]).
-pub const DEFAULT_DUPLICATE_WAIT: Duration = Duration::from_secs(2);
+pub use crate::store::sql::waits::DEFAULT_DUPLICATE_WAIT;
 
 /// All idem migrations, in every schema, take this advisory lock: concurrent `CREATE TABLE IF
 /// NOT EXISTS` statements can otherwise fail on PostgreSQL's catalog indexes.
@@ -187,13 +184,11 @@ struct TxClaims {
     claim: Stmt,
     /// The table's name, part of every lock's key.
     table: String,
-    wait: Duration,
-    waiters: Semaphore,
-    limit: usize,
+    room: WaitingRoom,
 }
 
 impl TxClaims {
-    fn new(table: &str, wait: Duration, waiters: usize) -> TxClaims {
+    fn new(table: &str, room: WaitingRoom) -> TxClaims {
         let in_progress = crate::lifecycle::State::InProgress.as_str();
         let now = Pg::NOW;
         let claim = Stmt::plain(format!(
@@ -212,9 +207,7 @@ impl TxClaims {
         TxClaims {
             claim,
             table: table.to_owned(),
-            wait,
-            waiters: Semaphore::new(waiters),
-            limit: waiters,
+            room,
         }
     }
 
@@ -243,16 +236,14 @@ pub type PgStoreBuilder = SqlStoreBuilder<PgStore>;
 #[derive(Debug, Clone)]
 pub struct PgOptions {
     group_commit: Option<GroupCommit>,
-    duplicate_wait: Duration,
-    waiting_duplicates: Option<usize>,
+    waits: DuplicateWaits,
 }
 
 impl Default for PgOptions {
     fn default() -> Self {
         PgOptions {
             group_commit: Some(GroupCommit::default()),
-            duplicate_wait: DEFAULT_DUPLICATE_WAIT,
-            waiting_duplicates: None,
+            waits: DuplicateWaits::default(),
         }
     }
 }
@@ -261,6 +252,12 @@ impl sql::sealed::Sealed for PgStore {}
 
 impl SqlKind for PgStore {
     type Options = PgOptions;
+}
+
+impl sql::sealed::WaitingKind for PgStore {
+    fn waits(options: &mut PgOptions) -> &mut DuplicateWaits {
+        &mut options.waits
+    }
 }
 
 impl SqlStoreBuilder<PgStore> {
@@ -278,47 +275,19 @@ impl SqlStoreBuilder<PgStore> {
         self
     }
 
-    /// How long a duplicate of a request running in transactional mode waits for the first
-    /// request's transaction (default two seconds, [`DEFAULT_DUPLICATE_WAIT`]): when it commits
-    /// within the bound, the duplicate replays its answer; when it rolls back, the duplicate
-    /// claims; when the bound runs out, the duplicate is answered "in progress" (409 with
-    /// `Retry-After`) and its transaction rolls back, giving its connection back to the pool.
-    /// `Duration::ZERO` answers "in progress" at once. A waiting duplicate holds a pool
-    /// connection, so only [`waiting_duplicates`](Self::waiting_duplicates) of them wait at
-    /// once; the others are answered "in progress" at once.
-    pub fn duplicate_wait(mut self, wait: Duration) -> Self {
-        self.options.duplicate_wait = wait;
-        self
-    }
-
-    /// How many transactional duplicates may wait at once
-    /// ([`duplicate_wait`](Self::duplicate_wait)); default a quarter of the pool's
-    /// connections, at least one. Past it, a duplicate is answered "in progress" at once, so
-    /// that retries of one slow request can never take the pool from every other key.
-    pub fn waiting_duplicates(mut self, duplicates: usize) -> Self {
-        self.options.waiting_duplicates = Some(duplicates);
-        self
-    }
-
     /// A store on an existing pool.
     pub async fn build(self, pool: PgPool) -> Result<PgStore> {
         let PgOptions {
             group_commit,
-            duplicate_wait: wait,
-            waiting_duplicates: waiters,
+            waits,
         } = self.options.clone();
-        let waiters = waiters.unwrap_or_else(|| default_waiters(&pool));
-        if wait > MAX_DUPLICATE_WAIT {
-            return Err(Error::Config(format!(
-                "a transactional duplicate waits at most {MAX_DUPLICATE_WAIT:?}, not {wait:?}: past that, answer it \"in progress\" and let the client retry"
-            )));
-        }
+        let room = WaitingRoom::new(&waits, pool.options().get_max_connections())?;
         let inner = self.open(pool.clone(), pool).await?;
         let group = match group_commit {
             Some(config) => Some(Arc::new(Group::new(inner.clone(), config)?)),
             None => None,
         };
-        let tx = Arc::new(TxClaims::new(&inner.sql.table, wait, waiters));
+        let tx = Arc::new(TxClaims::new(&inner.sql.table, room));
         Ok(PgStore { inner, group, tx })
     }
 
@@ -349,12 +318,8 @@ impl PgStore {
         let group = Group::new(inner.clone(), GroupCommit::default())
             .ok()
             .map(Arc::new);
-        let waiters = default_waiters(&inner.writer);
-        let tx = Arc::new(TxClaims::new(
-            &inner.sql.table,
-            DEFAULT_DUPLICATE_WAIT,
-            waiters,
-        ));
+        let room = WaitingRoom::default_for(inner.writer.options().get_max_connections());
+        let tx = Arc::new(TxClaims::new(&inner.sql.table, room));
         PgStore { inner, group, tx }
     }
 
@@ -470,14 +435,6 @@ impl PgStore {
     }
 }
 
-/// The longest [`SqlStoreBuilder::duplicate_wait`] accepted: a minute.
-const MAX_DUPLICATE_WAIT: Duration = Duration::from_secs(60);
-
-/// A quarter of the pool's connections, at least one.
-fn default_waiters(pool: &PgPool) -> usize {
-    (pool.options().get_max_connections() as usize / 4).max(1)
-}
-
 impl PgStore {
     /// `begin` inside the caller's transaction. A first claim is one statement, as a
     /// hand-written inbox's `INSERT … ON CONFLICT DO NOTHING` is, which also takes the
@@ -522,14 +479,8 @@ impl PgStore {
         lock: i64,
         req: &BeginRequest<'_>,
     ) -> Result<BeginOutcome> {
-        let busy = BeginOutcome::InProgress {
-            retry_after: self.tx.wait.max(Duration::from_secs(1)),
-        };
-        if self.tx.wait.is_zero() {
-            return Ok(busy);
-        }
-        let Ok(_waiting) = self.tx.waiters.try_acquire() else {
-            tracing::debug!(target: "idem", scope = req.scope, key = req.key, waiting = self.tx.limit, "a transactional duplicate is answered in progress at once: as many wait already");
+        let busy = self.tx.room.busy();
+        let Some(_waiting) = self.tx.room.enter(req) else {
             return Ok(busy);
         };
         // The bound applies to this wait only: the caller's setting comes back after it.
@@ -539,7 +490,7 @@ impl PgStore {
              s AS MATERIALIZED (SELECT set_config('lock_timeout', $1, true) FROM p) \
              SELECT previous FROM p, s",
         )
-        .bind(format!("{}ms", self.tx.wait.as_millis().max(1)))
+        .bind(format!("{}ms", self.tx.room.wait.as_millis().max(1)))
         .fetch_one(&mut *conn)
         .await
         .map_err(map_err)?;

@@ -14,8 +14,26 @@ use super::*;
 pub(crate) const DEFAULT_TABLE: &str = "idem_records";
 
 /// What every SQL store offers the same way, on its engine (`inner`): `Debug`, `builder`, `new`,
-/// `table`, `migrate`, and the transactional methods that need no dialect.
+/// `table`, `migrate`, and the transactional methods that need no dialect. With
+/// `engine_calls`, also `Store` itself, every operation run by the engine as it is (a store
+/// that batches, as PostgreSQL's, implements `Store` itself).
 macro_rules! engine_store_api {
+    ($store:ident, $pool:ty, $db:ty, $conn:ty, engine_calls) => {
+        impl Store for $store {
+            async fn call(&self, op: Operation<'_>) -> Result<Reply> {
+                match op {
+                    Operation::Begin(req) => self.inner.begin(None, &req).await.map(Reply::Begun),
+                    op => self.inner.call(op).await,
+                }
+            }
+
+            fn defer(&self, write: crate::store::Deferred) {
+                crate::store::spawn_deferred(self.clone(), write)
+            }
+        }
+
+        $crate::store::sql::engine_store_api!($store, $pool, $db, $conn);
+    };
     ($store:ident, $pool:ty, $db:ty, $conn:ty) => {
         impl fmt::Debug for $store {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -127,6 +145,14 @@ pub trait SqlKind: sealed::Sealed {
 pub(crate) mod sealed {
     /// Only this crate's stores are SQL kinds.
     pub trait Sealed {}
+
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    /// A SQL store whose transactional duplicates wait within a bound, set by
+    /// `SqlStoreBuilder::duplicate_wait` and `waiting_duplicates`.
+    pub trait WaitingKind: super::SqlKind {
+        /// Where its options keep those settings.
+        fn waits(options: &mut Self::Options) -> &mut super::super::DuplicateWaits;
+    }
 }
 
 impl<S: SqlKind> Default for SqlStoreBuilder<S> {

@@ -15,6 +15,8 @@ mod engine;
 mod errors;
 mod ident;
 mod statements;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) mod waits;
 
 pub(crate) use self::builder::*;
 pub use self::builder::{SqlKind, SqlStoreBuilder};
@@ -23,6 +25,8 @@ pub(crate) use self::engine::*;
 pub(crate) use self::errors::*;
 pub(crate) use self::ident::*;
 pub(crate) use self::statements::*;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) use self::waits::*;
 
 #[cfg(test)]
 mod tests {
