@@ -326,8 +326,8 @@ pub use idem_runtime::sqlx;
 /// already in `to` also says whether this owner or another put it there.
 ///
 /// Declare an `async fn` without a body. Its first argument is the executor: anything
-/// [`sqlx::Acquire`](https://docs.rs/sqlx/latest/sqlx/trait.Acquire.html) for PostgreSQL or SQLite
-/// (a `&PgPool`, a `&mut PgConnection`, a `&mut Transaction<…>`). Every other argument fills the
+/// [`sqlx::Acquire`](https://docs.rs/sqlx/latest/sqlx/trait.Acquire.html) for PostgreSQL, SQLite or
+/// MySQL (a `&PgPool`, a `&mut PgConnection`, a `&mut Transaction<…>`). Every other argument fills the
 /// column of the same name, and must be a type the executor's database can bind (`u64` on
 /// PostgreSQL is an error on the argument). It returns `Result<Transition<R, S>, E>` with `R`
 /// the `returning` row (written when `returning` is given, and only then), `S` the machine's

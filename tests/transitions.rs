@@ -1,5 +1,6 @@
 //! `#[state_transition]`, `state_machine!`, `#[versioned_update]` and `#[create_once]` against
-//! SQLite and PostgreSQL: every outcome, on every kind of executor, and under races.
+//! SQLite, PostgreSQL and MySQL (MariaDB): every outcome, on every kind of executor, and under
+//! races.
 
 mod common;
 
@@ -126,6 +127,10 @@ mod pg_fns {
     order_functions!(sqlx::Postgres);
 }
 
+mod my_fns {
+    order_functions!(sqlx::MySql);
+}
+
 /// Captures warn-level events of the transition module.
 #[derive(Clone, Default)]
 struct Warnings(Arc<Mutex<Vec<String>>>);
@@ -190,9 +195,9 @@ macro_rules! suite {
                     }
                     other => panic!("{other:?}"),
                 }
-                let paid_at: Option<String> = sqlx::query_scalar("SELECT CAST(paid_at AS TEXT) FROM orders WHERE order_no = 'A1'")
+                let paid: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE order_no = 'A1' AND paid_at IS NOT NULL")
                     .fetch_one(pool).await.unwrap();
-                assert!(paid_at.is_some(), "set = \"paid_at = now()\" wrote the database's time");
+                assert_eq!(paid, 1, "set = \"paid_at = now()\" wrote the database's time");
 
                 // The duplicate callback: an idempotent success, with the row.
                 let warnings = Warnings::default();
@@ -497,8 +502,115 @@ async fn postgres() -> PgDb {
     }
 }
 
+struct MyDb {
+    pool: sqlx::MySqlPool,
+    _db: common::MyDatabase,
+}
+
+async fn mysql() -> MyDb {
+    let db = common::MyDatabase::create(&common::mysql_url(), 40).await;
+    for stmt in [
+        "CREATE TABLE orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, order_no VARCHAR(64) NOT NULL UNIQUE, \
+         user_id BIGINT NOT NULL, amount_cents BIGINT NOT NULL, status VARCHAR(16) NOT NULL DEFAULT 'PENDING', \
+         paid_at DATETIME(6), refund_request VARCHAR(64)) ENGINE = InnoDB",
+        "CREATE TABLE user_profile (user_id BIGINT PRIMARY KEY, nickname VARCHAR(64) NOT NULL, points BIGINT NOT NULL, \
+         version BIGINT NOT NULL) ENGINE = InnoDB",
+    ] {
+        sqlx::query(stmt).execute(&db.pool).await.unwrap();
+    }
+    MyDb {
+        pool: db.pool.clone(),
+        _db: db,
+    }
+}
+
 suite!(on_sqlite, sqlite_fns, sqlite, sqlx::SqliteConnection);
 suite!(on_postgres, pg_fns, postgres, sqlx::PgConnection, #[cfg_attr(not(idem_postgres), ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…")]);
+suite!(on_mysql, my_fns, mysql, sqlx::MySqlConnection, #[cfg_attr(not(idem_mysql), ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…")]);
+
+/// MySQL's transactions read a snapshot taken at their first read (`REPEATABLE READ`), while an
+/// `UPDATE` matches the rows as last committed. A transition, an optimistic update or a
+/// create-once inside such a transaction, on a row another transaction changed since, is
+/// classified by the row as committed: a plain read would see the older row and take the miss
+/// for a change between the two statements, again and again.
+#[tokio::test]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+async fn on_mysql_a_snapshot_older_than_the_row_is_classified_by_the_committed_row() {
+    use my_fns::*;
+    use sqlx::Connection as _;
+    let db = mysql().await;
+    insert_order(&db.pool, "S1", 1, 100).await.unwrap();
+    sqlx::query(
+        "INSERT INTO user_profile (user_id, nickname, points, version) VALUES (1, 'a', 0, 0)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    // The snapshot: taken by this first read, before the changes below.
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let _: i64 = sqlx::query_scalar("SELECT count(*) FROM user_profile")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert!(matches!(
+        mark_paid(&db.pool, "S1", 100).await.unwrap(),
+        Transition::Applied(_)
+    ));
+    assert!(matches!(
+        update_profile(&db.pool, 1, "b", 1, 0).await.unwrap(),
+        Versioned::Updated { version: 1 }
+    ));
+    insert_order(&db.pool, "S2", 2, 200).await.unwrap();
+
+    match mark_paid(&mut *tx, "S1", 100).await.unwrap() {
+        Transition::AlreadyApplied(o) => assert_eq!(o.status, "PAID"),
+        other => panic!("a payment already committed: {other:?}"),
+    }
+    assert_eq!(
+        update_profile(&mut *tx, 1, "c", 2, 0).await.unwrap(),
+        Versioned::Stale { current_version: 1 }
+    );
+    match insert_order(&mut *tx, "S2", 9, 900).await.unwrap() {
+        Created::Existing(o) => assert_eq!((o.user_id, o.amount_cents), (2, 200)),
+        other => panic!("an order already committed: {other:?}"),
+    }
+    tx.rollback().await.unwrap();
+}
+
+/// On MySQL, a create-once whose row is refused by another unique column than the one it names
+/// reports the database's error: that value is not the number `unique` says is taken.
+#[tokio::test]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+async fn on_mysql_another_unique_column_taken_is_an_error() {
+    use my_fns::*;
+    let db = mysql().await;
+    sqlx::query("ALTER TABLE orders ADD UNIQUE (user_id)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    insert_order(&db.pool, "U1", 7, 100).await.unwrap();
+    match insert_order(&db.pool, "U2", 7, 100).await {
+        Err(Error::Store(e)) => assert!(e.to_string().contains("Duplicate"), "{e}"),
+        other => panic!("another unique column's value taken: {other:?}"),
+    }
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+}
 
 #[test]
 fn the_machine_knows_its_edges() {

@@ -13,6 +13,7 @@ pub(crate) mod bind;
 pub(crate) mod decl;
 pub(crate) mod ident;
 pub(crate) mod migrations;
+pub(crate) mod mysql;
 pub(crate) mod ret;
 pub(crate) mod shell;
 pub(crate) mod target;

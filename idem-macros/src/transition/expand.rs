@@ -1,5 +1,7 @@
 //! The generated transition: one guarded `UPDATE`, and when it changes nothing, one `SELECT`
 //! by key that tells a duplicate from a guard mismatch, an illegal state or a missing row.
+//! MySQL has no `UPDATE … RETURNING`: there a transition that returns its row reads it after
+//! the `UPDATE`, in one transaction, while the `UPDATE`'s lock keeps it as written.
 
 use std::collections::BTreeMap;
 
@@ -18,13 +20,25 @@ struct Sql {
     select: String,
 }
 
-/// The statements, with `now` for the database's clock, and the text bound to a column of an
-/// enum type cast to it (PostgreSQL; `casts` is empty for SQLite). Parameters are bound in this
-/// order: keys, guards, the owner, set arguments, `to`, each `from`.
+/// What the statements of one database differ in.
+struct Dialect<'a> {
+    /// The database's clock.
+    now: &'a str,
+    /// The comparison that is true when both sides are NULL.
+    null_safe: &'a str,
+    /// The enum types parameters are cast to (PostgreSQL's).
+    casts: &'a BTreeMap<String, String>,
+    /// MySQL: no `RETURNING`, `table.*` beside other columns, the state read as `CHAR`.
+    mysql: bool,
+}
+
+/// The statements in `d`'s terms: its clock, and the text bound to a column of an enum type
+/// cast to it (PostgreSQL; `casts` is empty elsewhere). Parameters are numbered in this order:
+/// keys, guards, the owner, set arguments, `to`, each `from`.
 ///
-/// `null_safe` is the dialect's comparison that is true when both sides are NULL, for guards
-/// whose argument is an `Option`.
-fn statements(m: &Model, now: &str, null_safe: &str, casts: &BTreeMap<String, String>) -> Sql {
+/// `d.null_safe` is the comparison for guards whose argument is an `Option`.
+fn statements(m: &Model, d: &Dialect<'_>) -> Sql {
+    let (now, null_safe, casts) = (d.now, d.null_safe, d.casts);
     let mut params = Params::default();
     let key_where = params.equal_cast(m.keys.iter().map(|(c, _)| c), casts);
     let guard_where: Vec<String> = m
@@ -60,7 +74,7 @@ fn statements(m: &Model, now: &str, null_safe: &str, casts: &BTreeMap<String, St
     let mut conditions = key_where.clone();
     conditions.push(format!("{} IN ({})", state.quoted, from.join(", ")));
     conditions.extend(guard_where.iter().cloned());
-    let returning = if m.returning.is_some() {
+    let returning = if m.returning.is_some() && !d.mysql {
         " RETURNING *"
     } else {
         ""
@@ -77,10 +91,18 @@ fn statements(m: &Model, now: &str, null_safe: &str, casts: &BTreeMap<String, St
         None => String::new(),
     };
     // An enum is read back as its text.
-    let state_text = if casts.contains_key(&state.name) {
+    let state_text = if d.mysql {
+        format!("CAST({} AS CHAR)", state.quoted)
+    } else if casts.contains_key(&state.name) {
         format!("CAST({} AS TEXT)", state.quoted)
     } else {
         state.quoted.clone()
+    };
+    let table = &m.target.table.quoted;
+    let row = match (&m.returning, d.mysql) {
+        (None, _) => String::new(),
+        (Some(_), false) => ", *".to_owned(),
+        (Some(_), true) => format!(", {table}.*"),
     };
     Sql {
         update: format!(
@@ -89,35 +111,82 @@ fn statements(m: &Model, now: &str, null_safe: &str, casts: &BTreeMap<String, St
             set.join(", "),
             conditions.join(" AND ")
         ),
+        // On MySQL a locking read, which reads the row as last committed even in a
+        // transaction whose snapshot is older (`REPEATABLE READ`, its default), as the
+        // `UPDATE` did.
         select: format!(
-            "SELECT {state_text} AS \"__idem_state\", {guards_match} AS \"__idem_guards_match\"{owner_match}{} FROM {} WHERE {}",
-            if m.returning.is_some() { ", *" } else { "" },
-            m.target.table.quoted,
-            key_where.join(" AND ")
+            "SELECT {state_text} AS \"__idem_state\", {guards_match} AS \"__idem_guards_match\"{owner_match}{row} FROM {table} WHERE {}{}",
+            key_where.join(" AND "),
+            if d.mysql { " LOCK IN SHARE MODE" } else { "" }
         ),
     }
 }
 
 pub(super) fn expand(m: Model, decl: Decl) -> TokenStream {
     let p = m.target.krate.private();
-    let pg = statements(&m, "now()", "IS NOT DISTINCT FROM", &m.findings.casts);
-    let lite = statements(&m, "CURRENT_TIMESTAMP", "IS", &BTreeMap::new());
+    let no_casts = BTreeMap::new();
+    let pg = statements(
+        &m,
+        &Dialect {
+            now: "now()",
+            null_safe: "IS NOT DISTINCT FROM",
+            casts: &m.findings.casts,
+            mysql: false,
+        },
+    );
+    let lite = statements(
+        &m,
+        &Dialect {
+            now: "CURRENT_TIMESTAMP",
+            null_safe: "IS",
+            casts: &no_casts,
+            mysql: false,
+        },
+    );
+    let my = statements(
+        &m,
+        &Dialect {
+            now: "CURRENT_TIMESTAMP(6)",
+            null_safe: "<=>",
+            casts: &no_casts,
+            mysql: true,
+        },
+    );
     let (pg_update, pg_select, lite_update, lite_select) =
         (&pg.update, &pg.select, &lite.update, &lite.select);
     let setup = quote_spanned! {Span::mixed_site()=>
-        let postgres = #p::is_postgres(&*conn);
-        let (sql_update, sql_select) = if postgres {
-            (#pg_update, #pg_select)
-        } else {
-            (#lite_update, #lite_select)
+        let database = #p::database(&*conn);
+        let (sql_update, sql_select) = match database {
+            #p::Database::Postgres => (#pg_update, #pg_select),
+            _ => (#lite_update, #lite_select),
         };
     };
-    let mut body = Body::new(&m.target, attempt(&m, &p));
+    let numbered = attempt(&m, &p, Numbered::Bound);
+    let mysql = attempt(&m, &p, Numbered::Mysql(&my));
+    let mut body = Body::new(
+        &m.target,
+        quote_spanned! {Span::mixed_site()=>
+            if let #p::Database::Mysql = database {
+                #mysql
+            } else {
+                #numbered
+            }
+        },
+    );
     body.checks = checks(&m);
     body.checks.extend(m.findings.tokens.clone());
     body.prelude = machine_check(&m).unwrap_or_default();
     body.setup = setup;
     shell::function(decl, body)
+}
+
+/// How an attempt's statements are written and bound: `$n` texts chosen at run time
+/// (`sql_update`, `sql_select`: PostgreSQL's or SQLite's), bound in their numbers' order; or
+/// MySQL's, whose `?` are bound in the order they appear.
+#[derive(Clone, Copy)]
+enum Numbered<'a> {
+    Bound,
+    Mysql(&'a Sql),
 }
 
 /// The row type (readable from a row, on `returning`; the same as the return type's, on that)
@@ -159,17 +228,60 @@ fn bound(m: &Model) -> (Vec<&Ident>, Vec<&Ident>, Vec<&Ident>) {
     (keys, guards, sets)
 }
 
-/// The `UPDATE`, returning when it applied; and the row type read from a `SELECT` row.
-fn apply(m: &Model, p: &TokenStream) -> (TokenStream, TokenStream) {
+/// The values of the parameters `$1`, `$2`, … in their numbers' order: keys, guards (with the
+/// owner after them), set arguments, `to`, each `from`.
+fn values(m: &Model) -> Vec<TokenStream> {
     let (key_args, guard_args, set_args) = bound(m);
+    let args = key_args.into_iter().chain(guard_args).chain(set_args);
+    let mut values: Vec<TokenStream> = args.map(|a| quote!(&#a)).collect();
     let to = m.to.value();
-    let from: Vec<String> = m.from.iter().map(|f| f.value()).collect();
-    match &m.returning {
-        Some(_) => (
+    values.push(quote!(#to));
+    values.extend(m.from.iter().map(|f| {
+        let f = f.value();
+        quote!(#f)
+    }));
+    values
+}
+
+/// A statement of `numbered`'s with its parameters bound: `text` and `$n`-numbered values, or
+/// MySQL's text (`mysql` picks it from its statements) with its `?` bound in order.
+fn query(
+    p: &TokenStream,
+    numbered: Numbered<'_>,
+    text: TokenStream,
+    mysql: impl Fn(&Sql) -> &String,
+    values: &[TokenStream],
+    count: usize,
+) -> TokenStream {
+    match numbered {
+        Numbered::Bound => {
+            let values = &values[..count];
+            quote_spanned!(Span::mixed_site()=> #p::sqlx::query(#text) #(.bind(#values))*)
+        }
+        Numbered::Mysql(sql) => {
+            let (text, order) = crate::sql::mysql::render(mysql(sql));
+            let binds = crate::sql::mysql::binds(&order, values);
+            quote_spanned!(Span::mixed_site()=> #p::sqlx::query(#text) #binds)
+        }
+    }
+}
+
+/// The `UPDATE`, returning when it applied; and the row type read from a `SELECT` row.
+fn apply(m: &Model, p: &TokenStream, numbered: Numbered<'_>) -> (TokenStream, TokenStream) {
+    let values = values(m);
+    let update = query(
+        p,
+        numbered,
+        quote_spanned!(Span::mixed_site()=> sql_update),
+        |s| &s.update,
+        &values,
+        values.len(),
+    );
+    let row_of = quote_spanned!(Span::mixed_site()=> #p::decode(&__idem_rows, &row)?);
+    match (&m.returning, numbered) {
+        (Some(_), Numbered::Bound) => (
             quote_spanned! {Span::mixed_site()=>
-                let applied = #p::sqlx::query(sql_update)
-                    #(.bind(&#key_args))* #(.bind(&#guard_args))* #(.bind(&#set_args))*
-                    .bind(#to) #(.bind(#from))*
+                let applied = #update
                     .fetch_optional(&mut *conn)
                     .await
                     .map_err(#p::sql_error)?;
@@ -178,13 +290,41 @@ fn apply(m: &Model, p: &TokenStream) -> (TokenStream, TokenStream) {
                     return ::core::result::Result::Ok(#p::Transition::Applied(row));
                 }
             },
-            quote_spanned!(Span::mixed_site()=> #p::decode(&__idem_rows, &row)?),
+            row_of,
         ),
-        None => (
+        // No `RETURNING`: the row is read after the `UPDATE`, in its transaction (a savepoint
+        // in the caller's), so that it is the row as the `UPDATE` wrote it.
+        (Some(_), Numbered::Mysql(_)) => {
+            let keys = m.keys.iter().map(|(c, _)| c);
+            let key_where = shell::Params::default().equal(keys);
+            let written = format!(
+                "SELECT * FROM {} WHERE {}",
+                m.target.table.quoted,
+                key_where.join(" AND ")
+            );
+            let (text, order) = crate::sql::mysql::render(&written);
+            let binds = crate::sql::mysql::binds(&order, &values);
+            let read = quote_spanned!(Span::mixed_site()=> #p::sqlx::query(#text) #binds);
+            (
+                quote_spanned! {Span::mixed_site()=>
+                    let mut tx = #p::sqlx::Connection::begin(&mut *conn)
+                        .await
+                        .map_err(#p::sql_error)?;
+                    let done = #update.execute(&mut *tx).await.map_err(#p::sql_error)?;
+                    if done.rows_affected() > 0 {
+                        let row = #read.fetch_one(&mut *tx).await.map_err(#p::sql_error)?;
+                        tx.commit().await.map_err(#p::sql_error)?;
+                        let row = #p::decode(&__idem_rows, &row)?;
+                        return ::core::result::Result::Ok(#p::Transition::Applied(row));
+                    }
+                    tx.rollback().await.map_err(#p::sql_error)?;
+                },
+                row_of,
+            )
+        }
+        (None, _) => (
             quote_spanned! {Span::mixed_site()=>
-                let done = #p::sqlx::query(sql_update)
-                    #(.bind(&#key_args))* #(.bind(&#guard_args))* #(.bind(&#set_args))*
-                    .bind(#to) #(.bind(#from))*
+                let done = #update
                     .execute(&mut *conn)
                     .await
                     .map_err(#p::sql_error)?;
@@ -198,9 +338,19 @@ fn apply(m: &Model, p: &TokenStream) -> (TokenStream, TokenStream) {
 }
 
 /// One attempt: the update, then the classification of a miss.
-fn attempt(m: &Model, p: &TokenStream) -> TokenStream {
-    let (key_args, guard_args, _) = bound(m);
-    let (apply, row_of) = apply(m, p);
+fn attempt(m: &Model, p: &TokenStream, numbered: Numbered<'_>) -> TokenStream {
+    let (key_args, _, _) = bound(m);
+    let (apply, row_of) = apply(m, p, numbered);
+    // The `SELECT` binds keys, guards and the owner, numbered as in the `UPDATE`.
+    let select_count = m.keys.len() + m.guards.len() + m.owner.iter().count();
+    let select = query(
+        p,
+        numbered,
+        quote_spanned!(Span::mixed_site()=> sql_select),
+        |s| &s.select,
+        &values(m),
+        select_count,
+    );
     let to = m.to.value();
     let from: Vec<String> = m.from.iter().map(|f| f.value()).collect();
     let table = &m.target.table.name;
@@ -208,8 +358,7 @@ fn attempt(m: &Model, p: &TokenStream) -> TokenStream {
     // With an owner, a row already in `to` is this owner's (`AlreadyApplied`) or another's.
     let by_another = m.owner.as_ref().map(|_| {
         quote_spanned! {Span::mixed_site()=>
-            let owner_match: bool =
-                #p::sqlx::Row::try_get(&row, "__idem_owner_match").map_err(#p::sql_error)?;
+            let owner_match = #p::flag(&row, "__idem_owner_match")?;
             if !owner_match {
                 return ::core::result::Result::Ok(#p::Transition::AppliedByAnother(#row_of));
             }
@@ -223,8 +372,7 @@ fn attempt(m: &Model, p: &TokenStream) -> TokenStream {
     };
     quote_spanned! {Span::mixed_site()=>
         #apply
-        let found = #p::sqlx::query(sql_select)
-            #(.bind(&#key_args))* #(.bind(&#guard_args))*
+        let found = #select
             .fetch_optional(&mut *conn)
             .await
             .map_err(#p::sql_error)?;
@@ -236,8 +384,7 @@ fn attempt(m: &Model, p: &TokenStream) -> TokenStream {
         match #p::classify_miss(&current, &[#(#from),*], #to, #guarded) {
             #p::Miss::AlreadyApplied => {
                 #by_another
-                let guards_match: bool =
-                    #p::sqlx::Row::try_get(&row, "__idem_guards_match").map_err(#p::sql_error)?;
+                let guards_match = #p::flag(&row, "__idem_guards_match")?;
                 if !guards_match {
                     #p::warn_guard_differs_after(#table, #key_debug, #to, &[#(#guard_names),*]);
                 }

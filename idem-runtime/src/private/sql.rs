@@ -1,6 +1,6 @@
 //! The shims of the SQL macros (`#[state_transition]`, `#[versioned_update]`, `#[create_once]`)
 //! that need a SQL driver: the executor, bound values, rows, the connection's database. Built
-//! with the `sqlite` or `postgres` feature.
+//! with a SQL store's feature (`sqlite`, `postgres`, `mysql`).
 
 use std::marker::PhantomData;
 
@@ -16,7 +16,7 @@ pub fn sql_error(e: sqlx::Error) -> Error {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an executor",
     label = "the first argument runs the statements",
-    note = "take a `&PgPool`, a `&mut PgConnection`, a `&mut Transaction<'_, Postgres>` or an `impl sqlx::Acquire<'_, Database = Postgres>` (or their SQLite counterparts) as the first argument"
+    note = "take a `&PgPool`, a `&mut PgConnection`, a `&mut Transaction<'_, Postgres>` or an `impl sqlx::Acquire<'_, Database = Postgres>` (or their SQLite or MySQL counterparts) as the first argument"
 )]
 pub trait Executor<'c, M> {
     type Database: sqlx::Database;
@@ -150,25 +150,56 @@ pub fn transition_acquire<'c, A: sqlx::Acquire<'c>>(
     executor.acquire()
 }
 
+pub use crate::store::schema::Database;
+
 /// Which database a connection speaks (not `store`'s `Dialect`, which writes the stores' SQL).
 #[diagnostic::on_unimplemented(
-    message = "idem's generated SQL runs on PostgreSQL and SQLite, not on `{Self}`",
-    label = "the executor must be a PostgreSQL or SQLite pool, connection or transaction"
+    message = "idem's generated SQL runs on PostgreSQL, SQLite and MySQL, not on `{Self}`",
+    label = "the executor must be a PostgreSQL, SQLite or MySQL pool, connection or transaction"
 )]
 pub trait Backend {
-    const POSTGRES: bool;
+    const DATABASE: Database;
 }
 
 #[cfg(feature = "postgres")]
 impl Backend for sqlx::PgConnection {
-    const POSTGRES: bool = true;
+    const DATABASE: Database = Database::Postgres;
 }
 
 #[cfg(feature = "sqlite")]
 impl Backend for sqlx::SqliteConnection {
-    const POSTGRES: bool = false;
+    const DATABASE: Database = Database::Sqlite;
 }
 
-pub fn is_postgres<C: Backend + ?Sized>(_conn: &C) -> bool {
-    C::POSTGRES
+#[cfg(feature = "mysql")]
+impl Backend for sqlx::MySqlConnection {
+    const DATABASE: Database = Database::Mysql;
+}
+
+/// The database `conn` speaks: which of the generated statements run on it.
+pub fn database<C: Backend + ?Sized>(_conn: &C) -> Database {
+    C::DATABASE
+}
+
+/// A flag the generated `SELECT` computes (`guards match`, `owner matches`): a boolean where
+/// the database has them, an integer on MySQL, which has none.
+pub fn flag<R: sqlx::Row>(row: &R, column: &str) -> Result<bool, Error>
+where
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> &'r str: sqlx::ColumnIndex<R>,
+    for<'r> bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    match row.try_get::<bool, _>(column) {
+        Ok(flag) => Ok(flag),
+        Err(_) => row
+            .try_get::<i64, _>(column)
+            .map(|v| v != 0)
+            .map_err(sql_error),
+    }
+}
+
+/// Whether `e` says a unique index already holds the value (MySQL's duplicate key).
+pub fn is_unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
 }
