@@ -1,14 +1,15 @@
 //! Fault injection: a proxy of our own (`tests/common/proxy.rs`) sits between idem and
-//! PostgreSQL, or Redis, and cuts the connection at one chosen point of a guarded call — before a
-//! statement reaches the server, or after the server did it (committed) but before the reply
-//! arrives — at every step: the claim, the body's own SQL, the completion, the release, the
-//! checkpoint, the take-over of an abandoned claim, and in the transactional mode the commit and
-//! the rollback.
+//! PostgreSQL, MySQL (MariaDB), or Redis, and cuts the connection at one chosen point of a
+//! guarded call — before a statement reaches the server, or after the server did it (committed)
+//! but before the reply arrives — at every step: the claim, the body's own SQL, the completion,
+//! the release, the checkpoint, the take-over of an abandoned claim, and in the transactional
+//! mode the commit and the rollback.
 //!
 //! At each point a client that retries what idem says is retryable must end with:
 //! - the side effect done once: in the separate-commit mode once per downstream key (the body
-//!   records it with `INSERT … ON CONFLICT DO NOTHING` keyed by the guard's downstream key, as a
-//!   gateway dedupes), in the transactional mode its SQL committed once;
+//!   records it with `INSERT … ON CONFLICT DO NOTHING`, on MySQL `INSERT IGNORE`, keyed by the
+//!   guard's downstream key, as a gateway dedupes), in the transactional mode its SQL committed
+//!   once;
 //! - the completed answer never lost: the first call or a retry gets it, then every retry
 //!   replays it exactly (floats included);
 //! - no key left in progress past its lease (leases here are the macro's floor, one second);
@@ -26,12 +27,13 @@ use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::proxy::{Fault, Proxy, Rule};
+use common::proxy::{Fault, Proxy, Rule, Wire};
 use idem::{
-    Begun, Error, Fingerprint, Key, PgStore, Policy, RecordState, RedisStore, SharedStore, Store,
-    StoredResponse, idempotent,
+    Begun, Error, Fingerprint, Key, MySqlStore, PgStore, Policy, RecordState, RedisStore,
+    SharedStore, Store, StoredResponse, TxStore, idempotent,
 };
 use serde::{Deserialize, Serialize};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlSslMode};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 /// An amount that serde_json reads back one bit off unless it parses floats exactly.
@@ -89,11 +91,26 @@ fn assert_retryable(e: &AppError) {
     }
 }
 
-/// Where the side effects go: a table with a row per downstream key (PostgreSQL, through the
-/// proxy, so that the body's SQL can be cut too), or a map that dedupes the same way (Redis).
+/// Where the side effects go: a table with a row per downstream key (PostgreSQL and MySQL,
+/// through the proxy, so that the body's SQL can be cut too), or a map that dedupes the same way
+/// (Redis).
 enum Effects {
-    Pg { via_proxy: PgPool, direct: PgPool },
+    Pg {
+        via_proxy: PgPool,
+        direct: PgPool,
+    },
+    My {
+        via_proxy: MySqlPool,
+        direct: MySqlPool,
+    },
     Memory(Mutex<HashMap<String, u32>>),
+}
+
+/// The rig's SQL store, for the transactional mode.
+#[derive(Clone)]
+enum SqlStore {
+    Pg(PgStore),
+    My(MySqlStore),
 }
 
 /// One test's store behind a proxy, and its effects.
@@ -101,15 +118,15 @@ struct Rig {
     proxy: Proxy,
     store: SharedStore,
     /// The store of a second instance of the service: on Redis a connection of its own (the
-    /// store multiplexes one), on PostgreSQL the same pool.
+    /// store multiplexes one), on a SQL database the same pool.
     twin: SharedStore,
-    /// The same PostgreSQL store, for the transactional mode.
-    pg: Option<PgStore>,
+    /// The same SQL store, for the transactional mode.
+    sql: Option<SqlStore>,
     effects: Effects,
     /// How many times a body got as far as doing its effect, per step.
     runs: Mutex<HashMap<String, usize>>,
-    _schema: Option<common::PgSchema>,
-    _keys: Option<common::RedisKeys>,
+    /// What keeps the test's schema, database or keys alive.
+    _isolation: Box<dyn std::any::Any + Send + Sync>,
 }
 
 impl Rig {
@@ -147,14 +164,64 @@ impl Rig {
             proxy,
             store: SharedStore::new(pg.clone()),
             twin: SharedStore::new(pg.clone()),
-            pg: Some(pg),
+            sql: Some(SqlStore::Pg(pg)),
             effects: Effects::Pg {
                 via_proxy,
                 direct: schema.pool.clone(),
             },
             runs: Mutex::default(),
-            _schema: Some(schema),
-            _keys: None,
+            _isolation: Box::new(schema),
+        }
+    }
+
+    /// The MySQL store on a pool of its own through the proxy, with the session's defaults
+    /// (`REPEATABLE READ`) that a pool handed to `build` has.
+    async fn mysql() -> Rig {
+        let url = common::mysql_url();
+        let database = common::MyDatabase::create(&url, 4).await;
+        // The tables are created directly; the store under test reaches them only through the
+        // proxy.
+        MySqlStore::builder()
+            .build(database.pool.clone())
+            .await
+            .unwrap();
+        for ddl in [
+            "CREATE TABLE effects (dkey VARCHAR(255) PRIMARY KEY) ENGINE = InnoDB",
+            "CREATE TABLE orders (`key` VARCHAR(255) NOT NULL) ENGINE = InnoDB",
+        ] {
+            sqlx::query(ddl).execute(&database.pool).await.unwrap();
+        }
+        let proxy = Proxy::mysql(&url).await;
+        let options = MySqlConnectOptions::from_str(&database.url)
+            .unwrap()
+            .host("127.0.0.1")
+            .port(proxy.addr.port())
+            // The proxy reads the statements: no TLS, and every statement prepared with its
+            // text rather than run by the id of one prepared earlier.
+            .ssl_mode(MySqlSslMode::Disabled)
+            .statement_cache_capacity(0);
+        let via_proxy = MySqlPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect_with(options)
+            .await
+            .unwrap();
+        let my = MySqlStore::builder()
+            .create_table(false)
+            .build(via_proxy.clone())
+            .await
+            .unwrap();
+        Rig {
+            proxy,
+            store: SharedStore::new(my.clone()),
+            twin: SharedStore::new(my.clone()),
+            sql: Some(SqlStore::My(my)),
+            effects: Effects::My {
+                via_proxy,
+                direct: database.pool.clone(),
+            },
+            runs: Mutex::default(),
+            _isolation: Box::new(database),
         }
     }
 
@@ -208,11 +275,10 @@ impl Rig {
             proxy,
             store: SharedStore::new(store),
             twin: SharedStore::new(twin),
-            pg: None,
+            sql: None,
             effects: Effects::Memory(Mutex::default()),
             runs: Mutex::default(),
-            _schema: None,
-            _keys: Some(keys),
+            _isolation: Box::new(keys),
         }
     }
 
@@ -227,6 +293,13 @@ impl Rig {
         match &self.effects {
             Effects::Pg { via_proxy, .. } => {
                 sqlx::query("INSERT INTO effects (dkey) VALUES ($1) ON CONFLICT (dkey) DO NOTHING")
+                    .bind(dkey)
+                    .execute(via_proxy)
+                    .await
+                    .map_err(AppError::Downstream)?;
+            }
+            Effects::My { via_proxy, .. } => {
+                sqlx::query("INSERT IGNORE INTO effects (dkey) VALUES (?)")
                     .bind(dkey)
                     .execute(via_proxy)
                     .await
@@ -249,7 +322,35 @@ impl Rig {
                     .await
                     .unwrap()
             }
+            Effects::My { direct, .. } => {
+                sqlx::query_scalar("SELECT count(*) FROM effects WHERE dkey = ?")
+                    .bind(dkey)
+                    .fetch_one(direct)
+                    .await
+                    .unwrap()
+            }
             Effects::Memory(done) => i64::from(*done.lock().unwrap().get(dkey).unwrap_or(&0)),
+        }
+    }
+
+    /// How many orders of `key` are committed (the transactional mode).
+    async fn orders(&self, key: &str) -> i64 {
+        match &self.effects {
+            Effects::Pg { direct, .. } => {
+                sqlx::query_scalar("SELECT count(*) FROM orders WHERE key = $1")
+                    .bind(key)
+                    .fetch_one(direct)
+                    .await
+                    .unwrap()
+            }
+            Effects::My { direct, .. } => {
+                sqlx::query_scalar("SELECT count(*) FROM orders WHERE `key` = ?")
+                    .bind(key)
+                    .fetch_one(direct)
+                    .await
+                    .unwrap()
+            }
+            Effects::Memory(_) => unreachable!("the transactional mode runs on SQL stores"),
         }
     }
 
@@ -355,6 +456,31 @@ fn pg_needles(step: Step) -> Vec<&'static [u8]> {
     }
 }
 
+/// The needles of `step`'s write on MySQL: its statements as the MySQL dialect writes them.
+fn mysql_needles(step: Step) -> Vec<&'static [u8]> {
+    match step {
+        Step::Claim => vec![b"ON DUPLICATE KEY UPDATE fence = fence + LAST_INSERT_ID(0)"],
+        Step::Body => vec![b"INSERT IGNORE INTO effects"],
+        Step::Complete => vec![b"SET state = 'completed'"],
+        Step::Release => vec![b"SET state = 'released'"],
+        Step::Checkpoint => vec![b"SET recovery_point = ?"],
+        Step::TakeOver => vec![b"SET fence = LAST_INSERT_ID(fence + 1)"],
+        // The whole `COM_QUERY` packet (length 7 or 9, sequence 0, command 3): the statement
+        // that opens a guarded transaction says `READ COMMITTED`.
+        Step::Commit => vec![b"\x07\x00\x00\x00\x03COMMIT"],
+        Step::Rollback => vec![b"\x09\x00\x00\x00\x03ROLLBACK"],
+    }
+}
+
+/// The needles of `step`'s write on the SQL database behind `wire`.
+fn sql_needles(wire: Wire, step: Step) -> Vec<&'static [u8]> {
+    match wire {
+        Wire::Postgres => pg_needles(step),
+        Wire::Mysql => mysql_needles(step),
+        Wire::Redis | Wire::Amqp => unreachable!("not a SQL database"),
+    }
+}
+
 /// The needles of `step`'s script call on Redis, for the record of `key`: each script's
 /// arguments tell it apart (the fingerprint is `begin`'s, an answer `complete`'s, a recovery
 /// point `checkpoint`'s; `release` is the one script called with two arguments).
@@ -371,9 +497,11 @@ fn redis_needles(step: Step, key: &str, fingerprint: &[u8]) -> Vec<Vec<u8>> {
 
 fn rule(rig: &Rig, step: Step, key: &str, fingerprint: &[u8], fault: Fault) -> Rule {
     let needles = match rig.proxy.wire() {
-        common::proxy::Wire::Postgres => pg_needles(step).iter().map(|n| n.to_vec()).collect(),
-        common::proxy::Wire::Redis => redis_needles(step, key, fingerprint),
-        common::proxy::Wire::Amqp => unreachable!("the rig proxies stores, not a broker"),
+        wire @ (Wire::Postgres | Wire::Mysql) => {
+            sql_needles(wire, step).iter().map(|n| n.to_vec()).collect()
+        }
+        Wire::Redis => redis_needles(step, key, fingerprint),
+        Wire::Amqp => unreachable!("the rig proxies stores, not a broker"),
     };
     Rule {
         needles,
@@ -466,9 +594,9 @@ async fn stalled_completion(rig: Rig) {
     let fp = charge_fingerprint(&rig, id).await;
     // Past the lease, with room for the take-over; within Redis's response timeout.
     let stall = match rig.proxy.wire() {
-        common::proxy::Wire::Postgres => LEASE * 2,
-        common::proxy::Wire::Redis => LEASE * 3 / 2,
-        common::proxy::Wire::Amqp => unreachable!("the rig proxies stores, not a broker"),
+        Wire::Postgres | Wire::Mysql => LEASE * 2,
+        Wire::Redis => LEASE * 3 / 2,
+        Wire::Amqp => unreachable!("the rig proxies stores, not a broker"),
     };
     rig.proxy
         .inject(rule(&rig, Step::Complete, key, &fp, Fault::Stall(stall)));
@@ -602,15 +730,39 @@ async fn take_over(rig: Rig, fault: Fault) {
     rig.assert_completed(TWO_STEPS, key, &answer).await;
 }
 
-// ---- the transactional mode (PostgreSQL) ---------------------------------------------------------
+// ---- the transactional mode (PostgreSQL, MySQL) -------------------------------------------------
+
+/// The transaction a guarded body gets on `S`.
+type Tx<S> = sqlx::Transaction<'static, <S as TxStore>::Database>;
+
+/// A store of the transactional mode, and the body's insert in its database's SQL.
+trait Orders: TxStore + Clone + Send + Sync + 'static {
+    fn insert(tx: &mut Tx<Self>, key: &str) -> impl Future<Output = sqlx::Result<()>> + Send;
+}
+
+impl Orders for PgStore {
+    async fn insert(tx: &mut Tx<Self>, key: &str) -> sqlx::Result<()> {
+        sqlx::query("INSERT INTO orders (key) VALUES ($1)")
+            .bind(key)
+            .execute(&mut **tx)
+            .await
+            .map(drop)
+    }
+}
+
+impl Orders for MySqlStore {
+    async fn insert(tx: &mut Tx<Self>, key: &str) -> sqlx::Result<()> {
+        sqlx::query("INSERT INTO orders (`key`) VALUES (?)")
+            .bind(key)
+            .execute(&mut **tx)
+            .await
+            .map(drop)
+    }
+}
 
 #[idempotent(scope = "order:<id>", key = key, store = store, lease = "1s", retain = "1m", skip(fail), transaction = tx)]
-async fn order(store: &PgStore, id: u32, key: &str, fail: bool) -> Result<Receipt, AppError> {
-    sqlx::query("INSERT INTO orders (key) VALUES ($1)")
-        .bind(key)
-        .execute(&mut **tx)
-        .await
-        .map_err(AppError::Downstream)?;
+async fn order<S: Orders>(store: &S, id: u32, key: &str, fail: bool) -> Result<Receipt, AppError> {
+    S::insert(tx, key).await.map_err(AppError::Downstream)?;
     if fail {
         return Err(AppError::Forced);
     }
@@ -619,53 +771,49 @@ async fn order(store: &PgStore, id: u32, key: &str, fail: bool) -> Result<Receip
 
 /// A fault at `step` of a transactional call: the body's SQL committed once, with the record.
 async fn transactional(rig: Rig, step: Step, fault: Fault) {
+    match rig.sql.clone().expect("a SQL store") {
+        SqlStore::Pg(store) => transactional_on(&rig, &store, step, fault).await,
+        SqlStore::My(store) => transactional_on(&rig, &store, step, fault).await,
+    }
+}
+
+async fn transactional_on<S: Orders>(rig: &Rig, store: &S, step: Step, fault: Fault) {
     let id = 9;
     let key = "k-tx";
-    let store = rig.pg.clone().unwrap();
     let needles = if step == Step::Body {
         vec![&b"INSERT INTO orders"[..]]
     } else {
-        pg_needles(step)
+        sql_needles(rig.proxy.wire(), step)
     };
     rig.proxy.inject(Rule::first(&needles, fault));
-    let first = order(&store, id, key, step == Step::Rollback).await;
+    let first = order(store, id, key, step == Step::Rollback).await;
     match (step, &first) {
         (Step::Rollback, Err(AppError::Forced)) => {}
         (_, Ok(_)) => panic!("the {step:?} fault did not reach the caller"),
         (_, Err(e)) => assert_retryable(e),
     }
     rig.assert_injected();
-    let Effects::Pg { direct, .. } = &rig.effects else {
-        unreachable!()
-    };
-    let rows = || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM orders WHERE key = $1")
-            .bind(key)
-            .fetch_one(direct)
-            .await
-            .unwrap()
-    };
     // Only a COMMIT whose reply was lost committed; every other cut rolled everything back
     // (a cut rollback is the database's to finish when it sees the connection gone).
     let committed = i64::from((step, fault) == (Step::Commit, Fault::CutAfterReply));
     assert_eq!(
-        rows().await,
+        rig.orders(key).await,
         committed,
         "{step:?}/{fault:?}: after the fault"
     );
-    let (answer, took, seen) = settle(|| order(&store, id, key, false)).await;
+    let (answer, took, seen) = settle(|| order(store, id, key, false)).await;
     assert!(
         took < LEASE * 2 + Duration::from_secs(1),
         "{took:?} {seen:?}"
     );
     assert_eq!(
-        rows().await,
+        rig.orders(key).await,
         1,
         "{step:?}/{fault:?}: the body's SQL committed once"
     );
     rig.assert_completed(&format!("order:{id}"), key, &answer)
         .await;
-    let replay = order(&store, id, key, false).await.unwrap();
+    let replay = order(store, id, key, false).await.unwrap();
     assert_eq!(replay, answer);
     assert_eq!(replay.amount.to_bits(), answer.amount.to_bits());
 }
@@ -686,6 +834,16 @@ macro_rules! pg_tests {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
             within_a_minute(async { ($run)(Rig::pg().await).await }).await;
+        }
+    )*};
+}
+
+macro_rules! mysql_tests {
+    ($($name:ident: $run:expr;)*) => {$(
+        #[cfg_attr(not(idem_mysql), ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…")]
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            within_a_minute(async { ($run)(Rig::mysql().await).await }).await;
         }
     )*};
 }
@@ -726,6 +884,32 @@ pg_tests! {
     pg_tx_rollback_reply_lost: |rig| transactional(rig, Step::Rollback, Fault::CutAfterReply);
 }
 
+mysql_tests! {
+    mysql_claim_cut_before: |rig| separate(rig, Step::Claim, Fault::CutBefore);
+    mysql_claim_reply_lost: |rig| separate(rig, Step::Claim, Fault::CutAfterReply);
+    mysql_body_sql_cut_before: |rig| separate(rig, Step::Body, Fault::CutBefore);
+    mysql_body_sql_reply_lost: |rig| separate(rig, Step::Body, Fault::CutAfterReply);
+    mysql_complete_cut_before: |rig| separate(rig, Step::Complete, Fault::CutBefore);
+    mysql_complete_reply_lost: |rig| separate(rig, Step::Complete, Fault::CutAfterReply);
+    mysql_release_cut_before: |rig| separate(rig, Step::Release, Fault::CutBefore);
+    mysql_release_reply_lost: |rig| separate(rig, Step::Release, Fault::CutAfterReply);
+    mysql_complete_stalled_past_the_lease: stalled_completion;
+    mysql_checkpoint_cut_before: |rig| checkpoint(rig, Fault::CutBefore);
+    mysql_checkpoint_reply_lost: |rig| checkpoint(rig, Fault::CutAfterReply);
+    mysql_take_over_cut_before: |rig| take_over(rig, Fault::CutBefore);
+    mysql_take_over_reply_lost: |rig| take_over(rig, Fault::CutAfterReply);
+    mysql_tx_claim_cut_before: |rig| transactional(rig, Step::Claim, Fault::CutBefore);
+    mysql_tx_claim_reply_lost: |rig| transactional(rig, Step::Claim, Fault::CutAfterReply);
+    mysql_tx_body_sql_cut_before: |rig| transactional(rig, Step::Body, Fault::CutBefore);
+    mysql_tx_body_sql_reply_lost: |rig| transactional(rig, Step::Body, Fault::CutAfterReply);
+    mysql_tx_complete_cut_before: |rig| transactional(rig, Step::Complete, Fault::CutBefore);
+    mysql_tx_complete_reply_lost: |rig| transactional(rig, Step::Complete, Fault::CutAfterReply);
+    mysql_tx_commit_cut_before: |rig| transactional(rig, Step::Commit, Fault::CutBefore);
+    mysql_tx_commit_reply_lost: |rig| transactional(rig, Step::Commit, Fault::CutAfterReply);
+    mysql_tx_rollback_cut_before: |rig| transactional(rig, Step::Rollback, Fault::CutBefore);
+    mysql_tx_rollback_reply_lost: |rig| transactional(rig, Step::Rollback, Fault::CutAfterReply);
+}
+
 redis_tests! {
     redis_claim_cut_before: |rig| separate(rig, Step::Claim, Fault::CutBefore);
     redis_claim_reply_lost: |rig| separate(rig, Step::Claim, Fault::CutAfterReply);
@@ -755,7 +939,7 @@ async fn create_sqlite(
 }
 
 #[idempotent(scope = "created:<id>", key = key, store = store)]
-async fn create_pg(store: &PgStore, id: u32, key: &str) -> Result<Receipt, Error> {
+async fn create<S: Store + Clone>(store: &S, id: u32, key: &str) -> Result<Receipt, Error> {
     Ok(Receipt::new(id, String::new()))
 }
 
@@ -787,35 +971,21 @@ async fn a_stored_status_that_does_not_decode_is_an_error() {
 
 /// A NULL where a record must have a value (a hand-edited row, a table created by hand without
 /// the constraints) is an error that names the record: the body does not run on it, and nothing
-/// is replayed in its place.
-#[cfg_attr(
-    not(idem_postgres),
-    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
-)]
-#[tokio::test]
-async fn nulls_in_a_record_are_errors_naming_it() {
-    let url = common::pg_url();
-    let schema = common::PgSchema::create(&url, 2).await;
-    let store = PgStore::builder().build(schema.pool.clone()).await.unwrap();
-    create_pg(&store, 5, "k-null").await.unwrap();
-    for (column, null) in [
-        (
-            "response_body",
-            "UPDATE idem_records SET response_body = NULL",
-        ),
-        ("fence", "UPDATE idem_records SET fence = NULL"),
-        ("fingerprint", "UPDATE idem_records SET fingerprint = NULL"),
-    ] {
-        let mut tx = schema.pool.begin().await.unwrap();
-        for stmt in [
-            "ALTER TABLE idem_records ALTER COLUMN fence DROP NOT NULL",
-            "ALTER TABLE idem_records ALTER COLUMN fingerprint DROP NOT NULL",
-            null,
-        ] {
-            sqlx::query(stmt).execute(&mut *tx).await.unwrap();
-        }
-        tx.commit().await.unwrap();
-        let e = create_pg(&store, 5, "k-null").await.unwrap_err();
+/// is replayed in its place. `run` runs a statement on the store's table behind its back;
+/// `loosen` drops the constraints that keep NULLs out.
+async fn nulls_in_a_record_are_errors_naming_it<S, F, Fut>(store: &S, run: F, loosen: [&str; 2])
+where
+    S: Store + Clone,
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    create(store, 5, "k-null").await.unwrap();
+    for stmt in loosen {
+        run(stmt.to_owned()).await;
+    }
+    for column in ["response_body", "fence", "fingerprint"] {
+        run(format!("UPDATE idem_records SET {column} = NULL")).await;
+        let e = create(store, 5, "k-null").await.unwrap_err();
         assert!(matches!(e, Error::Store(_)), "{column}: {e:?}");
         let text = e.to_string();
         assert!(
@@ -823,10 +993,53 @@ async fn nulls_in_a_record_are_errors_naming_it() {
             "{column}: the error names the record: {text}"
         );
         // Put the row back for the next column.
-        sqlx::query("DELETE FROM idem_records")
+        run("DELETE FROM idem_records".to_owned()).await;
+        create(store, 5, "k-null").await.unwrap();
+    }
+}
+
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+#[tokio::test]
+async fn postgres_nulls_in_a_record_are_errors_naming_it() {
+    let url = common::pg_url();
+    let schema = common::PgSchema::create(&url, 2).await;
+    let store = PgStore::builder().build(schema.pool.clone()).await.unwrap();
+    let run = |sql: String| async {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
             .execute(&schema.pool)
             .await
             .unwrap();
-        create_pg(&store, 5, "k-null").await.unwrap();
-    }
+    };
+    let loosen = [
+        "ALTER TABLE idem_records ALTER COLUMN fence DROP NOT NULL",
+        "ALTER TABLE idem_records ALTER COLUMN fingerprint DROP NOT NULL",
+    ];
+    nulls_in_a_record_are_errors_naming_it(&store, run, loosen).await;
+}
+
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+#[tokio::test]
+async fn mysql_nulls_in_a_record_are_errors_naming_it() {
+    let database = common::MyDatabase::create(&common::mysql_url(), 2).await;
+    let store = MySqlStore::builder()
+        .build(database.pool.clone())
+        .await
+        .unwrap();
+    let run = |sql: String| async {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&database.pool)
+            .await
+            .unwrap();
+    };
+    let loosen = [
+        "ALTER TABLE idem_records MODIFY fence BIGINT NULL",
+        "ALTER TABLE idem_records MODIFY fingerprint VARBINARY(64) NULL",
+    ];
+    nulls_in_a_record_are_errors_naming_it(&store, run, loosen).await;
 }
