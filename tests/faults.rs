@@ -438,6 +438,9 @@ enum Step {
     Release,
     Checkpoint,
     TakeOver,
+    /// On MySQL, which returns no row from an `UPDATE`: the read of the row a take-over wrote,
+    /// on the same connection (the take-over committed before it).
+    TakeOverRead,
     Commit,
     Rollback,
 }
@@ -451,6 +454,7 @@ fn pg_needles(step: Step) -> Vec<&'static [u8]> {
         Step::Release => vec![b"SET state = 'released'"],
         Step::Checkpoint => vec![b"SET recovery_point = $4"],
         Step::TakeOver => vec![b"SET fence = fence + 1"],
+        Step::TakeOverRead => unreachable!("a take-over on PostgreSQL returns its row"),
         Step::Commit => vec![b"COMMIT"],
         Step::Rollback => vec![b"ROLLBACK"],
     }
@@ -465,6 +469,7 @@ fn mysql_needles(step: Step) -> Vec<&'static [u8]> {
         Step::Release => vec![b"SET state = 'released'"],
         Step::Checkpoint => vec![b"SET recovery_point = ?"],
         Step::TakeOver => vec![b"SET fence = LAST_INSERT_ID(fence + 1)"],
+        Step::TakeOverRead => vec![b"AND fence = LAST_INSERT_ID()"],
         // The whole `COM_QUERY` packet (length 7 or 9, sequence 0, command 3): the statement
         // that opens a guarded transaction says `READ COMMITTED`.
         Step::Commit => vec![b"\x07\x00\x00\x00\x03COMMIT"],
@@ -491,7 +496,9 @@ fn redis_needles(step: Step, key: &str, fingerprint: &[u8]) -> Vec<Vec<u8>> {
         Step::Complete => vec![b"EVALSHA".to_vec(), key, b"\"amount\"".to_vec()],
         Step::Release => vec![b"*6\r\n$7\r\nEVALSHA".to_vec(), key],
         Step::Checkpoint => vec![b"EVALSHA".to_vec(), key, b"step-1".to_vec()],
-        Step::Body | Step::Commit | Step::Rollback => unreachable!("no Redis write"),
+        Step::Body | Step::TakeOverRead | Step::Commit | Step::Rollback => {
+            unreachable!("no Redis write")
+        }
     }
 }
 
@@ -695,6 +702,11 @@ async fn checkpoint(rig: Rig, fault: Fault) {
 /// A claim abandoned after its checkpoint; the take-over after its lease meets the fault. The
 /// retry still resumes at step 2: step 1 ran once, step 2 once.
 async fn take_over(rig: Rig, fault: Fault) {
+    take_over_at(rig, Step::TakeOver, fault).await
+}
+
+/// [`take_over`] with the fault at `step`: the take-over's write, or on MySQL the read after it.
+async fn take_over_at(rig: Rig, step: Step, fault: Fault) {
     let key = "k-take-over";
     let fp = two_step_fingerprint();
     assert!(matches!(
@@ -706,7 +718,7 @@ async fn take_over(rig: Rig, fault: Fault) {
     // The abandoned claim is live for its lease; the fault is set for what follows.
     tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
     rig.proxy
-        .inject(rule(&rig, Step::TakeOver, key, fp.as_bytes(), fault));
+        .inject(rule(&rig, step, key, fp.as_bytes(), fault));
     let first = two_steps(&rig, key, false).await;
     assert!(first.is_err(), "the take-over fault reached the caller");
     assert_retryable(&first.unwrap_err());
@@ -716,7 +728,7 @@ async fn take_over(rig: Rig, fault: Fault) {
         took < LEASE * 2 + Duration::from_secs(1),
         "{took:?} {seen:?}"
     );
-    if fault == Fault::CutAfterReply {
+    if fault == Fault::CutAfterReply || step == Step::TakeOverRead {
         assert!(
             seen.iter().any(|e| e.contains("InProgress")),
             "the take-over whose reply was lost holds a live claim: {seen:?}"
@@ -898,6 +910,8 @@ mysql_tests! {
     mysql_checkpoint_reply_lost: |rig| checkpoint(rig, Fault::CutAfterReply);
     mysql_take_over_cut_before: |rig| take_over(rig, Fault::CutBefore);
     mysql_take_over_reply_lost: |rig| take_over(rig, Fault::CutAfterReply);
+    mysql_take_over_read_cut_before: |rig| take_over_at(rig, Step::TakeOverRead, Fault::CutBefore);
+    mysql_take_over_read_reply_lost: |rig| take_over_at(rig, Step::TakeOverRead, Fault::CutAfterReply);
     mysql_tx_claim_cut_before: |rig| transactional(rig, Step::Claim, Fault::CutBefore);
     mysql_tx_claim_reply_lost: |rig| transactional(rig, Step::Claim, Fault::CutAfterReply);
     mysql_tx_body_sql_cut_before: |rig| transactional(rig, Step::Body, Fault::CutBefore);
