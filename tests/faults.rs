@@ -160,18 +160,9 @@ impl Rig {
             .build(via_proxy.clone())
             .await
             .unwrap();
-        Rig {
-            proxy,
-            store: SharedStore::new(pg.clone()),
-            twin: SharedStore::new(pg.clone()),
-            sql: Some(SqlStore::Pg(pg)),
-            effects: Effects::Pg {
-                via_proxy,
-                direct: schema.pool.clone(),
-            },
-            runs: Mutex::default(),
-            _isolation: Box::new(schema),
-        }
+        let direct = schema.pool.clone();
+        let effects = Effects::Pg { via_proxy, direct };
+        Rig::on_sql(proxy, SqlStore::Pg(pg), effects, Box::new(schema))
     }
 
     /// The MySQL store on a pool of its own through the proxy, with the session's defaults
@@ -211,17 +202,30 @@ impl Rig {
             .build(via_proxy.clone())
             .await
             .unwrap();
+        let direct = database.pool.clone();
+        let effects = Effects::My { via_proxy, direct };
+        Rig::on_sql(proxy, SqlStore::My(my), effects, Box::new(database))
+    }
+
+    /// The rig of `sql`, reached through `proxy`; both instances of the service share its pool.
+    fn on_sql(
+        proxy: Proxy,
+        sql: SqlStore,
+        effects: Effects,
+        isolation: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Rig {
+        let store = match &sql {
+            SqlStore::Pg(pg) => SharedStore::new(pg.clone()),
+            SqlStore::My(my) => SharedStore::new(my.clone()),
+        };
         Rig {
             proxy,
-            store: SharedStore::new(my.clone()),
-            twin: SharedStore::new(my.clone()),
-            sql: Some(SqlStore::My(my)),
-            effects: Effects::My {
-                via_proxy,
-                direct: database.pool.clone(),
-            },
+            twin: store.clone(),
+            store,
+            sql: Some(sql),
+            effects,
             runs: Mutex::default(),
-            _isolation: Box::new(database),
+            _isolation: isolation,
         }
     }
 
@@ -840,22 +844,43 @@ async fn within_a_minute<F: Future<Output = ()>>(test: F) {
         .expect("the test hung for a minute")
 }
 
-macro_rules! pg_tests {
-    ($($name:ident: $run:expr;)*) => {$(
-        #[cfg_attr(not(idem_postgres), ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…")]
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() {
-            within_a_minute(async { ($run)(Rig::pg().await).await }).await;
+/// Every case of the SQL stores, on the rig `$rig` makes (one module per database, each case
+/// under the same name), and the cases `$extra` of that database alone; `$attr` (which says
+/// when the database is missing) goes on each.
+macro_rules! sql_tests {
+    (#[$attr:meta] $rig:path; $($extra:tt)*) => {
+        sql_tests! { @cases #[$attr] $rig;
+            claim_cut_before: |rig| separate(rig, Step::Claim, Fault::CutBefore);
+            claim_reply_lost: |rig| separate(rig, Step::Claim, Fault::CutAfterReply);
+            body_sql_cut_before: |rig| separate(rig, Step::Body, Fault::CutBefore);
+            body_sql_reply_lost: |rig| separate(rig, Step::Body, Fault::CutAfterReply);
+            complete_cut_before: |rig| separate(rig, Step::Complete, Fault::CutBefore);
+            complete_reply_lost: |rig| separate(rig, Step::Complete, Fault::CutAfterReply);
+            release_cut_before: |rig| separate(rig, Step::Release, Fault::CutBefore);
+            release_reply_lost: |rig| separate(rig, Step::Release, Fault::CutAfterReply);
+            complete_stalled_past_the_lease: stalled_completion;
+            checkpoint_cut_before: |rig| checkpoint(rig, Fault::CutBefore);
+            checkpoint_reply_lost: |rig| checkpoint(rig, Fault::CutAfterReply);
+            take_over_cut_before: |rig| take_over(rig, Fault::CutBefore);
+            take_over_reply_lost: |rig| take_over(rig, Fault::CutAfterReply);
+            tx_claim_cut_before: |rig| transactional(rig, Step::Claim, Fault::CutBefore);
+            tx_claim_reply_lost: |rig| transactional(rig, Step::Claim, Fault::CutAfterReply);
+            tx_body_sql_cut_before: |rig| transactional(rig, Step::Body, Fault::CutBefore);
+            tx_body_sql_reply_lost: |rig| transactional(rig, Step::Body, Fault::CutAfterReply);
+            tx_complete_cut_before: |rig| transactional(rig, Step::Complete, Fault::CutBefore);
+            tx_complete_reply_lost: |rig| transactional(rig, Step::Complete, Fault::CutAfterReply);
+            tx_commit_cut_before: |rig| transactional(rig, Step::Commit, Fault::CutBefore);
+            tx_commit_reply_lost: |rig| transactional(rig, Step::Commit, Fault::CutAfterReply);
+            tx_rollback_cut_before: |rig| transactional(rig, Step::Rollback, Fault::CutBefore);
+            tx_rollback_reply_lost: |rig| transactional(rig, Step::Rollback, Fault::CutAfterReply);
+            $($extra)*
         }
-    )*};
-}
-
-macro_rules! mysql_tests {
-    ($($name:ident: $run:expr;)*) => {$(
-        #[cfg_attr(not(idem_mysql), ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…")]
+    };
+    (@cases #[$attr:meta] $rig:path; $($name:ident: $run:expr;)*) => {$(
+        #[$attr]
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
-            within_a_minute(async { ($run)(Rig::mysql().await).await }).await;
+            within_a_minute(async { ($run)($rig().await).await }).await;
         }
     )*};
 }
@@ -869,59 +894,26 @@ macro_rules! redis_tests {
         }
     )*};
 }
+mod postgres {
+    use super::*;
 
-pg_tests! {
-    pg_claim_cut_before: |rig| separate(rig, Step::Claim, Fault::CutBefore);
-    pg_claim_reply_lost: |rig| separate(rig, Step::Claim, Fault::CutAfterReply);
-    pg_body_sql_cut_before: |rig| separate(rig, Step::Body, Fault::CutBefore);
-    pg_body_sql_reply_lost: |rig| separate(rig, Step::Body, Fault::CutAfterReply);
-    pg_complete_cut_before: |rig| separate(rig, Step::Complete, Fault::CutBefore);
-    pg_complete_reply_lost: |rig| separate(rig, Step::Complete, Fault::CutAfterReply);
-    pg_release_cut_before: |rig| separate(rig, Step::Release, Fault::CutBefore);
-    pg_release_reply_lost: |rig| separate(rig, Step::Release, Fault::CutAfterReply);
-    pg_complete_stalled_past_the_lease: stalled_completion;
-    pg_checkpoint_cut_before: |rig| checkpoint(rig, Fault::CutBefore);
-    pg_checkpoint_reply_lost: |rig| checkpoint(rig, Fault::CutAfterReply);
-    pg_take_over_cut_before: |rig| take_over(rig, Fault::CutBefore);
-    pg_take_over_reply_lost: |rig| take_over(rig, Fault::CutAfterReply);
-    pg_tx_claim_cut_before: |rig| transactional(rig, Step::Claim, Fault::CutBefore);
-    pg_tx_claim_reply_lost: |rig| transactional(rig, Step::Claim, Fault::CutAfterReply);
-    pg_tx_body_sql_cut_before: |rig| transactional(rig, Step::Body, Fault::CutBefore);
-    pg_tx_body_sql_reply_lost: |rig| transactional(rig, Step::Body, Fault::CutAfterReply);
-    pg_tx_complete_cut_before: |rig| transactional(rig, Step::Complete, Fault::CutBefore);
-    pg_tx_complete_reply_lost: |rig| transactional(rig, Step::Complete, Fault::CutAfterReply);
-    pg_tx_commit_cut_before: |rig| transactional(rig, Step::Commit, Fault::CutBefore);
-    pg_tx_commit_reply_lost: |rig| transactional(rig, Step::Commit, Fault::CutAfterReply);
-    pg_tx_rollback_cut_before: |rig| transactional(rig, Step::Rollback, Fault::CutBefore);
-    pg_tx_rollback_reply_lost: |rig| transactional(rig, Step::Rollback, Fault::CutAfterReply);
+    sql_tests! {
+        #[cfg_attr(not(idem_postgres), ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…")]
+        Rig::pg;
+    }
 }
 
-mysql_tests! {
-    mysql_claim_cut_before: |rig| separate(rig, Step::Claim, Fault::CutBefore);
-    mysql_claim_reply_lost: |rig| separate(rig, Step::Claim, Fault::CutAfterReply);
-    mysql_body_sql_cut_before: |rig| separate(rig, Step::Body, Fault::CutBefore);
-    mysql_body_sql_reply_lost: |rig| separate(rig, Step::Body, Fault::CutAfterReply);
-    mysql_complete_cut_before: |rig| separate(rig, Step::Complete, Fault::CutBefore);
-    mysql_complete_reply_lost: |rig| separate(rig, Step::Complete, Fault::CutAfterReply);
-    mysql_release_cut_before: |rig| separate(rig, Step::Release, Fault::CutBefore);
-    mysql_release_reply_lost: |rig| separate(rig, Step::Release, Fault::CutAfterReply);
-    mysql_complete_stalled_past_the_lease: stalled_completion;
-    mysql_checkpoint_cut_before: |rig| checkpoint(rig, Fault::CutBefore);
-    mysql_checkpoint_reply_lost: |rig| checkpoint(rig, Fault::CutAfterReply);
-    mysql_take_over_cut_before: |rig| take_over(rig, Fault::CutBefore);
-    mysql_take_over_reply_lost: |rig| take_over(rig, Fault::CutAfterReply);
-    mysql_take_over_read_cut_before: |rig| take_over_at(rig, Step::TakeOverRead, Fault::CutBefore);
-    mysql_take_over_read_reply_lost: |rig| take_over_at(rig, Step::TakeOverRead, Fault::CutAfterReply);
-    mysql_tx_claim_cut_before: |rig| transactional(rig, Step::Claim, Fault::CutBefore);
-    mysql_tx_claim_reply_lost: |rig| transactional(rig, Step::Claim, Fault::CutAfterReply);
-    mysql_tx_body_sql_cut_before: |rig| transactional(rig, Step::Body, Fault::CutBefore);
-    mysql_tx_body_sql_reply_lost: |rig| transactional(rig, Step::Body, Fault::CutAfterReply);
-    mysql_tx_complete_cut_before: |rig| transactional(rig, Step::Complete, Fault::CutBefore);
-    mysql_tx_complete_reply_lost: |rig| transactional(rig, Step::Complete, Fault::CutAfterReply);
-    mysql_tx_commit_cut_before: |rig| transactional(rig, Step::Commit, Fault::CutBefore);
-    mysql_tx_commit_reply_lost: |rig| transactional(rig, Step::Commit, Fault::CutAfterReply);
-    mysql_tx_rollback_cut_before: |rig| transactional(rig, Step::Rollback, Fault::CutBefore);
-    mysql_tx_rollback_reply_lost: |rig| transactional(rig, Step::Rollback, Fault::CutAfterReply);
+mod mysql {
+    use super::*;
+
+    sql_tests! {
+        #[cfg_attr(not(idem_mysql), ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…")]
+        Rig::mysql;
+        take_over_read_cut_before: |rig| take_over_at(rig, Step::TakeOverRead, Fault::CutBefore);
+        take_over_read_reply_lost: |rig| {
+            take_over_at(rig, Step::TakeOverRead, Fault::CutAfterReply)
+        };
+    }
 }
 
 redis_tests! {
