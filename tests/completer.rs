@@ -1,11 +1,13 @@
 //! The completer: resumable work whose caller never came back is finished once, on every store
-//! (memory, SQLite, PostgreSQL, Redis standalone and cluster). A lost answer nobody retries, a call cut
-//! off mid-body, attempts that run out (parked, then retried by an operator), completers and
-//! client retries racing on the same claims, and unfinished work that outlives its retention.
+//! (memory, SQLite, PostgreSQL, MySQL, Redis standalone and cluster). A lost answer nobody
+//! retries, a call cut off mid-body, attempts that run out (parked, then retried by an
+//! operator), completers and client retries racing on the same claims, and unfinished work that
+//! outlives its retention.
 //!
 //! PostgreSQL runs when `DATABASE_URL` points at it at build time (each case in a schema of its
-//! own), Redis when `IDEM_REDIS_URL` or `IDEM_REDIS_CLUSTER` does (each case under a key prefix
-//! of its own); otherwise their cases are listed as ignored.
+//! own), MySQL when `IDEM_MYSQL_URL` does (each case in a database of its own), Redis when
+//! `IDEM_REDIS_URL` or `IDEM_REDIS_CLUSTER` does (each case under a key prefix of its own);
+//! otherwise their cases are listed as ignored.
 
 mod common;
 
@@ -18,9 +20,9 @@ use idem::completer::{Completer, Resumption, Round};
 use idem::lifecycle::State;
 use idem::store::{Deferred, Operation, Reply};
 use idem::store::{Retried, StoreAdmin};
-use idem::{MemoryStore, PgStore, RedisStore, SqliteStore, Store, idempotent};
+use idem::{MemoryStore, MySqlStore, PgStore, RedisStore, SqliteStore, Store, idempotent};
 
-use common::{PgSchema, RedisKeys, SqliteFile};
+use common::{MyDatabase, PgSchema, RedisKeys, SqliteFile};
 
 /// A store for one case, and what keeps its database alive.
 trait Backend: Store + StoreAdmin + Clone + Sized {
@@ -49,6 +51,17 @@ impl Backend for PgStore {
             .await
             .expect("create the table");
         (store, Box::new(schema))
+    }
+}
+
+impl Backend for MySqlStore {
+    async fn fresh() -> (Self, Box<dyn std::any::Any + Send>) {
+        let database = MyDatabase::create(&common::mysql_url(), 16).await;
+        let store = MySqlStore::builder()
+            .build(database.pool.clone())
+            .await
+            .expect("create the table");
+        (store, Box::new(database))
     }
 }
 
@@ -446,6 +459,18 @@ mod postgres {
     crate::backend_tests!(
         #[cfg_attr(not(idem_postgres), ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…")]
         idem::PgStore:
+        a_lost_answer_nobody_retries_is_finished_by_the_completer_once,
+        a_call_cut_off_mid_body_is_resumed,
+        attempts_run_out_and_the_claim_is_parked_until_an_operator_retries,
+        completers_and_retries_racing_on_the_same_claims_run_each_once(flavor = "multi_thread", worker_threads = 4),
+        unfinished_work_outlives_its_retention_and_the_purge,
+    );
+}
+
+mod mysql {
+    crate::backend_tests!(
+        #[cfg_attr(not(idem_mysql), ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…")]
+        idem::MySqlStore:
         a_lost_answer_nobody_retries_is_finished_by_the_completer_once,
         a_call_cut_off_mid_body_is_resumed,
         attempts_run_out_and_the_claim_is_parked_until_an_operator_retries,

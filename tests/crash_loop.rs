@@ -1,11 +1,12 @@
 //! Crash loops: service processes under load are killed with SIGKILL at random moments and
 //! restarted, hundreds of times; afterwards every key is driven to its answer and every money
-//! move is checked to have happened exactly once, on one SQLite file and on PostgreSQL.
+//! move is checked to have happened exactly once, on one SQLite file, on PostgreSQL and on MySQL
+//! (MariaDB).
 //!
 //! A plain `main` (harness = false). The service is a copy of this binary started with
 //! `--worker`: an axum server whose one `#[idempotent]` handler moves money in several steps,
-//! each step an insert on the step's downstream key (`INSERT … ON CONFLICT DO NOTHING`, as a
-//! payment gateway dedupes a repeated call), with pauses between steps so that a kill can cut
+//! each step an insert on the step's downstream key (`INSERT … ON CONFLICT DO NOTHING`, on MySQL
+//! `INSERT IGNORE`, as a payment gateway dedupes a repeated call), with pauses between steps so that a kill can cut
 //! the body halfway. After each step the body records how far it got (a checkpoint, which also
 //! renews the lease), so the attempt that takes an abandoned claim over resumes there.
 //!
@@ -29,8 +30,8 @@
 //! started, within the settle time: each ends completed exactly once (or parked), none is left
 //! in progress, no step moved money twice, and every answer a client got is the stored one.
 //!
-//! `IDEM_CRASH_KILLS` sets the kills per store (the abandoned-work loop makes half as many) (default 50: well under two minutes for both
-//! stores); `IDEM_CRASH_SEED` the seed.
+//! `IDEM_CRASH_KILLS` sets the kills per store (the abandoned-work loop makes half as many;
+//! default 50: about a minute for the three stores); `IDEM_CRASH_SEED` the seed.
 
 mod common;
 
@@ -46,9 +47,9 @@ use axum::routing::post;
 use axum::{Json, Router};
 use idem::axum::{IdempotencyKey, IdempotencyLayer};
 use idem::completer::{Completer, Resumption};
-use idem::{ClaimRef, PgStore, RecordState, SqliteStore, Store, idempotent};
+use idem::{ClaimRef, MySqlStore, PgStore, RecordState, SqliteStore, Store, idempotent};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgPool, SqlitePool};
+use sqlx::{AssertSqlSafe, MySqlPool, PgPool, SqlitePool};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -110,30 +111,33 @@ impl Rng {
 enum Db {
     Lite(SqlitePool),
     Pg(PgPool),
+    My(MySqlPool),
 }
 
-/// Runs `$body` with `$pool` bound to whichever pool `$db` holds (the SQL is the same on both).
+/// Runs `$body` with `$pool` bound to whichever pool `$db` holds (the SQL is the same on each,
+/// through [`Db::sql`]).
 macro_rules! on_db {
     ($db:expr, $pool:ident => $body:expr) => {
         match $db {
             Db::Lite($pool) => $body,
             Db::Pg($pool) => $body,
+            Db::My($pool) => $body,
         }
     };
 }
 
 const SCHEMA: [&str; 4] = [
     // The money moves, as a gateway keeps them: one row per downstream key.
-    "CREATE TABLE moves (dkey TEXT PRIMARY KEY, key TEXT NOT NULL, step BIGINT NOT NULL, \
+    "CREATE TABLE moves (dkey VARCHAR(255) PRIMARY KEY, idem_key VARCHAR(255) NOT NULL, step BIGINT NOT NULL, \
      amount BIGINT NOT NULL, fence BIGINT NOT NULL, pid BIGINT NOT NULL)",
     // Every execution of a step, whether it moved money or found it moved: the figures.
-    "CREATE TABLE step_runs (key TEXT NOT NULL, step BIGINT NOT NULL, fence BIGINT NOT NULL, \
+    "CREATE TABLE step_runs (idem_key VARCHAR(255) NOT NULL, step BIGINT NOT NULL, fence BIGINT NOT NULL, \
      applied BIGINT NOT NULL)",
     // Every body that started: its claim, and where it resumed.
-    "CREATE TABLE runs (key TEXT NOT NULL, fence BIGINT NOT NULL, attempt BIGINT NOT NULL, \
+    "CREATE TABLE runs (idem_key VARCHAR(255) NOT NULL, fence BIGINT NOT NULL, attempt BIGINT NOT NULL, \
      reclaimed BIGINT NOT NULL, resumed_from BIGINT NOT NULL, pid BIGINT NOT NULL)",
     // Every body that lost its answer on purpose (its outcome unknown).
-    "CREATE TABLE lost_answers (key TEXT NOT NULL, fence BIGINT NOT NULL)",
+    "CREATE TABLE lost_answers (idem_key VARCHAR(255) NOT NULL, fence BIGINT NOT NULL)",
 ];
 
 fn unavailable(e: sqlx::Error) -> idem::Error {
@@ -141,6 +145,39 @@ fn unavailable(e: sqlx::Error) -> idem::Error {
 }
 
 impl Db {
+    /// `sql`, written with `$n` placeholders bound in order, in this database's terms: MySQL
+    /// numbers none (`?`).
+    fn sql(&self, sql: &str) -> AssertSqlSafe<String> {
+        let Db::My(_) = self else {
+            return AssertSqlSafe(sql.to_owned());
+        };
+        let mut out = String::with_capacity(sql.len());
+        let mut chars = sql.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
+                while chars.next_if(char::is_ascii_digit).is_some() {}
+                out.push('?');
+            } else {
+                out.push(c);
+            }
+        }
+        AssertSqlSafe(out)
+    }
+
+    /// The insert of a move that does nothing when its downstream key moved money already.
+    fn insert_move(&self) -> &'static str {
+        match self {
+            Db::My(_) => {
+                "INSERT IGNORE INTO moves (dkey, idem_key, step, amount, fence, pid) \
+                 VALUES ($1, $2, $3, $4, $5, $6)"
+            }
+            Db::Lite(_) | Db::Pg(_) => {
+                "INSERT INTO moves (dkey, idem_key, step, amount, fence, pid) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (dkey) DO NOTHING"
+            }
+        }
+    }
+
     async fn create(&self) {
         for sql in SCHEMA {
             on_db!(self, pool => {
@@ -155,9 +192,10 @@ impl Db {
         claim: &idem::ClaimInfo,
         resumed_from: u32,
     ) -> idem::Result<()> {
-        on_db!(self, pool => sqlx::query(
-            "INSERT INTO runs (key, fence, attempt, reclaimed, resumed_from, pid) VALUES ($1, $2, $3, $4, $5, $6)",
-        )
+        on_db!(self, pool => sqlx::query(self.sql(
+            "INSERT INTO runs (idem_key, fence, attempt, reclaimed, resumed_from, pid) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        ))
         .bind(key)
         .bind(claim.fence() as i64)
         .bind(i64::from(claim.attempt()))
@@ -172,7 +210,7 @@ impl Db {
     }
 
     async fn log_lost(&self, key: &str, fence: u64) -> idem::Result<()> {
-        on_db!(self, pool => sqlx::query("INSERT INTO lost_answers (key, fence) VALUES ($1, $2)")
+        on_db!(self, pool => sqlx::query(self.sql("INSERT INTO lost_answers (idem_key, fence) VALUES ($1, $2)"))
             .bind(key)
             .bind(fence as i64)
             .execute(pool)
@@ -194,10 +232,7 @@ impl Db {
     ) -> idem::Result<()> {
         on_db!(self, pool => {
             let mut tx = pool.begin().await.map_err(unavailable)?;
-            let applied = sqlx::query(
-                "INSERT INTO moves (dkey, key, step, amount, fence, pid) VALUES ($1, $2, $3, $4, $5, $6) \
-                 ON CONFLICT (dkey) DO NOTHING",
-            )
+            let applied = sqlx::query(self.sql(self.insert_move()))
             .bind(dkey)
             .bind(key)
             .bind(i64::from(step))
@@ -208,7 +243,9 @@ impl Db {
             .await
             .map_err(unavailable)?
             .rows_affected();
-            sqlx::query("INSERT INTO step_runs (key, step, fence, applied) VALUES ($1, $2, $3, $4)")
+            sqlx::query(self.sql(
+                "INSERT INTO step_runs (idem_key, step, fence, applied) VALUES ($1, $2, $3, $4)",
+            ))
                 .bind(key)
                 .bind(i64::from(step))
                 .bind(fence as i64)
@@ -223,9 +260,9 @@ impl Db {
 
     /// The moves of `key`, by step: (step, amount, fence, pid).
     async fn moves(&self, key: &str) -> Result<Vec<MoveRow>, sqlx::Error> {
-        let rows: Vec<(i64, i64, i64, i64)> = on_db!(self, pool => sqlx::query_as(
-            "SELECT step, amount, fence, pid FROM moves WHERE key = $1 ORDER BY step, fence",
-        )
+        let rows: Vec<(i64, i64, i64, i64)> = on_db!(self, pool => sqlx::query_as(self.sql(
+            "SELECT step, amount, fence, pid FROM moves WHERE idem_key = $1 ORDER BY step, fence",
+        ))
         .bind(key)
         .fetch_all(pool)
         .await?);
@@ -419,15 +456,26 @@ fn completer<S: Store + Clone>(app: App<S>) -> Completer<S> {
 /// completer, and first attempts of resumable moves sometimes lose their answer.
 async fn worker(kind: &str, target: &str, seed: u64, completing: bool) {
     let rng = Arc::new(Mutex::new(Rng(seed ^ u64::from(std::process::id()))));
-    if kind == "sqlite" {
-        let store = SqliteStore::connect(target).await.unwrap();
-        let db = Db::Lite(store.pool().clone());
-        serve(store, db, rng, completing).await;
-    } else {
-        let (url, schema) = target.split_once('#').unwrap();
-        let pool = common::PgSchema::pool_for(url, schema, 8).await;
-        let store = PgStore::builder().build(pool.clone()).await.unwrap();
-        serve(store, Db::Pg(pool), rng, completing).await;
+    match kind {
+        "sqlite" => {
+            let store = SqliteStore::connect(target).await.unwrap();
+            let db = Db::Lite(store.pool().clone());
+            serve(store, db, rng, completing).await;
+        }
+        "postgres" => {
+            let (url, schema) = target.split_once('#').unwrap();
+            let pool = common::PgSchema::pool_for(url, schema, 8).await;
+            let store = PgStore::builder().build(pool.clone()).await.unwrap();
+            serve(store, Db::Pg(pool), rng, completing).await;
+        }
+        "mysql" => {
+            // As a service connects: the store's own pool (READ COMMITTED), which the
+            // application's tables share.
+            let store = MySqlStore::connect(target).await.unwrap();
+            let db = Db::My(store.pool().clone());
+            serve(store, db, rng, completing).await;
+        }
+        other => panic!("no store {other:?}"),
     }
 }
 
@@ -502,6 +550,26 @@ fn main() {
             for name in ["postgres", "postgres_abandoned_work_is_completed"] {
                 println!(
                     "test crash_loop::{name} ... ignored, needs PostgreSQL: set DATABASE_URL=postgres://…"
+                );
+            }
+        }
+
+        if cfg!(idem_mysql) {
+            let database = common::MyDatabase::create(&common::mysql_url(), 4).await;
+            let store = MySqlStore::builder()
+                .build(database.pool.clone())
+                .await
+                .unwrap();
+            let db = Db::My(database.pool.clone());
+            db.create().await;
+            crash_loop("mysql", &database.url, &store, &db, kills, seed).await;
+            println!("test crash_loop::mysql ... ok");
+            abandon_loop("mysql", &database.url, &store, &db, abandon_kills, seed).await;
+            println!("test crash_loop::mysql_abandoned_work_is_completed ... ok");
+        } else {
+            for name in ["mysql", "mysql_abandoned_work_is_completed"] {
+                println!(
+                    "test crash_loop::{name} ... ignored, needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
                 );
             }
         }
@@ -875,7 +943,7 @@ async fn check<S: Store>(
     // By (key, step), not by downstream key: a move repeated under another downstream key is a
     // duplicate here.
     let counts: Vec<(String, i64, i64)> = on_db!(db, pool => sqlx::query_as(
-        "SELECT key, step, count(*) FROM moves GROUP BY key, step",
+        "SELECT idem_key, step, count(*) FROM moves GROUP BY idem_key, step",
     )
     .fetch_all(pool)
     .await
@@ -952,13 +1020,13 @@ struct Figures {
 /// What the bodies did: which attempts were cut, where the completing one resumed.
 async fn check_runs(kind: &str, db: &Db, keys: usize, answers: &[Moved]) -> Figures {
     let runs: Vec<(String, i64, i64)> = on_db!(db, pool => sqlx::query_as(
-        "SELECT key, fence, resumed_from FROM runs",
+        "SELECT idem_key, fence, resumed_from FROM runs",
     )
     .fetch_all(pool)
     .await
     .unwrap());
     let steps: Vec<(String, i64, i64, i64)> = on_db!(db, pool => sqlx::query_as(
-        "SELECT key, step, fence, applied FROM step_runs",
+        "SELECT idem_key, step, fence, applied FROM step_runs",
     )
     .fetch_all(pool)
     .await
@@ -1241,7 +1309,7 @@ enum End {
 /// The end of each of the first `sent` keys, read from the store and the run log.
 async fn ends<S: Store>(kind: &str, store: &S, db: &Db, sent: usize) -> Vec<(String, End)> {
     let started: Vec<(String,)> = on_db!(db, pool => sqlx::query_as(
-        "SELECT DISTINCT key FROM runs WHERE key LIKE 'abandon-%'",
+        "SELECT DISTINCT idem_key FROM runs WHERE idem_key LIKE 'abandon-%'",
     )
     .fetch_all(pool)
     .await
@@ -1287,7 +1355,7 @@ async fn check_abandoned(
     seen: &HashMap<usize, Seen>,
 ) -> AbandonedFigures {
     let counts: Vec<(String, i64, i64)> = on_db!(db, pool => sqlx::query_as(
-        "SELECT key, step, count(*) FROM moves WHERE key LIKE 'abandon-%' GROUP BY key, step",
+        "SELECT idem_key, step, count(*) FROM moves WHERE idem_key LIKE 'abandon-%' GROUP BY idem_key, step",
     )
     .fetch_all(pool)
     .await
@@ -1298,14 +1366,14 @@ async fn check_abandoned(
         "{kind}: money moved twice: {doubled:#?}"
     );
     let bodies: Vec<(String, i64)> = on_db!(db, pool => sqlx::query_as(
-        "SELECT key, count(DISTINCT fence) FROM runs WHERE key LIKE 'abandon-%' GROUP BY key",
+        "SELECT idem_key, count(DISTINCT fence) FROM runs WHERE idem_key LIKE 'abandon-%' GROUP BY idem_key",
     )
     .fetch_all(pool)
     .await
     .unwrap());
     let bodies: HashMap<String, i64> = bodies.into_iter().collect();
     let lost: Vec<(String,)> = on_db!(db, pool => sqlx::query_as(
-        "SELECT DISTINCT key FROM lost_answers WHERE key LIKE 'abandon-%'",
+        "SELECT DISTINCT idem_key FROM lost_answers WHERE idem_key LIKE 'abandon-%'",
     )
     .fetch_all(pool)
     .await

@@ -1,14 +1,15 @@
 //! Fault injection: a proxy of our own (`tests/common/proxy.rs`) sits between idem and
-//! PostgreSQL, or Redis, and cuts the connection at one chosen point of a guarded call — before a
-//! statement reaches the server, or after the server did it (committed) but before the reply
-//! arrives — at every step: the claim, the body's own SQL, the completion, the release, the
-//! checkpoint, the take-over of an abandoned claim, and in the transactional mode the commit and
-//! the rollback.
+//! PostgreSQL, MySQL (MariaDB), or Redis, and cuts the connection at one chosen point of a
+//! guarded call — before a statement reaches the server, or after the server did it (committed)
+//! but before the reply arrives — at every step: the claim, the body's own SQL, the completion,
+//! the release, the checkpoint, the take-over of an abandoned claim, and in the transactional
+//! mode the commit and the rollback.
 //!
 //! At each point a client that retries what idem says is retryable must end with:
 //! - the side effect done once: in the separate-commit mode once per downstream key (the body
-//!   records it with `INSERT … ON CONFLICT DO NOTHING` keyed by the guard's downstream key, as a
-//!   gateway dedupes), in the transactional mode its SQL committed once;
+//!   records it with `INSERT … ON CONFLICT DO NOTHING`, on MySQL `INSERT IGNORE`, keyed by the
+//!   guard's downstream key, as a gateway dedupes), in the transactional mode its SQL committed
+//!   once;
 //! - the completed answer never lost: the first call or a retry gets it, then every retry
 //!   replays it exactly (floats included);
 //! - no key left in progress past its lease (leases here are the macro's floor, one second);
@@ -26,12 +27,13 @@ use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::proxy::{Fault, Proxy, Rule};
+use common::proxy::{Fault, Proxy, Rule, Wire};
 use idem::{
-    Begun, Error, Fingerprint, Key, PgStore, Policy, RecordState, RedisStore, SharedStore, Store,
-    StoredResponse, idempotent,
+    Begun, Error, Fingerprint, Key, MySqlStore, PgStore, Policy, RecordState, RedisStore,
+    SharedStore, Store, StoredResponse, TxStore, idempotent,
 };
 use serde::{Deserialize, Serialize};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlSslMode};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 /// An amount that serde_json reads back one bit off unless it parses floats exactly.
@@ -89,11 +91,26 @@ fn assert_retryable(e: &AppError) {
     }
 }
 
-/// Where the side effects go: a table with a row per downstream key (PostgreSQL, through the
-/// proxy, so that the body's SQL can be cut too), or a map that dedupes the same way (Redis).
+/// Where the side effects go: a table with a row per downstream key (PostgreSQL and MySQL,
+/// through the proxy, so that the body's SQL can be cut too), or a map that dedupes the same way
+/// (Redis).
 enum Effects {
-    Pg { via_proxy: PgPool, direct: PgPool },
+    Pg {
+        via_proxy: PgPool,
+        direct: PgPool,
+    },
+    My {
+        via_proxy: MySqlPool,
+        direct: MySqlPool,
+    },
     Memory(Mutex<HashMap<String, u32>>),
+}
+
+/// The rig's SQL store, for the transactional mode.
+#[derive(Clone)]
+enum SqlStore {
+    Pg(PgStore),
+    My(MySqlStore),
 }
 
 /// One test's store behind a proxy, and its effects.
@@ -101,15 +118,15 @@ struct Rig {
     proxy: Proxy,
     store: SharedStore,
     /// The store of a second instance of the service: on Redis a connection of its own (the
-    /// store multiplexes one), on PostgreSQL the same pool.
+    /// store multiplexes one), on a SQL database the same pool.
     twin: SharedStore,
-    /// The same PostgreSQL store, for the transactional mode.
-    pg: Option<PgStore>,
+    /// The same SQL store, for the transactional mode.
+    sql: Option<SqlStore>,
     effects: Effects,
     /// How many times a body got as far as doing its effect, per step.
     runs: Mutex<HashMap<String, usize>>,
-    _schema: Option<common::PgSchema>,
-    _keys: Option<common::RedisKeys>,
+    /// What keeps the test's schema, database or keys alive.
+    _isolation: Box<dyn std::any::Any + Send + Sync>,
 }
 
 impl Rig {
@@ -143,18 +160,72 @@ impl Rig {
             .build(via_proxy.clone())
             .await
             .unwrap();
+        let direct = schema.pool.clone();
+        let effects = Effects::Pg { via_proxy, direct };
+        Rig::on_sql(proxy, SqlStore::Pg(pg), effects, Box::new(schema))
+    }
+
+    /// The MySQL store on a pool of its own through the proxy, with the session's defaults
+    /// (`REPEATABLE READ`) that a pool handed to `build` has.
+    async fn mysql() -> Rig {
+        let url = common::mysql_url();
+        let database = common::MyDatabase::create(&url, 4).await;
+        // The tables are created directly; the store under test reaches them only through the
+        // proxy.
+        MySqlStore::builder()
+            .build(database.pool.clone())
+            .await
+            .unwrap();
+        for ddl in [
+            "CREATE TABLE effects (dkey VARCHAR(255) PRIMARY KEY) ENGINE = InnoDB",
+            "CREATE TABLE orders (`key` VARCHAR(255) NOT NULL) ENGINE = InnoDB",
+        ] {
+            sqlx::query(ddl).execute(&database.pool).await.unwrap();
+        }
+        let proxy = Proxy::mysql(&url).await;
+        let options = MySqlConnectOptions::from_str(&database.url)
+            .unwrap()
+            .host("127.0.0.1")
+            .port(proxy.addr.port())
+            // The proxy reads the statements: no TLS, and every statement prepared with its
+            // text rather than run by the id of one prepared earlier.
+            .ssl_mode(MySqlSslMode::Disabled)
+            .statement_cache_capacity(0);
+        let via_proxy = MySqlPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect_with(options)
+            .await
+            .unwrap();
+        let my = MySqlStore::builder()
+            .create_table(false)
+            .build(via_proxy.clone())
+            .await
+            .unwrap();
+        let direct = database.pool.clone();
+        let effects = Effects::My { via_proxy, direct };
+        Rig::on_sql(proxy, SqlStore::My(my), effects, Box::new(database))
+    }
+
+    /// The rig of `sql`, reached through `proxy`; both instances of the service share its pool.
+    fn on_sql(
+        proxy: Proxy,
+        sql: SqlStore,
+        effects: Effects,
+        isolation: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Rig {
+        let store = match &sql {
+            SqlStore::Pg(pg) => SharedStore::new(pg.clone()),
+            SqlStore::My(my) => SharedStore::new(my.clone()),
+        };
         Rig {
             proxy,
-            store: SharedStore::new(pg.clone()),
-            twin: SharedStore::new(pg.clone()),
-            pg: Some(pg),
-            effects: Effects::Pg {
-                via_proxy,
-                direct: schema.pool.clone(),
-            },
+            twin: store.clone(),
+            store,
+            sql: Some(sql),
+            effects,
             runs: Mutex::default(),
-            _schema: Some(schema),
-            _keys: None,
+            _isolation: isolation,
         }
     }
 
@@ -208,11 +279,10 @@ impl Rig {
             proxy,
             store: SharedStore::new(store),
             twin: SharedStore::new(twin),
-            pg: None,
+            sql: None,
             effects: Effects::Memory(Mutex::default()),
             runs: Mutex::default(),
-            _schema: None,
-            _keys: Some(keys),
+            _isolation: Box::new(keys),
         }
     }
 
@@ -227,6 +297,13 @@ impl Rig {
         match &self.effects {
             Effects::Pg { via_proxy, .. } => {
                 sqlx::query("INSERT INTO effects (dkey) VALUES ($1) ON CONFLICT (dkey) DO NOTHING")
+                    .bind(dkey)
+                    .execute(via_proxy)
+                    .await
+                    .map_err(AppError::Downstream)?;
+            }
+            Effects::My { via_proxy, .. } => {
+                sqlx::query("INSERT IGNORE INTO effects (dkey) VALUES (?)")
                     .bind(dkey)
                     .execute(via_proxy)
                     .await
@@ -249,7 +326,35 @@ impl Rig {
                     .await
                     .unwrap()
             }
+            Effects::My { direct, .. } => {
+                sqlx::query_scalar("SELECT count(*) FROM effects WHERE dkey = ?")
+                    .bind(dkey)
+                    .fetch_one(direct)
+                    .await
+                    .unwrap()
+            }
             Effects::Memory(done) => i64::from(*done.lock().unwrap().get(dkey).unwrap_or(&0)),
+        }
+    }
+
+    /// How many orders of `key` are committed (the transactional mode).
+    async fn orders(&self, key: &str) -> i64 {
+        match &self.effects {
+            Effects::Pg { direct, .. } => {
+                sqlx::query_scalar("SELECT count(*) FROM orders WHERE key = $1")
+                    .bind(key)
+                    .fetch_one(direct)
+                    .await
+                    .unwrap()
+            }
+            Effects::My { direct, .. } => {
+                sqlx::query_scalar("SELECT count(*) FROM orders WHERE `key` = ?")
+                    .bind(key)
+                    .fetch_one(direct)
+                    .await
+                    .unwrap()
+            }
+            Effects::Memory(_) => unreachable!("the transactional mode runs on SQL stores"),
         }
     }
 
@@ -337,6 +442,9 @@ enum Step {
     Release,
     Checkpoint,
     TakeOver,
+    /// On MySQL, which returns no row from an `UPDATE`: the read of the row a take-over wrote,
+    /// on the same connection (the take-over committed before it).
+    TakeOverRead,
     Commit,
     Rollback,
 }
@@ -350,8 +458,35 @@ fn pg_needles(step: Step) -> Vec<&'static [u8]> {
         Step::Release => vec![b"SET state = 'released'"],
         Step::Checkpoint => vec![b"SET recovery_point = $4"],
         Step::TakeOver => vec![b"SET fence = fence + 1"],
+        Step::TakeOverRead => unreachable!("a take-over on PostgreSQL returns its row"),
         Step::Commit => vec![b"COMMIT"],
         Step::Rollback => vec![b"ROLLBACK"],
+    }
+}
+
+/// The needles of `step`'s write on MySQL: its statements as the MySQL dialect writes them.
+fn mysql_needles(step: Step) -> Vec<&'static [u8]> {
+    match step {
+        Step::Claim => vec![b"ON DUPLICATE KEY UPDATE fence = fence + LAST_INSERT_ID(0)"],
+        Step::Body => vec![b"INSERT IGNORE INTO effects"],
+        Step::Complete => vec![b"SET state = 'completed'"],
+        Step::Release => vec![b"SET state = 'released'"],
+        Step::Checkpoint => vec![b"SET recovery_point = ?"],
+        Step::TakeOver => vec![b"SET fence = LAST_INSERT_ID(fence + 1)"],
+        Step::TakeOverRead => vec![b"AND fence = LAST_INSERT_ID()"],
+        // The whole `COM_QUERY` packet (length 7 or 9, sequence 0, command 3): the statement
+        // that opens a guarded transaction says `READ COMMITTED`.
+        Step::Commit => vec![b"\x07\x00\x00\x00\x03COMMIT"],
+        Step::Rollback => vec![b"\x09\x00\x00\x00\x03ROLLBACK"],
+    }
+}
+
+/// The needles of `step`'s write on the SQL database behind `wire`.
+fn sql_needles(wire: Wire, step: Step) -> Vec<&'static [u8]> {
+    match wire {
+        Wire::Postgres => pg_needles(step),
+        Wire::Mysql => mysql_needles(step),
+        Wire::Redis | Wire::Amqp => unreachable!("not a SQL database"),
     }
 }
 
@@ -365,15 +500,19 @@ fn redis_needles(step: Step, key: &str, fingerprint: &[u8]) -> Vec<Vec<u8>> {
         Step::Complete => vec![b"EVALSHA".to_vec(), key, b"\"amount\"".to_vec()],
         Step::Release => vec![b"*6\r\n$7\r\nEVALSHA".to_vec(), key],
         Step::Checkpoint => vec![b"EVALSHA".to_vec(), key, b"step-1".to_vec()],
-        Step::Body | Step::Commit | Step::Rollback => unreachable!("no Redis write"),
+        Step::Body | Step::TakeOverRead | Step::Commit | Step::Rollback => {
+            unreachable!("no Redis write")
+        }
     }
 }
 
 fn rule(rig: &Rig, step: Step, key: &str, fingerprint: &[u8], fault: Fault) -> Rule {
     let needles = match rig.proxy.wire() {
-        common::proxy::Wire::Postgres => pg_needles(step).iter().map(|n| n.to_vec()).collect(),
-        common::proxy::Wire::Redis => redis_needles(step, key, fingerprint),
-        common::proxy::Wire::Amqp => unreachable!("the rig proxies stores, not a broker"),
+        wire @ (Wire::Postgres | Wire::Mysql) => {
+            sql_needles(wire, step).iter().map(|n| n.to_vec()).collect()
+        }
+        Wire::Redis => redis_needles(step, key, fingerprint),
+        Wire::Amqp => unreachable!("the rig proxies stores, not a broker"),
     };
     Rule {
         needles,
@@ -466,9 +605,9 @@ async fn stalled_completion(rig: Rig) {
     let fp = charge_fingerprint(&rig, id).await;
     // Past the lease, with room for the take-over; within Redis's response timeout.
     let stall = match rig.proxy.wire() {
-        common::proxy::Wire::Postgres => LEASE * 2,
-        common::proxy::Wire::Redis => LEASE * 3 / 2,
-        common::proxy::Wire::Amqp => unreachable!("the rig proxies stores, not a broker"),
+        Wire::Postgres | Wire::Mysql => LEASE * 2,
+        Wire::Redis => LEASE * 3 / 2,
+        Wire::Amqp => unreachable!("the rig proxies stores, not a broker"),
     };
     rig.proxy
         .inject(rule(&rig, Step::Complete, key, &fp, Fault::Stall(stall)));
@@ -567,6 +706,11 @@ async fn checkpoint(rig: Rig, fault: Fault) {
 /// A claim abandoned after its checkpoint; the take-over after its lease meets the fault. The
 /// retry still resumes at step 2: step 1 ran once, step 2 once.
 async fn take_over(rig: Rig, fault: Fault) {
+    take_over_at(rig, Step::TakeOver, fault).await
+}
+
+/// [`take_over`] with the fault at `step`: the take-over's write, or on MySQL the read after it.
+async fn take_over_at(rig: Rig, step: Step, fault: Fault) {
     let key = "k-take-over";
     let fp = two_step_fingerprint();
     assert!(matches!(
@@ -578,7 +722,7 @@ async fn take_over(rig: Rig, fault: Fault) {
     // The abandoned claim is live for its lease; the fault is set for what follows.
     tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
     rig.proxy
-        .inject(rule(&rig, Step::TakeOver, key, fp.as_bytes(), fault));
+        .inject(rule(&rig, step, key, fp.as_bytes(), fault));
     let first = two_steps(&rig, key, false).await;
     assert!(first.is_err(), "the take-over fault reached the caller");
     assert_retryable(&first.unwrap_err());
@@ -588,7 +732,7 @@ async fn take_over(rig: Rig, fault: Fault) {
         took < LEASE * 2 + Duration::from_secs(1),
         "{took:?} {seen:?}"
     );
-    if fault == Fault::CutAfterReply {
+    if fault == Fault::CutAfterReply || step == Step::TakeOverRead {
         assert!(
             seen.iter().any(|e| e.contains("InProgress")),
             "the take-over whose reply was lost holds a live claim: {seen:?}"
@@ -602,15 +746,39 @@ async fn take_over(rig: Rig, fault: Fault) {
     rig.assert_completed(TWO_STEPS, key, &answer).await;
 }
 
-// ---- the transactional mode (PostgreSQL) ---------------------------------------------------------
+// ---- the transactional mode (PostgreSQL, MySQL) -------------------------------------------------
+
+/// The transaction a guarded body gets on `S`.
+type Tx<S> = sqlx::Transaction<'static, <S as TxStore>::Database>;
+
+/// A store of the transactional mode, and the body's insert in its database's SQL.
+trait Orders: TxStore + Clone + Send + Sync + 'static {
+    fn insert(tx: &mut Tx<Self>, key: &str) -> impl Future<Output = sqlx::Result<()>> + Send;
+}
+
+impl Orders for PgStore {
+    async fn insert(tx: &mut Tx<Self>, key: &str) -> sqlx::Result<()> {
+        sqlx::query("INSERT INTO orders (key) VALUES ($1)")
+            .bind(key)
+            .execute(&mut **tx)
+            .await
+            .map(drop)
+    }
+}
+
+impl Orders for MySqlStore {
+    async fn insert(tx: &mut Tx<Self>, key: &str) -> sqlx::Result<()> {
+        sqlx::query("INSERT INTO orders (`key`) VALUES (?)")
+            .bind(key)
+            .execute(&mut **tx)
+            .await
+            .map(drop)
+    }
+}
 
 #[idempotent(scope = "order:<id>", key = key, store = store, lease = "1s", retain = "1m", skip(fail), transaction = tx)]
-async fn order(store: &PgStore, id: u32, key: &str, fail: bool) -> Result<Receipt, AppError> {
-    sqlx::query("INSERT INTO orders (key) VALUES ($1)")
-        .bind(key)
-        .execute(&mut **tx)
-        .await
-        .map_err(AppError::Downstream)?;
+async fn order<S: Orders>(store: &S, id: u32, key: &str, fail: bool) -> Result<Receipt, AppError> {
+    S::insert(tx, key).await.map_err(AppError::Downstream)?;
     if fail {
         return Err(AppError::Forced);
     }
@@ -619,53 +787,49 @@ async fn order(store: &PgStore, id: u32, key: &str, fail: bool) -> Result<Receip
 
 /// A fault at `step` of a transactional call: the body's SQL committed once, with the record.
 async fn transactional(rig: Rig, step: Step, fault: Fault) {
+    match rig.sql.clone().expect("a SQL store") {
+        SqlStore::Pg(store) => transactional_on(&rig, &store, step, fault).await,
+        SqlStore::My(store) => transactional_on(&rig, &store, step, fault).await,
+    }
+}
+
+async fn transactional_on<S: Orders>(rig: &Rig, store: &S, step: Step, fault: Fault) {
     let id = 9;
     let key = "k-tx";
-    let store = rig.pg.clone().unwrap();
     let needles = if step == Step::Body {
         vec![&b"INSERT INTO orders"[..]]
     } else {
-        pg_needles(step)
+        sql_needles(rig.proxy.wire(), step)
     };
     rig.proxy.inject(Rule::first(&needles, fault));
-    let first = order(&store, id, key, step == Step::Rollback).await;
+    let first = order(store, id, key, step == Step::Rollback).await;
     match (step, &first) {
         (Step::Rollback, Err(AppError::Forced)) => {}
         (_, Ok(_)) => panic!("the {step:?} fault did not reach the caller"),
         (_, Err(e)) => assert_retryable(e),
     }
     rig.assert_injected();
-    let Effects::Pg { direct, .. } = &rig.effects else {
-        unreachable!()
-    };
-    let rows = || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM orders WHERE key = $1")
-            .bind(key)
-            .fetch_one(direct)
-            .await
-            .unwrap()
-    };
     // Only a COMMIT whose reply was lost committed; every other cut rolled everything back
     // (a cut rollback is the database's to finish when it sees the connection gone).
     let committed = i64::from((step, fault) == (Step::Commit, Fault::CutAfterReply));
     assert_eq!(
-        rows().await,
+        rig.orders(key).await,
         committed,
         "{step:?}/{fault:?}: after the fault"
     );
-    let (answer, took, seen) = settle(|| order(&store, id, key, false)).await;
+    let (answer, took, seen) = settle(|| order(store, id, key, false)).await;
     assert!(
         took < LEASE * 2 + Duration::from_secs(1),
         "{took:?} {seen:?}"
     );
     assert_eq!(
-        rows().await,
+        rig.orders(key).await,
         1,
         "{step:?}/{fault:?}: the body's SQL committed once"
     );
     rig.assert_completed(&format!("order:{id}"), key, &answer)
         .await;
-    let replay = order(&store, id, key, false).await.unwrap();
+    let replay = order(store, id, key, false).await.unwrap();
     assert_eq!(replay, answer);
     assert_eq!(replay.amount.to_bits(), answer.amount.to_bits());
 }
@@ -680,12 +844,43 @@ async fn within_a_minute<F: Future<Output = ()>>(test: F) {
         .expect("the test hung for a minute")
 }
 
-macro_rules! pg_tests {
-    ($($name:ident: $run:expr;)*) => {$(
-        #[cfg_attr(not(idem_postgres), ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…")]
+/// Every case of the SQL stores, on the rig `$rig` makes (one module per database, each case
+/// under the same name), and the cases `$extra` of that database alone; `$attr` (which says
+/// when the database is missing) goes on each.
+macro_rules! sql_tests {
+    (#[$attr:meta] $rig:path; $($extra:tt)*) => {
+        sql_tests! { @cases #[$attr] $rig;
+            claim_cut_before: |rig| separate(rig, Step::Claim, Fault::CutBefore);
+            claim_reply_lost: |rig| separate(rig, Step::Claim, Fault::CutAfterReply);
+            body_sql_cut_before: |rig| separate(rig, Step::Body, Fault::CutBefore);
+            body_sql_reply_lost: |rig| separate(rig, Step::Body, Fault::CutAfterReply);
+            complete_cut_before: |rig| separate(rig, Step::Complete, Fault::CutBefore);
+            complete_reply_lost: |rig| separate(rig, Step::Complete, Fault::CutAfterReply);
+            release_cut_before: |rig| separate(rig, Step::Release, Fault::CutBefore);
+            release_reply_lost: |rig| separate(rig, Step::Release, Fault::CutAfterReply);
+            complete_stalled_past_the_lease: stalled_completion;
+            checkpoint_cut_before: |rig| checkpoint(rig, Fault::CutBefore);
+            checkpoint_reply_lost: |rig| checkpoint(rig, Fault::CutAfterReply);
+            take_over_cut_before: |rig| take_over(rig, Fault::CutBefore);
+            take_over_reply_lost: |rig| take_over(rig, Fault::CutAfterReply);
+            tx_claim_cut_before: |rig| transactional(rig, Step::Claim, Fault::CutBefore);
+            tx_claim_reply_lost: |rig| transactional(rig, Step::Claim, Fault::CutAfterReply);
+            tx_body_sql_cut_before: |rig| transactional(rig, Step::Body, Fault::CutBefore);
+            tx_body_sql_reply_lost: |rig| transactional(rig, Step::Body, Fault::CutAfterReply);
+            tx_complete_cut_before: |rig| transactional(rig, Step::Complete, Fault::CutBefore);
+            tx_complete_reply_lost: |rig| transactional(rig, Step::Complete, Fault::CutAfterReply);
+            tx_commit_cut_before: |rig| transactional(rig, Step::Commit, Fault::CutBefore);
+            tx_commit_reply_lost: |rig| transactional(rig, Step::Commit, Fault::CutAfterReply);
+            tx_rollback_cut_before: |rig| transactional(rig, Step::Rollback, Fault::CutBefore);
+            tx_rollback_reply_lost: |rig| transactional(rig, Step::Rollback, Fault::CutAfterReply);
+            $($extra)*
+        }
+    };
+    (@cases #[$attr:meta] $rig:path; $($name:ident: $run:expr;)*) => {$(
+        #[$attr]
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
-            within_a_minute(async { ($run)(Rig::pg().await).await }).await;
+            within_a_minute(async { ($run)($rig().await).await }).await;
         }
     )*};
 }
@@ -699,31 +894,26 @@ macro_rules! redis_tests {
         }
     )*};
 }
+mod postgres {
+    use super::*;
 
-pg_tests! {
-    pg_claim_cut_before: |rig| separate(rig, Step::Claim, Fault::CutBefore);
-    pg_claim_reply_lost: |rig| separate(rig, Step::Claim, Fault::CutAfterReply);
-    pg_body_sql_cut_before: |rig| separate(rig, Step::Body, Fault::CutBefore);
-    pg_body_sql_reply_lost: |rig| separate(rig, Step::Body, Fault::CutAfterReply);
-    pg_complete_cut_before: |rig| separate(rig, Step::Complete, Fault::CutBefore);
-    pg_complete_reply_lost: |rig| separate(rig, Step::Complete, Fault::CutAfterReply);
-    pg_release_cut_before: |rig| separate(rig, Step::Release, Fault::CutBefore);
-    pg_release_reply_lost: |rig| separate(rig, Step::Release, Fault::CutAfterReply);
-    pg_complete_stalled_past_the_lease: stalled_completion;
-    pg_checkpoint_cut_before: |rig| checkpoint(rig, Fault::CutBefore);
-    pg_checkpoint_reply_lost: |rig| checkpoint(rig, Fault::CutAfterReply);
-    pg_take_over_cut_before: |rig| take_over(rig, Fault::CutBefore);
-    pg_take_over_reply_lost: |rig| take_over(rig, Fault::CutAfterReply);
-    pg_tx_claim_cut_before: |rig| transactional(rig, Step::Claim, Fault::CutBefore);
-    pg_tx_claim_reply_lost: |rig| transactional(rig, Step::Claim, Fault::CutAfterReply);
-    pg_tx_body_sql_cut_before: |rig| transactional(rig, Step::Body, Fault::CutBefore);
-    pg_tx_body_sql_reply_lost: |rig| transactional(rig, Step::Body, Fault::CutAfterReply);
-    pg_tx_complete_cut_before: |rig| transactional(rig, Step::Complete, Fault::CutBefore);
-    pg_tx_complete_reply_lost: |rig| transactional(rig, Step::Complete, Fault::CutAfterReply);
-    pg_tx_commit_cut_before: |rig| transactional(rig, Step::Commit, Fault::CutBefore);
-    pg_tx_commit_reply_lost: |rig| transactional(rig, Step::Commit, Fault::CutAfterReply);
-    pg_tx_rollback_cut_before: |rig| transactional(rig, Step::Rollback, Fault::CutBefore);
-    pg_tx_rollback_reply_lost: |rig| transactional(rig, Step::Rollback, Fault::CutAfterReply);
+    sql_tests! {
+        #[cfg_attr(not(idem_postgres), ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…")]
+        Rig::pg;
+    }
+}
+
+mod mysql {
+    use super::*;
+
+    sql_tests! {
+        #[cfg_attr(not(idem_mysql), ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…")]
+        Rig::mysql;
+        take_over_read_cut_before: |rig| take_over_at(rig, Step::TakeOverRead, Fault::CutBefore);
+        take_over_read_reply_lost: |rig| {
+            take_over_at(rig, Step::TakeOverRead, Fault::CutAfterReply)
+        };
+    }
 }
 
 redis_tests! {
@@ -755,7 +945,7 @@ async fn create_sqlite(
 }
 
 #[idempotent(scope = "created:<id>", key = key, store = store)]
-async fn create_pg(store: &PgStore, id: u32, key: &str) -> Result<Receipt, Error> {
+async fn create<S: Store + Clone>(store: &S, id: u32, key: &str) -> Result<Receipt, Error> {
     Ok(Receipt::new(id, String::new()))
 }
 
@@ -787,35 +977,21 @@ async fn a_stored_status_that_does_not_decode_is_an_error() {
 
 /// A NULL where a record must have a value (a hand-edited row, a table created by hand without
 /// the constraints) is an error that names the record: the body does not run on it, and nothing
-/// is replayed in its place.
-#[cfg_attr(
-    not(idem_postgres),
-    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
-)]
-#[tokio::test]
-async fn nulls_in_a_record_are_errors_naming_it() {
-    let url = common::pg_url();
-    let schema = common::PgSchema::create(&url, 2).await;
-    let store = PgStore::builder().build(schema.pool.clone()).await.unwrap();
-    create_pg(&store, 5, "k-null").await.unwrap();
-    for (column, null) in [
-        (
-            "response_body",
-            "UPDATE idem_records SET response_body = NULL",
-        ),
-        ("fence", "UPDATE idem_records SET fence = NULL"),
-        ("fingerprint", "UPDATE idem_records SET fingerprint = NULL"),
-    ] {
-        let mut tx = schema.pool.begin().await.unwrap();
-        for stmt in [
-            "ALTER TABLE idem_records ALTER COLUMN fence DROP NOT NULL",
-            "ALTER TABLE idem_records ALTER COLUMN fingerprint DROP NOT NULL",
-            null,
-        ] {
-            sqlx::query(stmt).execute(&mut *tx).await.unwrap();
-        }
-        tx.commit().await.unwrap();
-        let e = create_pg(&store, 5, "k-null").await.unwrap_err();
+/// is replayed in its place. `run` runs a statement on the store's table behind its back;
+/// `loosen` drops the constraints that keep NULLs out.
+async fn nulls_in_a_record_are_errors_naming_it<S, F, Fut>(store: &S, run: F, loosen: [&str; 2])
+where
+    S: Store + Clone,
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    create(store, 5, "k-null").await.unwrap();
+    for stmt in loosen {
+        run(stmt.to_owned()).await;
+    }
+    for column in ["response_body", "fence", "fingerprint"] {
+        run(format!("UPDATE idem_records SET {column} = NULL")).await;
+        let e = create(store, 5, "k-null").await.unwrap_err();
         assert!(matches!(e, Error::Store(_)), "{column}: {e:?}");
         let text = e.to_string();
         assert!(
@@ -823,10 +999,53 @@ async fn nulls_in_a_record_are_errors_naming_it() {
             "{column}: the error names the record: {text}"
         );
         // Put the row back for the next column.
-        sqlx::query("DELETE FROM idem_records")
+        run("DELETE FROM idem_records".to_owned()).await;
+        create(store, 5, "k-null").await.unwrap();
+    }
+}
+
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+#[tokio::test]
+async fn postgres_nulls_in_a_record_are_errors_naming_it() {
+    let url = common::pg_url();
+    let schema = common::PgSchema::create(&url, 2).await;
+    let store = PgStore::builder().build(schema.pool.clone()).await.unwrap();
+    let run = |sql: String| async {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
             .execute(&schema.pool)
             .await
             .unwrap();
-        create_pg(&store, 5, "k-null").await.unwrap();
-    }
+    };
+    let loosen = [
+        "ALTER TABLE idem_records ALTER COLUMN fence DROP NOT NULL",
+        "ALTER TABLE idem_records ALTER COLUMN fingerprint DROP NOT NULL",
+    ];
+    nulls_in_a_record_are_errors_naming_it(&store, run, loosen).await;
+}
+
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+#[tokio::test]
+async fn mysql_nulls_in_a_record_are_errors_naming_it() {
+    let database = common::MyDatabase::create(&common::mysql_url(), 2).await;
+    let store = MySqlStore::builder()
+        .build(database.pool.clone())
+        .await
+        .unwrap();
+    let run = |sql: String| async {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&database.pool)
+            .await
+            .unwrap();
+    };
+    let loosen = [
+        "ALTER TABLE idem_records MODIFY fence BIGINT NULL",
+        "ALTER TABLE idem_records MODIFY fingerprint VARBINARY(64) NULL",
+    ];
+    nulls_in_a_record_are_errors_naming_it(&store, run, loosen).await;
 }

@@ -1,6 +1,6 @@
 //! Records expire by default: the SQL stores purge expired records in the background with
-//! nothing started by the user (SQLite, and PostgreSQL in a schema of its own), the opt-out
-//! keeps them, the purge task ends with the last handle of its store and survives a failing
+//! nothing started by the user (SQLite, PostgreSQL in a schema of its own, MySQL in a database of
+//! its own), the opt-out keeps them, the purge task ends with the last handle of its store and survives a failing
 //! round; the memory store purges as it is used.
 
 mod common;
@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem::{
-    BeginOutcome, BeginRequest, ClaimRef, Fingerprint, ManualClock, MemoryStore, PgStore, Policy,
-    SqliteStore, Store, StoredResponse,
+    BeginOutcome, BeginRequest, ClaimRef, Fingerprint, ManualClock, MemoryStore, MySqlStore,
+    PgStore, Policy, SqliteStore, Store, StoredResponse,
 };
 
 /// Leases and retention short enough for a test to outlive them.
@@ -75,6 +75,44 @@ async fn pg_rows(pool: &sqlx::PgPool) -> i64 {
         .unwrap()
 }
 
+async fn mysql_rows(pool: &sqlx::MySqlPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM idem_records")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// A store purging every 100 ms by itself: what expired goes, the live record stays.
+async fn purges_expired_records_by_itself<S, F, Fut>(store: &S, rows: F)
+where
+    S: Store,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = i64>,
+{
+    write(store, "short", 50, &SHORT).await;
+    write(store, "long", 1, &Policy::DEFAULT).await;
+    let left = until(1, rows).await;
+    assert_eq!(
+        left, 1,
+        "the expired records were purged, the live one kept"
+    );
+    assert!(store.lookup("s", "long-0").await.unwrap().is_some());
+}
+
+/// A store whose background purge is off (every 50 ms were it on): nothing goes until asked.
+async fn without_background_purge_keeps_expired_records<S, F, Fut>(store: &S, mut rows: F)
+where
+    S: Store,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = i64>,
+{
+    write(store, "short", 20, &SHORT).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(rows().await, 20, "nothing purged in the background");
+    assert!(store.lookup("s", "short-0").await.unwrap().is_none());
+    assert_eq!(store.purge_expired().await.unwrap(), 20);
+}
+
 /// Inserts `n` records whose retention ended a day ago, behind the store's back.
 async fn sqlite_insert_expired(pool: &sqlx::SqlitePool, prefix: &str, n: i64) {
     sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -97,14 +135,7 @@ async fn sqlite_purges_expired_records_by_itself() {
         .connect(&file.url)
         .await
         .unwrap();
-    write(&store, "short", 50, &SHORT).await;
-    write(&store, "long", 1, &Policy::DEFAULT).await;
-    let left = until(1, || sqlite_rows(store.pool())).await;
-    assert_eq!(
-        left, 1,
-        "the expired records were purged, the live one kept"
-    );
-    assert!(store.lookup("s", "long-0").await.unwrap().is_some());
+    purges_expired_records_by_itself(&store, || sqlite_rows(store.pool())).await;
 }
 
 #[tokio::test]
@@ -116,15 +147,7 @@ async fn sqlite_without_background_purge_keeps_expired_records() {
         .connect(&file.url)
         .await
         .unwrap();
-    write(&store, "short", 20, &SHORT).await;
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
-    assert_eq!(
-        sqlite_rows(store.pool()).await,
-        20,
-        "nothing purged in the background"
-    );
-    assert!(store.lookup("s", "short-0").await.unwrap().is_none());
-    assert_eq!(store.purge_expired().await.unwrap(), 20);
+    without_background_purge_keeps_expired_records(&store, || sqlite_rows(store.pool())).await;
 }
 
 #[tokio::test]
@@ -252,14 +275,7 @@ async fn postgres_purges_expired_records_by_itself() {
         .build(schema.pool.clone())
         .await
         .unwrap();
-    write(&store, "short", 50, &SHORT).await;
-    write(&store, "long", 1, &Policy::DEFAULT).await;
-    let left = until(1, || pg_rows(&schema.pool)).await;
-    assert_eq!(
-        left, 1,
-        "the expired records were purged, the live one kept"
-    );
-    assert!(store.lookup("s", "long-0").await.unwrap().is_some());
+    purges_expired_records_by_itself(&store, || pg_rows(&schema.pool)).await;
 }
 
 #[tokio::test]
@@ -275,10 +291,75 @@ async fn postgres_without_background_purge_keeps_expired_records() {
         .build(schema.pool.clone())
         .await
         .unwrap();
-    write(&store, "short", 20, &SHORT).await;
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
-    assert_eq!(pg_rows(&schema.pool).await, 20, "nothing purged");
-    assert_eq!(store.purge_expired().await.unwrap(), 20);
+    without_background_purge_keeps_expired_records(&store, || pg_rows(&schema.pool)).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+async fn mysql_purges_expired_records_by_itself() {
+    let database = common::MyDatabase::create(&common::mysql_url(), 4).await;
+    let store = MySqlStore::builder()
+        .purge_every(Duration::from_millis(100))
+        .build(database.pool.clone())
+        .await
+        .unwrap();
+    purges_expired_records_by_itself(&store, || mysql_rows(&database.pool)).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+async fn mysql_without_background_purge_keeps_expired_records() {
+    let database = common::MyDatabase::create(&common::mysql_url(), 4).await;
+    let store = MySqlStore::builder()
+        .purge_every(Duration::from_millis(50))
+        .background_purge(false)
+        .build(database.pool.clone())
+        .await
+        .unwrap();
+    without_background_purge_keeps_expired_records(&store, || mysql_rows(&database.pool)).await;
+}
+
+/// MySQL deletes expired records 1,000 at a time (`DELETE … LIMIT`): a purge goes on until a
+/// batch comes back short, and the live record stays.
+#[tokio::test]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+async fn mysql_purges_batch_after_batch() {
+    let database = common::MyDatabase::create(&common::mysql_url(), 4).await;
+    let store = MySqlStore::builder()
+        .background_purge(false)
+        .build(database.pool.clone())
+        .await
+        .unwrap();
+    write(&store, "long", 1, &Policy::DEFAULT).await;
+    // 2,500 records whose retention ended long ago, behind the store's back.
+    for chunk in 0..5 {
+        let rows: Vec<String> = (0..500)
+            .map(|i| {
+                format!("('old', 'old-{chunk}-{i}', REPEAT('a', 32), 'completed', 1, 0, 1, 0, 0)")
+            })
+            .collect();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO idem_records (scope, `key`, fingerprint, state, fence, lease_until, \
+             expires_at, created_at, updated_at) VALUES {}",
+            rows.join(", ")
+        )))
+        .execute(&database.pool)
+        .await
+        .unwrap();
+    }
+    assert_eq!(mysql_rows(&database.pool).await, 2_501);
+    assert_eq!(store.purge_expired().await.unwrap(), 2_500);
+    assert_eq!(mysql_rows(&database.pool).await, 1, "the live record stays");
+    assert!(store.lookup("s", "long-0").await.unwrap().is_some());
 }
 
 /// The memory store purges as it is used: the first claim a minute after the last purge

@@ -1,14 +1,18 @@
-//! A TCP proxy that sits between the code under test and PostgreSQL, Redis or RabbitMQ and
-//! injects one fault at a chosen point: it cuts the connection before a statement reaches the server, cuts
-//! it after the server did the work but before the reply reaches the client, or stalls it.
+//! A TCP proxy that sits between the code under test and PostgreSQL, MySQL, Redis or RabbitMQ
+//! and injects one fault at a chosen point: it cuts the connection before a statement reaches
+//! the server, cuts it after the server did the work but before the reply reaches the client,
+//! or stalls it.
 //!
 //! A point is chosen by the bytes the client writes: a [`Rule`] matches a client write that
 //! contains every one of its needles (a statement's SQL text, a script's arguments) and acts on
 //! its `nth` match, counted over every connection through the proxy. On PostgreSQL the fault
 //! applies to the first write of that connection, from the matching one on, that executes
 //! something (an `Execute` or a simple `Query` message): sqlx sends a statement's text in a
-//! `Parse` and runs it in a later `Bind`/`Execute` write. On Redis and RabbitMQ it applies to
-//! the matching write itself.
+//! `Parse` and runs it in a later `Bind`/`Execute` write. On MySQL likewise the first command that
+//! executes (`COM_STMT_EXECUTE` or `COM_QUERY`): with its statement cache off, sqlx sends a
+//! statement's text in a `COM_STMT_PREPARE` and runs it by statement id in the next write, and
+//! a transaction's `BEGIN`, `COMMIT` and `ROLLBACK` as `COM_QUERY`. On Redis and RabbitMQ it
+//! applies to the matching write itself.
 //!
 //! Rules can be added while traffic flows; each fires once. [`Proxy::fired`] says how many did,
 //! so a test can check that its fault was really injected.
@@ -37,6 +41,9 @@ pub enum Fault {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wire {
     Postgres,
+    /// MySQL's client/server protocol, without TLS (the client connects with
+    /// `ssl-mode=DISABLED`, or the proxy sees only ciphertext).
+    Mysql,
     Redis,
     /// AMQP 0.9.1 (RabbitMQ): a fault applies to the matching write itself (a publish's
     /// frames carry its `message_id`).
@@ -151,6 +158,11 @@ impl Proxy {
         Proxy::start(&upstream_of(url, 5432), Wire::Postgres).await
     }
 
+    /// The proxy of the MySQL (or MariaDB) server of `url`.
+    pub async fn mysql(url: &str) -> Proxy {
+        Proxy::start(&upstream_of(url, 3306), Wire::Mysql).await
+    }
+
     /// The proxy of the Redis server of `url`.
     pub async fn redis(url: &str) -> Proxy {
         Proxy::start(&upstream_of(url, 6379), Wire::Redis).await
@@ -225,7 +237,8 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 }
 
 /// Whether a client write runs something: on PostgreSQL, it holds an `Execute` ('E') or a simple
-/// `Query` ('Q') message; on Redis, every command write does.
+/// `Query` ('Q') message; on MySQL, a command packet (sequence number 0) that is a
+/// `COM_STMT_EXECUTE` (0x17) or a `COM_QUERY` (0x03); on Redis, every command write does.
 fn executes(wire: Wire, chunk: &[u8]) -> bool {
     match wire {
         Wire::Redis | Wire::Amqp => true,
@@ -241,6 +254,21 @@ fn executes(wire: Wire, chunk: &[u8]) -> bool {
                     return false;
                 }
                 at += 1 + len;
+            }
+            false
+        }
+        Wire::Mysql => {
+            // Each packet: a 3-byte little-endian payload length, a sequence number, the
+            // payload, whose first byte is the command.
+            let mut at = 0;
+            while at + 5 <= chunk.len() {
+                let len = usize::from(chunk[at])
+                    | usize::from(chunk[at + 1]) << 8
+                    | usize::from(chunk[at + 2]) << 16;
+                if chunk[at + 3] == 0 && matches!(chunk[at + 4], 0x03 | 0x17) {
+                    return true;
+                }
+                at += 4 + len;
             }
             false
         }
