@@ -6,7 +6,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::types::{Backend, TypeFamily};
+use super::Database;
+use super::types::TypeFamily;
 
 /// The schema that unqualified names are created in (PostgreSQL's default `search_path`).
 pub const DEFAULT_SCHEMA: &str = "public";
@@ -173,11 +174,11 @@ impl Column {
         &self.declared_type
     }
 
-    /// The declared type's family under `backend`; a PostgreSQL enum column is `Enum`.
-    pub fn family(&self, backend: Backend) -> TypeFamily {
-        match (&self.enum_type, backend) {
-            (Some(t), Backend::Postgres) => TypeFamily::Enum(t.clone()),
-            _ => TypeFamily::classify(&self.declared_type, backend),
+    /// The declared type's family on `database`; a PostgreSQL enum column is `Enum`.
+    pub fn family(&self, database: Database) -> TypeFamily {
+        match (&self.enum_type, database) {
+            (Some(t), Database::Postgres) => TypeFamily::Enum(t.clone()),
+            _ => TypeFamily::classify(&self.declared_type, database),
         }
     }
 
@@ -188,7 +189,7 @@ impl Column {
 
     /// Whether an `INSERT` may leave it out and still satisfy `NOT NULL`: a default, a serial
     /// or identity column, a generated column, or an `INTEGER PRIMARY KEY` (SQLite's rowid;
-    /// counted on either database, so that no backend gets a false error).
+    /// counted on every database, so that none gets a false error).
     pub fn has_default(&self) -> bool {
         self.has_default || self.generated
     }
@@ -465,7 +466,7 @@ pub struct Catalog {
     pub(super) unreadable: Vec<Unreadable>,
     /// An unreadable statement changed a table whose name could not be found in its text.
     pub(super) unnamed_change: bool,
-    pub(super) backend: Option<Backend>,
+    pub(super) database: Option<Database>,
 }
 
 impl Catalog {
@@ -491,8 +492,8 @@ impl Catalog {
 
     /// The database the migrations are written for, when their text says so unambiguously
     /// (enum types and `$$` bodies, or `AUTOINCREMENT` and `BLOB`, …).
-    pub fn backend(&self) -> Option<Backend> {
-        self.backend
+    pub fn database(&self) -> Option<Database> {
+        self.database
     }
 
     /// Looks a table up by the name the macro writes: `orders` or `app.orders`. An

@@ -15,13 +15,13 @@ use sqlparser::ast::{
 use sqlparser::dialect::{Dialect, GenericDialect, PostgreSqlDialect, SQLiteDialect};
 use sqlparser::parser::Parser;
 
+use super::Database;
 use super::catalog::{
     AllowedValues, Catalog, Check, Column, DEFAULT_SCHEMA, MigrationFile, QualifiedName,
     Restriction, Table, TypeDef, TypeKind, UniqueKey, Unreadable, ValueSource,
 };
 use super::check;
 use super::lex::{self, Kind, Piece};
-use super::types::Backend;
 
 /// Replays `files` (each with its text) in order.
 pub(super) fn build(files: Vec<(MigrationFile, String)>, config: Option<PathBuf>) -> Catalog {
@@ -742,9 +742,9 @@ impl Replay {
     }
 
     fn finish(mut self) -> Catalog {
-        self.catalog.backend = match (self.postgres_evidence > 0, self.sqlite_evidence > 0) {
-            (true, false) => Some(Backend::Postgres),
-            (false, true) => Some(Backend::Sqlite),
+        self.catalog.database = match (self.postgres_evidence > 0, self.sqlite_evidence > 0) {
+            (true, false) => Some(Database::Postgres),
+            (false, true) => Some(Database::Sqlite),
             _ => None,
         };
         let types = &self.catalog.types;

@@ -2,6 +2,7 @@
 
 use std::fs;
 use std::path::Path;
+use std::sync::Arc;
 
 use super::*;
 
@@ -128,7 +129,7 @@ fn postgres_migrations_replay_into_tables_columns_and_states() {
         "{:?}",
         catalog.unreadable()
     );
-    assert_eq!(catalog.backend(), Some(Backend::Postgres));
+    assert_eq!(catalog.database(), Some(Database::Postgres));
 
     let orders = table(&catalog, "orders");
     assert!(orders.is_certain());
@@ -163,7 +164,7 @@ fn postgres_migrations_replay_into_tables_columns_and_states() {
     let status = column(orders, "status");
     let order_status = QualifiedName::new("public", "order_status");
     assert_eq!(
-        status.family(Backend::Postgres),
+        status.family(Database::Postgres),
         TypeFamily::Enum(order_status.clone())
     );
     assert!(status.not_null() && status.has_default() && status.is_certain());
@@ -181,10 +182,10 @@ fn postgres_migrations_replay_into_tables_columns_and_states() {
     assert_eq!(status.allowed_values().permits("paid"), Some(false));
 
     let id = column(orders, "id");
-    assert_eq!(id.family(Backend::Postgres), TypeFamily::Int64);
+    assert_eq!(id.family(Database::Postgres), TypeFamily::Int64);
     assert!(id.not_null() && id.has_default());
     let amount = column(orders, "amount_cents");
-    assert_eq!(amount.family(Backend::Postgres), TypeFamily::Int64);
+    assert_eq!(amount.family(Database::Postgres), TypeFamily::Int64);
     assert_eq!(
         amount.allowed_values(),
         &AllowedValues::Unknown,
@@ -192,7 +193,7 @@ fn postgres_migrations_replay_into_tables_columns_and_states() {
     );
     assert_eq!(column(orders, "currency").declared_type(), "CHAR(3)");
     assert_eq!(
-        column(orders, "currency").family(Backend::Postgres),
+        column(orders, "currency").family(Database::Postgres),
         TypeFamily::Text
     );
     assert_eq!(
@@ -200,7 +201,7 @@ fn postgres_migrations_replay_into_tables_columns_and_states() {
         &AllowedValues::Any
     );
     let paid_at = column(orders, "paid_at");
-    assert_eq!(paid_at.family(Backend::Postgres), TypeFamily::TimestampTz);
+    assert_eq!(paid_at.family(Database::Postgres), TypeFamily::TimestampTz);
     assert!(!paid_at.not_null());
     assert!(matches!(
         orders.column("created_at"),
@@ -218,11 +219,11 @@ fn postgres_migrations_replay_into_tables_columns_and_states() {
         AllowedValues::Only { sources, .. } if sources == &[ValueSource::Check("refund_state".into())]
     ));
     assert_eq!(
-        column(refunds, "id").family(Backend::Postgres),
+        column(refunds, "id").family(Database::Postgres),
         TypeFamily::Uuid
     );
     assert_eq!(
-        column(refunds, "amount").family(Backend::Postgres),
+        column(refunds, "amount").family(Database::Postgres),
         TypeFamily::Numeric
     );
     assert!(
@@ -301,7 +302,7 @@ fn sqlite_migrations_read_with_sqlite_types() {
         ),
     ]);
     let catalog = read_catalog(dir.path());
-    assert_eq!(catalog.backend(), Some(Backend::Sqlite));
+    assert_eq!(catalog.database(), Some(Database::Sqlite));
     assert!(matches!(
         catalog.table("orders"),
         Lookup::Missing { certain: true }
@@ -321,23 +322,23 @@ fn sqlite_migrations_read_with_sqlite_types() {
         ]
     );
     let id = column(purchases, "id");
-    assert_eq!(id.family(Backend::Sqlite), TypeFamily::Int64);
-    assert_eq!(id.family(Backend::Postgres), TypeFamily::Int32);
+    assert_eq!(id.family(Database::Sqlite), TypeFamily::Int64);
+    assert_eq!(id.family(Database::Postgres), TypeFamily::Int32);
     assert!(id.has_default(), "INTEGER PRIMARY KEY fills itself in");
     assert_eq!(
-        column(purchases, "receipt").family(Backend::Sqlite),
+        column(purchases, "receipt").family(Database::Sqlite),
         TypeFamily::Bytes
     );
     assert_eq!(
-        column(purchases, "total").family(Backend::Sqlite),
+        column(purchases, "total").family(Database::Sqlite),
         TypeFamily::Float64
     );
     assert_eq!(
-        column(purchases, "created_at").family(Backend::Sqlite),
+        column(purchases, "created_at").family(Database::Sqlite),
         TypeFamily::Timestamp
     );
     assert_eq!(
-        column(purchases, "order_no").family(Backend::Sqlite),
+        column(purchases, "order_no").family(Database::Sqlite),
         TypeFamily::Text
     );
     assert_eq!(
@@ -353,11 +354,11 @@ fn sqlite_migrations_read_with_sqlite_types() {
     let untyped = table(&catalog, "untyped");
     assert!(untyped.is_certain());
     assert_eq!(
-        column(untyped, "a").family(Backend::Sqlite),
+        column(untyped, "a").family(Database::Sqlite),
         TypeFamily::Other(String::new())
     );
     assert_eq!(
-        column(untyped, "b").family(Backend::Sqlite),
+        column(untyped, "b").family(Database::Sqlite),
         TypeFamily::Text
     );
     // A virtual table exists, but its module decides its columns.
@@ -434,7 +435,7 @@ fn an_unreadable_statement_makes_exactly_what_it_names_uncertain() {
     assert!(!f.is_certain());
     assert_eq!(f.allowed_values(), &AllowedValues::Unknown);
     assert_eq!(
-        f.family(Backend::Postgres),
+        f.family(Database::Postgres),
         TypeFamily::Other("feeling".into())
     );
 }
@@ -508,7 +509,7 @@ fn alterations_follow_postgres() {
     let id = column(t, "id");
     assert!(id.not_null());
     assert_eq!(id.declared_type(), "BIGINT");
-    assert_eq!(id.family(Backend::Postgres), TypeFamily::Int64);
+    assert_eq!(id.family(Database::Postgres), TypeFamily::Int64);
     assert!(!column(t, "note").not_null());
     assert!(column(t, "total").is_generated());
     assert_eq!(t.primary_key(), ["id".to_owned()]);
@@ -523,7 +524,7 @@ fn alterations_follow_postgres() {
     // The column follows its type through the rename.
     let k = column(t, "k");
     assert_eq!(
-        k.family(Backend::Postgres),
+        k.family(Database::Postgres),
         TypeFamily::Enum(QualifiedName::new("public", "sort"))
     );
     assert_eq!(values(k.allowed_values()), Some(vec!["A", "C"]));

@@ -23,7 +23,7 @@ use super::target::Target;
 use crate::ctxt::Ctxt;
 use crate::krate::Krate;
 use idem_schema::{
-    self as schema, AllowedValues, Backend, Catalog, Column, Lookup, Migrations, SchemaError,
+    self as schema, AllowedValues, Catalog, Column, Database, Lookup, Migrations, SchemaError,
     Table, TypeFamily, ValueSource,
 };
 
@@ -45,7 +45,7 @@ pub(crate) enum MigrationsArg {
 pub(crate) struct Schema {
     pub(crate) catalog: Arc<Catalog>,
     /// From the executor's type (`PgPool`, `sqlx::Sqlite`), else from the migrations' text.
-    pub(crate) backend: Option<Backend>,
+    pub(crate) database: Option<Database>,
     /// Where they are, as the user would name them: for messages.
     pub(crate) place: String,
 }
@@ -77,23 +77,23 @@ pub(crate) fn load(
             return None;
         }
     };
-    let backend = executor
-        .and_then(|e| backend_of(&e.ty))
-        .or(catalog.backend());
+    let database = executor
+        .and_then(|e| database_of(&e.ty))
+        .or(catalog.database());
     Some(Schema {
         catalog,
-        backend,
+        database,
         place,
     })
 }
 
 /// The database an executor's type names, if it names one.
-fn backend_of(ty: &syn::Type) -> Option<Backend> {
+fn database_of(ty: &syn::Type) -> Option<Database> {
     let text = ty.to_token_stream().to_string();
     if text.contains("Pg") || text.contains("Postgres") {
-        Some(Backend::Postgres)
+        Some(Database::Postgres)
     } else if text.contains("Sqlite") {
-        Some(Backend::Sqlite)
+        Some(Database::Sqlite)
     } else {
         None
     }
@@ -240,7 +240,7 @@ impl<'s> Checker<'s> {
     /// Whether `column` is of a PostgreSQL enum type, recorded for the statement to cast the
     /// text bound to it.
     pub(crate) fn cast(&mut self, column: &Column) -> bool {
-        let family = self.schema.backend.map(|b| column.family(b));
+        let family = self.schema.database.map(|d| column.family(d));
         let Some(TypeFamily::Enum(t)) = family else {
             return false;
         };
@@ -264,11 +264,11 @@ impl<'s> Checker<'s> {
 
     /// A type check of `arg` against `column`, on the argument.
     pub(crate) fn value(&mut self, column: &Column, arg: &FnArg) {
-        let Some(backend) = self.schema.backend.filter(|_| column.is_certain()) else {
+        let Some(database) = self.schema.database.filter(|_| column.is_certain()) else {
             return;
         };
-        let family = column.family(backend);
-        let Some(marker) = marker(&family, backend) else {
+        let family = column.family(database);
+        let Some(marker) = marker(&family, database) else {
             return;
         };
         let (ident, span) = (&arg.ident, arg.ident.span());
@@ -406,10 +406,10 @@ impl<'s> Checker<'s> {
 
     /// The column is an integer column, as a version must be.
     pub(crate) fn integer(&self, column: &Column, span: Span, cx: &mut Ctxt) {
-        let (Some(table), Some(backend)) = (self.table, self.schema.backend) else {
+        let (Some(table), Some(database)) = (self.table, self.schema.database) else {
             return;
         };
-        let family = column.family(backend);
+        let family = column.family(database);
         if column.is_certain()
             && !matches!(
                 family,
@@ -502,10 +502,10 @@ fn report(certain: bool, catalog: &Catalog, span: Span, msg: String, cx: &mut Ct
 /// A name in another case: an error for PostgreSQL, nothing for SQLite (which ignores case), a
 /// warning when the database is not known.
 fn report_case(schema: &Schema, span: Span, msg: String, cx: &mut Ctxt) {
-    match schema.backend {
-        Some(Backend::Postgres) => cx.at(span, msg),
-        Some(Backend::Sqlite) => {}
-        None => cx.warn(span, msg),
+    match schema.database {
+        Some(Database::Postgres) => cx.at(span, msg),
+        Some(Database::Sqlite) => {}
+        _ => cx.warn(span, msg),
     }
 }
 
@@ -544,21 +544,22 @@ fn listed<'a>(names: impl Iterator<Item = &'a str>) -> String {
 }
 
 /// The column-type marker of `idem::__private::columns` for a family, where idem judges it.
-fn marker(family: &TypeFamily, backend: Backend) -> Option<&'static str> {
-    Some(match (family, backend) {
+fn marker(family: &TypeFamily, database: Database) -> Option<&'static str> {
+    Some(match (family, database) {
+        (_, Database::Mysql) => return None,
         (TypeFamily::Text, _) => "TEXT",
         (TypeFamily::Int16, _) => "SMALLINT",
         (TypeFamily::Int32, _) => "INTEGER",
-        (TypeFamily::Int64, Backend::Postgres) => "BIGINT",
-        (TypeFamily::Int64, Backend::Sqlite) => "INTEGER",
+        (TypeFamily::Int64, Database::Postgres) => "BIGINT",
+        (TypeFamily::Int64, Database::Sqlite) => "INTEGER",
         (TypeFamily::Float32, _) => "REAL",
-        (TypeFamily::Float64, Backend::Postgres) => "DOUBLE_PRECISION",
-        (TypeFamily::Float64, Backend::Sqlite) => "REAL",
+        (TypeFamily::Float64, Database::Postgres) => "DOUBLE_PRECISION",
+        (TypeFamily::Float64, Database::Sqlite) => "REAL",
         (TypeFamily::Bool, _) => "BOOLEAN",
-        (TypeFamily::Bytes, Backend::Postgres) => "BYTEA",
-        (TypeFamily::Bytes, Backend::Sqlite) => "BLOB",
+        (TypeFamily::Bytes, Database::Postgres) => "BYTEA",
+        (TypeFamily::Bytes, Database::Sqlite) => "BLOB",
         // SQLite stores these as text or numbers, whatever was bound: only PostgreSQL refuses.
-        (_, Backend::Sqlite) => return None,
+        (_, Database::Sqlite) => return None,
         (TypeFamily::Numeric, _) => "NUMERIC",
         (TypeFamily::Timestamp, _) => "TIMESTAMP",
         (TypeFamily::TimestampTz, _) => "TIMESTAMPTZ",
@@ -567,6 +568,6 @@ fn marker(family: &TypeFamily, backend: Backend) -> Option<&'static str> {
         (TypeFamily::Uuid, _) => "UUID",
         (TypeFamily::Json, _) => "JSON",
         (TypeFamily::Enum(_), _) => "ENUM",
-        (TypeFamily::Array(_) | TypeFamily::Other(_), _) => return None,
+        _ => return None,
     })
 }
