@@ -119,6 +119,8 @@ impl AllowedValues {
 pub enum ValueSource {
     /// A PostgreSQL enum type, by name.
     EnumType(QualifiedName),
+    /// The column's own type, a MySQL `ENUM('PENDING', …)`.
+    InlineEnum,
     /// A CHECK constraint, by its name (the one PostgreSQL would generate when it has none).
     Check(String),
 }
@@ -127,6 +129,7 @@ impl fmt::Display for ValueSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ValueSource::EnumType(t) => write!(f, "enum type `{t}`"),
+            ValueSource::InlineEnum => f.write_str("the column's `ENUM(…)` type"),
             ValueSource::Check(c) => write!(f, "CHECK constraint `{c}`"),
         }
     }
@@ -140,6 +143,8 @@ pub struct Column {
     /// A user-defined type the column was declared with, resolved when it was declared (so a
     /// later `ALTER TYPE … RENAME` follows it, as PostgreSQL's type OIDs do).
     pub(super) type_ref: Option<QualifiedName>,
+    /// The labels of a MySQL `ENUM(…)` type, declared with the column.
+    pub(super) inline_enum: Option<Vec<String>>,
     pub(super) not_null: bool,
     pub(super) has_default: bool,
     pub(super) generated: bool,
@@ -155,6 +160,7 @@ impl Column {
             name,
             declared_type,
             type_ref: None,
+            inline_enum: None,
             not_null: false,
             has_default: false,
             generated: false,
@@ -220,6 +226,9 @@ pub(super) struct Check {
     pub(super) generated_name: String,
     /// Every column the expression mentions: dropping one drops the constraint.
     pub(super) columns: Vec<String>,
+    /// The column it was declared with, for a column's own CHECK: MariaDB drops it when
+    /// `MODIFY` or `CHANGE` defines the column anew.
+    pub(super) declared_on: Option<String>,
     /// What the expression tells about the columns it restricts.
     pub(super) restrictions: BTreeMap<String, Restriction>,
 }
@@ -244,6 +253,9 @@ pub(super) enum Restriction {
 pub(super) struct UniqueKey {
     /// The constraint's or index's name, when given (so `DROP INDEX` can find it).
     pub(super) name: Option<QualifiedName>,
+    /// The name MySQL gives a key declared without one: its first column's, with `_2`, `_3`, …
+    /// when another index of the table has that name.
+    pub(super) generated_name: String,
     pub(super) columns: Vec<String>,
 }
 
@@ -255,6 +267,9 @@ pub struct Table {
     pub(super) checks: Vec<Check>,
     pub(super) primary_key: Vec<String>,
     pub(super) unique: Vec<UniqueKey>,
+    /// The names of the indexes that make nothing unique (MySQL's `KEY`, `INDEX`): a key declared
+    /// without a name is named around them, and `DROP INDEX` may name one.
+    pub(super) plain_indexes: Vec<String>,
     pub(super) certain: bool,
     pub(super) created_in: Arc<MigrationFile>,
     pub(super) altered_in: Option<Arc<MigrationFile>>,
@@ -268,6 +283,7 @@ impl Table {
             checks: Vec::new(),
             primary_key: Vec::new(),
             unique: Vec::new(),
+            plain_indexes: Vec::new(),
             certain: true,
             created_in: file,
             altered_in: None,
@@ -306,21 +322,56 @@ impl Table {
     }
 
     /// Whether a primary key, unique constraint or unique index covers exactly these columns
-    /// (in any order).
+    /// (in any order). Names are compared ignoring ASCII case: a name in another case is a
+    /// problem of its own, reported where the database tells names apart.
     pub fn is_unique(&self, columns: &[&str]) -> bool {
         let same = |key: &[String]| {
-            key.len() == columns.len() && columns.iter().all(|c| key.iter().any(|k| k == c))
+            key.len() == columns.len()
+                && columns
+                    .iter()
+                    .all(|c| key.iter().any(|k| k.eq_ignore_ascii_case(c)))
         };
         (!self.primary_key.is_empty() && same(&self.primary_key))
             || self.unique.iter().any(|u| same(&u.columns))
     }
 
     /// Whether a primary key, unique constraint or unique index is made of some of these
-    /// columns (in any order): a row matched on all of them is then one row at most.
+    /// columns (in any order, names compared ignoring ASCII case): a row matched on all of them
+    /// is then one row at most.
     pub fn has_unique_within(&self, columns: &[&str]) -> bool {
-        let within =
-            |key: &[String]| !key.is_empty() && key.iter().all(|k| columns.iter().any(|c| c == k));
+        let within = |key: &[String]| {
+            !key.is_empty()
+                && key
+                    .iter()
+                    .all(|k| columns.iter().any(|c| c.eq_ignore_ascii_case(k)))
+        };
         within(&self.primary_key) || self.unique.iter().any(|u| within(&u.columns))
+    }
+
+    /// A unique key of `columns`, named `name` or, without one, as MySQL would name it.
+    pub(super) fn add_unique(&mut self, name: Option<String>, columns: Vec<String>) {
+        let base = columns.first().cloned().unwrap_or_default();
+        let taken = |n: &str| {
+            n.eq_ignore_ascii_case("primary")
+                || self.plain_indexes.iter().any(|i| i.eq_ignore_ascii_case(n))
+                || self.unique.iter().any(|u| {
+                    u.name
+                        .as_ref()
+                        .is_some_and(|q| q.name.eq_ignore_ascii_case(n))
+                        || (u.name.is_none() && u.generated_name.eq_ignore_ascii_case(n))
+                })
+        };
+        let mut generated_name = base.clone();
+        let mut n = 2;
+        while taken(&generated_name) {
+            generated_name = format!("{base}_{n}");
+            n += 1;
+        }
+        self.unique.push(UniqueKey {
+            name: name.map(|n| QualifiedName::new(self.name.schema.clone(), n)),
+            generated_name,
+            columns,
+        });
     }
 
     /// False when a statement that could not be parsed may have created, changed or dropped

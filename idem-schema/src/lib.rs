@@ -48,9 +48,13 @@ mod check;
 #[cfg(feature = "migrations")]
 mod discover;
 #[cfg(feature = "migrations")]
+mod evidence;
+#[cfg(feature = "migrations")]
 mod lex;
 #[cfg(feature = "migrations")]
 mod load;
+#[cfg(feature = "migrations")]
+mod mysql;
 #[cfg(feature = "migrations")]
 mod replay;
 #[cfg(feature = "migrations")]

@@ -527,6 +527,7 @@ fn sources_text(catalog: &Catalog, table: &Table, sources: &[ValueSource]) -> St
                 Lookup::Found(t) => format!("{s} ({})", t.defined_in()),
                 _ => s.to_string(),
             },
+            ValueSource::InlineEnum => format!("{s} ({})", origin(table)),
             ValueSource::Check(_) => format!("{s} of `{}` ({})", table.name(), origin(table)),
         })
         .collect();
