@@ -1124,24 +1124,30 @@ fn mysql_modify_change_and_rename_columns() {
     );
 }
 
+/// Unique keys declared every way MySQL has, named and not; `batch` has a plain KEY of that
+/// name too, so the unique key on it is named `batch_2`.
+const MYSQL_PAYMENTS: &str = r#"
+CREATE TABLE `payments` (
+  `id` BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+  `ref` VARCHAR(64) NOT NULL UNIQUE,
+  `provider` VARCHAR(16) NOT NULL,
+  `external_id` VARCHAR(64) NOT NULL,
+  `batch` INT NOT NULL,
+  KEY `batch` (`batch`),
+  UNIQUE (`batch`),
+  UNIQUE KEY `by_provider` (`provider`, `external_id`)
+) ENGINE=InnoDB;
+ALTER TABLE payments ADD UNIQUE (provider);
+"#;
+
 #[test]
 fn mysql_unique_keys_come_and_go_by_their_names() {
     let dir = crate_with(&[
         ("migrations/1_init.sql", MYSQL_INIT),
+        ("migrations/2_keys.sql", MYSQL_PAYMENTS),
         (
-            "migrations/2_keys.sql",
+            "migrations/3_more_keys.sql",
             r#"
-            CREATE TABLE `payments` (
-              `id` BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-              `ref` VARCHAR(64) NOT NULL UNIQUE,
-              `provider` VARCHAR(16) NOT NULL,
-              `external_id` VARCHAR(64) NOT NULL,
-              `batch` INT NOT NULL,
-              KEY `batch` (`batch`),
-              UNIQUE (`batch`),
-              UNIQUE KEY `by_provider` (`provider`, `external_id`)
-            ) ENGINE=InnoDB;
-            ALTER TABLE payments ADD UNIQUE (provider);
             ALTER TABLE payments ADD UNIQUE KEY payments_external (external_id);
             ALTER TABLE payments ADD CONSTRAINT payments_id_batch UNIQUE (id, batch);
             CREATE TABLE tickets (id SERIAL, code TEXT);
@@ -1175,27 +1181,12 @@ fn mysql_unique_keys_come_and_go_by_their_names() {
 
     let dir = crate_with(&[
         ("migrations/1_init.sql", MYSQL_INIT),
-        (
-            "migrations/2_keys.sql",
-            r#"
-            CREATE TABLE `payments` (
-              `id` BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-              `ref` VARCHAR(64) NOT NULL UNIQUE,
-              `provider` VARCHAR(16) NOT NULL,
-              `external_id` VARCHAR(64) NOT NULL,
-              `batch` INT NOT NULL,
-              KEY `batch` (`batch`),
-              UNIQUE (`batch`),
-              UNIQUE KEY `by_provider` (`provider`, `external_id`)
-            ) ENGINE=InnoDB;
-            ALTER TABLE payments ADD UNIQUE (provider);
-            "#,
-        ),
+        ("migrations/2_keys.sql", MYSQL_PAYMENTS),
         (
             "migrations/3_drop.sql",
             r#"
-            -- By the name given; by the name MySQL gave (the first column's); `batch` is the
-            -- plain KEY, so the unique key on it, `batch_2`, stays.
+            -- By the name given; by the name MySQL gave (the first column's); `batch` names the
+            -- plain KEY, so the unique key on it stays.
             ALTER TABLE payments DROP INDEX by_provider;
             DROP INDEX `ref` ON payments;
             ALTER TABLE payments DROP INDEX batch;
