@@ -125,11 +125,11 @@
 )]
 #![cfg_attr(
     feature = "mysql",
-    doc = "- `mysql`: [`MySqlStore`], MySQL 8 or MariaDB, for many instances sharing one database (no outbox or SQL macros on it yet)."
+    doc = "- `mysql`: [`MySqlStore`], MySQL 8 or MariaDB, for many instances sharing one database (no outbox on it yet)."
 )]
 #![cfg_attr(
     not(feature = "mysql"),
-    doc = "- `mysql`: `MySqlStore`, MySQL 8 or MariaDB, for many instances sharing one database (no outbox or SQL macros on it yet)."
+    doc = "- `mysql`: `MySqlStore`, MySQL 8 or MariaDB, for many instances sharing one database (no outbox on it yet)."
 )]
 #![cfg_attr(
     feature = "axum",
@@ -363,21 +363,27 @@ pub use idem_runtime::sqlx;
 ///
 /// At compile time, with no database, the attribute reads the crate's sqlx migrations and
 /// replays their DDL (in sqlx's order; `.down.sql` files are not applied) into the tables,
-/// columns, types, `NOT NULL`, `CHECK` constraints and enum types they leave. It then checks,
-/// each error on the attribute's string or on the argument:
+/// columns, types, `NOT NULL`, `CHECK` constraints, enum types and keys they leave. The
+/// migrations may be PostgreSQL's, SQLite's or MySQL's: the executor's type says which
+/// (`PgPool`, `SqliteConnection`, `Transaction<'_, MySql>`), else their words do (`$$` bodies,
+/// `AUTOINCREMENT`, backquotes and `ENGINE =`). MySQL's `ENUM('PENDING', …)` columns, `UNIQUE
+/// KEY`, `ALTER TABLE … MODIFY | CHANGE | RENAME COLUMN` and `DROP INDEX` are followed. It then
+/// checks, each error on the attribute's string or on the argument:
 ///
 /// - the table exists (with the nearest name as a suggestion);
 /// - every column the attribute names (`key`, `guard`, `state`, the targets of `set`) exists,
 ///   naming the migration that created the table and the last that changed it;
-/// - `from` and `to` are values the state column allows, by its enum type or its
-///   `CHECK (… IN (…))`, and with `machine = …` so is every state of the machine (a `const`
-///   check that names the state);
+/// - `from` and `to` are values the state column allows, by its enum type, MySQL's
+///   `ENUM(…)` or its `CHECK (… IN (…))`, and with `machine = …` so is every state of the
+///   machine (a `const` check that names the state);
 /// - each argument's type fits its column: `&str` for a `BIGINT` column is an error on the
 ///   argument. Only types idem knows are judged (integers, floats, `bool`, text, bytes, and
 ///   references and `Option`s of them); any other type (a newtype, `chrono`, `uuid`) is taken
-///   at its word;
+///   at its word. Dates, times, UUIDs, JSON and decimals are judged on PostgreSQL only: SQLite
+///   stores whatever is bound, and MySQL converts text to them;
 /// - on PostgreSQL, a table or column written in another case than the migration's (the
-///   generated SQL quotes names, so `"Orders"` is not `orders`);
+///   generated SQL quotes names, so `"Orders"` is not `orders`); on MySQL, a table (MySQL on
+///   Linux tells table names apart by case; column names it does not);
 /// - the `key` columns of a transition or a versioned update include a primary key or unique
 ///   constraint (otherwise one `UPDATE` could move many rows).
 ///

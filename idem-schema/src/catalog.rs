@@ -6,7 +6,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::types::{Backend, TypeFamily};
+use super::Database;
+use super::types::TypeFamily;
 
 /// The schema that unqualified names are created in (PostgreSQL's default `search_path`).
 pub const DEFAULT_SCHEMA: &str = "public";
@@ -118,6 +119,8 @@ impl AllowedValues {
 pub enum ValueSource {
     /// A PostgreSQL enum type, by name.
     EnumType(QualifiedName),
+    /// The column's own type, a MySQL `ENUM('PENDING', …)`.
+    InlineEnum,
     /// A CHECK constraint, by its name (the one PostgreSQL would generate when it has none).
     Check(String),
 }
@@ -126,6 +129,7 @@ impl fmt::Display for ValueSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ValueSource::EnumType(t) => write!(f, "enum type `{t}`"),
+            ValueSource::InlineEnum => f.write_str("the column's `ENUM(…)` type"),
             ValueSource::Check(c) => write!(f, "CHECK constraint `{c}`"),
         }
     }
@@ -139,6 +143,8 @@ pub struct Column {
     /// A user-defined type the column was declared with, resolved when it was declared (so a
     /// later `ALTER TYPE … RENAME` follows it, as PostgreSQL's type OIDs do).
     pub(super) type_ref: Option<QualifiedName>,
+    /// The labels of a MySQL `ENUM(…)` type, declared with the column.
+    pub(super) inline_enum: Option<Vec<String>>,
     pub(super) not_null: bool,
     pub(super) has_default: bool,
     pub(super) generated: bool,
@@ -154,6 +160,7 @@ impl Column {
             name,
             declared_type,
             type_ref: None,
+            inline_enum: None,
             not_null: false,
             has_default: false,
             generated: false,
@@ -173,11 +180,11 @@ impl Column {
         &self.declared_type
     }
 
-    /// The declared type's family under `backend`; a PostgreSQL enum column is `Enum`.
-    pub fn family(&self, backend: Backend) -> TypeFamily {
-        match (&self.enum_type, backend) {
-            (Some(t), Backend::Postgres) => TypeFamily::Enum(t.clone()),
-            _ => TypeFamily::classify(&self.declared_type, backend),
+    /// The declared type's family on `database`; a PostgreSQL enum column is `Enum`.
+    pub fn family(&self, database: Database) -> TypeFamily {
+        match (&self.enum_type, database) {
+            (Some(t), Database::Postgres) => TypeFamily::Enum(t.clone()),
+            _ => TypeFamily::classify(&self.declared_type, database),
         }
     }
 
@@ -188,7 +195,7 @@ impl Column {
 
     /// Whether an `INSERT` may leave it out and still satisfy `NOT NULL`: a default, a serial
     /// or identity column, a generated column, or an `INTEGER PRIMARY KEY` (SQLite's rowid;
-    /// counted on either database, so that no backend gets a false error).
+    /// counted on every database, so that none gets a false error).
     pub fn has_default(&self) -> bool {
         self.has_default || self.generated
     }
@@ -219,6 +226,9 @@ pub(super) struct Check {
     pub(super) generated_name: String,
     /// Every column the expression mentions: dropping one drops the constraint.
     pub(super) columns: Vec<String>,
+    /// The column it was declared with, for a column's own CHECK: MariaDB drops it when
+    /// `MODIFY` or `CHANGE` defines the column anew.
+    pub(super) declared_on: Option<String>,
     /// What the expression tells about the columns it restricts.
     pub(super) restrictions: BTreeMap<String, Restriction>,
 }
@@ -243,6 +253,9 @@ pub(super) enum Restriction {
 pub(super) struct UniqueKey {
     /// The constraint's or index's name, when given (so `DROP INDEX` can find it).
     pub(super) name: Option<QualifiedName>,
+    /// The name MySQL gives a key declared without one: its first column's, with `_2`, `_3`, …
+    /// when another index of the table has that name.
+    pub(super) generated_name: String,
     pub(super) columns: Vec<String>,
 }
 
@@ -254,6 +267,9 @@ pub struct Table {
     pub(super) checks: Vec<Check>,
     pub(super) primary_key: Vec<String>,
     pub(super) unique: Vec<UniqueKey>,
+    /// The names of the indexes that make nothing unique (MySQL's `KEY`, `INDEX`): a key declared
+    /// without a name is named around them, and `DROP INDEX` may name one.
+    pub(super) plain_indexes: Vec<String>,
     pub(super) certain: bool,
     pub(super) created_in: Arc<MigrationFile>,
     pub(super) altered_in: Option<Arc<MigrationFile>>,
@@ -267,6 +283,7 @@ impl Table {
             checks: Vec::new(),
             primary_key: Vec::new(),
             unique: Vec::new(),
+            plain_indexes: Vec::new(),
             certain: true,
             created_in: file,
             altered_in: None,
@@ -305,21 +322,56 @@ impl Table {
     }
 
     /// Whether a primary key, unique constraint or unique index covers exactly these columns
-    /// (in any order).
+    /// (in any order). Names are compared ignoring ASCII case: a name in another case is a
+    /// problem of its own, reported where the database tells names apart.
     pub fn is_unique(&self, columns: &[&str]) -> bool {
         let same = |key: &[String]| {
-            key.len() == columns.len() && columns.iter().all(|c| key.iter().any(|k| k == c))
+            key.len() == columns.len()
+                && columns
+                    .iter()
+                    .all(|c| key.iter().any(|k| k.eq_ignore_ascii_case(c)))
         };
         (!self.primary_key.is_empty() && same(&self.primary_key))
             || self.unique.iter().any(|u| same(&u.columns))
     }
 
     /// Whether a primary key, unique constraint or unique index is made of some of these
-    /// columns (in any order): a row matched on all of them is then one row at most.
+    /// columns (in any order, names compared ignoring ASCII case): a row matched on all of them
+    /// is then one row at most.
     pub fn has_unique_within(&self, columns: &[&str]) -> bool {
-        let within =
-            |key: &[String]| !key.is_empty() && key.iter().all(|k| columns.iter().any(|c| c == k));
+        let within = |key: &[String]| {
+            !key.is_empty()
+                && key
+                    .iter()
+                    .all(|k| columns.iter().any(|c| c.eq_ignore_ascii_case(k)))
+        };
         within(&self.primary_key) || self.unique.iter().any(|u| within(&u.columns))
+    }
+
+    /// A unique key of `columns`, named `name` or, without one, as MySQL would name it.
+    pub(super) fn add_unique(&mut self, name: Option<String>, columns: Vec<String>) {
+        let base = columns.first().cloned().unwrap_or_default();
+        let taken = |n: &str| {
+            n.eq_ignore_ascii_case("primary")
+                || self.plain_indexes.iter().any(|i| i.eq_ignore_ascii_case(n))
+                || self.unique.iter().any(|u| {
+                    u.name
+                        .as_ref()
+                        .is_some_and(|q| q.name.eq_ignore_ascii_case(n))
+                        || (u.name.is_none() && u.generated_name.eq_ignore_ascii_case(n))
+                })
+        };
+        let mut generated_name = base.clone();
+        let mut n = 2;
+        while taken(&generated_name) {
+            generated_name = format!("{base}_{n}");
+            n += 1;
+        }
+        self.unique.push(UniqueKey {
+            name: name.map(|n| QualifiedName::new(self.name.schema.clone(), n)),
+            generated_name,
+            columns,
+        });
     }
 
     /// False when a statement that could not be parsed may have created, changed or dropped
@@ -465,7 +517,7 @@ pub struct Catalog {
     pub(super) unreadable: Vec<Unreadable>,
     /// An unreadable statement changed a table whose name could not be found in its text.
     pub(super) unnamed_change: bool,
-    pub(super) backend: Option<Backend>,
+    pub(super) database: Option<Database>,
 }
 
 impl Catalog {
@@ -491,8 +543,8 @@ impl Catalog {
 
     /// The database the migrations are written for, when their text says so unambiguously
     /// (enum types and `$$` bodies, or `AUTOINCREMENT` and `BLOB`, …).
-    pub fn backend(&self) -> Option<Backend> {
-        self.backend
+    pub fn database(&self) -> Option<Database> {
+        self.database
     }
 
     /// Looks a table up by the name the macro writes: `orders` or `app.orders`. An

@@ -47,10 +47,17 @@ fn is_ident_char(c: char) -> bool {
 /// Lexes `text`. Never fails: an unterminated string or comment runs to the end, which is what
 /// the database would report as an error anyway.
 pub(super) fn lex(text: &str) -> Vec<Token> {
+    lex_as(text, false)
+}
+
+/// Lexes `text`, with MySQL's rules when `mysql`: a backslash escapes the next character in a
+/// string, and `#` begins a comment.
+pub(super) fn lex_as(text: &str, mysql: bool) -> Vec<Token> {
     let mut lexer = Lexer {
         text,
         pos: 0,
         out: Vec::new(),
+        mysql,
     };
     lexer.run();
     lexer.out
@@ -60,6 +67,7 @@ struct Lexer<'a> {
     text: &'a str,
     pos: usize,
     out: Vec<Token>,
+    mysql: bool,
 }
 
 impl Lexer<'_> {
@@ -92,9 +100,15 @@ impl Lexer<'_> {
                     self.bump();
                 }
                 '-' if self.peek_at(1) == Some('-') => self.line_comment(),
+                '#' if self.mysql => self.line_comment(),
                 '/' if self.peek_at(1) == Some('*') => self.block_comment(),
                 '\'' => {
-                    self.quoted('\'', false);
+                    self.quoted('\'', self.mysql);
+                    self.push(Kind::Str, start);
+                }
+                // A string on MySQL (without `ANSI_QUOTES`): only what it hides matters here.
+                '"' if self.mysql => {
+                    self.quoted('"', true);
                     self.push(Kind::Str, start);
                 }
                 '"' | '`' => {
@@ -232,11 +246,12 @@ pub(super) struct Piece<'a> {
     pub(super) line: usize,
 }
 
-/// Splits `sql` into statements at top-level `;`. Inside the `BEGIN … END` body of a
-/// `CREATE TRIGGER` (SQLite) or of a `BEGIN ATOMIC` routine (PostgreSQL) a `;` ends an inner
-/// statement, not the outer one, so it does not split there.
-pub(super) fn split(sql: &str) -> Vec<Piece<'_>> {
-    let tokens = lex(sql);
+/// Splits `sql` into statements at top-level `;` (lexed with MySQL's rules when `mysql`).
+/// Inside the `BEGIN … END` body of a `CREATE TRIGGER` (SQLite, MySQL) or of a `BEGIN ATOMIC`
+/// routine (PostgreSQL) a `;` ends an inner statement, not the outer one, so it does not split
+/// there.
+pub(super) fn split(sql: &str, mysql: bool) -> Vec<Piece<'_>> {
+    let tokens = lex_as(sql, mysql);
     let mut pieces = Vec::new();
     let mut current: Vec<&Token> = Vec::new();
     let mut depth = 0usize;
@@ -294,7 +309,7 @@ mod tests {
     use super::*;
 
     fn texts(sql: &str) -> Vec<&str> {
-        split(sql).into_iter().map(|p| p.text).collect()
+        split(sql, false).into_iter().map(|p| p.text).collect()
     }
 
     #[test]
@@ -313,8 +328,28 @@ mod tests {
     }
 
     #[test]
+    fn mysql_strings_escape_with_backslashes_and_hash_starts_a_comment() {
+        let sql = "CREATE TABLE a (x text COMMENT 'it\\'s; fine', y text DEFAULT \"b;\\\"c\");\n\
+                   # a comment; not a statement\n\
+                   DROP TABLE a";
+        let pieces: Vec<&str> = split(sql, true).into_iter().map(|p| p.text).collect();
+        assert_eq!(
+            pieces,
+            vec![
+                "CREATE TABLE a (x text COMMENT 'it\\'s; fine', y text DEFAULT \"b;\\\"c\")",
+                "DROP TABLE a",
+            ]
+        );
+        // Elsewhere a backslash is an ordinary character, and `#` an operator.
+        assert_eq!(split("SELECT 'a\\'; SELECT 2 # 3", false).len(), 2);
+    }
+
+    #[test]
     fn reports_the_line_each_statement_starts_on() {
-        let pieces = split("-- header\nCREATE TABLE a (x int);\n\n  DROP TABLE a;");
+        let pieces = split(
+            "-- header\nCREATE TABLE a (x int);\n\n  DROP TABLE a;",
+            false,
+        );
         let lines: Vec<usize> = pieces.iter().map(|p| p.line).collect();
         assert_eq!(lines, vec![2, 4]);
     }
@@ -342,7 +377,7 @@ mod tests {
     #[test]
     fn unterminated_quotes_run_to_the_end_without_panicking() {
         for sql in ["SELECT 'abc", "SELECT \"abc", "SELECT $$abc", "SELECT E'\\"] {
-            let pieces = split(sql);
+            let pieces = split(sql, false);
             assert_eq!(pieces.len(), 1, "{sql}");
             assert_eq!(pieces[0].text, sql);
         }

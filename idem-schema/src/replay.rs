@@ -9,22 +9,31 @@ use std::sync::Arc;
 use sqlparser::ast::{
     AlterColumnOperation, AlterTable, AlterTableOperation, AlterTypeAddValuePosition,
     AlterTypeOperation, ColumnDef, ColumnOption, CreateIndex, CreateTable, DataType, Expr, Ident,
-    ObjectName, ObjectNamePart, ObjectType, RenameTableNameKind, Set, SetExpr, Statement,
-    TableConstraint, UserDefinedTypeRepresentation,
+    MySQLColumnPosition, ObjectName, ObjectNamePart, ObjectType, RenameTableNameKind, Set, SetExpr,
+    Statement, TableConstraint, UserDefinedTypeRepresentation,
 };
-use sqlparser::dialect::{Dialect, GenericDialect, PostgreSqlDialect, SQLiteDialect};
+use sqlparser::dialect::{Dialect, GenericDialect, MySqlDialect, PostgreSqlDialect, SQLiteDialect};
 use sqlparser::parser::Parser;
 
+use super::Database;
 use super::catalog::{
     AllowedValues, Catalog, Check, Column, DEFAULT_SCHEMA, MigrationFile, QualifiedName,
-    Restriction, Table, TypeDef, TypeKind, UniqueKey, Unreadable, ValueSource,
+    Restriction, Table, TypeDef, TypeKind, Unreadable, ValueSource,
 };
 use super::check;
+use super::evidence::Evidence;
 use super::lex::{self, Kind, Piece};
-use super::types::Backend;
+use super::mysql::{column_def, drop_index, inline_enum, only_table_options, place};
 
 /// Replays `files` (each with its text) in order.
 pub(super) fn build(files: Vec<(MigrationFile, String)>, config: Option<PathBuf>) -> Catalog {
+    // The words of every file first: a MySQL project is parsed, and its names kept, as MySQL
+    // would, from its first file on, whether or not that file says so itself.
+    let mut evidence = Evidence::new();
+    for (_, text) in &files {
+        evidence.read_text(text);
+    }
+    let mysql = evidence.guess() == Some(Database::Mysql);
     let mut replay = Replay {
         catalog: Catalog {
             config,
@@ -38,8 +47,8 @@ pub(super) fn build(files: Vec<(MigrationFile, String)>, config: Option<PathBuf>
             kind: super::catalog::MigrationKind::Schema,
         }),
         schema: DEFAULT_SCHEMA.to_owned(),
-        postgres_evidence: 0,
-        sqlite_evidence: 0,
+        evidence,
+        mysql,
     };
     for (file, text) in files {
         let file = Arc::new(file);
@@ -56,8 +65,11 @@ struct Replay {
     /// Where unqualified names are created: `public`, or what `SET search_path` chose earlier
     /// in the same file (sqlx runs each migration on its own).
     schema: String,
-    postgres_evidence: u32,
-    sqlite_evidence: u32,
+    /// What the text says about the database it is for; read from every file before the
+    /// first is replayed, and from each statement's types as it is.
+    evidence: Evidence,
+    /// The words say MySQL: its grammar is tried first, and table names keep their case.
+    mysql: bool,
 }
 
 /// A name as written, folded: `(schema, name)`.
@@ -65,7 +77,7 @@ type NameRef = (Option<String>, String);
 
 /// Unquoted identifiers fold to lower case, as PostgreSQL does (SQLite ignores case anyway);
 /// quoted ones are kept as written.
-fn fold(ident: &Ident) -> String {
+pub(super) fn fold(ident: &Ident) -> String {
     match ident.quote_style {
         None => ident.value.to_ascii_lowercase(),
         Some(_) => ident.value.clone(),
@@ -81,10 +93,13 @@ fn expr_name(expr: &Expr) -> Option<ObjectName> {
     }
 }
 
-fn name_ref(name: &ObjectName) -> Option<NameRef> {
+/// A table's, type's or index's name. MySQL keeps an unquoted name as written: a table's name
+/// is a file's name, which the server tells apart by case on Linux.
+fn name_ref(name: &ObjectName, keep_case: bool) -> Option<NameRef> {
     let mut parts = Vec::new();
     for part in &name.0 {
         match part {
+            ObjectNamePart::Identifier(ident) if keep_case => parts.push(ident.value.clone()),
             ObjectNamePart::Identifier(ident) => parts.push(fold(ident)),
             _ => return None,
         }
@@ -105,29 +120,51 @@ fn parse(dialect: &dyn Dialect, sql: &str) -> Result<Vec<Statement>, String> {
 }
 
 impl Replay {
+    fn name_ref(&self, name: &ObjectName) -> Option<NameRef> {
+        name_ref(name, self.mysql)
+    }
+
+    /// The grammars to read a statement with, in order: MySQL's first for a MySQL project,
+    /// else PostgreSQL's, SQLite's and MySQL's; the generic one last.
+    fn dialects(&self) -> [&'static dyn Dialect; 4] {
+        if self.mysql {
+            [
+                &MySqlDialect {},
+                &PostgreSqlDialect {},
+                &SQLiteDialect {},
+                &GenericDialect {},
+            ]
+        } else {
+            [
+                &PostgreSqlDialect {},
+                &SQLiteDialect {},
+                &MySqlDialect {},
+                &GenericDialect {},
+            ]
+        }
+    }
+
+    /// The whole file in the first grammar; else statement by statement.
     fn replay_file(&mut self, text: &str) {
         self.schema = DEFAULT_SCHEMA.to_owned();
-        self.note_dialect(text);
-        match parse(&PostgreSqlDialect {}, text) {
+        match parse(self.dialects()[0], text) {
             Ok(statements) => {
                 for statement in &statements {
                     self.apply(statement);
                 }
             }
             Err(_) => {
-                for piece in lex::split(text) {
+                for piece in lex::split(text, self.mysql) {
                     self.replay_piece(&piece);
                 }
             }
         }
     }
 
-    /// One statement alone: PostgreSQL's grammar first, then SQLite's, then the generic one.
+    /// One statement alone, in each grammar in turn.
     fn replay_piece(&mut self, piece: &Piece<'_>) {
-        let dialects: [&dyn Dialect; 3] =
-            [&PostgreSqlDialect {}, &SQLiteDialect {}, &GenericDialect {}];
         let mut first_error = None;
-        for dialect in dialects {
+        for dialect in self.dialects() {
             match parse(dialect, piece.text) {
                 Ok(statements) => {
                     for statement in &statements {
@@ -140,50 +177,17 @@ impl Replay {
                 }
             }
         }
+        // MySQL's table options, which the parser does not read in an `ALTER TABLE`, change no
+        // column, key or allowed value.
+        if only_table_options(piece.text) {
+            return;
+        }
         self.catalog.unreadable.push(Unreadable {
             file: Arc::clone(&self.file),
             line: piece.line,
             error: first_error.unwrap_or_default(),
         });
         self.touch_unreadable(piece.text);
-    }
-
-    /// Words that only one of the two databases accepts say which one the files are for.
-    fn note_dialect(&mut self, text: &str) {
-        let mut statement_start = true;
-        for token in lex::lex(text) {
-            match &token.kind {
-                Kind::Dollar(_) => self.postgres_evidence += 1,
-                Kind::Word(w) => {
-                    let w = w.to_ascii_lowercase();
-                    match w.as_str() {
-                        "autoincrement" => self.sqlite_evidence += 1,
-                        "pragma" if statement_start => self.sqlite_evidence += 1,
-                        "plpgsql" => self.postgres_evidence += 1,
-                        _ => {}
-                    }
-                }
-                _ => {}
-            }
-            statement_start = token.kind == Kind::Semicolon;
-        }
-    }
-
-    fn note_type(&mut self, data_type: &DataType) {
-        let text = data_type.to_string().to_ascii_lowercase();
-        let base = text.split('(').next().unwrap_or("").trim();
-        match base {
-            "bigserial"
-            | "serial"
-            | "smallserial"
-            | "timestamptz"
-            | "jsonb"
-            | "bytea"
-            | "double precision"
-            | "timestamp with time zone" => self.postgres_evidence += 1,
-            "blob" | "datetime" => self.sqlite_evidence += 1,
-            _ => {}
-        }
     }
 
     fn apply(&mut self, statement: &Statement) {
@@ -195,10 +199,11 @@ impl Replay {
                 object_type,
                 names,
                 cascade,
+                table,
                 ..
             } => {
                 for name in names {
-                    self.drop(*object_type, name, *cascade);
+                    self.drop(*object_type, name, *cascade, table.as_ref());
                 }
             }
             // Its columns are the module's business: known to exist, not what it holds.
@@ -223,14 +228,15 @@ impl Replay {
                 representation,
             } => self.create_type(name, representation.as_ref()),
             Statement::AlterType(alter) => {
-                self.postgres_evidence += 1;
+                self.evidence.note(&[Database::Postgres]);
                 self.alter_type(&alter.name, &alter.operation);
             }
             Statement::RenameTable(renames) => {
                 for rename in renames {
-                    if let (Some(old), Some(new)) =
-                        (name_ref(&rename.old_name), name_ref(&rename.new_name))
-                    {
+                    if let (Some(old), Some(new)) = (
+                        self.name_ref(&rename.old_name),
+                        self.name_ref(&rename.new_name),
+                    ) {
                         self.rename_table(&old, new);
                     }
                 }
@@ -266,7 +272,7 @@ impl Replay {
 
     /// A table whose existence is known but whose columns are not.
     fn add_uncertain_table(&mut self, name: &ObjectName) {
-        let Some(name) = name_ref(name) else {
+        let Some(name) = self.name_ref(name) else {
             return;
         };
         let q = self.qualify(name);
@@ -320,7 +326,7 @@ impl Replay {
     /// this reader did not follow: it is added, uncertain, so that what is said about it
     /// becomes warnings.
     fn table_for_change(&mut self, name: &ObjectName) -> Option<QualifiedName> {
-        let name = name_ref(name)?;
+        let name = self.name_ref(name)?;
         if let Some(q) = self.resolve(&self.catalog.tables, &name) {
             return Some(q);
         }
@@ -332,15 +338,21 @@ impl Replay {
     }
 
     fn column(&mut self, def: &ColumnDef) -> (Column, ColumnConstraints) {
-        self.note_type(&def.data_type);
+        self.evidence.read_type(&def.data_type);
         let mut column = Column::new(fold(&def.name), def.data_type.to_string());
         column.type_ref = self.type_ref(&def.data_type);
+        column.inline_enum = inline_enum(&def.data_type);
         let declared = column.declared_type.to_ascii_lowercase();
         column.has_default = matches!(
             declared.as_str(),
             "serial" | "bigserial" | "smallserial" | "serial2" | "serial4" | "serial8"
         );
         let mut constraints = ColumnConstraints::default();
+        // MySQL's `SERIAL` is `BIGINT UNSIGNED NOT NULL AUTO_INCREMENT UNIQUE`.
+        if self.mysql && declared == "serial" {
+            column.not_null = true;
+            constraints.unique = Some(None);
+        }
         for option in &def.options {
             match &option.option {
                 ColumnOption::NotNull => column.not_null = true,
@@ -370,10 +382,13 @@ impl Replay {
                         column.has_default = true;
                     }
                 }
+                // SQLite's `AUTOINCREMENT`, MySQL's `AUTO_INCREMENT`.
                 ColumnOption::DialectSpecific(tokens)
-                    if tokens
-                        .iter()
-                        .any(|t| t.to_string().eq_ignore_ascii_case("autoincrement")) =>
+                    if tokens.iter().any(|t| {
+                        let t = t.to_string();
+                        t.eq_ignore_ascii_case("autoincrement")
+                            || t.eq_ignore_ascii_case("auto_increment")
+                    }) =>
                 {
                     column.has_default = true;
                 }
@@ -387,7 +402,7 @@ impl Replay {
     fn type_ref(&self, data_type: &DataType) -> Option<QualifiedName> {
         match data_type {
             DataType::Custom(name, _) => {
-                let name = name_ref(name)?;
+                let name = self.name_ref(name)?;
                 self.resolve(&self.catalog.types, &name)
             }
             _ => None,
@@ -399,7 +414,7 @@ impl Replay {
         if create.temporary {
             return;
         }
-        let Some(name) = name_ref(&create.name) else {
+        let Some(name) = self.name_ref(&create.name) else {
             return;
         };
         let q = self.qualify(name);
@@ -414,7 +429,7 @@ impl Replay {
             && create.inherits.as_ref().is_none_or(Vec::is_empty)
             && create.partition_of.is_none();
         if !create.sqlite_table_options.options.is_empty() {
-            self.sqlite_evidence += 1;
+            self.evidence.note(&[Database::Sqlite]);
         }
         let mut pending = Vec::new();
         for def in &create.columns {
@@ -433,7 +448,7 @@ impl Replay {
     }
 
     fn alter_table(&mut self, alter: &AlterTable) {
-        let Some(name) = name_ref(&alter.name) else {
+        let Some(name) = self.name_ref(&alter.name) else {
             return;
         };
         if alter.if_exists && self.resolve(&self.catalog.tables, &name).is_none() {
@@ -447,6 +462,7 @@ impl Replay {
                 AlterTableOperation::AddColumn {
                     if_not_exists,
                     column_def,
+                    column_position,
                     ..
                 } => {
                     let (column, constraints) = self.column(column_def);
@@ -459,11 +475,33 @@ impl Replay {
                     let name = column.name.clone();
                     table.columns.retain(|c| c.name != name);
                     table.columns.push(column);
+                    place(table, &name, column_position.as_ref());
                     apply_column_constraints(table, &name, constraints);
+                }
+                // MySQL's: the column defined anew (type, `NULL`, default), keeping its keys and
+                // CHECKs; `CHANGE` renames it too.
+                AlterTableOperation::ModifyColumn {
+                    col_name,
+                    data_type,
+                    options,
+                    column_position,
+                } => {
+                    let def = column_def(col_name, data_type, options);
+                    self.redefine_column(&q, col_name, &def, column_position.as_ref());
+                }
+                AlterTableOperation::ChangeColumn {
+                    old_name,
+                    new_name,
+                    data_type,
+                    options,
+                    column_position,
+                } => {
+                    let def = column_def(new_name, data_type, options);
+                    self.redefine_column(&q, old_name, &def, column_position.as_ref());
                 }
                 AlterTableOperation::RenameTable { table_name } => {
                     let (RenameTableNameKind::To(new) | RenameTableNameKind::As(new)) = table_name;
-                    if let Some((schema, new)) = name_ref(new) {
+                    if let Some((schema, new)) = self.name_ref(new) {
                         // PostgreSQL keeps a renamed table in its schema.
                         let schema = schema.or_else(|| Some(q.schema.clone()));
                         let old = (Some(q.schema.clone()), q.name.clone());
@@ -476,7 +514,7 @@ impl Replay {
                     column_name,
                     op: AlterColumnOperation::SetDataType { data_type, .. },
                 } => {
-                    self.note_type(data_type);
+                    self.evidence.read_type(data_type);
                     let type_ref = self.type_ref(data_type);
                     if let Some(column) = self
                         .catalog
@@ -486,6 +524,7 @@ impl Replay {
                     {
                         column.declared_type = data_type.to_string();
                         column.type_ref = type_ref;
+                        column.inline_enum = inline_enum(data_type);
                     }
                 }
                 other => {
@@ -500,6 +539,39 @@ impl Replay {
         }
     }
 
+    /// `MODIFY` or `CHANGE` of the column `old` of `q` to `def`, at `position`.
+    fn redefine_column(
+        &mut self,
+        q: &QualifiedName,
+        old: &Ident,
+        def: &ColumnDef,
+        position: Option<&MySQLColumnPosition>,
+    ) {
+        let (mut column, constraints) = self.column(def);
+        let Some(table) = self.catalog.tables.get_mut(q) else {
+            return;
+        };
+        let Some(from) = table.column_mut(&fold(old)).map(|c| c.name.clone()) else {
+            return;
+        };
+        // Its own CHECKs go with the old definition (on MariaDB; MySQL keeps them, and a check
+        // that is not there can only let more values through).
+        table
+            .checks
+            .retain(|c| c.declared_on.as_deref() != Some(from.as_str()));
+        let to = column.name.clone();
+        rename_column(table, &from, &to);
+        // A key's columns stay `NOT NULL` whatever the new definition says.
+        if table.primary_key.contains(&to) {
+            column.not_null = true;
+        }
+        if let Some(at) = table.columns.iter().position(|c| c.name == to) {
+            table.columns[at] = column;
+        }
+        place(table, &to, position);
+        apply_column_constraints(table, &to, constraints);
+    }
+
     fn rename_table(&mut self, old: &NameRef, new: NameRef) -> Option<QualifiedName> {
         let from = self.resolve(&self.catalog.tables, old)?;
         let mut table = self.catalog.tables.remove(&from)?;
@@ -511,45 +583,47 @@ impl Replay {
     }
 
     /// A unique index makes its columns a key; an index on expressions or with a `WHERE` does
-    /// not make the plain columns unique.
+    /// not make the plain columns unique. Any other index's name is kept (MySQL names keys
+    /// around it).
     fn create_index(&mut self, index: &CreateIndex) {
-        if !index.unique || index.predicate.is_some() {
-            return;
-        }
-        let columns: Option<Vec<String>> = index
-            .columns
-            .iter()
-            .map(|c| match &c.column.expr {
-                Expr::Identifier(ident) => Some(fold(ident)),
-                _ => None,
-            })
-            .collect();
-        let Some(columns) = columns else {
-            return;
-        };
-        let Some(table_name) = name_ref(&index.table_name) else {
+        let Some(table_name) = self.name_ref(&index.table_name) else {
             return;
         };
         let Some(q) = self.resolve(&self.catalog.tables, &table_name) else {
             return;
         };
-        // An index lives in its table's schema.
+        // Index names are compared ignoring case on MySQL, and folded elsewhere.
         let index_name = index
             .name
             .as_ref()
-            .and_then(name_ref)
-            .map(|(_, n)| QualifiedName::new(q.schema.clone(), n));
-        if let Some(table) = self.catalog.tables.get_mut(&q) {
-            table.unique.push(UniqueKey {
-                name: index_name,
-                columns,
-            });
-            table.altered_in = Some(Arc::clone(&self.file));
+            .and_then(|n| name_ref(n, false))
+            .map(|(_, n)| n);
+        let columns = key_columns(&index.columns);
+        let Some(table) = self.catalog.tables.get_mut(&q) else {
+            return;
+        };
+        match columns {
+            Some(columns) if index.unique && index.predicate.is_none() => {
+                table.add_unique(index_name, columns);
+                table.altered_in = Some(Arc::clone(&self.file));
+            }
+            _ => table.plain_indexes.extend(index_name),
         }
     }
 
-    fn drop(&mut self, object_type: ObjectType, name: &ObjectName, cascade: bool) {
-        let Some(name) = name_ref(name) else {
+    /// `DROP … name`; `on` is the table of MySQL's `DROP INDEX name ON table`.
+    fn drop(
+        &mut self,
+        object_type: ObjectType,
+        name: &ObjectName,
+        cascade: bool,
+        on: Option<&ObjectName>,
+    ) {
+        if object_type == ObjectType::Index {
+            self.drop_index(name, on);
+            return;
+        }
+        let Some(name) = self.name_ref(name) else {
             return;
         };
         match object_type {
@@ -591,20 +665,39 @@ impl Replay {
                     self.catalog.tables.remove(&q);
                 }
             }
-            ObjectType::Index => {
-                for table in self.catalog.tables.values_mut() {
-                    let before = table.unique.len();
-                    table.unique.retain(|u| {
-                        u.name.as_ref().is_none_or(|n| {
-                            n.name != name.1 || name.0.as_ref().is_some_and(|s| *s != n.schema)
-                        })
-                    });
-                    if table.unique.len() != before {
-                        table.altered_in = Some(Arc::clone(&self.file));
-                    }
-                }
-            }
             _ => {}
+        }
+    }
+
+    /// `DROP INDEX name`: PostgreSQL's finds the index in its schema; MySQL's names the table
+    /// (`ON table`), where a key declared without a name goes by the name MySQL gave it.
+    fn drop_index(&mut self, name: &ObjectName, on: Option<&ObjectName>) {
+        let Some((schema, index)) = name_ref(name, false) else {
+            return;
+        };
+        if let Some(on) = on {
+            let Some(q) = self
+                .name_ref(on)
+                .and_then(|t| self.resolve(&self.catalog.tables, &t))
+            else {
+                return;
+            };
+            if let Some(table) = self.catalog.tables.get_mut(&q) {
+                drop_index(table, &index);
+                table.altered_in = Some(Arc::clone(&self.file));
+            }
+            return;
+        }
+        for table in self.catalog.tables.values_mut() {
+            let before = table.unique.len();
+            table.unique.retain(|u| {
+                u.name.as_ref().is_none_or(|n| {
+                    n.name != index || schema.as_ref().is_some_and(|s| *s != n.schema)
+                })
+            });
+            if table.unique.len() != before {
+                table.altered_in = Some(Arc::clone(&self.file));
+            }
         }
     }
 
@@ -613,8 +706,8 @@ impl Replay {
         name: &ObjectName,
         representation: Option<&UserDefinedTypeRepresentation>,
     ) {
-        self.postgres_evidence += 1;
-        let Some(name) = name_ref(name) else {
+        self.evidence.note(&[Database::Postgres]);
+        let Some(name) = self.name_ref(name) else {
             return;
         };
         let q = self.qualify(name);
@@ -636,7 +729,7 @@ impl Replay {
     }
 
     fn alter_type(&mut self, name: &ObjectName, operation: &AlterTypeOperation) {
-        let Some(name) = name_ref(name) else {
+        let Some(name) = self.name_ref(name) else {
             return;
         };
         let Some(q) = self.resolve(&self.catalog.types, &name) else {
@@ -742,11 +835,7 @@ impl Replay {
     }
 
     fn finish(mut self) -> Catalog {
-        self.catalog.backend = match (self.postgres_evidence > 0, self.sqlite_evidence > 0) {
-            (true, false) => Some(Backend::Postgres),
-            (false, true) => Some(Backend::Sqlite),
-            _ => None,
-        };
+        self.catalog.database = self.evidence.guess();
         let types = &self.catalog.types;
         for table in self.catalog.tables.values_mut() {
             let checks = &table.checks;
@@ -767,11 +856,14 @@ impl Replay {
     }
 }
 
-/// The values the enum type and every CHECK allow together: only the readable ones narrow the
-/// list, so the answer is never narrower than the database's.
+/// The values the enum type (or MySQL's `ENUM(…)`) and every CHECK allow together: only the
+/// readable ones narrow the list, so the answer is never narrower than the database's.
 fn allowed(column: &Column, def: Option<&TypeDef>, checks: &[Check]) -> AllowedValues {
     let mut lists: Vec<(&[String], ValueSource)> = Vec::new();
     let mut opaque = false;
+    if let Some(labels) = &column.inline_enum {
+        lists.push((labels, ValueSource::InlineEnum));
+    }
     if let Some(def) = def {
         match (&def.kind, def.certain) {
             (TypeKind::Enum(labels), true) => {
@@ -822,10 +914,7 @@ fn apply_column_constraints(table: &mut Table, column: &str, constraints: Column
         table.primary_key = vec![column.to_owned()];
     }
     if let Some(name) = constraints.unique {
-        table.unique.push(UniqueKey {
-            name: name.map(|n| QualifiedName::new(table.name.schema.clone(), n)),
-            columns: vec![column.to_owned()],
-        });
+        table.add_unique(name, vec![column.to_owned()]);
     }
     for (name, expr) in constraints.checks {
         add_check(table, name, &expr, Some(column));
@@ -848,6 +937,7 @@ fn add_check(table: &mut Table, name: Option<String>, expr: &Expr, on_column: Op
         name,
         generated_name,
         columns: mentioned,
+        declared_on: on_column.map(str::to_owned),
         restrictions,
     });
 }
@@ -876,15 +966,16 @@ fn add_constraint(table: &mut Table, constraint: &TableConstraint) {
         }
         TableConstraint::Unique(u) => {
             if let Some(columns) = key_columns(&u.columns) {
-                let name = u
-                    .name
-                    .as_ref()
-                    .map(|n| QualifiedName::new(table.name.schema.clone(), fold(n)));
-                table.unique.push(UniqueKey { name, columns });
+                // MySQL's `UNIQUE KEY name (…)` names the index; `CONSTRAINT name UNIQUE (…)`
+                // the constraint, and on MySQL its index too.
+                let name = u.index_name.as_ref().or(u.name.as_ref()).map(fold);
+                table.add_unique(name, columns);
             }
         }
         TableConstraint::Check(c) => add_check(table, c.name.as_ref().map(fold), &c.expr, None),
-        // Foreign keys and plain indexes change neither columns nor allowed values.
+        // MySQL's `KEY name (…)`, `INDEX name (…)`: nothing unique, but a name taken.
+        TableConstraint::Index(index) => table.plain_indexes.extend(index.name.as_ref().map(fold)),
+        // Foreign keys change neither columns nor allowed values.
         _ => {}
     }
 }
@@ -911,6 +1002,28 @@ fn rename_in(list: &mut [String], from: &str, to: &str) {
     }
 }
 
+/// The column `from` is called `to`, in its keys and CHECKs too.
+fn rename_column(table: &mut Table, from: &str, to: &str) {
+    for column in &mut table.columns {
+        if column.name == from {
+            column.name = to.to_owned();
+        }
+    }
+    for check in &mut table.checks {
+        rename_in(&mut check.columns, from, to);
+        if check.declared_on.as_deref() == Some(from) {
+            check.declared_on = Some(to.to_owned());
+        }
+        if let Some(r) = check.restrictions.remove(from) {
+            check.restrictions.insert(to.to_owned(), r);
+        }
+    }
+    rename_in(&mut table.primary_key, from, to);
+    for key in &mut table.unique {
+        rename_in(&mut key.columns, from, to);
+    }
+}
+
 /// The operations that need no catalog-wide look-up. One this reader does not know may change
 /// columns, so it makes the table uncertain.
 fn alter_operation(table: &mut Table, operation: &AlterTableOperation) {
@@ -926,20 +1039,11 @@ fn alter_operation(table: &mut Table, operation: &AlterTableOperation) {
             old_column_name,
             new_column_name,
         } => {
-            let to = fold(new_column_name);
-            let Some(column) = table.column_mut(&fold(old_column_name)) else {
-                return;
-            };
-            let from = std::mem::replace(&mut column.name, to.clone());
-            for check in &mut table.checks {
-                rename_in(&mut check.columns, &from, &to);
-                if let Some(r) = check.restrictions.remove(&from) {
-                    check.restrictions.insert(to.clone(), r);
-                }
-            }
-            rename_in(&mut table.primary_key, &from, &to);
-            for key in &mut table.unique {
-                rename_in(&mut key.columns, &from, &to);
+            if let Some(from) = table
+                .column_mut(&fold(old_column_name))
+                .map(|c| c.name.clone())
+            {
+                rename_column(table, &from, &fold(new_column_name));
             }
         }
         AlterTableOperation::AddConstraint { constraint, .. } => add_constraint(table, constraint),
@@ -988,8 +1092,8 @@ fn alter_operation(table: &mut Table, operation: &AlterTableOperation) {
         | AlterTableOperation::ReplicaIdentity { .. }
         | AlterTableOperation::SetLogged
         | AlterTableOperation::SetUnlogged
-        | AlterTableOperation::DropForeignKey { .. }
-        | AlterTableOperation::DropIndex { .. } => {}
+        | AlterTableOperation::DropForeignKey { .. } => {}
+        AlterTableOperation::DropIndex { name } => drop_index(table, &fold(name)),
         _ => table.certain = false,
     }
 }

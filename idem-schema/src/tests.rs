@@ -2,6 +2,7 @@
 
 use std::fs;
 use std::path::Path;
+use std::sync::Arc;
 
 use super::*;
 
@@ -128,7 +129,7 @@ fn postgres_migrations_replay_into_tables_columns_and_states() {
         "{:?}",
         catalog.unreadable()
     );
-    assert_eq!(catalog.backend(), Some(Backend::Postgres));
+    assert_eq!(catalog.database(), Some(Database::Postgres));
 
     let orders = table(&catalog, "orders");
     assert!(orders.is_certain());
@@ -163,7 +164,7 @@ fn postgres_migrations_replay_into_tables_columns_and_states() {
     let status = column(orders, "status");
     let order_status = QualifiedName::new("public", "order_status");
     assert_eq!(
-        status.family(Backend::Postgres),
+        status.family(Database::Postgres),
         TypeFamily::Enum(order_status.clone())
     );
     assert!(status.not_null() && status.has_default() && status.is_certain());
@@ -181,10 +182,10 @@ fn postgres_migrations_replay_into_tables_columns_and_states() {
     assert_eq!(status.allowed_values().permits("paid"), Some(false));
 
     let id = column(orders, "id");
-    assert_eq!(id.family(Backend::Postgres), TypeFamily::Int64);
+    assert_eq!(id.family(Database::Postgres), TypeFamily::Int64);
     assert!(id.not_null() && id.has_default());
     let amount = column(orders, "amount_cents");
-    assert_eq!(amount.family(Backend::Postgres), TypeFamily::Int64);
+    assert_eq!(amount.family(Database::Postgres), TypeFamily::Int64);
     assert_eq!(
         amount.allowed_values(),
         &AllowedValues::Unknown,
@@ -192,7 +193,7 @@ fn postgres_migrations_replay_into_tables_columns_and_states() {
     );
     assert_eq!(column(orders, "currency").declared_type(), "CHAR(3)");
     assert_eq!(
-        column(orders, "currency").family(Backend::Postgres),
+        column(orders, "currency").family(Database::Postgres),
         TypeFamily::Text
     );
     assert_eq!(
@@ -200,7 +201,7 @@ fn postgres_migrations_replay_into_tables_columns_and_states() {
         &AllowedValues::Any
     );
     let paid_at = column(orders, "paid_at");
-    assert_eq!(paid_at.family(Backend::Postgres), TypeFamily::TimestampTz);
+    assert_eq!(paid_at.family(Database::Postgres), TypeFamily::TimestampTz);
     assert!(!paid_at.not_null());
     assert!(matches!(
         orders.column("created_at"),
@@ -218,11 +219,11 @@ fn postgres_migrations_replay_into_tables_columns_and_states() {
         AllowedValues::Only { sources, .. } if sources == &[ValueSource::Check("refund_state".into())]
     ));
     assert_eq!(
-        column(refunds, "id").family(Backend::Postgres),
+        column(refunds, "id").family(Database::Postgres),
         TypeFamily::Uuid
     );
     assert_eq!(
-        column(refunds, "amount").family(Backend::Postgres),
+        column(refunds, "amount").family(Database::Postgres),
         TypeFamily::Numeric
     );
     assert!(
@@ -301,7 +302,7 @@ fn sqlite_migrations_read_with_sqlite_types() {
         ),
     ]);
     let catalog = read_catalog(dir.path());
-    assert_eq!(catalog.backend(), Some(Backend::Sqlite));
+    assert_eq!(catalog.database(), Some(Database::Sqlite));
     assert!(matches!(
         catalog.table("orders"),
         Lookup::Missing { certain: true }
@@ -321,23 +322,23 @@ fn sqlite_migrations_read_with_sqlite_types() {
         ]
     );
     let id = column(purchases, "id");
-    assert_eq!(id.family(Backend::Sqlite), TypeFamily::Int64);
-    assert_eq!(id.family(Backend::Postgres), TypeFamily::Int32);
+    assert_eq!(id.family(Database::Sqlite), TypeFamily::Int64);
+    assert_eq!(id.family(Database::Postgres), TypeFamily::Int32);
     assert!(id.has_default(), "INTEGER PRIMARY KEY fills itself in");
     assert_eq!(
-        column(purchases, "receipt").family(Backend::Sqlite),
+        column(purchases, "receipt").family(Database::Sqlite),
         TypeFamily::Bytes
     );
     assert_eq!(
-        column(purchases, "total").family(Backend::Sqlite),
+        column(purchases, "total").family(Database::Sqlite),
         TypeFamily::Float64
     );
     assert_eq!(
-        column(purchases, "created_at").family(Backend::Sqlite),
+        column(purchases, "created_at").family(Database::Sqlite),
         TypeFamily::Timestamp
     );
     assert_eq!(
-        column(purchases, "order_no").family(Backend::Sqlite),
+        column(purchases, "order_no").family(Database::Sqlite),
         TypeFamily::Text
     );
     assert_eq!(
@@ -353,11 +354,11 @@ fn sqlite_migrations_read_with_sqlite_types() {
     let untyped = table(&catalog, "untyped");
     assert!(untyped.is_certain());
     assert_eq!(
-        column(untyped, "a").family(Backend::Sqlite),
+        column(untyped, "a").family(Database::Sqlite),
         TypeFamily::Other(String::new())
     );
     assert_eq!(
-        column(untyped, "b").family(Backend::Sqlite),
+        column(untyped, "b").family(Database::Sqlite),
         TypeFamily::Text
     );
     // A virtual table exists, but its module decides its columns.
@@ -434,7 +435,7 @@ fn an_unreadable_statement_makes_exactly_what_it_names_uncertain() {
     assert!(!f.is_certain());
     assert_eq!(f.allowed_values(), &AllowedValues::Unknown);
     assert_eq!(
-        f.family(Backend::Postgres),
+        f.family(Database::Postgres),
         TypeFamily::Other("feeling".into())
     );
 }
@@ -508,7 +509,7 @@ fn alterations_follow_postgres() {
     let id = column(t, "id");
     assert!(id.not_null());
     assert_eq!(id.declared_type(), "BIGINT");
-    assert_eq!(id.family(Backend::Postgres), TypeFamily::Int64);
+    assert_eq!(id.family(Database::Postgres), TypeFamily::Int64);
     assert!(!column(t, "note").not_null());
     assert!(column(t, "total").is_generated());
     assert_eq!(t.primary_key(), ["id".to_owned()]);
@@ -523,7 +524,7 @@ fn alterations_follow_postgres() {
     // The column follows its type through the rename.
     let k = column(t, "k");
     assert_eq!(
-        k.family(Backend::Postgres),
+        k.family(Database::Postgres),
         TypeFamily::Enum(QualifiedName::new("public", "sort"))
     );
     assert_eq!(values(k.allowed_values()), Some(vec!["A", "C"]));
@@ -944,4 +945,329 @@ fn dropping_a_column_drops_every_check_that_mentions_it() {
         values(column(table(&catalog, "t"), "status").allowed_values()),
         Some(vec!["A", "B", "C"])
     );
+}
+
+const MYSQL_INIT: &str = r#"
+-- Orders: the states are the column's ENUM; refunds keep theirs in a CHECK.
+CREATE TABLE `orders` (
+  `id` BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
+  `order_no` VARCHAR(64) NOT NULL,
+  `user_id` BIGINT NOT NULL,
+  `status` ENUM('PENDING', 'PAID', 'SHIPPED') NOT NULL DEFAULT 'PENDING',
+  `amount_cents` BIGINT NOT NULL,
+  `express` TINYINT(1) NOT NULL DEFAULT 0,
+  `note` TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin COMMENT 'the customer\'s; words',
+  `created_at` DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+  PRIMARY KEY (`id`),
+  UNIQUE KEY `orders_order_no` (`order_no`),
+  KEY `orders_by_user` (`user_id`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+CREATE TABLE refunds (
+  id INT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
+  order_no VARCHAR(64) NOT NULL,
+  state VARCHAR(16) NOT NULL,
+  CONSTRAINT refund_state CHECK (state IN ('REQUESTED', 'SENT', 'FAILED'))
+) ENGINE=InnoDB;
+"#;
+
+#[test]
+fn mysql_migrations_replay_into_tables_columns_and_states() {
+    let dir = crate_with(&[("migrations/1_init.sql", MYSQL_INIT)]);
+    let catalog = read_catalog(dir.path());
+    assert!(
+        catalog.unreadable().is_empty(),
+        "{:?}",
+        catalog.unreadable()
+    );
+    assert_eq!(catalog.database(), Some(Database::Mysql));
+
+    let orders = table(&catalog, "orders");
+    assert!(orders.is_certain());
+    assert_eq!(
+        names(orders),
+        vec![
+            "id",
+            "order_no",
+            "user_id",
+            "status",
+            "amount_cents",
+            "express",
+            "note",
+            "created_at"
+        ]
+    );
+    assert_eq!(orders.primary_key(), ["id".to_owned()]);
+    assert!(
+        orders.is_unique(&["order_no"]),
+        "UNIQUE KEY in CREATE TABLE"
+    );
+    assert!(!orders.is_unique(&["user_id"]), "a KEY is no unique key");
+
+    let status = column(orders, "status");
+    assert_eq!(status.family(Database::Mysql), TypeFamily::Text);
+    assert_eq!(
+        status.allowed_values(),
+        &AllowedValues::Only {
+            values: ["PENDING", "PAID", "SHIPPED"].map(String::from).to_vec(),
+            sources: vec![ValueSource::InlineEnum],
+        }
+    );
+    let id = column(orders, "id");
+    assert!(id.has_default(), "AUTO_INCREMENT fills it in");
+    assert_eq!(id.family(Database::Mysql), TypeFamily::Int64);
+    assert_eq!(
+        column(orders, "express").family(Database::Mysql),
+        TypeFamily::Int8
+    );
+    assert_eq!(
+        column(orders, "created_at").family(Database::Mysql),
+        TypeFamily::Timestamp
+    );
+    assert_eq!(column(orders, "note").allowed_values(), &AllowedValues::Any);
+
+    let refunds = table(&catalog, "refunds");
+    assert_eq!(refunds.primary_key(), ["id".to_owned()]);
+    assert!(column(refunds, "id").has_default());
+    assert!(matches!(
+        column(refunds, "state").allowed_values(),
+        AllowedValues::Only { values, sources }
+            if values == &["REQUESTED", "SENT", "FAILED"]
+                && sources == &[ValueSource::Check("refund_state".into())]
+    ));
+}
+
+#[test]
+fn mysql_modify_change_and_rename_columns() {
+    let dir = crate_with(&[
+        ("migrations/1_init.sql", MYSQL_INIT),
+        (
+            "migrations/2_refunding.sql",
+            r#"
+            -- The ENUM grows a state; the note becomes required and moves.
+            ALTER TABLE orders MODIFY COLUMN status
+                ENUM('PENDING', 'PAID', 'SHIPPED', 'REFUNDED') NOT NULL DEFAULT 'PENDING';
+            ALTER TABLE orders MODIFY note VARCHAR(200) NOT NULL AFTER order_no;
+            ALTER TABLE orders CHANGE COLUMN amount_cents amount BIGINT NOT NULL FIRST;
+            ALTER TABLE orders CHANGE order_no order_number VARCHAR(64) NOT NULL;
+            ALTER TABLE refunds RENAME COLUMN state TO phase;
+            ALTER TABLE refunds CHANGE phase phase VARCHAR(16) NULL;
+            "#,
+        ),
+    ]);
+    let catalog = read_catalog(dir.path());
+    assert!(
+        catalog.unreadable().is_empty(),
+        "{:?}",
+        catalog.unreadable()
+    );
+    let orders = table(&catalog, "orders");
+    assert!(orders.is_certain());
+    assert_eq!(
+        names(orders),
+        vec![
+            "amount",
+            "id",
+            "order_number",
+            "note",
+            "user_id",
+            "status",
+            "express",
+            "created_at"
+        ]
+    );
+    assert_eq!(
+        values(column(orders, "status").allowed_values()),
+        Some(vec!["PENDING", "PAID", "SHIPPED", "REFUNDED"]),
+        "MODIFY defines the ENUM anew"
+    );
+    let note = column(orders, "note");
+    assert!(note.not_null());
+    assert_eq!(note.declared_type(), "VARCHAR(200)");
+    assert!(
+        orders.is_unique(&["order_number"]),
+        "a key follows its column's new name"
+    );
+    assert!(matches!(
+        orders.column("order_no"),
+        Lookup::Missing { certain: true }
+    ));
+
+    // The CHECK follows the column through both renames; `NULL` loosens it.
+    let refunds = table(&catalog, "refunds");
+    let phase = column(refunds, "phase");
+    assert!(!phase.not_null());
+    assert_eq!(
+        values(phase.allowed_values()),
+        Some(vec!["REQUESTED", "SENT", "FAILED"])
+    );
+
+    // A MODIFY to a type that is no ENUM drops the list; the column's own CHECK goes with its
+    // old definition, as MariaDB drops it.
+    let dir = crate_with(&[
+        ("migrations/1_init.sql", MYSQL_INIT),
+        (
+            "migrations/2_free.sql",
+            "ALTER TABLE orders MODIFY status VARCHAR(16) NOT NULL;\n\
+             ALTER TABLE refunds ADD COLUMN reason VARCHAR(8) CHECK (reason IN ('LATE', 'LOST'));\n\
+             ALTER TABLE refunds MODIFY reason VARCHAR(16);\n",
+        ),
+    ]);
+    let catalog = read_catalog(dir.path());
+    assert_eq!(
+        column(table(&catalog, "orders"), "status").allowed_values(),
+        &AllowedValues::Any
+    );
+    assert_eq!(
+        column(table(&catalog, "refunds"), "reason").allowed_values(),
+        &AllowedValues::Any
+    );
+}
+
+/// Unique keys declared every way MySQL has, named and not; `batch` has a plain KEY of that
+/// name too, so the unique key on it is named `batch_2`.
+const MYSQL_PAYMENTS: &str = r#"
+CREATE TABLE `payments` (
+  `id` BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+  `ref` VARCHAR(64) NOT NULL UNIQUE,
+  `provider` VARCHAR(16) NOT NULL,
+  `external_id` VARCHAR(64) NOT NULL,
+  `batch` INT NOT NULL,
+  KEY `batch` (`batch`),
+  UNIQUE (`batch`),
+  UNIQUE KEY `by_provider` (`provider`, `external_id`)
+) ENGINE=InnoDB;
+ALTER TABLE payments ADD UNIQUE (provider);
+"#;
+
+#[test]
+fn mysql_unique_keys_come_and_go_by_their_names() {
+    let dir = crate_with(&[
+        ("migrations/1_init.sql", MYSQL_INIT),
+        ("migrations/2_keys.sql", MYSQL_PAYMENTS),
+        (
+            "migrations/3_more_keys.sql",
+            r#"
+            ALTER TABLE payments ADD UNIQUE KEY payments_external (external_id);
+            ALTER TABLE payments ADD CONSTRAINT payments_id_batch UNIQUE (id, batch);
+            CREATE TABLE tickets (id SERIAL, code TEXT);
+            "#,
+        ),
+    ]);
+    let catalog = read_catalog(dir.path());
+    assert!(
+        catalog.unreadable().is_empty(),
+        "{:?}",
+        catalog.unreadable()
+    );
+    let payments = table(&catalog, "payments");
+    for key in [
+        &["ref"][..],
+        &["batch"],
+        &["provider", "external_id"],
+        &["provider"],
+        &["external_id"],
+        &["id", "batch"],
+    ] {
+        assert!(payments.is_unique(key), "{key:?}");
+    }
+    assert!(
+        payments.is_unique(&["Provider"]),
+        "MySQL compares column names ignoring case"
+    );
+    let tickets = table(&catalog, "tickets");
+    assert!(tickets.is_unique(&["id"]), "SERIAL is UNIQUE on MySQL");
+    assert!(column(tickets, "id").not_null() && column(tickets, "id").has_default());
+
+    let dir = crate_with(&[
+        ("migrations/1_init.sql", MYSQL_INIT),
+        ("migrations/2_keys.sql", MYSQL_PAYMENTS),
+        (
+            "migrations/3_drop.sql",
+            r#"
+            -- By the name given; by the name MySQL gave (the first column's); `batch` names the
+            -- plain KEY, so the unique key on it stays.
+            ALTER TABLE payments DROP INDEX by_provider;
+            DROP INDEX `ref` ON payments;
+            ALTER TABLE payments DROP INDEX batch;
+            ALTER TABLE payments DROP INDEX provider;
+            DROP INDEX orders_order_no ON `orders`;
+            "#,
+        ),
+    ]);
+    let catalog = read_catalog(dir.path());
+    assert!(
+        catalog.unreadable().is_empty(),
+        "{:?}",
+        catalog.unreadable()
+    );
+    let payments = table(&catalog, "payments");
+    assert!(!payments.is_unique(&["provider", "external_id"]));
+    assert!(!payments.is_unique(&["ref"]));
+    assert!(!payments.is_unique(&["provider"]));
+    assert!(payments.is_unique(&["batch"]));
+    assert!(!table(&catalog, "orders").is_unique(&["order_no"]));
+}
+
+#[test]
+fn mysql_table_names_keep_their_case() {
+    let dir = crate_with(&[(
+        "migrations/1_init.sql",
+        "CREATE TABLE Orders (id INT NOT NULL AUTO_INCREMENT PRIMARY KEY, Status TEXT);\n\
+         ALTER TABLE Orders ADD COLUMN Note TEXT;\n",
+    )]);
+    let catalog = read_catalog(dir.path());
+    assert_eq!(catalog.database(), Some(Database::Mysql));
+    let orders = table(&catalog, "Orders");
+    assert!(matches!(catalog.table("orders"), Lookup::OtherCase(_)));
+    // Column names are the same name in any case on MySQL: they are folded as elsewhere.
+    assert_eq!(names(orders), vec!["id", "status", "note"]);
+
+    // Without a word of MySQL's, names fold as PostgreSQL folds them.
+    let dir = crate_with(&[("migrations/1_init.sql", "CREATE TABLE Orders (id INT);\n")]);
+    let catalog = read_catalog(dir.path());
+    assert!(matches!(catalog.table("orders"), Lookup::Found(_)));
+}
+
+#[test]
+fn mysql_table_options_change_nothing_and_what_cannot_be_read_is_uncertain() {
+    let dir = crate_with(&[
+        ("migrations/1_init.sql", MYSQL_INIT),
+        (
+            "migrations/2_options.sql",
+            "ALTER TABLE orders ENGINE=InnoDB;\n\
+             ALTER TABLE `orders` CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci;\n\
+             ALTER TABLE refunds AUTO_INCREMENT = 1000, COMMENT = 'refunds; by order';\n\
+             ALTER TABLE refunds DROP CHECK refund_state;\n",
+        ),
+    ]);
+    let catalog = read_catalog(dir.path());
+    let lines: Vec<usize> = catalog.unreadable().iter().map(|u| u.line).collect();
+    assert_eq!(lines, vec![4], "{:?}", catalog.unreadable());
+    assert!(table(&catalog, "orders").is_certain());
+    let refunds = table(&catalog, "refunds");
+    assert!(!refunds.is_certain(), "`DROP CHECK` is not read");
+    assert_eq!(
+        column(refunds, "state").allowed_values(),
+        &AllowedValues::Unknown
+    );
+}
+
+#[test]
+fn a_mysql_file_the_parser_rejects_is_split_as_mysql_reads_it() {
+    // A backslash escapes the quote, `#` starts a comment: neither `;` ends a statement.
+    let dir = crate_with(&[(
+        "migrations/1_init.sql",
+        "CREATE TABLE `a` (x TEXT COMMENT 'it\\'s; here');\n\
+         # a comment; with a semicolon\n\
+         ALTER TABLE a DROP KEY k;\n\
+         CREATE TABLE b (y INT UNSIGNED);\n",
+    )]);
+    let catalog = read_catalog(dir.path());
+    let lines: Vec<usize> = catalog.unreadable().iter().map(|u| u.line).collect();
+    assert_eq!(lines, vec![3], "{:?}", catalog.unreadable());
+    assert!(!table(&catalog, "a").is_certain(), "`DROP KEY` is not read");
+    assert_eq!(names(table(&catalog, "a")), vec!["x"]);
+    assert_eq!(names(table(&catalog, "b")), vec!["y"]);
+    assert!(table(&catalog, "b").is_certain());
 }

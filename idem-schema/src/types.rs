@@ -1,42 +1,34 @@
 //! Type families: what a column's declared type means for binding a Rust value to it.
 
+use super::Database;
 use super::catalog::QualifiedName;
-
-/// The database a catalog's migrations are written for. PostgreSQL and SQLite read the same
-/// declared type differently (`INTEGER` is 32-bit in one and 64-bit in the other) and compare
-/// quoted names differently, so some answers depend on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// PostgreSQL.
-    Postgres,
-    /// SQLite.
-    Sqlite,
-}
 
 /// A declared type, normalized to what sqlx binds to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TypeFamily {
-    /// `TEXT`, `VARCHAR`, `CHAR`: a `&str` or `String`.
+    /// `TEXT`, `VARCHAR`, `CHAR`, and MySQL's `ENUM(…)` and `SET(…)`: a `&str` or `String`.
     Text,
+    /// MySQL's `TINYINT` (`TINYINT(1)` is how MySQL stores a `BOOLEAN`): an `i8`, or a `bool`.
+    Int8,
     /// `SMALLINT`: an `i16`.
     Int16,
-    /// `INTEGER` on PostgreSQL: an `i32`.
+    /// `INTEGER` on PostgreSQL and MySQL (and MySQL's `MEDIUMINT`): an `i32`.
     Int32,
     /// `BIGINT`, and SQLite's `INTEGER`: an `i64`.
     Int64,
-    /// `REAL` on PostgreSQL: an `f32`.
+    /// `REAL` on PostgreSQL, `FLOAT` on MySQL: an `f32`.
     Float32,
-    /// `DOUBLE PRECISION`, and SQLite's `REAL`: an `f64`.
+    /// `DOUBLE PRECISION`, SQLite's `REAL`, MySQL's `DOUBLE` and `REAL`: an `f64`.
     Float64,
     /// `NUMERIC`, `DECIMAL`: a decimal type.
     Numeric,
     /// `BOOLEAN`: a `bool`.
     Bool,
-    /// `BYTEA`, `BLOB`: bytes.
+    /// `BYTEA`, `BLOB`, MySQL's `BINARY` and `VARBINARY`: bytes.
     Bytes,
-    /// Without time zone.
+    /// Without time zone (and MySQL's `DATETIME`).
     Timestamp,
-    /// With time zone.
+    /// With time zone (and MySQL's `TIMESTAMP`, stored in UTC).
     TimestampTz,
     /// `DATE`.
     Date,
@@ -83,12 +75,14 @@ fn float_precision(declared: &str) -> Option<u32> {
 }
 
 impl TypeFamily {
-    /// The family of a declared type under `backend`. Enum columns are resolved by the catalog,
-    /// which knows the enum types; here a user-defined name is `Other`.
-    pub fn classify(declared: &str, backend: Backend) -> TypeFamily {
-        match backend {
-            Backend::Postgres => postgres(declared),
-            Backend::Sqlite => sqlite(declared),
+    /// The family of a declared type on `database`, which reads the same declared type its
+    /// own way (`INTEGER` is 32-bit on PostgreSQL and MySQL and 64-bit on SQLite). Enum types
+    /// are resolved by the catalog, which knows them; here a user-defined name is `Other`.
+    pub fn classify(declared: &str, database: Database) -> TypeFamily {
+        match database {
+            Database::Postgres => postgres(declared),
+            Database::Sqlite => sqlite(declared),
+            Database::Mysql => mysql(declared),
         }
     }
 }
@@ -156,6 +150,62 @@ fn sqlite(declared: &str) -> TypeFamily {
     }
 }
 
+/// MySQL's names (<https://dev.mysql.com/doc/refman/8.4/en/data-types.html>), without the
+/// attributes that leave the same Rust types binding to the column (`UNSIGNED`, `SIGNED`,
+/// `ZEROFILL`). An `ENUM(…)` or `SET(…)` column is bound as text.
+fn mysql(declared: &str) -> TypeFamily {
+    let n = normalize(declared);
+    let mut words: Vec<&str> = n.split(' ').collect();
+    while words
+        .last()
+        .is_some_and(|w| matches!(*w, "unsigned" | "signed" | "zerofill"))
+    {
+        words.pop();
+    }
+    match words.join(" ").as_str() {
+        "char"
+        | "varchar"
+        | "character"
+        | "character varying"
+        | "nchar"
+        | "nvarchar"
+        | "national char"
+        | "national varchar"
+        | "national character"
+        | "national character varying"
+        | "tinytext"
+        | "text"
+        | "mediumtext"
+        | "longtext"
+        | "enum"
+        | "set" => TypeFamily::Text,
+        "tinyint" => TypeFamily::Int8,
+        "smallint" => TypeFamily::Int16,
+        "mediumint" | "int" | "integer" => TypeFamily::Int32,
+        // `SERIAL` is `BIGINT UNSIGNED NOT NULL AUTO_INCREMENT UNIQUE`.
+        "bigint" | "serial" => TypeFamily::Int64,
+        // MySQL's `FLOAT` is single precision unless `FLOAT(p)` asks for more than 24 bits.
+        "float" => match float_precision(declared) {
+            Some(p) if p > 24 => TypeFamily::Float64,
+            _ => TypeFamily::Float32,
+        },
+        "double" | "double precision" | "real" => TypeFamily::Float64,
+        "decimal" | "dec" | "numeric" | "fixed" => TypeFamily::Numeric,
+        "boolean" | "bool" => TypeFamily::Bool,
+        "binary" | "varbinary" | "tinyblob" | "blob" | "mediumblob" | "longblob" => {
+            TypeFamily::Bytes
+        }
+        "datetime" => TypeFamily::Timestamp,
+        "timestamp" => TypeFamily::TimestampTz,
+        "date" => TypeFamily::Date,
+        "time" => TypeFamily::Time,
+        "json" => TypeFamily::Json,
+        // MariaDB's, since 10.7.
+        "uuid" => TypeFamily::Uuid,
+        _ => TypeFamily::Other(declared.trim().to_owned()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,7 +242,7 @@ mod tests {
         ];
         for (declared, want) in cases {
             assert_eq!(
-                TypeFamily::classify(declared, Backend::Postgres),
+                TypeFamily::classify(declared, Database::Postgres),
                 want,
                 "{declared}"
             );
@@ -218,7 +268,47 @@ mod tests {
         ];
         for (declared, want) in cases {
             assert_eq!(
-                TypeFamily::classify(declared, Backend::Sqlite),
+                TypeFamily::classify(declared, Database::Sqlite),
+                want,
+                "{declared}"
+            );
+        }
+    }
+
+    #[test]
+    fn mysql_names_and_attributes() {
+        let cases = [
+            ("VARCHAR(64)", TypeFamily::Text),
+            ("LONGTEXT", TypeFamily::Text),
+            ("ENUM('PENDING', 'PAID')", TypeFamily::Text),
+            ("SET('a', 'b')", TypeFamily::Text),
+            ("TINYINT(1)", TypeFamily::Int8),
+            ("TINYINT UNSIGNED", TypeFamily::Int8),
+            ("SMALLINT UNSIGNED", TypeFamily::Int16),
+            ("MEDIUMINT", TypeFamily::Int32),
+            ("INT", TypeFamily::Int32),
+            ("INT UNSIGNED ZEROFILL", TypeFamily::Int32),
+            ("BIGINT(20) UNSIGNED", TypeFamily::Int64),
+            ("SERIAL", TypeFamily::Int64),
+            ("FLOAT", TypeFamily::Float32),
+            ("FLOAT(30)", TypeFamily::Float64),
+            ("DOUBLE", TypeFamily::Float64),
+            ("REAL", TypeFamily::Float64),
+            ("DECIMAL(12,2) UNSIGNED", TypeFamily::Numeric),
+            ("BOOLEAN", TypeFamily::Bool),
+            ("VARBINARY(255)", TypeFamily::Bytes),
+            ("LONGBLOB", TypeFamily::Bytes),
+            ("DATETIME(3)", TypeFamily::Timestamp),
+            ("TIMESTAMP(6)", TypeFamily::TimestampTz),
+            ("DATE", TypeFamily::Date),
+            ("JSON", TypeFamily::Json),
+            ("UUID", TypeFamily::Uuid),
+            ("YEAR", TypeFamily::Other("YEAR".into())),
+            ("BIT(1)", TypeFamily::Other("BIT(1)".into())),
+        ];
+        for (declared, want) in cases {
+            assert_eq!(
+                TypeFamily::classify(declared, Database::Mysql),
                 want,
                 "{declared}"
             );

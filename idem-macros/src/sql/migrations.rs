@@ -23,7 +23,7 @@ use super::target::Target;
 use crate::ctxt::Ctxt;
 use crate::krate::Krate;
 use idem_schema::{
-    self as schema, AllowedValues, Backend, Catalog, Column, Lookup, Migrations, SchemaError,
+    self as schema, AllowedValues, Catalog, Column, Database, Lookup, Migrations, SchemaError,
     Table, TypeFamily, ValueSource,
 };
 
@@ -44,8 +44,9 @@ pub(crate) enum MigrationsArg {
 /// The migrations an attribute is checked against, and the database they are for.
 pub(crate) struct Schema {
     pub(crate) catalog: Arc<Catalog>,
-    /// From the executor's type (`PgPool`, `sqlx::Sqlite`), else from the migrations' text.
-    pub(crate) backend: Option<Backend>,
+    /// From the executor's type (`PgPool`, `sqlx::Sqlite`, `MySqlConnection`), else from the
+    /// migrations' text.
+    pub(crate) database: Option<Database>,
     /// Where they are, as the user would name them: for messages.
     pub(crate) place: String,
 }
@@ -77,26 +78,51 @@ pub(crate) fn load(
             return None;
         }
     };
-    let backend = executor
-        .and_then(|e| backend_of(&e.ty))
-        .or(catalog.backend());
+    let database = executor
+        .and_then(|e| database_of(&e.ty))
+        .or(catalog.database());
     Some(Schema {
         catalog,
-        backend,
+        database,
         place,
     })
 }
 
-/// The database an executor's type names, if it names one.
-fn backend_of(ty: &syn::Type) -> Option<Backend> {
-    let text = ty.to_token_stream().to_string();
-    if text.contains("Pg") || text.contains("Postgres") {
-        Some(Backend::Postgres)
-    } else if text.contains("Sqlite") {
-        Some(Backend::Sqlite)
-    } else {
-        None
+/// The database an executor's type names (`&PgPool`, `&mut SqliteConnection`,
+/// `&mut Transaction<'_, MySql>`, `impl Acquire<'_, Database = Postgres>`), if it names one
+/// and no other.
+fn database_of(ty: &syn::Type) -> Option<Database> {
+    let mut named = None;
+    for ident in idents(ty.to_token_stream()) {
+        let ident = ident.to_string();
+        let database = if ident.starts_with("Pg") || ident.starts_with("Postgres") {
+            Database::Postgres
+        } else if ident.starts_with("Sqlite") {
+            Database::Sqlite
+        } else if ident.starts_with("MySql") || ident.starts_with("Mysql") {
+            Database::Mysql
+        } else {
+            continue;
+        };
+        if named.is_some_and(|n| n != database) {
+            return None;
+        }
+        named = Some(database);
     }
+    named
+}
+
+/// Every identifier in `tokens`, in groups too.
+fn idents(tokens: TokenStream) -> Vec<proc_macro2::Ident> {
+    let mut out = Vec::new();
+    for tree in tokens {
+        match tree {
+            proc_macro2::TokenTree::Ident(ident) => out.push(ident),
+            proc_macro2::TokenTree::Group(group) => out.extend(idents(group.stream())),
+            _ => {}
+        }
+    }
+    out
 }
 
 /// Why the migrations could not be read, and what to do about it.
@@ -201,13 +227,8 @@ impl<'s> Checker<'s> {
         match table.column(name) {
             Lookup::Found(c) => Some(c),
             Lookup::OtherCase(c) => {
-                let msg = format!(
-                    "column `{name}` is `{}` in the migrations ({}): the generated SQL quotes names, so PostgreSQL tells them apart. Write `{}`",
-                    c.name(),
-                    origin(table),
-                    c.name()
-                );
-                report_case(self.schema, span, msg, cx);
+                let found = Named::Column(c.name(), table);
+                report_case(self.schema, name, found, span, cx);
                 Some(c)
             }
             Lookup::Ambiguous(_) => {
@@ -240,7 +261,7 @@ impl<'s> Checker<'s> {
     /// Whether `column` is of a PostgreSQL enum type, recorded for the statement to cast the
     /// text bound to it.
     pub(crate) fn cast(&mut self, column: &Column) -> bool {
-        let family = self.schema.backend.map(|b| column.family(b));
+        let family = self.schema.database.map(|d| column.family(d));
         let Some(TypeFamily::Enum(t)) = family else {
             return false;
         };
@@ -264,11 +285,11 @@ impl<'s> Checker<'s> {
 
     /// A type check of `arg` against `column`, on the argument.
     pub(crate) fn value(&mut self, column: &Column, arg: &FnArg) {
-        let Some(backend) = self.schema.backend.filter(|_| column.is_certain()) else {
+        let Some(database) = self.schema.database.filter(|_| column.is_certain()) else {
             return;
         };
-        let family = column.family(backend);
-        let Some(marker) = marker(&family, backend) else {
+        let family = column.family(database);
+        let Some(marker) = marker(&family, database) else {
             return;
         };
         let (ident, span) = (&arg.ident, arg.ident.span());
@@ -300,9 +321,10 @@ impl<'s> Checker<'s> {
             if values.contains(&state) {
                 continue;
             }
-            let near = schema::nearest(&state, values.iter().map(String::as_str))
-                .map(|n| format!(": did you mean `{n}`?"))
-                .unwrap_or_default();
+            let near = schema::nearest(&state, values.iter().map(String::as_str)).map_or_else(
+                || ". Write one of them, or allow it in a migration".to_owned(),
+                |n| format!(": did you mean `{n}`?"),
+            );
             let msg = format!(
                 "`{state}` is not a value of `{}.{}`: {said}{near}",
                 table.name(),
@@ -356,18 +378,25 @@ impl<'s> Checker<'s> {
         let Some(table) = self.table.filter(|t| t.is_certain()) else {
             return;
         };
-        if !table.is_unique(columns) {
-            cx.at(
-                span,
-                format_args!(
-                    "`{}` is not a primary key or a unique constraint of `{}` ({}): `ON CONFLICT ({})` needs one. Add it in a migration, or name the columns of one",
-                    columns.join(", "),
-                    table.name(),
-                    origin(table),
-                    columns.join(", ")
-                ),
-            );
+        if table.is_unique(columns) {
+            return;
         }
+        let keys = columns.join(", ");
+        let msg = if self.schema.database == Some(Database::Mysql) {
+            format!(
+                "`{keys}` is not a primary key or a unique key of `{}` ({}): on MySQL only a duplicate key says that a `{keys}` is taken, so every call would insert a row. Add one in a migration (`ALTER TABLE {} ADD UNIQUE ({keys})`), or name the columns of one",
+                table.name(),
+                origin(table),
+                table.name(),
+            )
+        } else {
+            format!(
+                "`{keys}` is not a primary key or a unique constraint of `{}` ({}): `ON CONFLICT ({keys})` needs one. Add it in a migration, or name the columns of one",
+                table.name(),
+                origin(table),
+            )
+        };
+        cx.at(span, msg);
     }
 
     /// The key columns of an `UPDATE` find one row at most: some of them are a primary key or
@@ -406,14 +435,14 @@ impl<'s> Checker<'s> {
 
     /// The column is an integer column, as a version must be.
     pub(crate) fn integer(&self, column: &Column, span: Span, cx: &mut Ctxt) {
-        let (Some(table), Some(backend)) = (self.table, self.schema.backend) else {
+        let (Some(table), Some(database)) = (self.table, self.schema.database) else {
             return;
         };
-        let family = column.family(backend);
+        let family = column.family(database);
         if column.is_certain()
             && !matches!(
                 family,
-                TypeFamily::Int16 | TypeFamily::Int32 | TypeFamily::Int64
+                TypeFamily::Int8 | TypeFamily::Int16 | TypeFamily::Int32 | TypeFamily::Int64
             )
         {
             cx.at(
@@ -436,13 +465,7 @@ fn find_table<'s>(schema: &'s Schema, name: &str, span: Span, cx: &mut Ctxt) -> 
     match catalog.table(name) {
         Lookup::Found(t) => Some(t),
         Lookup::OtherCase(t) => {
-            let msg = format!(
-                "table `{name}` is `{}` in the migrations ({}): the generated SQL quotes names, so PostgreSQL tells them apart. Write `{}`",
-                t.name(),
-                origin(t),
-                t.name()
-            );
-            report_case(schema, span, msg, cx);
+            report_case(schema, name, Named::Table(t), span, cx);
             Some(t)
         }
         Lookup::Ambiguous(tables) => {
@@ -499,13 +522,42 @@ fn report(certain: bool, catalog: &Catalog, span: Span, msg: String, cx: &mut Ct
     );
 }
 
-/// A name in another case: an error for PostgreSQL, nothing for SQLite (which ignores case), a
-/// warning when the database is not known.
-fn report_case(schema: &Schema, span: Span, msg: String, cx: &mut Ctxt) {
-    match schema.backend {
-        Some(Backend::Postgres) => cx.at(span, msg),
-        Some(Backend::Sqlite) => {}
-        None => cx.warn(span, msg),
+/// What a name written in another case was found as.
+enum Named<'s> {
+    Table(&'s Table),
+    Column(&'s str, &'s Table),
+}
+
+/// A name `written` in another case than the migration's: an error where the database tells
+/// the two apart (PostgreSQL, whose generated SQL quotes names; MySQL for a table, whose name is
+/// a file's on Linux), nothing where it does not (SQLite; MySQL for a column), and a warning
+/// when the database is not known, or when MySQL's migrations could not say how they wrote the
+/// name (a table's name is kept as written only in migrations that read as MySQL's).
+fn report_case(schema: &Schema, written: &str, found: Named<'_>, span: Span, cx: &mut Ctxt) {
+    let (what, name, table) = match found {
+        Named::Table(t) => ("table", t.name().to_string(), t),
+        Named::Column(c, t) => ("column", c.to_owned(), t),
+    };
+    let (why, error) = match schema.database {
+        Some(Database::Sqlite) => return,
+        Some(Database::Mysql) if matches!(found, Named::Column(..)) => return,
+        Some(Database::Mysql) => (
+            "MySQL on Linux tells table names apart by case (`lower_case_table_names = 0`, its default there)",
+            schema.catalog.database() == Some(Database::Mysql),
+        ),
+        database => (
+            "the generated SQL quotes names, so PostgreSQL tells them apart",
+            database == Some(Database::Postgres),
+        ),
+    };
+    let msg = format!(
+        "{what} `{written}` is `{name}` in the migrations ({}): {why}. Write `{name}`",
+        origin(table)
+    );
+    if error {
+        cx.at(span, msg);
+    } else {
+        cx.warn(span, msg);
     }
 }
 
@@ -527,6 +579,7 @@ fn sources_text(catalog: &Catalog, table: &Table, sources: &[ValueSource]) -> St
                 Lookup::Found(t) => format!("{s} ({})", t.defined_in()),
                 _ => s.to_string(),
             },
+            ValueSource::InlineEnum => format!("{s} ({})", origin(table)),
             ValueSource::Check(_) => format!("{s} of `{}` ({})", table.name(), origin(table)),
         })
         .collect();
@@ -543,30 +596,67 @@ fn listed<'a>(names: impl Iterator<Item = &'a str>) -> String {
     }
 }
 
-/// The column-type marker of `idem::__private::columns` for a family, where idem judges it.
-fn marker(family: &TypeFamily, backend: Backend) -> Option<&'static str> {
-    Some(match (family, backend) {
+/// The column-type marker of `idem::__private::columns` for a family, where idem judges it:
+/// text, integers, floats, booleans and bytes everywhere; the other types only on PostgreSQL,
+/// which converts nothing bound to a column. SQLite stores them as text or numbers, whatever
+/// was bound, and MySQL converts text and numbers to them.
+fn marker(family: &TypeFamily, database: Database) -> Option<&'static str> {
+    Some(match (family, database) {
         (TypeFamily::Text, _) => "TEXT",
+        (TypeFamily::Int8, _) => "TINYINT",
         (TypeFamily::Int16, _) => "SMALLINT",
         (TypeFamily::Int32, _) => "INTEGER",
-        (TypeFamily::Int64, Backend::Postgres) => "BIGINT",
-        (TypeFamily::Int64, Backend::Sqlite) => "INTEGER",
+        (TypeFamily::Int64, Database::Sqlite) => "INTEGER",
+        (TypeFamily::Int64, _) => "BIGINT",
+        (TypeFamily::Float32, Database::Mysql) => "FLOAT",
         (TypeFamily::Float32, _) => "REAL",
-        (TypeFamily::Float64, Backend::Postgres) => "DOUBLE_PRECISION",
-        (TypeFamily::Float64, Backend::Sqlite) => "REAL",
+        (TypeFamily::Float64, Database::Sqlite) => "REAL",
+        (TypeFamily::Float64, _) => "DOUBLE_PRECISION",
         (TypeFamily::Bool, _) => "BOOLEAN",
-        (TypeFamily::Bytes, Backend::Postgres) => "BYTEA",
-        (TypeFamily::Bytes, Backend::Sqlite) => "BLOB",
-        // SQLite stores these as text or numbers, whatever was bound: only PostgreSQL refuses.
-        (_, Backend::Sqlite) => return None,
-        (TypeFamily::Numeric, _) => "NUMERIC",
-        (TypeFamily::Timestamp, _) => "TIMESTAMP",
-        (TypeFamily::TimestampTz, _) => "TIMESTAMPTZ",
-        (TypeFamily::Date, _) => "DATE",
-        (TypeFamily::Time, _) => "TIME",
-        (TypeFamily::Uuid, _) => "UUID",
-        (TypeFamily::Json, _) => "JSON",
-        (TypeFamily::Enum(_), _) => "ENUM",
-        (TypeFamily::Array(_) | TypeFamily::Other(_), _) => return None,
+        (TypeFamily::Bytes, Database::Postgres) => "BYTEA",
+        (TypeFamily::Bytes, _) => "BLOB",
+        (TypeFamily::Numeric, Database::Postgres) => "NUMERIC",
+        (TypeFamily::Timestamp, Database::Postgres) => "TIMESTAMP",
+        (TypeFamily::TimestampTz, Database::Postgres) => "TIMESTAMPTZ",
+        (TypeFamily::Date, Database::Postgres) => "DATE",
+        (TypeFamily::Time, Database::Postgres) => "TIME",
+        (TypeFamily::Uuid, Database::Postgres) => "UUID",
+        (TypeFamily::Json, Database::Postgres) => "JSON",
+        (TypeFamily::Enum(_), Database::Postgres) => "ENUM",
+        _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_executor_names_its_database() {
+        let cases = [
+            ("&sqlx::PgPool", Some(Database::Postgres)),
+            (
+                "impl sqlx::Acquire<'_, Database = sqlx::Postgres>",
+                Some(Database::Postgres),
+            ),
+            ("&mut SqliteConnection", Some(Database::Sqlite)),
+            ("&sqlx::MySqlPool", Some(Database::Mysql)),
+            ("&mut sqlx::MySqlConnection", Some(Database::Mysql)),
+            (
+                "&mut sqlx::Transaction<'_, sqlx::MySql>",
+                Some(Database::Mysql),
+            ),
+            (
+                "&mut idem::sqlx::pool::PoolConnection<idem::sqlx::MySql>",
+                Some(Database::Mysql),
+            ),
+            ("&Pool", None),
+            ("&mut Transaction<'_, Db>", None),
+            ("(&PgPool, &MySqlPool)", None),
+        ];
+        for (ty, want) in cases {
+            let ty: syn::Type = syn::parse_str(ty).unwrap();
+            assert_eq!(database_of(&ty), want, "{}", ty.to_token_stream());
+        }
+    }
 }

@@ -64,12 +64,17 @@ macro_rules! column_types {
     )*};
 }
 
+// The types that take only values of their own (dates, times, UUIDs, JSON, decimals, enum
+// types) are judged on PostgreSQL alone: SQLite stores text or numbers in them, and MySQL
+// converts text and numbers to them, so their messages speak of PostgreSQL.
 column_types! {
     TEXT "`{Self}` does not fit a TEXT column" "this argument fills a TEXT column" [str, String];
+    TINYINT "`{Self}` does not fit a TINYINT column" "this argument fills a TINYINT column (MySQL's `BOOLEAN` is a `TINYINT(1)`)" [i8, i16, i32, i64, u8, u16, u32, u64, bool];
     SMALLINT "`{Self}` does not fit a SMALLINT column" "this argument fills a SMALLINT column" [i8, i16, i32, i64, u8, u16, u32, u64];
     INTEGER "`{Self}` does not fit an INTEGER column" "this argument fills an INTEGER column" [i8, i16, i32, i64, u8, u16, u32, u64];
     BIGINT "`{Self}` does not fit a BIGINT column" "this argument fills a BIGINT column" [i8, i16, i32, i64, u8, u16, u32, u64];
     REAL "`{Self}` does not fit a REAL column" "this argument fills a REAL column" [i8, i16, i32, i64, u8, u16, u32, u64, f32, f64];
+    FLOAT "`{Self}` does not fit a FLOAT column" "this argument fills a FLOAT column" [i8, i16, i32, i64, u8, u16, u32, u64, f32, f64];
     DOUBLE_PRECISION "`{Self}` does not fit a DOUBLE PRECISION column" "this argument fills a DOUBLE PRECISION column" [i8, i16, i32, i64, u8, u16, u32, u64, f32, f64];
     NUMERIC "`{Self}` does not fit a NUMERIC column" "this argument fills a NUMERIC column" [i8, i16, i32, i64, u8, u16, u32, u64, f32, f64];
     BOOLEAN "`{Self}` does not fit a BOOLEAN column" "this argument fills a BOOLEAN column" [bool];
@@ -89,6 +94,10 @@ impl Strict<TEXT::Column> {
     pub fn fits<T: TEXT::Fits + ?Sized>(self, _value: &T) {}
 }
 
+impl Strict<TINYINT::Column> {
+    pub fn fits<T: TINYINT::Fits + ?Sized>(self, _value: &T) {}
+}
+
 impl Strict<SMALLINT::Column> {
     pub fn fits<T: SMALLINT::Fits + ?Sized>(self, _value: &T) {}
 }
@@ -103,6 +112,10 @@ impl Strict<BIGINT::Column> {
 
 impl Strict<REAL::Column> {
     pub fn fits<T: REAL::Fits + ?Sized>(self, _value: &T) {}
+}
+
+impl Strict<FLOAT::Column> {
+    pub fn fits<T: FLOAT::Fits + ?Sized>(self, _value: &T) {}
 }
 
 impl Strict<DOUBLE_PRECISION::Column> {

@@ -26,63 +26,33 @@ pub(super) const PENDING_INDEX: &str = "CREATE INDEX IF NOT EXISTS \"idem_outbox
 pub(super) const SENT_INDEX: &str = "CREATE INDEX IF NOT EXISTS \"idem_outbox_sent_idx\" ON \"idem_outbox\" (sent_at) WHERE sent_at IS NOT NULL";
 pub(super) const PARKED_INDEX: &str = "CREATE INDEX IF NOT EXISTS \"idem_outbox_parked_idx\" ON \"idem_outbox\" (seq) WHERE parked_at IS NOT NULL AND sent_at IS NULL";
 
-/// A SQL database the stores keep their tables in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Database {
-    /// PostgreSQL.
-    Postgres,
-    /// SQLite.
-    Sqlite,
-    /// MySQL, or MariaDB.
-    Mysql,
-}
+// The one value by which the stores, the SQL macros and their schema checker name a database.
+pub use idem_schema::Database;
 
-impl Database {
-    /// Every database, in the order the tool lists them.
-    pub const ALL: &'static [Database] = &[Database::Sqlite, Database::Postgres, Database::Mysql];
-
-    /// Its name as people write it: `PostgreSQL`, `SQLite`, `MySQL`.
-    pub fn title(self) -> &'static str {
-        match self {
-            Database::Postgres => "PostgreSQL",
-            Database::Sqlite => "SQLite",
-            Database::Mysql => "MySQL",
-        }
-    }
-
-    /// The database's name: `postgres`, `sqlite` or `mysql`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Database::Postgres => "postgres",
-            Database::Sqlite => "sqlite",
-            Database::Mysql => "mysql",
-        }
-    }
-
-    /// Its tables' DDL, with the default names.
-    fn tables(self) -> Tables {
-        match self {
-            Database::Postgres => Tables {
-                records: POSTGRES_RECORDS,
-                outbox: Some(POSTGRES_OUTBOX),
-                qualified: true,
-                quote: '"',
-            },
-            Database::Sqlite => Tables {
-                records: SQLITE_RECORDS,
-                outbox: Some(SQLITE_OUTBOX),
-                qualified: false,
-                quote: '"',
-            },
-            Database::Mysql => Tables {
-                records: MYSQL_RECORDS,
-                outbox: None,
-                qualified: true,
-                quote: '`',
-            },
-        }
-    }
+/// `db`'s tables' DDL, with the default names; `None` for a database this version has no
+/// tables for.
+fn tables(db: Database) -> Option<Tables> {
+    Some(match db {
+        Database::Postgres => Tables {
+            records: POSTGRES_RECORDS,
+            outbox: Some(POSTGRES_OUTBOX),
+            qualified: true,
+            quote: '"',
+        },
+        Database::Sqlite => Tables {
+            records: SQLITE_RECORDS,
+            outbox: Some(SQLITE_OUTBOX),
+            qualified: false,
+            quote: '"',
+        },
+        Database::Mysql => Tables {
+            records: MYSQL_RECORDS,
+            outbox: None,
+            qualified: true,
+            quote: '`',
+        },
+        _ => return None,
+    })
 }
 
 /// One database's tables, as its file writes them.
@@ -104,7 +74,7 @@ pub fn records(db: Database, table: &str) -> Result<Vec<String>> {
         qualified,
         quote: q,
         ..
-    } = db.tables();
+    } = tables(db).ok_or_else(|| no_tables(db))?;
     // Identifiers are checked: none holds a quote of either kind.
     let quoted = quote_table(table, qualified)?.replace('"', &q.to_string());
     let base = base_name(table);
@@ -131,7 +101,7 @@ pub fn outbox(db: Database, table: &str) -> Result<Vec<String>> {
         qualified,
         quote: q,
         ..
-    } = db.tables();
+    } = tables(db).ok_or_else(|| no_tables(db))?;
     let statements = statements
         .ok_or_else(|| Error::Config(format!("the outbox does not run on {} yet", db.title())))?;
     let quoted = quote_table(table, qualified)?.replace('"', &q.to_string());
@@ -148,6 +118,10 @@ pub fn outbox(db: Database, table: &str) -> Result<Vec<String>> {
             })
         })
         .collect())
+}
+
+fn no_tables(db: Database) -> Error {
+    Error::Config(format!("idem has no tables for {} yet", db.title()))
 }
 
 /// PostgreSQL's `NOTIFY` function and trigger ([`POSTGRES_OUTBOX_NOTIFY`]) for the outbox table
@@ -229,6 +203,7 @@ mod tests {
                 Database::Postgres => (POSTGRES_RECORDS, Some(POSTGRES_OUTBOX)),
                 Database::Sqlite => (SQLITE_RECORDS, Some(SQLITE_OUTBOX)),
                 Database::Mysql => (MYSQL_RECORDS, None),
+                other => panic!("{other:?} has no DDL here"),
             };
             assert_eq!(records(db, RECORDS_TABLE).unwrap(), records_ddl);
             match outbox_ddl {
