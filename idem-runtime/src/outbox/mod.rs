@@ -61,11 +61,13 @@ use crate::guard::{ClaimInfo, downstream_key};
 use crate::key::Key;
 
 // The databases an outbox runs on.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 
 /// The default table of the outbox.
 pub const DEFAULT_OUTBOX_TABLE: &str = "idem_outbox";
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use sql::MySqlOutbox;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use sql::PgOutbox;
@@ -286,6 +288,10 @@ impl Unreachable {
 /// The default of [`Relay::park_after`].
 pub const DEFAULT_PARK_AFTER: u32 = 20;
 
+/// How often a relay tries to mark a published event sent while the database says to try
+/// again: about a third of a second in all.
+const MARK_SENT_ATTEMPTS: u32 = 5;
+
 /// A relay: claims pending events, publishes them, marks them sent.
 pub struct Relay<O, P> {
     outbox: O,
@@ -404,7 +410,7 @@ impl<O: OutboxBackend, P: Publisher> Relay<O, P> {
             return false;
         }
         match self.publisher.publish(&claimed.event).await {
-            Ok(()) => match self.outbox.mark_sent(claimed.seq).await {
+            Ok(()) => match self.mark_sent(claimed).await {
                 Ok(()) => {
                     crate::observe::outbox_published();
                     true
@@ -438,6 +444,24 @@ impl<O: OutboxBackend, P: Publisher> Relay<O, P> {
                 false
             }
         }
+    }
+
+    /// Marks a published event sent, trying again while the database says to (a deadlock, a
+    /// lock wait that ran out, a connection lost): it is safe to repeat, and an event left
+    /// unmarked is published again after its lease.
+    async fn mark_sent(&self, claimed: &ClaimedEvent) -> Result<()> {
+        let mut delay = Duration::from_millis(20);
+        for _ in 1..MARK_SENT_ATTEMPTS {
+            match self.outbox.mark_sent(claimed.seq).await {
+                Err(e @ Error::Unavailable(_)) => {
+                    tracing::debug!(target: "idem", id = %claimed.event.id, error = %e, ?delay, "marking an event sent failed; trying again");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                done => return done,
+            }
+        }
+        self.outbox.mark_sent(claimed.seq).await
     }
 
     async fn park(&self, claimed: &ClaimedEvent, reason: &str) {
@@ -516,21 +540,6 @@ pub struct Poll;
 impl Wake for Poll {
     async fn wait(&mut self, timeout: Duration) {
         tokio::time::sleep(timeout).await
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl Wake for sqlx::postgres::PgListener {
-    async fn wait(&mut self, timeout: Duration) {
-        match tokio::time::timeout(timeout, self.recv()).await {
-            // Woken, or the poll interval passed.
-            Ok(Ok(_)) | Err(_) => {}
-            Ok(Err(e)) => {
-                // The listener reconnects on its next call; poll meanwhile.
-                tracing::warn!(target: "idem", error = %e, "the outbox listener failed; polling");
-                tokio::time::sleep(timeout).await;
-            }
-        }
     }
 }
 

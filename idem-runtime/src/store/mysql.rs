@@ -233,6 +233,18 @@ impl Dialect for My {
             })
         }
     }
+
+    async fn execute<'a>(
+        conn: &'a mut MySqlConnection,
+        stmt: &'a Stmt,
+        args: &'a [Arg<'a>],
+    ) -> Result<u64> {
+        let done = sql::bound::<sqlx::MySql>(stmt, args)
+            .execute(&mut *conn)
+            .await
+            .map_err(my_err)?;
+        Ok(done.rows_affected())
+    }
 }
 
 /// `information_schema`'s condition for the table `table` (`name` or `database.name`), in the

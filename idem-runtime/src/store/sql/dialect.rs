@@ -192,6 +192,13 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
         sql: &'a Stmt,
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = Result<Option<Self::Row>>> + Send + 'a;
+
+    /// Runs the write `sql` with `args` on `conn`: how many rows it matched.
+    fn execute<'a>(
+        conn: &'a mut <Self::Db as sqlx::Database>::Connection,
+        sql: &'a Stmt,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = Result<u64>> + Send + 'a;
 }
 
 /// A column added to tables created before it existed.
@@ -329,6 +336,20 @@ macro_rules! run_statements {
         ) -> impl Future<Output = Result<Option<$row>>> + Send + 'a {
             let q = sql::bound::<$db>(sql, args);
             async move { q.fetch_optional(&mut *conn).await.map_err(sql::map_err) }
+        }
+
+        fn execute<'a>(
+            conn: &'a mut $conn,
+            sql: &'a sql::Stmt,
+            args: &'a [Arg<'a>],
+        ) -> impl Future<Output = Result<u64>> + Send + 'a {
+            let q = sql::bound::<$db>(sql, args);
+            async move {
+                q.execute(&mut *conn)
+                    .await
+                    .map(|done| done.rows_affected())
+                    .map_err(sql::map_err)
+            }
         }
     };
 }
