@@ -234,17 +234,7 @@ impl Dialect for My {
         }
     }
 
-    async fn execute<'a>(
-        conn: &'a mut MySqlConnection,
-        stmt: &'a Stmt,
-        args: &'a [Arg<'a>],
-    ) -> Result<u64> {
-        let done = sql::bound::<sqlx::MySql>(stmt, args)
-            .execute(&mut *conn)
-            .await
-            .map_err(my_err)?;
-        Ok(done.rows_affected())
-    }
+    sql::run_statements!(execute: sqlx::MySql, MySqlConnection, my_err);
 }
 
 /// `information_schema`'s condition for the table `table` (`name` or `database.name`), in the
@@ -584,7 +574,7 @@ impl SqlStoreBuilder<MySqlStore> {
             )));
         }
         let room = WaitingRoom::new(&self.options.waits, pool.options().get_max_connections())?;
-        let inner = self.open(pool.clone(), pool).await?;
+        let (inner, _) = self.open(pool.clone(), pool).await?;
         let tx = Arc::new(TxClaims::new(&inner.sql.table, room)?);
         Ok(MySqlStore { inner, tx })
     }
