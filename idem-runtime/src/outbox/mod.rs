@@ -24,9 +24,14 @@
 //! - **At least once, deduplicated**: a relay killed between the broker's confirmation and mark
 //!   sent publishes again after its lease; JetStream's duplicate window drops the copy, and a
 //!   guarded consumer replays it anyway.
-//! - **Several relays**: PostgreSQL claims with `FOR UPDATE SKIP LOCKED` and a lease; SQLite has
-//!   one writer, so its claim is atomic. PostgreSQL relays wake on `LISTEN/NOTIFY`; polling is the
-//!   safety net (and SQLite's only way).
+//! - **Several relays**: PostgreSQL and MySQL claim with `FOR UPDATE SKIP LOCKED` and a lease
+//!   (MySQL in a transaction that locks the partition heads, then leases them); SQLite has one
+//!   writer, so its claim is atomic. PostgreSQL relays wake on `LISTEN/NOTIFY`; polling is the
+//!   safety net (and SQLite's and MySQL's only way).
+//! - **Contention**: a deadlock or a lock wait that ran out is
+//!   [`Error::Unavailable`](crate::Error::Unavailable): an enqueue's rolled the caller's
+//!   transaction back (retry it whole), a claim's changed nothing (the relay tries again on its
+//!   next round), and marking an event sent, which is safe to repeat, is tried again at once.
 //! - **Retention**: sent events are purged after [`Relay::retain_sent`] (default 7 days).
 //!
 //! # Parking
@@ -45,8 +50,8 @@
 //! (or `unpark_all`, once the cause is fixed), it is published next in its partition: before
 //! the partition's events still waiting, after the ones sent while it was parked.
 //!
-//! Backends: [`PgOutbox`] (feature `postgres`) and [`SqliteOutbox`] (feature `sqlite`), in
-//! `outbox/sql.rs`. Publishers: `JetStreamPublisher`
+//! Backends: [`PgOutbox`] (feature `postgres`), [`SqliteOutbox`] (feature `sqlite`) and
+//! [`MySqlOutbox`] (feature `mysql`), in `outbox/sql.rs`. Publishers: `JetStreamPublisher`
 //! (feature `nats`) and `AmqpPublisher` (feature `amqp`), or any [`Publisher`].
 
 use std::fmt;
