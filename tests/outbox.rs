@@ -215,13 +215,7 @@ async fn a_failing_publish_blocks_only_its_partition_and_keeps_its_order() {
 /// Enqueues `per` events in each of `partitions` partitions, each partition's in order, one
 /// transaction per event, all partitions at once; runs `relays` relays until all are sent.
 /// Every event is published once, and each partition in its order.
-async fn relays_publish_each_partition_in_order<O>(
-    outbox: O,
-    enqueue: impl Fn(Event) -> tokio::task::JoinHandle<()>,
-    relays: usize,
-) where
-    O: OutboxBackend + Clone + 'static,
-{
+async fn relays_publish_each_partition_in_order<O: Operate>(outbox: O, relays: usize) {
     const PARTITIONS: usize = 12;
     const PER: usize = 25;
     let broker = Recorder::default();
@@ -243,10 +237,14 @@ async fn relays_publish_each_partition_in_order<O>(
     let mut producers = Vec::new();
     for p in 0..PARTITIONS {
         let tasks: Vec<_> = (0..PER).map(|n| event(&format!("P{p}"), n)).collect();
-        let enqueue = &enqueue;
+        let outbox = &outbox;
         producers.push(async move {
             for e in tasks {
-                enqueue(e).await.unwrap();
+                // One transaction per event, each on a task of its own.
+                let outbox = outbox.clone();
+                tokio::spawn(async move { outbox.enqueue_alone(&e, true).await })
+                    .await
+                    .unwrap();
             }
         });
     }
@@ -276,21 +274,8 @@ async fn relays_publish_each_partition_in_order<O>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn several_sqlite_relays_publish_each_partition_once_in_order() {
-    let (store, outbox, _file) = sqlite_outbox().await;
-    let (o, pool) = (outbox.clone(), store.pool().clone());
-    relays_publish_each_partition_in_order(
-        outbox,
-        move |e| {
-            let (o, pool) = (o.clone(), pool.clone());
-            tokio::spawn(async move {
-                let mut tx = pool.begin().await.unwrap();
-                o.enqueue(&mut tx, &e).await.unwrap();
-                tx.commit().await.unwrap();
-            })
-        },
-        3,
-    )
-    .await;
+    let (_store, outbox, _file) = sqlite_outbox().await;
+    relays_publish_each_partition_in_order(outbox, 3).await;
 }
 
 async fn pg_outbox() -> (PgOutbox, common::PgSchema) {
@@ -315,6 +300,39 @@ async fn my_outbox() -> (MySqlOutbox, common::MyDatabase) {
     (outbox, db)
 }
 
+/// A test `$name` that runs the generic test `$body` on a new outbox of one database.
+macro_rules! outbox_test {
+    (sqlite, $name:ident, $body:ident) => {
+        #[tokio::test]
+        async fn $name() {
+            let (_store, outbox, _file) = sqlite_outbox().await;
+            $body(outbox).await;
+        }
+    };
+    (postgres, $name:ident, $body:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[cfg_attr(
+            not(idem_postgres),
+            ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+        )]
+        async fn $name() {
+            let (outbox, _schema) = pg_outbox().await;
+            $body(outbox).await;
+        }
+    };
+    (mysql, $name:ident, $body:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[cfg_attr(
+            not(idem_mysql),
+            ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+        )]
+        async fn $name() {
+            let (outbox, _db) = my_outbox().await;
+            $body(outbox).await;
+        }
+    };
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[cfg_attr(
     not(idem_mysql),
@@ -322,20 +340,7 @@ async fn my_outbox() -> (MySqlOutbox, common::MyDatabase) {
 )]
 async fn several_mysql_relays_publish_each_partition_once_in_order() {
     let (outbox, _db) = my_outbox().await;
-    let o = outbox.clone();
-    relays_publish_each_partition_in_order(
-        outbox,
-        move |e| {
-            let o = o.clone();
-            tokio::spawn(async move {
-                let mut tx = o.pool().begin().await.unwrap();
-                o.enqueue(&mut tx, &e).await.unwrap();
-                tx.commit().await.unwrap();
-            })
-        },
-        4,
-    )
-    .await;
+    relays_publish_each_partition_in_order(outbox, 4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -345,20 +350,7 @@ async fn several_mysql_relays_publish_each_partition_once_in_order() {
 )]
 async fn several_postgres_relays_publish_each_partition_once_in_order() {
     let (outbox, _schema) = pg_outbox().await;
-    let o = outbox.clone();
-    relays_publish_each_partition_in_order(
-        outbox,
-        move |e| {
-            let o = o.clone();
-            tokio::spawn(async move {
-                let mut tx = o.pool().begin().await.unwrap();
-                o.enqueue(&mut tx, &e).await.unwrap();
-                tx.commit().await.unwrap();
-            })
-        },
-        4,
-    )
-    .await;
+    relays_publish_each_partition_in_order(outbox, 4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -500,21 +492,17 @@ async fn a_killed_relays_event_is_published_again_after_its_lease<O: Operate>(ou
     assert_eq!(broker.ids(), ["K-0", "K-0"]);
 }
 
-#[tokio::test]
-async fn a_killed_sqlite_relays_event_is_published_again_after_its_lease() {
-    let (_store, outbox, _file) = sqlite_outbox().await;
-    a_killed_relays_event_is_published_again_after_its_lease(outbox).await;
-}
+outbox_test!(
+    sqlite,
+    a_killed_sqlite_relays_event_is_published_again_after_its_lease,
+    a_killed_relays_event_is_published_again_after_its_lease
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(idem_mysql),
-    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
-)]
-async fn a_killed_mysql_relays_event_is_published_again_after_its_lease() {
-    let (outbox, _db) = my_outbox().await;
-    a_killed_relays_event_is_published_again_after_its_lease(outbox).await;
-}
+outbox_test!(
+    mysql,
+    a_killed_mysql_relays_event_is_published_again_after_its_lease,
+    a_killed_relays_event_is_published_again_after_its_lease
+);
 
 #[idem::idempotent(scope = "refund:<order_no>", key = key, store = store, skip(outbox), transaction = tx, claim = claim)]
 async fn refund(
@@ -586,7 +574,7 @@ trait Operate: OutboxBackend + Clone + 'static {
     /// Rewrites an event's id behind the outbox's back: a row written before ids were checked.
     async fn corrupt_id(&self, id: &str, to: &str);
     /// Enqueues `event` in a transaction of its own, committed or rolled back.
-    async fn enqueue_alone(&self, event: &Event, commit: bool) -> bool;
+    fn enqueue_alone(&self, event: &Event, commit: bool) -> impl Future<Output = bool> + Send;
     /// Marks every waiting event sent when it was enqueued, behind the outbox's back.
     async fn sent_when_enqueued(&self);
 }
@@ -637,14 +625,20 @@ macro_rules! operate {
                     .await
                     .unwrap();
             }
-            async fn enqueue_alone(&self, event: &Event, commit: bool) -> bool {
-                let mut tx = self.pool().begin().await.unwrap();
-                let enqueued = self.enqueue(&mut tx, event).await.unwrap();
-                match commit {
-                    true => tx.commit().await.unwrap(),
-                    false => tx.rollback().await.unwrap(),
+            fn enqueue_alone(
+                &self,
+                event: &Event,
+                commit: bool,
+            ) -> impl Future<Output = bool> + Send {
+                async move {
+                    let mut tx = self.pool().begin().await.unwrap();
+                    let enqueued = self.enqueue(&mut tx, event).await.unwrap();
+                    match commit {
+                        true => tx.commit().await.unwrap(),
+                        false => tx.rollback().await.unwrap(),
+                    }
+                    enqueued
                 }
-                enqueued
             }
             async fn sent_when_enqueued(&self) {
                 let sql = format!(
@@ -764,21 +758,17 @@ async fn an_operator_parks_an_event_and_sends_it_back<O: Operate>(outbox: O) {
     assert_eq!((counts.pending, counts.parked, counts.sent), (0, 0, 3));
 }
 
-#[tokio::test]
-async fn on_sqlite_an_operator_parks_an_event_and_sends_it_back() {
-    let (_store, outbox, _file) = sqlite_outbox().await;
-    an_operator_parks_an_event_and_sends_it_back(outbox).await;
-}
+outbox_test!(
+    sqlite,
+    on_sqlite_an_operator_parks_an_event_and_sends_it_back,
+    an_operator_parks_an_event_and_sends_it_back
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(idem_postgres),
-    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
-)]
-async fn on_postgres_an_operator_parks_an_event_and_sends_it_back() {
-    let (outbox, _schema) = pg_outbox().await;
-    an_operator_parks_an_event_and_sends_it_back(outbox).await;
-}
+outbox_test!(
+    postgres,
+    on_postgres_an_operator_parks_an_event_and_sends_it_back,
+    an_operator_parks_an_event_and_sends_it_back
+);
 
 /// Counts every counter by name.
 #[derive(Default, Clone)]
@@ -830,15 +820,11 @@ impl metrics::Recorder for Counted {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(idem_mysql),
-    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
-)]
-async fn on_mysql_an_operator_parks_an_event_and_sends_it_back() {
-    let (outbox, _db) = my_outbox().await;
-    an_operator_parks_an_event_and_sends_it_back(outbox).await;
-}
+outbox_test!(
+    mysql,
+    on_mysql_an_operator_parks_an_event_and_sends_it_back,
+    an_operator_parks_an_event_and_sends_it_back
+);
 
 #[tokio::test]
 async fn a_refused_sqlite_event_is_parked_counted_and_its_partition_goes_on() {
@@ -853,25 +839,17 @@ async fn a_refused_sqlite_event_is_parked_counted_and_its_partition_goes_on() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(idem_postgres),
-    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
-)]
-async fn a_refused_postgres_event_is_parked_and_its_partition_goes_on() {
-    let (outbox, _schema) = pg_outbox().await;
-    a_refused_event_is_parked_and_its_partition_goes_on(outbox).await;
-}
+outbox_test!(
+    postgres,
+    a_refused_postgres_event_is_parked_and_its_partition_goes_on,
+    a_refused_event_is_parked_and_its_partition_goes_on
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(idem_mysql),
-    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
-)]
-async fn a_refused_mysql_event_is_parked_and_its_partition_goes_on() {
-    let (outbox, _db) = my_outbox().await;
-    a_refused_event_is_parked_and_its_partition_goes_on(outbox).await;
-}
+outbox_test!(
+    mysql,
+    a_refused_mysql_event_is_parked_and_its_partition_goes_on,
+    a_refused_event_is_parked_and_its_partition_goes_on
+);
 
 /// A broker out of reach never parks anything, however long it lasts; and an event no broker
 /// can take is parked at its first claim, without a publish.
@@ -918,31 +896,11 @@ async fn only_refusals_park<O: Operate>(outbox: O) {
     assert_eq!(outbox.counts().await.unwrap().parked, 1);
 }
 
-#[tokio::test]
-async fn on_sqlite_only_refusals_park() {
-    let (_store, outbox, _file) = sqlite_outbox().await;
-    only_refusals_park(outbox).await;
-}
+outbox_test!(sqlite, on_sqlite_only_refusals_park, only_refusals_park);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(idem_postgres),
-    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
-)]
-async fn on_postgres_only_refusals_park() {
-    let (outbox, _schema) = pg_outbox().await;
-    only_refusals_park(outbox).await;
-}
+outbox_test!(postgres, on_postgres_only_refusals_park, only_refusals_park);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(idem_mysql),
-    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
-)]
-async fn on_mysql_only_refusals_park() {
-    let (outbox, _db) = my_outbox().await;
-    only_refusals_park(outbox).await;
-}
+outbox_test!(mysql, on_mysql_only_refusals_park, only_refusals_park);
 
 /// Events enqueued in an outbox table of the first version (no parking columns): migrating
 /// adds them, and the events are published or parked as any other.
@@ -1133,25 +1091,17 @@ async fn an_event_is_kept_with_its_transaction_published_once_and_purged<O: Oper
     assert_eq!((counts.pending, counts.parked, counts.sent), (0, 0, 0));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(idem_postgres),
-    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
-)]
-async fn a_postgres_event_is_kept_with_its_transaction_published_once_and_purged() {
-    let (outbox, _schema) = pg_outbox().await;
-    an_event_is_kept_with_its_transaction_published_once_and_purged(outbox).await;
-}
+outbox_test!(
+    postgres,
+    a_postgres_event_is_kept_with_its_transaction_published_once_and_purged,
+    an_event_is_kept_with_its_transaction_published_once_and_purged
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(idem_mysql),
-    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
-)]
-async fn a_mysql_event_is_kept_with_its_transaction_published_once_and_purged() {
-    let (outbox, _db) = my_outbox().await;
-    an_event_is_kept_with_its_transaction_published_once_and_purged(outbox).await;
-}
+outbox_test!(
+    mysql,
+    a_mysql_event_is_kept_with_its_transaction_published_once_and_purged,
+    an_event_is_kept_with_its_transaction_published_once_and_purged
+);
 
 /// More sent events than one purge statement deletes: the purge goes on batch after batch
 /// until none is left, and keeps every event still waiting.
@@ -1176,21 +1126,17 @@ async fn sent_events_are_purged_batch_after_batch_and_waiting_ones_kept<O: Opera
     assert_eq!((counts.pending, counts.parked, counts.sent), (2, 0, 0));
 }
 
-#[tokio::test]
-async fn sent_sqlite_events_are_purged_batch_after_batch_and_waiting_ones_kept() {
-    let (_store, outbox, _file) = sqlite_outbox().await;
-    sent_events_are_purged_batch_after_batch_and_waiting_ones_kept(outbox).await;
-}
+outbox_test!(
+    sqlite,
+    sent_sqlite_events_are_purged_batch_after_batch_and_waiting_ones_kept,
+    sent_events_are_purged_batch_after_batch_and_waiting_ones_kept
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(idem_mysql),
-    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
-)]
-async fn sent_mysql_events_are_purged_batch_after_batch_and_waiting_ones_kept() {
-    let (outbox, _db) = my_outbox().await;
-    sent_events_are_purged_batch_after_batch_and_waiting_ones_kept(outbox).await;
-}
+outbox_test!(
+    mysql,
+    sent_mysql_events_are_purged_batch_after_batch_and_waiting_ones_kept,
+    sent_events_are_purged_batch_after_batch_and_waiting_ones_kept
+);
 
 /// Two transactions that each enqueued an event, then enqueue the other's: InnoDB finds the
 /// deadlock and rolls one back. Its enqueue is `Unavailable` (retry the transaction), never an
