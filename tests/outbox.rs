@@ -504,26 +504,71 @@ outbox_test!(
     a_killed_relays_event_is_published_again_after_its_lease
 );
 
-#[idem::idempotent(scope = "refund:<order_no>", key = key, store = store, skip(outbox), transaction = tx, claim = claim)]
-async fn refund(
-    store: &SqliteStore,
-    outbox: &SqliteOutbox,
-    order_no: &str,
-    key: &str,
-    fail: bool,
-) -> Result<String, idem::Error> {
-    sqlx::query("UPDATE orders SET status = 'REFUNDED' WHERE order_no = $1")
-        .bind(order_no)
-        .execute(&mut **tx)
-        .await
-        .map_err(|e| idem::Error::Store(e.into()))?;
-    let event = Event::for_claim(&claim, "refunded", "order.refunded", order_no, "{}");
-    outbox.enqueue(tx, &event).await?;
-    if fail {
-        return Err(idem::Error::Config("the gateway said no".into()));
-    }
-    Ok(event.id)
+/// The refund of `ORD-2` by `$refund` (a transactional `#[idempotent]` function on `$store`
+/// that enqueues an event on `$outbox`): an error rolls the transition and its event back
+/// together; success enqueues once, and the retry replays and enqueues nothing.
+macro_rules! refunds_enqueue_once_and_roll_back_with_their_error {
+    ($refund:ident, $store:ident, $outbox:ident) => {
+        assert!(
+            $refund(&$store, &$outbox, "ORD-2", "k-1", true)
+                .await
+                .is_err()
+        );
+        assert_eq!($outbox.counts().await.unwrap().pending, 0);
+        let status: String = sqlx::query_scalar("SELECT status FROM orders")
+            .fetch_one($store.pool())
+            .await
+            .unwrap();
+        assert_eq!(status, "PAID");
+        let id = $refund(&$store, &$outbox, "ORD-2", "k-1", false)
+            .await
+            .unwrap();
+        assert_eq!(
+            $refund(&$store, &$outbox, "ORD-2", "k-1", false)
+                .await
+                .unwrap(),
+            id
+        );
+        let pending = $outbox.pending(10).await.unwrap();
+        assert_eq!(pending.len(), 1);
+        assert_eq!(pending[0].event.id, id);
+        assert_eq!(
+            id,
+            idem::outbox::event_id("refund:ORD-2", "k-1", "refunded")
+        );
+    };
 }
+
+/// `$name`: a transactional refund on `$store` that moves `orders` to `REFUNDED` and enqueues
+/// its event on `$outbox`, or fails after both when asked to.
+macro_rules! refund {
+    ($name:ident, $store:ty, $outbox:ty) => {
+        #[idem::idempotent(scope = "refund:<order_no>", key = key, store = store, skip(outbox), transaction = tx, claim = claim)]
+        async fn $name(
+            store: &$store,
+            outbox: &$outbox,
+            order_no: &str,
+            key: &str,
+            fail: bool,
+        ) -> Result<String, idem::Error> {
+            // `?` is a placeholder to SQLite and MySQL alike.
+            sqlx::query("UPDATE orders SET status = 'REFUNDED' WHERE order_no = ?")
+                .bind(order_no)
+                .execute(&mut **tx)
+                .await
+                .map_err(|e| idem::Error::Store(e.into()))?;
+            let event = Event::for_claim(&claim, "refunded", "order.refunded", order_no, "{}");
+            outbox.enqueue(tx, &event).await?;
+            if fail {
+                return Err(idem::Error::Config("the gateway said no".into()));
+            }
+            Ok(event.id)
+        }
+    };
+}
+
+refund!(refund, SqliteStore, SqliteOutbox);
+refund!(refund_on_mysql, idem::MySqlStore, MySqlOutbox);
 
 #[tokio::test]
 async fn a_transactional_idempotent_body_enqueues_once_and_rolls_back_with_its_error() {
@@ -532,31 +577,7 @@ async fn a_transactional_idempotent_body_enqueues_once_and_rolls_back_with_its_e
         .execute(store.pool())
         .await
         .unwrap();
-    // An error rolls the transition and its event back together.
-    assert!(refund(&store, &outbox, "ORD-2", "k-1", true).await.is_err());
-    assert_eq!(outbox.counts().await.unwrap().pending, 0);
-    let status: String = sqlx::query_scalar("SELECT status FROM orders")
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    assert_eq!(status, "PAID");
-    // Success enqueues once; the retry replays and enqueues nothing.
-    let id = refund(&store, &outbox, "ORD-2", "k-1", false)
-        .await
-        .unwrap();
-    assert_eq!(
-        refund(&store, &outbox, "ORD-2", "k-1", false)
-            .await
-            .unwrap(),
-        id
-    );
-    let pending = outbox.pending(10).await.unwrap();
-    assert_eq!(pending.len(), 1);
-    assert_eq!(pending[0].event.id, id);
-    assert_eq!(
-        id,
-        idem::outbox::event_id("refund:ORD-2", "k-1", "refunded")
-    );
+    refunds_enqueue_once_and_roll_back_with_their_error!(refund, store, outbox);
 }
 
 // ---- parking ----------------------------------------------------------------------------------
@@ -1193,27 +1214,6 @@ async fn a_deadlocked_mysql_enqueue_is_unavailable_and_its_retry_enqueues_nothin
     assert_eq!(ids, ["X-0", "Y-0"]);
 }
 
-#[idem::idempotent(scope = "refund:<order_no>", key = key, store = store, skip(outbox), transaction = tx, claim = claim)]
-async fn refund_on_mysql(
-    store: &idem::MySqlStore,
-    outbox: &MySqlOutbox,
-    order_no: &str,
-    key: &str,
-    fail: bool,
-) -> Result<String, idem::Error> {
-    sqlx::query("UPDATE orders SET status = 'REFUNDED' WHERE order_no = ?")
-        .bind(order_no)
-        .execute(&mut **tx)
-        .await
-        .map_err(|e| idem::Error::Store(e.into()))?;
-    let event = Event::for_claim(&claim, "refunded", "order.refunded", order_no, "{}");
-    outbox.enqueue(tx, &event).await?;
-    if fail {
-        return Err(idem::Error::Config("the gateway said no".into()));
-    }
-    Ok(event.id)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(idem_mysql),
@@ -1234,29 +1234,7 @@ async fn a_transactional_idempotent_body_on_mysql_enqueues_once_and_rolls_back_w
         .execute(store.pool())
         .await
         .unwrap();
-    assert!(
-        refund_on_mysql(&store, &outbox, "ORD-2", "k-1", true)
-            .await
-            .is_err()
-    );
-    assert_eq!(outbox.counts().await.unwrap().pending, 0);
-    let status: String = sqlx::query_scalar("SELECT status FROM orders")
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    assert_eq!(status, "PAID");
-    let id = refund_on_mysql(&store, &outbox, "ORD-2", "k-1", false)
-        .await
-        .unwrap();
-    assert_eq!(
-        refund_on_mysql(&store, &outbox, "ORD-2", "k-1", false)
-            .await
-            .unwrap(),
-        id
-    );
-    let pending = outbox.pending(10).await.unwrap();
-    assert_eq!(pending.len(), 1);
-    assert_eq!(pending[0].event.id, id);
+    refunds_enqueue_once_and_roll_back_with_their_error!(refund_on_mysql, store, outbox);
 }
 
 // ---- ordered consumption ----------------------------------------------------------------------

@@ -132,6 +132,25 @@ fn events() -> [Event; 3] {
     ]
 }
 
+/// [`outbox_commands`] on a new table `$table` of an outbox `$outbox` on `$pool` (at `$url`)
+/// holding [`events`], which `$drop` (a format string for the table's name) then drops.
+macro_rules! outbox_commands_on {
+    ($outbox:ty, $pool:ident, $url:ident, $table:ident, $drop:literal) => {
+        let outbox = <$outbox>::with_table($pool.clone(), &$table).unwrap();
+        outbox.migrate().await.unwrap();
+        let mut tx = $pool.begin().await.unwrap();
+        for e in &events() {
+            outbox.enqueue(&mut tx, e).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+        outbox_commands(&$url, &$table);
+        idem::sqlx::query(idem::sqlx::AssertSqlSafe(format!($drop, $table)))
+            .execute(&$pool)
+            .await
+            .unwrap();
+    };
+}
+
 #[tokio::test]
 async fn outbox_list_park_and_retry_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
@@ -157,19 +176,13 @@ async fn outbox_list_park_and_retry_on_postgres() {
     let url = std::env::var("DATABASE_URL").unwrap();
     let pool = idem::sqlx::PgPool::connect(&url).await.unwrap();
     let table = unique("cli_outbox_");
-    let outbox = idem::outbox::PgOutbox::with_table(pool.clone(), &table).unwrap();
-    outbox.migrate().await.unwrap();
-    let mut tx = pool.begin().await.unwrap();
-    for e in &events() {
-        outbox.enqueue(&mut tx, e).await.unwrap();
-    }
-    tx.commit().await.unwrap();
-    outbox_commands(&url, &table);
-    let drop_table = format!("DROP TABLE {table} CASCADE");
-    idem::sqlx::query(idem::sqlx::AssertSqlSafe(drop_table))
-        .execute(&pool)
-        .await
-        .unwrap();
+    outbox_commands_on!(
+        idem::outbox::PgOutbox,
+        pool,
+        url,
+        table,
+        "DROP TABLE {} CASCADE"
+    );
 }
 
 #[tokio::test]
@@ -186,19 +199,7 @@ async fn outbox_list_park_and_retry_on_mysql() {
         .await
         .unwrap();
     let table = format!("{database}.{}", unique("cli_outbox_"));
-    let outbox = idem::outbox::MySqlOutbox::with_table(pool.clone(), &table).unwrap();
-    outbox.migrate().await.unwrap();
-    let mut tx = pool.begin().await.unwrap();
-    for e in &events() {
-        outbox.enqueue(&mut tx, e).await.unwrap();
-    }
-    tx.commit().await.unwrap();
-    outbox_commands(&url, &table);
-    let drop_table = format!("DROP TABLE {table}");
-    idem::sqlx::query(idem::sqlx::AssertSqlSafe(drop_table))
-        .execute(&pool)
-        .await
-        .unwrap();
+    outbox_commands_on!(idem::outbox::MySqlOutbox, pool, url, table, "DROP TABLE {}");
 }
 
 // ---- dead letters ------------------------------------------------------------------------------
