@@ -29,7 +29,7 @@
 //!   writer, so its claim is atomic. PostgreSQL relays wake on `LISTEN/NOTIFY`; polling is the
 //!   safety net (and SQLite's and MySQL's only way).
 //! - **Contention**: a deadlock or a lock wait that ran out is
-//!   [`Error::Unavailable`](crate::Error::Unavailable): an enqueue's rolled the caller's
+//!   [`Error::Unavailable`]: an enqueue's rolled the caller's
 //!   transaction back (retry it whole), a claim's changed nothing (the relay tries again on its
 //!   next round), and marking an event sent, which is safe to repeat, is tried again at once.
 //! - **Retention**: sent events are purged after [`Relay::retain_sent`] (default 7 days).

@@ -687,7 +687,9 @@ mod my {
          relay tries again on its next round. The claim, the purge and `unpark_all` run in \
          transactions that read committed rows and lock no gaps, whatever the pool's \
          connections were set to; the store's pool ([`MySqlStore::pool`](crate::MySqlStore::pool)) \
-         is set so for everything else too."
+         is set so for everything else too. An enqueue sets the session's `LAST_INSERT_ID()` \
+         (to the event's sequence number, or to 0 when its id was known): read your own \
+         insert's id before it."
     );
 }
 
