@@ -125,11 +125,11 @@
 )]
 #![cfg_attr(
     feature = "mysql",
-    doc = "- `mysql`: [`MySqlStore`], MySQL 8 or MariaDB, for many instances sharing one database (no outbox on it yet)."
+    doc = "- `mysql`: [`MySqlStore`], MySQL 8 or MariaDB, for many instances sharing one database, with its outbox (`outbox::MySqlOutbox`)."
 )]
 #![cfg_attr(
     not(feature = "mysql"),
-    doc = "- `mysql`: `MySqlStore`, MySQL 8 or MariaDB, for many instances sharing one database (no outbox on it yet)."
+    doc = "- `mysql`: `MySqlStore`, MySQL 8 or MariaDB, for many instances sharing one database, with its outbox (`outbox::MySqlOutbox`)."
 )]
 #![cfg_attr(
     feature = "axum",

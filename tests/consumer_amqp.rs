@@ -31,8 +31,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use idem::consumer::amqp::{AmqpDelivery, AmqpPublisher, AmqpSource, DEFAULT_PREFETCH};
 use idem::consumer::{Backoff, Consumer, HandlerError, Message};
-use idem::outbox::SqliteOutbox;
-use idem::outbox::{Event, OutboxBackend, Publisher, Relay, Unreachable};
+use idem::outbox::{Event, OutboxBackend, PendingEvent, Publisher, Relay, Unreachable};
+use idem::outbox::{MySqlOutbox, SqliteOutbox};
 use idem::{MemoryStore, SqliteStore, idempotent};
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ExchangeDeclareOptions, QueueDeclareOptions,
@@ -754,23 +754,47 @@ async fn a_confirmation_that_does_not_come_in_time_is_an_error_and_the_next_publ
     q.cleanup().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
-async fn an_unroutable_event_is_parked_and_its_partition_goes_on() {
+/// An outbox of either database, as these tests fill and read it.
+trait TestOutbox: OutboxBackend + Clone + 'static {
+    /// Enqueues `events` in one transaction.
+    async fn add(&self, events: &[Event]);
+    async fn parked_events(&self) -> Vec<PendingEvent>;
+}
+
+macro_rules! test_outbox {
+    ($outbox:ty) => {
+        impl TestOutbox for $outbox {
+            async fn add(&self, events: &[Event]) {
+                let mut tx = self.pool().begin().await.unwrap();
+                for e in events {
+                    self.enqueue(&mut tx, e).await.unwrap();
+                }
+                tx.commit().await.unwrap();
+            }
+            async fn parked_events(&self) -> Vec<PendingEvent> {
+                self.parked(10).await.unwrap()
+            }
+        }
+    };
+}
+
+test_outbox!(SqliteOutbox);
+test_outbox!(MySqlOutbox);
+
+/// The broker returns an event no queue takes, again and again: the relay parks it, and the
+/// partition's next event reaches its queue.
+async fn an_unroutable_event_is_parked_and_its_partition_goes_on<O: TestOutbox>(outbox: O) {
     let q = Queues::new().await;
     let publisher = AmqpPublisher::connect(&common::amqp_url(), "")
         .await
         .unwrap();
-    let (store, outbox, _file) = sqlite_outbox().await;
-    let mut tx = store.pool().begin().await.unwrap();
     let nowhere = format!("{}.nowhere", q.work);
-    for e in [
-        Event::new("evt-lost", nowhere.as_str(), "ORD-1", "{}"),
-        Event::new("evt-next", q.work.as_str(), "ORD-1", "{}"),
-    ] {
-        outbox.enqueue(&mut tx, &e).await.unwrap();
-    }
-    tx.commit().await.unwrap();
+    outbox
+        .add(&[
+            Event::new("evt-lost", nowhere.as_str(), "ORD-1", "{}"),
+            Event::new("evt-next", q.work.as_str(), "ORD-1", "{}"),
+        ])
+        .await;
     let relay = Relay::new(outbox.clone(), publisher).park_after(2);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while outbox.counts().await.unwrap().sent == 0 {
@@ -781,7 +805,7 @@ async fn an_unroutable_event_is_parked_and_its_partition_goes_on() {
         relay.run_once().await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let parked = outbox.parked(10).await.unwrap();
+    let parked = outbox.parked_events().await;
     assert_eq!(parked.len(), 1);
     assert_eq!(
         (parked[0].event.id.as_str(), parked[0].failures),
@@ -810,6 +834,25 @@ async fn an_unroutable_event_is_parked_and_its_partition_goes_on() {
         Some("evt-next")
     );
     q.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_amqp), ignore = "needs RabbitMQ: set AMQP_URL=amqp://…")]
+async fn an_unroutable_sqlite_event_is_parked_and_its_partition_goes_on() {
+    let (_store, outbox, _file) = sqlite_outbox().await;
+    an_unroutable_event_is_parked_and_its_partition_goes_on(outbox).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    any(not(idem_amqp), not(idem_mysql)),
+    ignore = "needs RabbitMQ and MySQL: set AMQP_URL=amqp://… and IDEM_MYSQL_URL=mysql://…"
+)]
+async fn an_unroutable_mysql_event_is_parked_and_its_partition_goes_on() {
+    let db = common::MyDatabase::create(&common::mysql_url(), 4).await;
+    let outbox = MySqlOutbox::new(db.pool.clone());
+    outbox.migrate().await.unwrap();
+    an_unroutable_event_is_parked_and_its_partition_goes_on(outbox).await;
 }
 
 /// Events of 4 partitions published by the relay to a queue of `kind`, consumed by 8

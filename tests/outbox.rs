@@ -6,12 +6,13 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem::outbox::{Event, OutboxBackend, PendingEvent, Poll, Publisher, Relay, Unreachable};
-use idem::outbox::{PgOutbox, SqliteOutbox};
+use idem::outbox::{MySqlOutbox, PgOutbox, SqliteOutbox};
 use idem::{BoxError, SqliteStore};
 
 /// A broker that records what it confirmed.
@@ -214,13 +215,7 @@ async fn a_failing_publish_blocks_only_its_partition_and_keeps_its_order() {
 /// Enqueues `per` events in each of `partitions` partitions, each partition's in order, one
 /// transaction per event, all partitions at once; runs `relays` relays until all are sent.
 /// Every event is published once, and each partition in its order.
-async fn relays_publish_each_partition_in_order<O>(
-    outbox: O,
-    enqueue: impl Fn(Event) -> tokio::task::JoinHandle<()>,
-    relays: usize,
-) where
-    O: OutboxBackend + Clone + 'static,
-{
+async fn relays_publish_each_partition_in_order<O: Operate>(outbox: O, relays: usize) {
     const PARTITIONS: usize = 12;
     const PER: usize = 25;
     let broker = Recorder::default();
@@ -242,10 +237,14 @@ async fn relays_publish_each_partition_in_order<O>(
     let mut producers = Vec::new();
     for p in 0..PARTITIONS {
         let tasks: Vec<_> = (0..PER).map(|n| event(&format!("P{p}"), n)).collect();
-        let enqueue = &enqueue;
+        let outbox = &outbox;
         producers.push(async move {
             for e in tasks {
-                enqueue(e).await.unwrap();
+                // One transaction per event, each on a task of its own.
+                let outbox = outbox.clone();
+                tokio::spawn(async move { outbox.enqueue_alone(&e, true).await })
+                    .await
+                    .unwrap();
             }
         });
     }
@@ -275,21 +274,8 @@ async fn relays_publish_each_partition_in_order<O>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn several_sqlite_relays_publish_each_partition_once_in_order() {
-    let (store, outbox, _file) = sqlite_outbox().await;
-    let (o, pool) = (outbox.clone(), store.pool().clone());
-    relays_publish_each_partition_in_order(
-        outbox,
-        move |e| {
-            let (o, pool) = (o.clone(), pool.clone());
-            tokio::spawn(async move {
-                let mut tx = pool.begin().await.unwrap();
-                o.enqueue(&mut tx, &e).await.unwrap();
-                tx.commit().await.unwrap();
-            })
-        },
-        3,
-    )
-    .await;
+    let (_store, outbox, _file) = sqlite_outbox().await;
+    relays_publish_each_partition_in_order(outbox, 3).await;
 }
 
 async fn pg_outbox() -> (PgOutbox, common::PgSchema) {
@@ -302,6 +288,61 @@ async fn pg_outbox() -> (PgOutbox, common::PgSchema) {
     (outbox, schema)
 }
 
+/// A MySQL outbox in a database of its own, on a pool whose connections keep the server's
+/// default isolation (`REPEATABLE READ`): the outbox must not depend on the store's pool.
+async fn my_outbox() -> (MySqlOutbox, common::MyDatabase) {
+    let db = common::MyDatabase::create(&common::mysql_url(), 16).await;
+    let outbox = MySqlOutbox::new(db.pool.clone());
+    outbox.migrate().await.unwrap();
+    // Migrating again, from several instances at once, is harmless.
+    let again = futures_util::future::join_all((0..3).map(|_| outbox.migrate())).await;
+    assert!(again.iter().all(Result::is_ok), "{again:?}");
+    (outbox, db)
+}
+
+/// A test `$name` that runs the generic test `$body` on a new outbox of one database.
+macro_rules! outbox_test {
+    (sqlite, $name:ident, $body:ident) => {
+        #[tokio::test]
+        async fn $name() {
+            let (_store, outbox, _file) = sqlite_outbox().await;
+            $body(outbox).await;
+        }
+    };
+    (postgres, $name:ident, $body:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[cfg_attr(
+            not(idem_postgres),
+            ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+        )]
+        async fn $name() {
+            let (outbox, _schema) = pg_outbox().await;
+            $body(outbox).await;
+        }
+    };
+    (mysql, $name:ident, $body:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[cfg_attr(
+            not(idem_mysql),
+            ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+        )]
+        async fn $name() {
+            let (outbox, _db) = my_outbox().await;
+            $body(outbox).await;
+        }
+    };
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+async fn several_mysql_relays_publish_each_partition_once_in_order() {
+    let (outbox, _db) = my_outbox().await;
+    relays_publish_each_partition_in_order(outbox, 4).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[cfg_attr(
     not(idem_postgres),
@@ -309,20 +350,7 @@ async fn pg_outbox() -> (PgOutbox, common::PgSchema) {
 )]
 async fn several_postgres_relays_publish_each_partition_once_in_order() {
     let (outbox, _schema) = pg_outbox().await;
-    let o = outbox.clone();
-    relays_publish_each_partition_in_order(
-        outbox,
-        move |e| {
-            let o = o.clone();
-            tokio::spawn(async move {
-                let mut tx = o.pool().begin().await.unwrap();
-                o.enqueue(&mut tx, &e).await.unwrap();
-                tx.commit().await.unwrap();
-            })
-        },
-        4,
-    )
-    .await;
+    relays_publish_each_partition_in_order(outbox, 4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -379,24 +407,37 @@ impl<P: Publisher> Publisher for DiesAfterPublishing<P> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
-async fn a_relay_killed_after_the_broker_confirmed_publishes_again_and_jetstream_drops_the_copy() {
+/// A relay killed between JetStream's confirmation and mark-sent: after its lease, another
+/// relay publishes the event again and marks it sent, and the stream holds one message.
+async fn a_relay_killed_after_the_broker_confirmed_publishes_again_and_jetstream_drops_the_copy<
+    O: Operate,
+>(
+    outbox: O,
+) {
     use idem::consumer::nats::JetStreamPublisher;
-    let (store, outbox, _file) = sqlite_outbox().await;
     let streams = common::JsStreams::new(&common::nats_url()).await;
     let (mut stream, root) = streams.stream("events", Duration::from_secs(120)).await;
-    let mut tx = store.pool().begin().await.unwrap();
-    let e = Event::new(
-        "evt-ORD-9-paid",
-        format!("{root}.order.paid"),
-        "ORD-9",
-        "{}",
-    );
-    outbox.enqueue(&mut tx, &e).await.unwrap();
-    tx.commit().await.unwrap();
-
+    outbox
+        .add(&[Event::new(
+            "evt-ORD-9-paid",
+            format!("{root}.order.paid"),
+            "ORD-9",
+            "{}",
+        )])
+        .await;
     let publisher = JetStreamPublisher::new(streams.js.clone());
+    relay_dies_after_publishing_and_another_publishes_again(&outbox, publisher).await;
+    // Two publishes of one id; the stream holds one message.
+    assert_eq!(stream.info().await.unwrap().state.messages, 1);
+}
+
+/// Runs a relay on `outbox`'s one event that dies once `publisher` confirmed it, then another
+/// after the first one's lease: it publishes the event again and marks it sent.
+async fn relay_dies_after_publishing_and_another_publishes_again<O, P>(outbox: &O, publisher: P)
+where
+    O: Operate,
+    P: Publisher + Clone + 'static,
+{
     let died = Arc::new(tokio::sync::Notify::new());
     let dying = Relay::new(
         outbox.clone(),
@@ -417,32 +458,117 @@ async fn a_relay_killed_after_the_broker_confirmed_publishes_again_and_jetstream
     assert_eq!(relay.run_once().await.unwrap(), 0, "still leased");
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(relay.run_once().await.unwrap(), 1);
-    assert_eq!(outbox.counts().await.unwrap().pending, 0);
-    assert_eq!(outbox.counts().await.unwrap().sent, 1);
-    // Two publishes of one id; the stream holds one message.
-    assert_eq!(stream.info().await.unwrap().state.messages, 1);
+    let counts = outbox.counts().await.unwrap();
+    assert_eq!((counts.pending, counts.sent), (0, 1));
 }
 
-#[idem::idempotent(scope = "refund:<order_no>", key = key, store = store, skip(outbox), transaction = tx, claim = claim)]
-async fn refund(
-    store: &SqliteStore,
-    outbox: &SqliteOutbox,
-    order_no: &str,
-    key: &str,
-    fail: bool,
-) -> Result<String, idem::Error> {
-    sqlx::query("UPDATE orders SET status = 'REFUNDED' WHERE order_no = $1")
-        .bind(order_no)
-        .execute(&mut **tx)
-        .await
-        .map_err(|e| idem::Error::Store(e.into()))?;
-    let event = Event::for_claim(&claim, "refunded", "order.refunded", order_no, "{}");
-    outbox.enqueue(tx, &event).await?;
-    if fail {
-        return Err(idem::Error::Config("the gateway said no".into()));
-    }
-    Ok(event.id)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_sqlite_relay_killed_after_the_broker_confirmed_publishes_again_and_jetstream_drops_the_copy()
+ {
+    let (_store, outbox, _file) = sqlite_outbox().await;
+    a_relay_killed_after_the_broker_confirmed_publishes_again_and_jetstream_drops_the_copy(outbox)
+        .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    any(not(idem_nats), not(idem_mysql)),
+    ignore = "needs NATS and MySQL: set NATS_URL=nats://… and IDEM_MYSQL_URL=mysql://…"
+)]
+async fn a_mysql_relay_killed_after_the_broker_confirmed_publishes_again_and_jetstream_drops_the_copy()
+ {
+    let (outbox, _db) = my_outbox().await;
+    a_relay_killed_after_the_broker_confirmed_publishes_again_and_jetstream_drops_the_copy(outbox)
+        .await;
+}
+
+/// The same without a broker's dedupe: the event is published twice under one id, which a
+/// guarded consumer replays.
+async fn a_killed_relays_event_is_published_again_after_its_lease<O: Operate>(outbox: O) {
+    outbox.add(&[event("K", 0)]).await;
+    let broker = Recorder::default();
+    relay_dies_after_publishing_and_another_publishes_again(&outbox, broker.clone()).await;
+    assert_eq!(broker.ids(), ["K-0", "K-0"]);
+}
+
+outbox_test!(
+    sqlite,
+    a_killed_sqlite_relays_event_is_published_again_after_its_lease,
+    a_killed_relays_event_is_published_again_after_its_lease
+);
+
+outbox_test!(
+    mysql,
+    a_killed_mysql_relays_event_is_published_again_after_its_lease,
+    a_killed_relays_event_is_published_again_after_its_lease
+);
+
+/// The refund of `ORD-2` by `$refund` (a transactional `#[idempotent]` function on `$store`
+/// that enqueues an event on `$outbox`): an error rolls the transition and its event back
+/// together; success enqueues once, and the retry replays and enqueues nothing.
+macro_rules! refunds_enqueue_once_and_roll_back_with_their_error {
+    ($refund:ident, $store:ident, $outbox:ident) => {
+        assert!(
+            $refund(&$store, &$outbox, "ORD-2", "k-1", true)
+                .await
+                .is_err()
+        );
+        assert_eq!($outbox.counts().await.unwrap().pending, 0);
+        let status: String = sqlx::query_scalar("SELECT status FROM orders")
+            .fetch_one($store.pool())
+            .await
+            .unwrap();
+        assert_eq!(status, "PAID");
+        let id = $refund(&$store, &$outbox, "ORD-2", "k-1", false)
+            .await
+            .unwrap();
+        assert_eq!(
+            $refund(&$store, &$outbox, "ORD-2", "k-1", false)
+                .await
+                .unwrap(),
+            id
+        );
+        let pending = $outbox.pending(10).await.unwrap();
+        assert_eq!(pending.len(), 1);
+        assert_eq!(pending[0].event.id, id);
+        assert_eq!(
+            id,
+            idem::outbox::event_id("refund:ORD-2", "k-1", "refunded")
+        );
+    };
+}
+
+/// `$name`: a transactional refund on `$store` that moves `orders` to `REFUNDED` and enqueues
+/// its event on `$outbox`, or fails after both when asked to.
+macro_rules! refund {
+    ($name:ident, $store:ty, $outbox:ty) => {
+        #[idem::idempotent(scope = "refund:<order_no>", key = key, store = store, skip(outbox), transaction = tx, claim = claim)]
+        async fn $name(
+            store: &$store,
+            outbox: &$outbox,
+            order_no: &str,
+            key: &str,
+            fail: bool,
+        ) -> Result<String, idem::Error> {
+            // `?` is a placeholder to SQLite and MySQL alike.
+            sqlx::query("UPDATE orders SET status = 'REFUNDED' WHERE order_no = ?")
+                .bind(order_no)
+                .execute(&mut **tx)
+                .await
+                .map_err(|e| idem::Error::Store(e.into()))?;
+            let event = Event::for_claim(&claim, "refunded", "order.refunded", order_no, "{}");
+            outbox.enqueue(tx, &event).await?;
+            if fail {
+                return Err(idem::Error::Config("the gateway said no".into()));
+            }
+            Ok(event.id)
+        }
+    };
+}
+
+refund!(refund, SqliteStore, SqliteOutbox);
+refund!(refund_on_mysql, idem::MySqlStore, MySqlOutbox);
 
 #[tokio::test]
 async fn a_transactional_idempotent_body_enqueues_once_and_rolls_back_with_its_error() {
@@ -451,31 +577,7 @@ async fn a_transactional_idempotent_body_enqueues_once_and_rolls_back_with_its_e
         .execute(store.pool())
         .await
         .unwrap();
-    // An error rolls the transition and its event back together.
-    assert!(refund(&store, &outbox, "ORD-2", "k-1", true).await.is_err());
-    assert_eq!(outbox.counts().await.unwrap().pending, 0);
-    let status: String = sqlx::query_scalar("SELECT status FROM orders")
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    assert_eq!(status, "PAID");
-    // Success enqueues once; the retry replays and enqueues nothing.
-    let id = refund(&store, &outbox, "ORD-2", "k-1", false)
-        .await
-        .unwrap();
-    assert_eq!(
-        refund(&store, &outbox, "ORD-2", "k-1", false)
-            .await
-            .unwrap(),
-        id
-    );
-    let pending = outbox.pending(10).await.unwrap();
-    assert_eq!(pending.len(), 1);
-    assert_eq!(pending[0].event.id, id);
-    assert_eq!(
-        id,
-        idem::outbox::event_id("refund:ORD-2", "k-1", "refunded")
-    );
+    refunds_enqueue_once_and_roll_back_with_their_error!(refund, store, outbox);
 }
 
 // ---- parking ----------------------------------------------------------------------------------
@@ -492,10 +594,15 @@ trait Operate: OutboxBackend + Clone + 'static {
     async fn upgrade(&self);
     /// Rewrites an event's id behind the outbox's back: a row written before ids were checked.
     async fn corrupt_id(&self, id: &str, to: &str);
+    /// Enqueues `event` in a transaction of its own, committed or rolled back.
+    fn enqueue_alone(&self, event: &Event, commit: bool) -> impl Future<Output = bool> + Send;
+    /// Marks every waiting event sent when it was enqueued, behind the outbox's back.
+    async fn sent_when_enqueued(&self);
 }
 
+/// `$p1` and `$p2` are the database's first two placeholders.
 macro_rules! operate {
-    ($outbox:ty) => {
+    ($outbox:ty, $p1:literal, $p2:literal) => {
         impl Operate for $outbox {
             async fn add(&self, events: &[Event]) {
                 let mut tx = self.pool().begin().await.unwrap();
@@ -526,10 +633,40 @@ macro_rules! operate {
                 self.migrate().await.unwrap()
             }
             async fn corrupt_id(&self, id: &str, to: &str) {
-                let sql = format!("UPDATE {} SET id = $1 WHERE id = $2", self.table());
+                let sql = format!(
+                    "UPDATE {} SET id = {} WHERE id = {}",
+                    self.table(),
+                    $p1,
+                    $p2
+                );
                 sqlx::query(sqlx::AssertSqlSafe(sql))
                     .bind(to)
                     .bind(id)
+                    .execute(self.pool())
+                    .await
+                    .unwrap();
+            }
+            fn enqueue_alone(
+                &self,
+                event: &Event,
+                commit: bool,
+            ) -> impl Future<Output = bool> + Send {
+                async move {
+                    let mut tx = self.pool().begin().await.unwrap();
+                    let enqueued = self.enqueue(&mut tx, event).await.unwrap();
+                    match commit {
+                        true => tx.commit().await.unwrap(),
+                        false => tx.rollback().await.unwrap(),
+                    }
+                    enqueued
+                }
+            }
+            async fn sent_when_enqueued(&self) {
+                let sql = format!(
+                    "UPDATE {} SET sent_at = created_at WHERE sent_at IS NULL",
+                    self.table()
+                );
+                sqlx::query(sqlx::AssertSqlSafe(sql))
                     .execute(self.pool())
                     .await
                     .unwrap();
@@ -538,8 +675,9 @@ macro_rules! operate {
     };
 }
 
-operate!(SqliteOutbox);
-operate!(PgOutbox);
+operate!(SqliteOutbox, "$1", "$2");
+operate!(PgOutbox, "$1", "$2");
+operate!(MySqlOutbox, "?", "?");
 
 /// Runs rounds of `relay` until `done`, at most 20 s.
 async fn rounds_until<O: Operate, P: Publisher>(
@@ -641,21 +779,17 @@ async fn an_operator_parks_an_event_and_sends_it_back<O: Operate>(outbox: O) {
     assert_eq!((counts.pending, counts.parked, counts.sent), (0, 0, 3));
 }
 
-#[tokio::test]
-async fn on_sqlite_an_operator_parks_an_event_and_sends_it_back() {
-    let (_store, outbox, _file) = sqlite_outbox().await;
-    an_operator_parks_an_event_and_sends_it_back(outbox).await;
-}
+outbox_test!(
+    sqlite,
+    on_sqlite_an_operator_parks_an_event_and_sends_it_back,
+    an_operator_parks_an_event_and_sends_it_back
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(idem_postgres),
-    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
-)]
-async fn on_postgres_an_operator_parks_an_event_and_sends_it_back() {
-    let (outbox, _schema) = pg_outbox().await;
-    an_operator_parks_an_event_and_sends_it_back(outbox).await;
-}
+outbox_test!(
+    postgres,
+    on_postgres_an_operator_parks_an_event_and_sends_it_back,
+    an_operator_parks_an_event_and_sends_it_back
+);
 
 /// Counts every counter by name.
 #[derive(Default, Clone)]
@@ -707,6 +841,12 @@ impl metrics::Recorder for Counted {
     }
 }
 
+outbox_test!(
+    mysql,
+    on_mysql_an_operator_parks_an_event_and_sends_it_back,
+    an_operator_parks_an_event_and_sends_it_back
+);
+
 #[tokio::test]
 async fn a_refused_sqlite_event_is_parked_counted_and_its_partition_goes_on() {
     // The runtime is on this thread: the local recorder sees the relay's counter.
@@ -720,15 +860,17 @@ async fn a_refused_sqlite_event_is_parked_counted_and_its_partition_goes_on() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(idem_postgres),
-    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
-)]
-async fn a_refused_postgres_event_is_parked_and_its_partition_goes_on() {
-    let (outbox, _schema) = pg_outbox().await;
-    a_refused_event_is_parked_and_its_partition_goes_on(outbox).await;
-}
+outbox_test!(
+    postgres,
+    a_refused_postgres_event_is_parked_and_its_partition_goes_on,
+    a_refused_event_is_parked_and_its_partition_goes_on
+);
+
+outbox_test!(
+    mysql,
+    a_refused_mysql_event_is_parked_and_its_partition_goes_on,
+    a_refused_event_is_parked_and_its_partition_goes_on
+);
 
 /// A broker out of reach never parks anything, however long it lasts; and an event no broker
 /// can take is parked at its first claim, without a publish.
@@ -775,21 +917,11 @@ async fn only_refusals_park<O: Operate>(outbox: O) {
     assert_eq!(outbox.counts().await.unwrap().parked, 1);
 }
 
-#[tokio::test]
-async fn on_sqlite_only_refusals_park() {
-    let (_store, outbox, _file) = sqlite_outbox().await;
-    only_refusals_park(outbox).await;
-}
+outbox_test!(sqlite, on_sqlite_only_refusals_park, only_refusals_park);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(idem_postgres),
-    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
-)]
-async fn on_postgres_only_refusals_park() {
-    let (outbox, _schema) = pg_outbox().await;
-    only_refusals_park(outbox).await;
-}
+outbox_test!(postgres, on_postgres_only_refusals_park, only_refusals_park);
+
+outbox_test!(mysql, on_mysql_only_refusals_park, only_refusals_park);
 
 /// Events enqueued in an outbox table of the first version (no parking columns): migrating
 /// adds them, and the events are published or parked as any other.
@@ -869,6 +1001,240 @@ async fn an_event_for_a_subject_no_stream_captures_is_parked_and_its_partition_g
         ("evt-lost", 2)
     );
     assert_eq!(stream.info().await.unwrap().state.messages, 1, "evt-next");
+}
+
+/// An outbox whose `mark_sent` says "unavailable" (a deadlock, a lock wait that ran out) its
+/// first `failing` times.
+#[derive(Clone)]
+struct ContendedMarks<O> {
+    inner: O,
+    failing: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl<O: OutboxBackend> OutboxBackend for ContendedMarks<O> {
+    fn claim(
+        &self,
+        owner: &str,
+        lease: Duration,
+        limit: u32,
+    ) -> impl Future<Output = idem::Result<Vec<idem::outbox::ClaimedEvent>>> + Send {
+        self.inner.claim(owner, lease, limit)
+    }
+    async fn mark_sent(&self, seq: i64) -> idem::Result<()> {
+        let left = self.failing.load(Ordering::SeqCst);
+        if left > 0 {
+            self.failing.store(left - 1, Ordering::SeqCst);
+            return Err(idem::Error::Unavailable(
+                "Deadlock found when trying to get lock".into(),
+            ));
+        }
+        self.inner.mark_sent(seq).await
+    }
+    fn retry_later(
+        &self,
+        seq: i64,
+        delay: Duration,
+        error: &str,
+        refused: bool,
+    ) -> impl Future<Output = idem::Result<()>> + Send {
+        self.inner.retry_later(seq, delay, error, refused)
+    }
+    fn park(&self, seq: i64, error: &str) -> impl Future<Output = idem::Result<()>> + Send {
+        self.inner.park(seq, error)
+    }
+    fn counts(&self) -> impl Future<Output = idem::Result<idem::outbox::OutboxCounts>> + Send {
+        self.inner.counts()
+    }
+    fn purge_sent(&self, older_than: Duration) -> impl Future<Output = idem::Result<u64>> + Send {
+        self.inner.purge_sent(older_than)
+    }
+}
+
+/// Marking a published event sent meets contention a few times: the relay tries again and
+/// marks it, so that it is not published a second time after its lease. Contention that
+/// does not pass leaves it to be published again, never lost.
+#[tokio::test]
+async fn a_relay_marks_an_event_sent_through_passing_contention() {
+    let (_store, outbox, _file) = sqlite_outbox().await;
+    Operate::add(&outbox, &[event("M", 0), event("M", 1)]).await;
+    let contended = ContendedMarks {
+        inner: outbox.clone(),
+        failing: Arc::new(3.into()),
+    };
+    let broker = Recorder::default();
+    let relay = Relay::new(contended.clone(), broker.clone()).lease(Duration::from_millis(300));
+    assert_eq!(relay.run_once().await.unwrap(), 1);
+    assert_eq!(broker.ids(), ["M-0"]);
+    assert_eq!(outbox.counts().await.unwrap().sent, 1);
+
+    contended.failing.store(u32::MAX, Ordering::SeqCst);
+    assert_eq!(relay.run_once().await.unwrap(), 0);
+    assert_eq!(outbox.counts().await.unwrap().pending, 1, "not marked");
+    contended.failing.store(0, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(relay.run_once().await.unwrap(), 1);
+    assert_eq!(broker.ids(), ["M-0", "M-1", "M-1"]);
+    assert_eq!(outbox.counts().await.unwrap().sent, 2);
+}
+
+// ---- every database ---------------------------------------------------------------------------
+
+/// An event commits or rolls back with its transaction, a known id is not enqueued again, the
+/// relay publishes it once, and it is purged after its retention.
+async fn an_event_is_kept_with_its_transaction_published_once_and_purged<O: Operate>(outbox: O) {
+    assert!(outbox.enqueue_alone(&event("T", 0), false).await);
+    assert_eq!(outbox.counts().await.unwrap().pending, 0, "rolled back");
+    assert!(outbox.enqueue_alone(&event("T", 0), true).await);
+    assert!(
+        !outbox.enqueue_alone(&event("T", 0), true).await,
+        "known id"
+    );
+    let pending = outbox.pending().await;
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].event, event("T", 0));
+    assert_eq!((pending[0].attempts, pending[0].failures), (0, 0));
+    assert_eq!(pending[0].last_error, None);
+
+    let broker = Recorder::default();
+    let relay = Relay::new(outbox.clone(), broker.clone());
+    assert_eq!(relay.run_once().await.unwrap(), 1);
+    assert_eq!(relay.run_once().await.unwrap(), 0);
+    assert_eq!(broker.published(), vec![event("T", 0)]);
+    let sent = outbox.sent().await;
+    assert_eq!((sent.len(), sent[0].attempts), (1, 1));
+    assert_eq!(
+        outbox.purge_sent(Duration::from_secs(3600)).await.unwrap(),
+        0
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(outbox.purge_sent(Duration::ZERO).await.unwrap(), 1);
+    let counts = outbox.counts().await.unwrap();
+    assert_eq!((counts.pending, counts.parked, counts.sent), (0, 0, 0));
+}
+
+outbox_test!(
+    postgres,
+    a_postgres_event_is_kept_with_its_transaction_published_once_and_purged,
+    an_event_is_kept_with_its_transaction_published_once_and_purged
+);
+
+outbox_test!(
+    mysql,
+    a_mysql_event_is_kept_with_its_transaction_published_once_and_purged,
+    an_event_is_kept_with_its_transaction_published_once_and_purged
+);
+
+/// More sent events than one purge statement deletes: the purge goes on batch after batch
+/// until none is left, and keeps every event still waiting.
+async fn sent_events_are_purged_batch_after_batch_and_waiting_ones_kept<O: Operate>(outbox: O) {
+    const SENT: usize = 2_500;
+    let events: Vec<Event> = (0..SENT)
+        .map(|n| event(&format!("S{}", n % 50), n))
+        .collect();
+    outbox.add(&events).await;
+    outbox.sent_when_enqueued().await;
+    outbox.add(&[event("W", 0), event("W", 1)]).await;
+    assert_eq!(
+        outbox.purge_sent(Duration::from_secs(3600)).await.unwrap(),
+        0
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        outbox.purge_sent(Duration::ZERO).await.unwrap(),
+        SENT as u64
+    );
+    let counts = outbox.counts().await.unwrap();
+    assert_eq!((counts.pending, counts.parked, counts.sent), (2, 0, 0));
+}
+
+outbox_test!(
+    sqlite,
+    sent_sqlite_events_are_purged_batch_after_batch_and_waiting_ones_kept,
+    sent_events_are_purged_batch_after_batch_and_waiting_ones_kept
+);
+
+outbox_test!(
+    mysql,
+    sent_mysql_events_are_purged_batch_after_batch_and_waiting_ones_kept,
+    sent_events_are_purged_batch_after_batch_and_waiting_ones_kept
+);
+
+/// Two transactions that each enqueued an event, then enqueue the other's: InnoDB finds the
+/// deadlock and rolls one back. Its enqueue is `Unavailable` (retry the transaction), never an
+/// event lost or kept twice: the other commits both events, and the retry enqueues nothing
+/// new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+async fn a_deadlocked_mysql_enqueue_is_unavailable_and_its_retry_enqueues_nothing_twice() {
+    let (outbox, _db) = my_outbox().await;
+    let (x, y) = (event("X", 0), event("Y", 0));
+    let mut first = outbox.pool().begin().await.unwrap();
+    let mut second = outbox.pool().begin().await.unwrap();
+    assert!(outbox.enqueue(&mut first, &x).await.unwrap());
+    assert!(outbox.enqueue(&mut second, &y).await.unwrap());
+    let (a, b) = tokio::join!(
+        async {
+            let got = outbox.enqueue(&mut first, &y).await;
+            (got, first)
+        },
+        async {
+            // The first waits on the second's `Y` by now.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let got = outbox.enqueue(&mut second, &x).await;
+            (got, second)
+        },
+    );
+    let (survivor, victim) = match (a, b) {
+        ((Ok(enqueued), tx), (Err(e), _)) | ((Err(e), _), (Ok(enqueued), tx)) => {
+            assert!(
+                matches!(e, idem::Error::Unavailable(_)) && e.is_retryable(),
+                "{e:?}"
+            );
+            assert!(e.to_string().contains("Deadlock"), "{e}");
+            // The victim's own event went with its rollback: the survivor enqueued it.
+            assert!(enqueued);
+            (tx, e)
+        }
+        (a, b) => panic!("one of two deadlocked enqueues fails: {:?} {:?}", a.0, b.0),
+    };
+    drop(victim);
+    survivor.commit().await.unwrap();
+    // The rolled-back transaction, retried: both events are there already.
+    assert!(!outbox.enqueue_alone(&x, true).await);
+    assert!(!outbox.enqueue_alone(&y, true).await);
+    let mut ids: Vec<String> = Operate::pending(&outbox)
+        .await
+        .into_iter()
+        .map(|p| p.event.id)
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["X-0", "Y-0"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+async fn a_transactional_idempotent_body_on_mysql_enqueues_once_and_rolls_back_with_its_error() {
+    let db = common::MyDatabase::create(&common::mysql_url(), 8).await;
+    let store = idem::MySqlStore::connect(&db.url).await.unwrap();
+    let outbox = MySqlOutbox::new(store.pool().clone());
+    outbox.migrate().await.unwrap();
+    sqlx::query(
+        "CREATE TABLE orders (order_no VARCHAR(32) PRIMARY KEY, status VARCHAR(16) NOT NULL)",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO orders VALUES ('ORD-2', 'PAID')")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    refunds_enqueue_once_and_roll_back_with_their_error!(refund_on_mysql, store, outbox);
 }
 
 // ---- ordered consumption ----------------------------------------------------------------------

@@ -35,6 +35,7 @@ fn json(o: &Output) -> serde_json::Value {
 }
 
 /// `idem_cli_<tag>_<process>_<nanoseconds>`: a name no other run on this server takes.
+#[cfg(any(idem_postgres, idem_mysql))]
 fn unique_name(tag: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -723,28 +724,40 @@ mod mysql {
             .connect(&made.url())
             .await
             .unwrap();
+        idem::outbox::MySqlOutbox::new(store.pool().clone())
+            .migrate()
+            .await
+            .unwrap();
         drop(store);
         let out = idem(&["schema", "--store", "mysql"]);
         assert!(out.status.success(), "{}", stderr(&out));
         let text = stdout(&out);
-        assert!(
-            !text.contains("outbox"),
-            "no outbox runs on MySQL yet: {text}"
-        );
         let mut conn = MySqlConnection::connect(&printed.url()).await.unwrap();
         idem::sqlx::raw_sql(idem::sqlx::AssertSqlSafe(text))
             .execute(&mut conn)
             .await
             .unwrap();
-        let from_store = described(&made.url(), RECORDS_TABLE).await;
-        let from_text = described(&printed.url(), RECORDS_TABLE).await;
+        let mut tables = Vec::new();
+        for table in [RECORDS_TABLE, OUTBOX_TABLE] {
+            let from_store = described(&made.url(), table).await;
+            let from_text = described(&printed.url(), table).await;
+            tables.push((from_store, from_text));
+        }
         made.drop().await;
         printed.drop().await;
         assert!(
-            from_store.contains("`scope` varbinary(1024)"),
-            "{from_store}"
+            tables[0].0.contains("`scope` varbinary(1024)"),
+            "{}",
+            tables[0].0
         );
-        assert_eq!(from_text, from_store);
+        assert!(
+            tables[1].0.contains("`partition_key` varbinary(255)"),
+            "{}",
+            tables[1].0
+        );
+        for (from_store, from_text) in tables {
+            assert_eq!(from_text, from_store);
+        }
     }
 
     #[tokio::test]

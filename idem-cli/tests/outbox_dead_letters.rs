@@ -1,8 +1,8 @@
-//! `idem outbox` on SQLite and PostgreSQL, and `idem dead-letters` against a real NATS
+//! `idem outbox` on SQLite, PostgreSQL and MySQL, and `idem dead-letters` against a real NATS
 //! JetStream and RabbitMQ: a message the consumer runner dead-lettered is listed, re-driven by
 //! the tool, and handled once under its original key. Each broker test uses streams or queues
-//! of its own; without `NATS_URL`/`AMQP_URL`/`DATABASE_URL` at build time its tests are listed
-//! as ignored.
+//! of its own; without `NATS_URL`/`AMQP_URL`/`DATABASE_URL`/`IDEM_MYSQL_URL` at build time its
+//! tests are listed as ignored.
 
 use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
@@ -132,6 +132,25 @@ fn events() -> [Event; 3] {
     ]
 }
 
+/// [`outbox_commands`] on a new table `$table` of an outbox `$outbox` on `$pool` (at `$url`)
+/// holding [`events`], which `$drop` (a format string for the table's name) then drops.
+macro_rules! outbox_commands_on {
+    ($outbox:ty, $pool:ident, $url:ident, $table:ident, $drop:literal) => {
+        let outbox = <$outbox>::with_table($pool.clone(), &$table).unwrap();
+        outbox.migrate().await.unwrap();
+        let mut tx = $pool.begin().await.unwrap();
+        for e in &events() {
+            outbox.enqueue(&mut tx, e).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+        outbox_commands(&$url, &$table);
+        idem::sqlx::query(idem::sqlx::AssertSqlSafe(format!($drop, $table)))
+            .execute(&$pool)
+            .await
+            .unwrap();
+    };
+}
+
 #[tokio::test]
 async fn outbox_list_park_and_retry_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
@@ -157,19 +176,30 @@ async fn outbox_list_park_and_retry_on_postgres() {
     let url = std::env::var("DATABASE_URL").unwrap();
     let pool = idem::sqlx::PgPool::connect(&url).await.unwrap();
     let table = unique("cli_outbox_");
-    let outbox = idem::outbox::PgOutbox::with_table(pool.clone(), &table).unwrap();
-    outbox.migrate().await.unwrap();
-    let mut tx = pool.begin().await.unwrap();
-    for e in &events() {
-        outbox.enqueue(&mut tx, e).await.unwrap();
-    }
-    tx.commit().await.unwrap();
-    outbox_commands(&url, &table);
-    let drop_table = format!("DROP TABLE {table} CASCADE");
-    idem::sqlx::query(idem::sqlx::AssertSqlSafe(drop_table))
-        .execute(&pool)
+    outbox_commands_on!(
+        idem::outbox::PgOutbox,
+        pool,
+        url,
+        table,
+        "DROP TABLE {} CASCADE"
+    );
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+async fn outbox_list_park_and_retry_on_mysql() {
+    let url = std::env::var("IDEM_MYSQL_URL").unwrap();
+    let pool = idem::sqlx::MySqlPool::connect(&url).await.unwrap();
+    // A table named with its database, as `schema.table` is on PostgreSQL.
+    let database: String = idem::sqlx::query_scalar("SELECT DATABASE()")
+        .fetch_one(&pool)
         .await
         .unwrap();
+    let table = format!("{database}.{}", unique("cli_outbox_"));
+    outbox_commands_on!(idem::outbox::MySqlOutbox, pool, url, table, "DROP TABLE {}");
 }
 
 // ---- dead letters ------------------------------------------------------------------------------

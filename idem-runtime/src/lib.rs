@@ -34,11 +34,11 @@
 #![cfg_attr(not(feature = "postgres"), doc = "- `postgres`: `PgStore`.")]
 #![cfg_attr(
     feature = "mysql",
-    doc = "- `mysql`: [`MySqlStore`], MySQL 8 or MariaDB: records in both modes and the operators' operations; the outbox and the SQL macros do not run on MySQL yet."
+    doc = "- `mysql`: [`MySqlStore`], MySQL 8 or MariaDB: records in both modes, the operators' operations and the outbox (`outbox::MySqlOutbox`)."
 )]
 #![cfg_attr(
     not(feature = "mysql"),
-    doc = "- `mysql`: `MySqlStore`, MySQL 8 or MariaDB: records in both modes and the operators' operations; the outbox and the SQL macros do not run on MySQL yet."
+    doc = "- `mysql`: `MySqlStore`, MySQL 8 or MariaDB: records in both modes, the operators' operations and the outbox (`outbox::MySqlOutbox`)."
 )]
 #![cfg_attr(
     feature = "redis",

@@ -4,8 +4,8 @@
 use std::io::{BufRead as _, IsTerminal as _, Write as _};
 use std::time::Duration;
 
-use idem::SqliteStore;
-use idem::outbox::{OutboxBackend as _, PendingEvent, PgOutbox, SqliteOutbox};
+use idem::outbox::{MySqlOutbox, OutboxBackend as _, PendingEvent, PgOutbox, SqliteOutbox};
+use idem::{MySqlStore, SqliteStore};
 use serde_json::json;
 
 use crate::store::{self, Kind};
@@ -25,11 +25,11 @@ pub(crate) enum Command {
 /// Where the outbox is.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct OutboxArgs {
-    /// The database's URL: sqlite://FILE or postgres://…. Default: IDEM_STORE_URL, else
-    /// DATABASE_URL.
+    /// The database's URL: sqlite://FILE, postgres://… or mysql://…. Default: IDEM_STORE_URL,
+    /// else DATABASE_URL.
     #[arg(long, value_name = "URL")]
     store: Option<String>,
-    /// The outbox table (`schema.table` on PostgreSQL).
+    /// The outbox table (`schema.table` on PostgreSQL and MySQL).
     #[arg(long, value_name = "NAME", default_value = idem::outbox::DEFAULT_OUTBOX_TABLE)]
     outbox_table: String,
 }
@@ -110,10 +110,22 @@ pub(crate) struct ParkArgs {
     outbox: OutboxArgs,
 }
 
-/// An outbox of either SQL database.
+/// An outbox of any SQL database.
 enum Outbox {
     Sqlite(SqliteOutbox),
     Postgres(PgOutbox),
+    Mysql(MySqlOutbox),
+}
+
+/// `$body` with `$o` the outbox, whichever database it is on.
+macro_rules! on_outbox {
+    ($outbox:expr, $o:ident => $body:expr) => {
+        match $outbox {
+            Outbox::Sqlite($o) => $body,
+            Outbox::Postgres($o) => $body,
+            Outbox::Mysql($o) => $body,
+        }
+    };
 }
 
 impl Outbox {
@@ -141,15 +153,19 @@ impl Outbox {
                 Outbox::Postgres(PgOutbox::with_table(pool, &args.outbox_table)?)
             }
             Kind::Mysql => {
-                return Err(Failure::Usage(format!(
-                    "{shown} is a MySQL database, where no outbox runs yet: name the SQL \
-                     database of the outbox (sqlite://FILE, postgres://…)"
-                )));
+                let options =
+                    MySqlStore::connect_options(&url.replacen("mariadb://", "mysql://", 1))?;
+                let pool = idem::sqlx::mysql::MySqlPoolOptions::new()
+                    .max_connections(1)
+                    .connect_with(options)
+                    .await
+                    .map_err(unreachable)?;
+                Outbox::Mysql(MySqlOutbox::with_table(pool, &args.outbox_table)?)
             }
             Kind::Redis | Kind::RedisCluster => {
                 return Err(Failure::Usage(format!(
                     "{shown} is a Redis store, which has no outbox: name the SQL database of \
-                     the outbox (sqlite://FILE, postgres://…)"
+                     the outbox (sqlite://FILE, postgres://…, mysql://…)"
                 )));
             }
         };
@@ -157,42 +173,27 @@ impl Outbox {
     }
 
     async fn list(&self, state: State, limit: u32) -> idem::Result<Vec<PendingEvent>> {
-        match (self, state) {
-            (Outbox::Sqlite(o), State::Pending) => o.pending(limit).await,
-            (Outbox::Sqlite(o), State::Parked) => o.parked(limit).await,
-            (Outbox::Sqlite(o), State::Sent) => o.sent(limit).await,
-            (Outbox::Postgres(o), State::Pending) => o.pending(limit).await,
-            (Outbox::Postgres(o), State::Parked) => o.parked(limit).await,
-            (Outbox::Postgres(o), State::Sent) => o.sent(limit).await,
-        }
+        on_outbox!(self, o => match state {
+            State::Pending => o.pending(limit).await,
+            State::Parked => o.parked(limit).await,
+            State::Sent => o.sent(limit).await,
+        })
     }
 
     async fn unpark(&self, seq: i64) -> idem::Result<bool> {
-        match self {
-            Outbox::Sqlite(o) => o.unpark(seq).await,
-            Outbox::Postgres(o) => o.unpark(seq).await,
-        }
+        on_outbox!(self, o => o.unpark(seq).await)
     }
 
     async fn unpark_all(&self) -> idem::Result<u64> {
-        match self {
-            Outbox::Sqlite(o) => o.unpark_all().await,
-            Outbox::Postgres(o) => o.unpark_all().await,
-        }
+        on_outbox!(self, o => o.unpark_all().await)
     }
 
     async fn hold(&self, seq: i64, reason: &str) -> idem::Result<bool> {
-        match self {
-            Outbox::Sqlite(o) => o.hold(seq, reason).await,
-            Outbox::Postgres(o) => o.hold(seq, reason).await,
-        }
+        on_outbox!(self, o => o.hold(seq, reason).await)
     }
 
     async fn counts(&self) -> idem::Result<idem::outbox::OutboxCounts> {
-        match self {
-            Outbox::Sqlite(o) => o.counts().await,
-            Outbox::Postgres(o) => o.counts().await,
-        }
+        on_outbox!(self, o => o.counts().await)
     }
 }
 

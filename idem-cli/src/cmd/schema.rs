@@ -13,10 +13,10 @@ pub(crate) struct Args {
     /// database of IDEM_STORE_URL, else DATABASE_URL.
     #[arg(long, value_name = "postgres|sqlite|mysql")]
     store: Option<String>,
-    /// The records table (`schema.table` on PostgreSQL).
+    /// The records table (`schema.table` on PostgreSQL and MySQL).
     #[arg(long, value_name = "NAME", default_value = schema::RECORDS_TABLE)]
     table: String,
-    /// The outbox table (`schema.table` on PostgreSQL).
+    /// The outbox table (`schema.table` on PostgreSQL and MySQL).
     #[arg(long, value_name = "NAME", default_value = schema::OUTBOX_TABLE)]
     outbox_table: String,
     /// Print one JSON document: the statements of each table, in order.
@@ -28,8 +28,7 @@ pub(crate) struct Args {
 pub(crate) fn run(args: Args) -> Result<(), Failure> {
     let db = database(args.store.as_deref())?;
     let records = schema::records(db, &args.table)?;
-    // No outbox runs on MySQL yet: its records only.
-    let outbox = schema::outbox(db, &args.outbox_table).unwrap_or_default();
+    let outbox = schema::outbox(db, &args.outbox_table)?;
     let notify = match db {
         Database::Postgres => schema::outbox_notify(&args.outbox_table)?,
         _ => Vec::new(),
@@ -49,13 +48,11 @@ pub(crate) fn run(args: Args) -> Result<(), Failure> {
          (scope, key).\n{}",
         schema::script(&records)
     );
-    if !outbox.is_empty() {
-        text.push_str(&format!(
-            "\n-- The transactional outbox: events enqueued with the state change, published \
-             by relays.\n{}",
-            schema::script(&outbox)
-        ));
-    }
+    text.push_str(&format!(
+        "\n-- The transactional outbox: events enqueued with the state change, published by \
+         relays.\n{}",
+        schema::script(&outbox)
+    ));
     if !notify.is_empty() {
         text.push_str(&format!(
             "\n-- Wakes outbox relays (LISTEN) when an enqueuing transaction commits.\n{}",

@@ -24,9 +24,14 @@
 //! - **At least once, deduplicated**: a relay killed between the broker's confirmation and mark
 //!   sent publishes again after its lease; JetStream's duplicate window drops the copy, and a
 //!   guarded consumer replays it anyway.
-//! - **Several relays**: PostgreSQL claims with `FOR UPDATE SKIP LOCKED` and a lease; SQLite has
-//!   one writer, so its claim is atomic. PostgreSQL relays wake on `LISTEN/NOTIFY`; polling is the
-//!   safety net (and SQLite's only way).
+//! - **Several relays**: PostgreSQL and MySQL claim with `FOR UPDATE SKIP LOCKED` and a lease
+//!   (MySQL in a transaction that locks the partition heads, then leases them); SQLite has one
+//!   writer, so its claim is atomic. PostgreSQL relays wake on `LISTEN/NOTIFY`; polling is the
+//!   safety net (and SQLite's and MySQL's only way).
+//! - **Contention**: a deadlock or a lock wait that ran out is
+//!   [`Error::Unavailable`]: an enqueue's rolled the caller's
+//!   transaction back (retry it whole), a claim's changed nothing (the relay tries again on its
+//!   next round), and marking an event sent, which is safe to repeat, is tried again at once.
 //! - **Retention**: sent events are purged after [`Relay::retain_sent`] (default 7 days).
 //!
 //! # Parking
@@ -45,8 +50,8 @@
 //! (or `unpark_all`, once the cause is fixed), it is published next in its partition: before
 //! the partition's events still waiting, after the ones sent while it was parked.
 //!
-//! Backends: [`PgOutbox`] (feature `postgres`) and [`SqliteOutbox`] (feature `sqlite`), in
-//! `outbox/sql.rs`. Publishers: `JetStreamPublisher`
+//! Backends: [`PgOutbox`] (feature `postgres`), [`SqliteOutbox`] (feature `sqlite`) and
+//! [`MySqlOutbox`] (feature `mysql`), in `outbox/sql.rs`. Publishers: `JetStreamPublisher`
 //! (feature `nats`) and `AmqpPublisher` (feature `amqp`), or any [`Publisher`].
 
 use std::fmt;
@@ -61,11 +66,13 @@ use crate::guard::{ClaimInfo, downstream_key};
 use crate::key::Key;
 
 // The databases an outbox runs on.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 
 /// The default table of the outbox.
 pub const DEFAULT_OUTBOX_TABLE: &str = "idem_outbox";
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use sql::MySqlOutbox;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use sql::PgOutbox;
@@ -286,6 +293,10 @@ impl Unreachable {
 /// The default of [`Relay::park_after`].
 pub const DEFAULT_PARK_AFTER: u32 = 20;
 
+/// How often a relay tries to mark a published event sent while the database says to try
+/// again: about a third of a second in all.
+const MARK_SENT_ATTEMPTS: u32 = 5;
+
 /// A relay: claims pending events, publishes them, marks them sent.
 pub struct Relay<O, P> {
     outbox: O,
@@ -404,7 +415,7 @@ impl<O: OutboxBackend, P: Publisher> Relay<O, P> {
             return false;
         }
         match self.publisher.publish(&claimed.event).await {
-            Ok(()) => match self.outbox.mark_sent(claimed.seq).await {
+            Ok(()) => match self.mark_sent(claimed).await {
                 Ok(()) => {
                     crate::observe::outbox_published();
                     true
@@ -438,6 +449,24 @@ impl<O: OutboxBackend, P: Publisher> Relay<O, P> {
                 false
             }
         }
+    }
+
+    /// Marks a published event sent, trying again while the database says to (a deadlock, a
+    /// lock wait that ran out, a connection lost): it is safe to repeat, and an event left
+    /// unmarked is published again after its lease.
+    async fn mark_sent(&self, claimed: &ClaimedEvent) -> Result<()> {
+        let mut delay = Duration::from_millis(20);
+        for _ in 1..MARK_SENT_ATTEMPTS {
+            match self.outbox.mark_sent(claimed.seq).await {
+                Err(e @ Error::Unavailable(_)) => {
+                    tracing::debug!(target: "idem", id = %claimed.event.id, error = %e, ?delay, "marking an event sent failed; trying again");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                done => return done,
+            }
+        }
+        self.outbox.mark_sent(claimed.seq).await
     }
 
     async fn park(&self, claimed: &ClaimedEvent, reason: &str) {
@@ -516,21 +545,6 @@ pub struct Poll;
 impl Wake for Poll {
     async fn wait(&mut self, timeout: Duration) {
         tokio::time::sleep(timeout).await
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl Wake for sqlx::postgres::PgListener {
-    async fn wait(&mut self, timeout: Duration) {
-        match tokio::time::timeout(timeout, self.recv()).await {
-            // Woken, or the poll interval passed.
-            Ok(Ok(_)) | Err(_) => {}
-            Ok(Err(e)) => {
-                // The listener reconnects on its next call; poll meanwhile.
-                tracing::warn!(target: "idem", error = %e, "the outbox listener failed; polling");
-                tokio::time::sleep(timeout).await;
-            }
-        }
     }
 }
 

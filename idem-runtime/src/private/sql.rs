@@ -33,14 +33,15 @@ impl<'c, A: sqlx::Acquire<'c>> Executor<'c, Holds> for A {
     }
 }
 
+/// Implemented by no type, as [`Impossible`]: where the second implementation of [`Executor`]
+/// takes the database it must name.
+pub trait ImpossibleExecutor: Impossible {
+    type Database: sqlx::Database;
+}
+
 #[diagnostic::do_not_recommend]
-impl<'c, A: Impossible> Executor<'c, Never> for A {
-    #[cfg(feature = "sqlite")]
-    type Database = sqlx::Sqlite;
-    #[cfg(all(not(feature = "sqlite"), feature = "postgres"))]
-    type Database = sqlx::Postgres;
-    #[cfg(all(not(feature = "sqlite"), not(feature = "postgres")))]
-    type Database = sqlx::MySql;
+impl<'c, A: ImpossibleExecutor> Executor<'c, Never> for A {
+    type Database = <A as ImpossibleExecutor>::Database;
     type Checked = A;
     fn checked(self) -> A {
         self

@@ -233,6 +233,8 @@ impl Dialect for My {
             })
         }
     }
+
+    sql::run_statements!(execute: sqlx::MySql, MySqlConnection, my_err);
 }
 
 /// `information_schema`'s condition for the table `table` (`name` or `database.name`), in the
@@ -572,7 +574,7 @@ impl SqlStoreBuilder<MySqlStore> {
             )));
         }
         let room = WaitingRoom::new(&self.options.waits, pool.options().get_max_connections())?;
-        let inner = self.open(pool.clone(), pool).await?;
+        let (inner, _) = self.open(pool.clone(), pool).await?;
         let tx = Arc::new(TxClaims::new(&inner.sql.table, room)?);
         Ok(MySqlStore { inner, tx })
     }

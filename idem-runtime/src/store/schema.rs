@@ -1,12 +1,13 @@
 //! The DDL of the SQL stores' tables, as text a team that owns its migrations can copy.
 //!
-//! [`SqliteStore`](crate::SqliteStore) and [`PgStore`](crate::PgStore) create their records
-//! table, and [`SqliteOutbox`](crate::outbox::SqliteOutbox) and
-//! [`PgOutbox`](crate::outbox::PgOutbox) their outbox table, from exactly these statements,
-//! each with `IF NOT EXISTS` (or `OR REPLACE`), so running them first changes nothing for the
-//! stores. The constants use the default table names (`idem_records`, `idem_outbox`);
-//! [`records`] and [`outbox`] write the same statements for another table name, which is how
-//! the stores use them. `idem schema --store postgres|sqlite` prints them.
+//! The SQL stores ([`SqliteStore`](crate::SqliteStore), [`PgStore`](crate::PgStore),
+//! `MySqlStore`) create their records table, and the outboxes
+//! ([`SqliteOutbox`](crate::outbox::SqliteOutbox), [`PgOutbox`](crate::outbox::PgOutbox),
+//! `MySqlOutbox`) their outbox table, from exactly these statements, each with `IF NOT EXISTS`
+//! (or `OR REPLACE`), so running them first changes nothing for the stores. The constants use
+//! the default table names (`idem_records`, `idem_outbox`); [`records`] and [`outbox`] write
+//! the same statements for another table name, which is how the stores use them. `idem schema
+//! --store postgres|sqlite|mysql` prints them.
 //!
 //! A store built with `create_table(false)` (or an outbox never `migrate`d) expects the tables
 //! to exist as written here. Tables created by earlier versions gain the columns added since
@@ -23,7 +24,7 @@
 //! ```
 
 pub use crate::store::sql::ddl::{
-    Database, MYSQL_RECORDS, OUTBOX_TABLE, POSTGRES_OUTBOX, POSTGRES_OUTBOX_NOTIFY,
+    Database, MYSQL_OUTBOX, MYSQL_RECORDS, OUTBOX_TABLE, POSTGRES_OUTBOX, POSTGRES_OUTBOX_NOTIFY,
     POSTGRES_RECORDS, RECORDS_TABLE, SQLITE_OUTBOX, SQLITE_RECORDS, outbox, outbox_notify, records,
     script,
 };

@@ -186,9 +186,9 @@ impl SqlStoreBuilder<SqliteStore> {
     /// A store that writes through `writer` (ideally a pool of one connection, used for the
     /// application's own writes too) and reads through `reader`.
     pub async fn build_split(self, writer: SqlitePool, reader: SqlitePool) -> Result<SqliteStore> {
-        Ok(SqliteStore {
-            inner: self.open(writer, reader).await?,
-        })
+        // SQLite's store has no settings of its own.
+        let (inner, ()) = self.open(writer, reader).await?;
+        Ok(SqliteStore { inner })
     }
 
     /// Opens the database at `url` (`sqlite://path/to/file.db`, `sqlite::memory:`) with

@@ -474,15 +474,36 @@ impl Job for ClaimJob {
             {
                 // The caller is gone: nobody will run the body, so free the record now rather
                 // than when its lease runs out.
-                lane.engine.defer(crate::store::Deferred {
-                    scope: job.scope,
-                    key: job.key,
-                    fence,
-                    write: crate::store::DeferredWrite::Release,
-                });
+                let engine = EngineStore(lane.engine.clone());
+                crate::store::spawn_deferred(
+                    engine,
+                    crate::store::Deferred {
+                        scope: job.scope,
+                        key: job.key,
+                        fence,
+                        write: crate::store::DeferredWrite::Release,
+                    },
+                );
             }
         }
         Ok(())
+    }
+}
+
+/// The engine as a store, for the writes a batch defers (a claim whose caller went away):
+/// every operation but `begin`, which the store answers itself.
+struct EngineStore(Arc<Engine<Pg>>);
+
+impl crate::store::Store for EngineStore {
+    fn call<'a>(
+        &'a self,
+        op: crate::store::Operation<'a>,
+    ) -> impl Future<Output = Result<crate::store::Reply>> + Send + 'a {
+        self.0.call(op)
+    }
+
+    fn defer(&self, write: crate::store::Deferred) {
+        crate::store::spawn_deferred(EngineStore(self.0.clone()), write)
     }
 }
 

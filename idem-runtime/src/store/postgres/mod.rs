@@ -277,13 +277,9 @@ impl SqlStoreBuilder<PgStore> {
 
     /// A store on an existing pool.
     pub async fn build(self, pool: PgPool) -> Result<PgStore> {
-        let PgOptions {
-            group_commit,
-            waits,
-        } = self.options.clone();
-        let room = WaitingRoom::new(&waits, pool.options().get_max_connections())?;
-        let inner = self.open(pool.clone(), pool).await?;
-        let group = match group_commit {
+        let room = WaitingRoom::new(&self.options.waits, pool.options().get_max_connections())?;
+        let (inner, options) = self.open(pool.clone(), pool).await?;
+        let group = match options.group_commit {
             Some(config) => Some(Arc::new(Group::new(inner.clone(), config)?)),
             None => None,
         };

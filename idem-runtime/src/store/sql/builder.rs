@@ -130,7 +130,6 @@ pub struct SqlStoreBuilder<S: SqlKind> {
     purge_every: Duration,
     background_purge: bool,
     /// What only this kind of store sets (SQLite's has no settings).
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) options: S::Options,
     store: PhantomData<fn() -> S>,
 }
@@ -146,7 +145,7 @@ pub(crate) mod sealed {
     /// Only this crate's stores are SQL kinds.
     pub trait Sealed {}
 
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    #[cfg(feature = "sql-waits")]
     /// A SQL store whose transactional duplicates wait within a bound, set by
     /// `SqlStoreBuilder::duplicate_wait` and `waiting_duplicates`.
     pub trait WaitingKind: super::SqlKind {
@@ -216,12 +215,12 @@ impl<S: SqlKind> SqlStoreBuilder<S> {
     }
 
     /// The engine on these pools, its table created if asked for, purging in the background
-    /// unless told not to.
+    /// unless told not to; and the settings only this kind of store has.
     pub(crate) async fn open<D: Dialect>(
         self,
         writer: sqlx::Pool<D::Db>,
         reader: sqlx::Pool<D::Db>,
-    ) -> Result<Arc<Engine<D>>> {
+    ) -> Result<(Arc<Engine<D>>, S::Options)> {
         if self.background_purge && self.purge_every.is_zero() {
             return Err(Error::Config(
                 "the background purge interval must be longer than zero".into(),
@@ -234,6 +233,7 @@ impl<S: SqlKind> SqlStoreBuilder<S> {
         if self.create_table {
             engine.migrate().await?;
         }
-        Ok(engine.start(self.background_purge.then_some(self.purge_every)))
+        let engine = engine.start(self.background_purge.then_some(self.purge_every));
+        Ok((engine, self.options))
     }
 }

@@ -28,14 +28,13 @@ pub(crate) struct Stmt {
     /// The argument (0-based) each `?` binds, in order; `None` where placeholders are numbered
     /// (`$1`) and the arguments are bound as given.
     pub(crate) binds: Option<Box<[usize]>>,
-    // Read by the dialects whose writes return no rows (MySQL).
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    #[cfg_attr(not(feature = "sql-replies"), allow(dead_code))]
     pub(crate) returns: Returns,
 }
 
 /// How the row a statement answers is read.
 #[derive(Debug, Clone)]
-#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+#[cfg_attr(not(feature = "sql-replies"), allow(dead_code))]
 pub(crate) enum Returns {
     /// The statement's own rows: a query, or a write with `RETURNING`.
     Rows,
@@ -75,7 +74,7 @@ impl From<SqlStr> for Stmt {
 
 /// Where the fence a write returns comes from ([`Dialect::returning`]).
 #[derive(Debug, Clone, Copy)]
-#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+#[cfg_attr(not(feature = "sql-replies"), allow(dead_code))]
 pub(crate) enum FenceFrom {
     /// It is the argument `$n` (a fenced write, which leaves it as it is).
     Arg(usize),
@@ -192,6 +191,13 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
         sql: &'a Stmt,
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = Result<Option<Self::Row>>> + Send + 'a;
+
+    /// Runs the write `sql` with `args` on `conn`: how many rows it matched.
+    fn execute<'a>(
+        conn: &'a mut <Self::Db as sqlx::Database>::Connection,
+        sql: &'a Stmt,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = Result<u64>> + Send + 'a;
 }
 
 /// A column added to tables created before it existed.
@@ -308,9 +314,10 @@ where
     q
 }
 
-/// A dialect's `fetch` and `fetch_all` on its database: statements bound by [`bound`], their
-/// errors sorted by [`map_err`]; for the databases whose writes return their rows.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+/// A dialect's `fetch`, `fetch_all` and `execute` on its database: statements bound by
+/// [`bound`], their errors sorted by [`map_err`]; for the databases whose writes return their
+/// rows. With `execute:`, only `execute`, its errors sorted by `$sort`: for a dialect that
+/// reads the rows of its writes its own way.
 macro_rules! run_statements {
     ($db:ty, $conn:ty, $row:ty) => {
         fn fetch_all<'a>(
@@ -330,9 +337,25 @@ macro_rules! run_statements {
             let q = sql::bound::<$db>(sql, args);
             async move { q.fetch_optional(&mut *conn).await.map_err(sql::map_err) }
         }
+
+        $crate::store::sql::run_statements!(execute: $db, $conn, sql::map_err);
+    };
+    (execute: $db:ty, $conn:ty, $sort:path) => {
+        fn execute<'a>(
+            conn: &'a mut $conn,
+            sql: &'a sql::Stmt,
+            args: &'a [Arg<'a>],
+        ) -> impl Future<Output = Result<u64>> + Send + 'a {
+            let q = sql::bound::<$db>(sql, args);
+            async move {
+                q.execute(&mut *conn)
+                    .await
+                    .map(|done| done.rows_affected())
+                    .map_err($sort)
+            }
+        }
     };
 }
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use run_statements;
 
 pub(crate) fn fence_from_db(fence: i64) -> Result<u64> {

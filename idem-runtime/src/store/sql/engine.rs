@@ -708,32 +708,6 @@ impl<D: Dialect> Engine<D> {
         }
         Ok(u64::try_from(deleted).unwrap_or(0))
     }
-
-    /// Runs a claim's write in the background, on the current Tokio runtime if there is one:
-    /// for the engine's own callers (group commit), which hold it rather than a store.
-    #[cfg(feature = "postgres")]
-    pub(crate) fn defer(self: &Arc<Self>, write: crate::store::Deferred) {
-        crate::store::spawn_deferred(EngineStore(self.clone()), write)
-    }
-}
-
-/// An engine as a store, for writes deferred by the engine's own callers: every operation but
-/// `begin`, which each SQL store answers itself.
-#[cfg(feature = "postgres")]
-pub(super) struct EngineStore<D: Dialect>(Arc<Engine<D>>);
-
-#[cfg(feature = "postgres")]
-impl<D: Dialect> crate::store::Store for EngineStore<D> {
-    fn call<'a>(
-        &'a self,
-        op: Operation<'a>,
-    ) -> impl std::future::Future<Output = Result<Reply>> + Send + 'a {
-        self.0.call(op)
-    }
-
-    fn defer(&self, write: crate::store::Deferred) {
-        self.0.defer(write)
-    }
 }
 
 pub(super) fn fenced_args<'a>(claim: ClaimRef<'a>) -> [Arg<'a>; 3] {

@@ -15,7 +15,7 @@ mod engine;
 mod errors;
 mod ident;
 mod statements;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "sql-waits")]
 pub(crate) mod waits;
 
 pub(crate) use self::builder::*;
@@ -25,7 +25,7 @@ pub(crate) use self::engine::*;
 pub(crate) use self::errors::*;
 pub(crate) use self::ident::*;
 pub(crate) use self::statements::*;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "sql-waits")]
 pub(crate) use self::waits::*;
 
 #[cfg(test)]

@@ -35,19 +35,19 @@ fn tables(db: Database) -> Option<Tables> {
     Some(match db {
         Database::Postgres => Tables {
             records: POSTGRES_RECORDS,
-            outbox: Some(POSTGRES_OUTBOX),
+            outbox: POSTGRES_OUTBOX,
             qualified: true,
             quote: '"',
         },
         Database::Sqlite => Tables {
             records: SQLITE_RECORDS,
-            outbox: Some(SQLITE_OUTBOX),
+            outbox: SQLITE_OUTBOX,
             qualified: false,
             quote: '"',
         },
         Database::Mysql => Tables {
             records: MYSQL_RECORDS,
-            outbox: None,
+            outbox: MYSQL_OUTBOX,
             qualified: true,
             quote: '`',
         },
@@ -58,8 +58,7 @@ fn tables(db: Database) -> Option<Tables> {
 /// One database's tables, as its file writes them.
 struct Tables {
     records: &'static [&'static str],
-    /// `None` where no outbox runs on it yet.
-    outbox: Option<&'static [&'static str]>,
+    outbox: &'static [&'static str],
     /// Whether a table name may be `schema.table`.
     qualified: bool,
     /// What quotes an identifier in its DDL.
@@ -92,9 +91,9 @@ pub fn records(db: Database, table: &str) -> Result<Vec<String>> {
 }
 
 /// The statements that create the outbox table `table` (an identifier, checked; `schema.table`
-/// on PostgreSQL) and its indexes ([`Error::Config`] on a database no outbox runs on yet:
-/// MySQL), the parked events' index last (a migration creates it once
-/// the columns it covers are there). PostgreSQL adds [`outbox_notify`].
+/// on PostgreSQL and MySQL) and its indexes, the parked events' index last where it is a
+/// statement of its own (a migration creates it once the columns it covers are there; MySQL
+/// declares its indexes in the table). PostgreSQL adds [`outbox_notify`].
 pub fn outbox(db: Database, table: &str) -> Result<Vec<String>> {
     let Tables {
         outbox: statements,
@@ -102,8 +101,6 @@ pub fn outbox(db: Database, table: &str) -> Result<Vec<String>> {
         quote: q,
         ..
     } = tables(db).ok_or_else(|| no_tables(db))?;
-    let statements = statements
-        .ok_or_else(|| Error::Config(format!("the outbox does not run on {} yet", db.title())))?;
     let quoted = quote_table(table, qualified)?.replace('"', &q.to_string());
     let base = base_name(table);
     Ok(statements
@@ -200,16 +197,13 @@ mod tests {
     fn default_names_give_the_constants() {
         for &db in Database::ALL {
             let (records_ddl, outbox_ddl) = match db {
-                Database::Postgres => (POSTGRES_RECORDS, Some(POSTGRES_OUTBOX)),
-                Database::Sqlite => (SQLITE_RECORDS, Some(SQLITE_OUTBOX)),
-                Database::Mysql => (MYSQL_RECORDS, None),
+                Database::Postgres => (POSTGRES_RECORDS, POSTGRES_OUTBOX),
+                Database::Sqlite => (SQLITE_RECORDS, SQLITE_OUTBOX),
+                Database::Mysql => (MYSQL_RECORDS, MYSQL_OUTBOX),
                 other => panic!("{other:?} has no DDL here"),
             };
             assert_eq!(records(db, RECORDS_TABLE).unwrap(), records_ddl);
-            match outbox_ddl {
-                Some(ddl) => assert_eq!(outbox(db, OUTBOX_TABLE).unwrap(), ddl),
-                None => assert!(matches!(outbox(db, OUTBOX_TABLE), Err(Error::Config(_)))),
-            }
+            assert_eq!(outbox(db, OUTBOX_TABLE).unwrap(), outbox_ddl);
         }
         assert_eq!(outbox_notify(OUTBOX_TABLE).unwrap(), POSTGRES_OUTBOX_NOTIFY);
     }
@@ -244,6 +238,18 @@ mod tests {
             my.contains("INDEX `recs_resume_at_idx` (resume_at)"),
             "{my}"
         );
+        let my = outbox(Database::Mysql, "app.events").unwrap().join("\n");
+        assert!(!my.contains("idem_") && !my.contains('"'), "{my}");
+        assert!(
+            my.contains("CREATE TABLE IF NOT EXISTS `app`.`events` ("),
+            "{my}"
+        );
+        for index in ["pending", "sent", "parked"] {
+            assert!(
+                my.contains(&format!("INDEX `events_{index}_idx` (")),
+                "{my}"
+            );
+        }
     }
 
     #[test]

@@ -31,3 +31,31 @@ pub const MYSQL_RECORDS: &[&str] = &["CREATE TABLE IF NOT EXISTS `idem_records` 
     INDEX `idem_records_expires_at_idx` (expires_at),
     INDEX `idem_records_resume_at_idx` (resume_at)
 ) ENGINE = InnoDB"];
+
+/// The outbox table of MySQL and MariaDB (`idem_outbox`) and its indexes, declared in the
+/// table: waiting events by partition (a relay's check that an event heads its partition reads
+/// only the partition's unsent, unparked events), events by when they were sent (the relays'
+/// scan of unsent events in order, and the purge) and parked events.
+///
+/// Ids, topics and partition keys are `VARBINARY(255)`, as long as an event may have them
+/// ([`Event::validate`](crate::outbox::Event::validate)): an id is unique byte for byte, and
+/// two partition keys that differ only in case are two partitions.
+pub const MYSQL_OUTBOX: &[&str] = &["CREATE TABLE IF NOT EXISTS `idem_outbox` (
+    seq BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    id VARBINARY(255) NOT NULL,
+    topic VARBINARY(255) NOT NULL,
+    partition_key VARBINARY(255) NOT NULL,
+    payload LONGBLOB NOT NULL,
+    created_at BIGINT NOT NULL,
+    sent_at BIGINT,
+    lease_until BIGINT,
+    lease_owner TEXT,
+    attempts INT NOT NULL DEFAULT 0,
+    failures INT NOT NULL DEFAULT 0,
+    parked_at BIGINT,
+    last_error LONGTEXT,
+    UNIQUE (id),
+    INDEX `idem_outbox_pending_idx` (partition_key, sent_at, parked_at, seq),
+    INDEX `idem_outbox_sent_idx` (sent_at),
+    INDEX `idem_outbox_parked_idx` (parked_at)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4"];
