@@ -103,6 +103,10 @@ pub const DEFAULT_EVERY: Duration = Duration::from_secs(5);
 /// How many times by default a claim is resumed before it is parked.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 8;
 
+/// How often a completer reads the counts of unfinished work into its gauges by default: once
+/// a minute ([`Completer::count_every`]).
+pub const DEFAULT_COUNT_EVERY: Duration = Duration::from_secs(60);
+
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// A registered resume function: the outcome is the call's error, rendered, if it failed.
@@ -119,6 +123,10 @@ pub struct Completer<S> {
     concurrency: usize,
     /// Names of due requests that have no resume function here, logged once each.
     unknown_names: Arc<Mutex<HashSet<String>>>,
+    /// How often the unfinished-work gauges are read from the store.
+    count_every: Duration,
+    /// When they were last read, by this process's clock.
+    counted: Mutex<Option<tokio::time::Instant>>,
 }
 
 impl<S> fmt::Debug for Completer<S> {
@@ -131,6 +139,7 @@ impl<S> fmt::Debug for Completer<S> {
             .field("max_attempts", &self.max_attempts)
             .field("batch", &self.batch)
             .field("concurrency", &self.concurrency)
+            .field("count_every", &self.count_every)
             .finish_non_exhaustive()
     }
 }
@@ -278,6 +287,8 @@ impl<S: Store + Clone> Completer<S> {
             batch: 32,
             concurrency: 4,
             unknown_names: Arc::default(),
+            count_every: DEFAULT_COUNT_EVERY,
+            counted: Mutex::default(),
         }
     }
 
@@ -325,6 +336,18 @@ impl<S: Store + Clone> Completer<S> {
     /// How many resumed calls run at once (default 4).
     pub fn concurrency(mut self, calls: usize) -> Self {
         self.concurrency = calls;
+        self
+    }
+
+    /// How often a round also reads the store's counts of unfinished and parked work
+    /// ([`StoreAdmin::stats`](crate::store::StoreAdmin::stats)) into the gauges
+    /// `idem_unfinished_claims`, `idem_unfinished_oldest_seconds` and `idem_parked_claims`
+    /// (default once a minute, at least every round). The counts cover every unfinished claim in
+    /// the store, resumable or not, as `idem stats` shows them; reading them scans the store's
+    /// records (one aggregate query on a SQL store, a scan of every primary on Redis), so they
+    /// are not read every round.
+    pub fn count_every(mut self, every: Duration) -> Self {
+        self.count_every = every;
         self
     }
 
@@ -376,13 +399,12 @@ impl<S: Store + Clone> Completer<S> {
     /// runs every period; call it directly to drive a completer by hand (a job, a test).
     pub async fn run_once(&self) -> Result<Round> {
         self.check()?;
+        self.count_unfinished().await;
         let due = self.store.due(self.batch).await?;
         let mut round = Round {
             due: due.len() as u64,
             ..Round::default()
         };
-        let oldest = due.iter().map(|u| u.overdue).max().unwrap_or_default();
-        observe::unfinished(round.due, oldest);
         let mut running = tokio::task::JoinSet::new();
         for unfinished in due {
             while running.len() >= self.concurrency {
@@ -434,6 +456,29 @@ impl<S: Store + Clone> Completer<S> {
                 return park(&store, &unfinished, &note).await;
             }
             resume_one(&store, unfinished, request, resume).await
+        }
+    }
+
+    /// Reads the store's counts of unfinished and parked work into the gauges, when
+    /// [`Completer::count_every`] has passed since they were last read.
+    async fn count_unfinished(&self) {
+        {
+            let mut counted = self.counted.lock().unwrap_or_else(|p| p.into_inner());
+            let now = tokio::time::Instant::now();
+            if counted.is_some_and(|at| now.duration_since(at) < self.count_every) {
+                return;
+            }
+            *counted = Some(now);
+        }
+        match crate::store::StoreAdmin::stats(&self.store, Duration::ZERO).await {
+            Ok(stats) => observe::unfinished(
+                stats.unfinished,
+                stats.oldest_unfinished.unwrap_or_default(),
+                stats.states.parked,
+            ),
+            Err(e) => {
+                tracing::debug!(target: "idem", error = %e, "could not count unfinished work for the gauges");
+            }
         }
     }
 
