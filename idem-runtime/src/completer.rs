@@ -110,7 +110,8 @@ pub const DEFAULT_COUNT_EVERY: Duration = Duration::from_secs(60);
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// A registered resume function: the outcome is the call's error, rendered, if it failed.
-type ResumeFn = Arc<dyn Fn(Resumption) -> BoxFuture<std::result::Result<(), String>> + Send + Sync>;
+pub(crate) type ResumeFn =
+    Arc<dyn Fn(Resumption) -> BoxFuture<std::result::Result<(), String>> + Send + Sync>;
 
 /// Finishes resumable claims whose caller never came back; see the [module](self)
 /// documentation. Built with by-value setters, started with [`Completer::start`].
@@ -123,6 +124,8 @@ pub struct Completer<S> {
     concurrency: usize,
     /// Names of due requests that have no resume function here, logged once each.
     unknown_names: Arc<Mutex<HashSet<String>>>,
+    /// The delivery limits of the consumers registered ([`Completer::consumer`]), by name.
+    delivery_limits: HashMap<String, u32>,
     /// How often the unfinished-work gauges are read from the store.
     count_every: Duration,
     /// When they were last read, by this process's clock.
@@ -287,6 +290,7 @@ impl<S: Store + Clone> Completer<S> {
             batch: 32,
             concurrency: 4,
             unknown_names: Arc::default(),
+            delivery_limits: HashMap::new(),
             count_every: DEFAULT_COUNT_EVERY,
             counted: Mutex::default(),
         }
@@ -298,7 +302,7 @@ impl<S: Store + Clone> Completer<S> {
     /// call, the name of its [`StoredRequest`]). `f` calls the guarded
     /// call with what the [`Resumption`] holds; the call runs under the completer's claim. Its
     /// error, if it fails, is rendered with `Debug` as the claim's note.
-    pub fn resume<F, Fut, T, E>(mut self, name: &str, f: F) -> Self
+    pub fn resume<F, Fut, T, E>(self, name: &str, f: F) -> Self
     where
         F: Fn(Resumption) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
@@ -309,7 +313,21 @@ impl<S: Store + Clone> Completer<S> {
             let fut = f(r);
             Box::pin(async move { fut.await.map(drop).map_err(|e| format!("{e:?}")) })
         });
-        self.resumers.insert(name.to_owned(), resume);
+        self.resume_fn(name.to_owned(), resume, None)
+    }
+
+    /// Registers `resume` under `name`; for a message consumer, with its delivery limit.
+    pub(crate) fn resume_fn(
+        mut self,
+        name: String,
+        resume: ResumeFn,
+        delivery_limit: Option<u32>,
+    ) -> Self {
+        match delivery_limit {
+            Some(limit) => self.delivery_limits.insert(name.clone(), limit),
+            None => self.delivery_limits.remove(&name),
+        };
+        self.resumers.insert(name, resume);
         self
     }
 
@@ -374,11 +392,22 @@ impl<S: Store + Clone> Completer<S> {
         Ok(())
     }
 
+    /// Says, when it starts, which registered consumers' messages it would park at once:
+    /// those whose delivery limit spends its attempts before the broker gives up.
+    fn warn_spent_attempts(&self) {
+        for (name, limit) in &self.delivery_limits {
+            if *limit >= self.max_attempts {
+                tracing::warn!(target: "idem", consumer = %name, delivery_limit = limit, max_attempts = self.max_attempts, "a message of this consumer reaches the completer after as many attempts as its delivery limit, and the completer parks a claim after max_attempts: it parks such messages at once, for an operator. Give the completer more attempts than the delivery limit for it to finish them (Completer::max_attempts)");
+            }
+        }
+    }
+
     /// Starts the completer on the current Tokio runtime: a round every
     /// [`Completer::every`], the first one at once. Refused with [`Error::Config`] when it has
     /// no resume function, or a setting is out of range, or outside a Tokio runtime.
     pub fn start(self) -> Result<Running> {
         self.check()?;
+        self.warn_spent_attempts();
         let rt = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::Config("a completer is started inside a Tokio runtime".into()))?;
         let every = self.every;

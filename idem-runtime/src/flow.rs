@@ -261,6 +261,13 @@ async fn start<'s, S: Store>(
     timing: Option<&Timing>,
     stored: Option<&[u8]>,
 ) -> Result<Begun<'s, S>> {
+    // A call that stores no request of its own stores its context's (a resumable consumer's
+    // message), with its own lease and retention.
+    let from_context = match stored {
+        Some(_) => None,
+        None => context::stored_request().map(|r| r.with_policy(&policy).encode()),
+    };
+    let stored = stored.or(from_context.as_deref());
     // A resumable call that a completer resumes runs under the claim the completer took.
     let handed = stored.and_then(|_| context::take_handoff(&scope, key.as_str(), fingerprint));
     let begun = match handed {
