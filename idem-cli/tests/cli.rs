@@ -1267,7 +1267,7 @@ async fn parked_work_is_listed_shown_and_retried() {
     );
     let bad = idem(&["records", "list", "--state", "stuck", "--store", &url]);
     assert!(
-        stderr(&bad).contains("in_progress, completed, released or parked"),
+        stderr(&bad).contains("in_progress, completed, released, parked, or unfinished"),
         "{}",
         stderr(&bad)
     );
@@ -1322,4 +1322,65 @@ async fn parked_work_is_listed_shown_and_retried() {
     let none = idem(&["records", "retry", "refund:ORD-9", "nope", "--store", &url]);
     assert_eq!(none.status.code(), Some(1));
     assert!(stderr(&none).contains("no record"), "{}", stderr(&none));
+}
+
+/// A claim of `key` on `refund:ORD-1`.
+async fn claimed<'s>(store: &'s SqliteStore, key: &str) -> idem::Guard<'s, SqliteStore> {
+    let begun = idem::begin(
+        store,
+        "refund:ORD-1".into(),
+        Key::parse(key).unwrap(),
+        Fingerprint::of(&key).unwrap(),
+        Policy::DEFAULT,
+    )
+    .await
+    .unwrap();
+    let Begun::Claimed(guard) = begun else {
+        panic!("claimed before")
+    };
+    guard
+}
+
+#[tokio::test]
+async fn unfinished_work_is_listed_apart_from_claims_still_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let store = SqliteStore::connect(&url).await.unwrap();
+    // One claim whose outcome is unknown (the gateway timed out), one still running, one done.
+    claimed(&store, "k-unknown")
+        .await
+        .suspend("the gateway timed out")
+        .await
+        .unwrap();
+    let running = claimed(&store, "k-running").await;
+    completed(&store, "refund:ORD-2", "k-done", 201, b"{}").await;
+
+    let keys_of = |state: &str| {
+        let listed = json(&idem(&[
+            "records", "list", "--state", state, "--json", "--store", &url,
+        ]));
+        let mut keys: Vec<String> = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["key"].as_str().unwrap().to_owned())
+            .collect();
+        keys.sort();
+        keys
+    };
+    assert_eq!(keys_of("in_progress"), ["k-running", "k-unknown"]);
+    assert_eq!(keys_of("unfinished"), ["k-unknown"]);
+    let table = stdout(&idem(&[
+        "records",
+        "list",
+        "--state",
+        "unfinished",
+        "--store",
+        &url,
+    ]));
+    assert!(
+        table.contains("k-unknown") && !table.contains("k-running"),
+        "{table}"
+    );
+    drop(running);
 }
