@@ -1,7 +1,9 @@
 //! The completer: resumable work whose caller never came back is finished, once.
 //!
-//! A resumable call (`#[idempotent(…, resumable)]`, [`begin_resumable`] by hand, or a route of
-//! the `tower` guard built with `GuardLayer::resumable`) stores its request with its claim. When the caller does not come back for it — its process was
+//! A resumable call (`#[idempotent(…, resumable)]`, [`begin_resumable`] by hand, a route of
+//! the `tower` guard built with `GuardLayer::resumable`, or the handler of a consumer built with
+//! `Consumer::resumable`) stores its request with its claim. When the caller does not come back
+//! for it — its process was
 //! killed, or the call ended in an outcome that may have had its effect
 //! ([`ClaimInfo::outcome_unknown`]) and nobody retried — a [`Completer`] running next to the
 //! service finds the claim once its lease ran out (its resume time passed too: after an
@@ -12,7 +14,9 @@
 //! the call runs under the completer's claim, and its answer is stored like any other, so the
 //! client's later retry or lookup gets it. For a resumable route of the `tower` guard, the
 //! resume function is `idem::tower::resend(service)`: it sends the stored HTTP request through
-//! the guarded service again.
+//! the guarded service again. For a resumable message consumer, [`Completer::consumer`] registers
+//! the consumer's own handler, which runs again on the stored message once its broker stopped
+//! delivering it.
 //!
 //! ```
 //! use std::time::Duration;
@@ -63,9 +67,13 @@
 //!   again by itself, never purged; a request with its key is answered 409 `REQUEST_PARKED`;
 //!   an operator retries it (`idem records retry`, the admin view) or releases it.
 //! - **Visible.** Unfinished and parked claims are listed and counted by the store's operator
-//!   operations (`idem records list --state parked`, `idem stats`, the admin view), and the
-//!   completer reports what it did as metrics (`idem_completer_resumed_total`,
-//!   `idem_completer_parked_total`, `idem_unfinished_claims`, `idem_unfinished_oldest_seconds`).
+//!   operations (`idem records list --state unfinished` and `--state parked`, `idem stats`, the
+//!   admin view), and the completer reports what it did as metrics
+//!   (`idem_completer_resumed_total`, `idem_completer_parked_total`) and the store's counts as
+//!   gauges (`idem_unfinished_claims`, `idem_unfinished_oldest_seconds`, `idem_parked_claims`,
+//!   read every [`Completer::count_every`]).
+//! - **Where it runs.** One per instance, beside the service: completers need no election, since
+//!   each takes a due claim with an ordinary claim on the store, which one attempt wins.
 //!
 //! A resume function that fails before the guarded call claims the record (it could not decode
 //! the request, a dependency was down) counts as an attempt: the claim is suspended with its
