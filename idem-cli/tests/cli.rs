@@ -47,8 +47,8 @@ fn sqlite_url(dir: &Path) -> String {
     format!("sqlite://{}", dir.join("records.db").display())
 }
 
-/// Claims `(scope, key)` in `store` and completes it with `status` and `body`.
-async fn completed<S: Store>(store: &S, scope: &str, key: &str, status: u16, body: &[u8]) {
+/// Claims `(scope, key)` in `store`.
+async fn claimed<'s, S: Store>(store: &'s S, scope: &str, key: &str) -> idem::Guard<'s, S> {
     let fp = Fingerprint::of(&(scope, key)).unwrap();
     let begun = idem::begin(
         store,
@@ -63,6 +63,12 @@ async fn completed<S: Store>(store: &S, scope: &str, key: &str, status: u16, bod
         panic!("{scope}/{key} was claimed before")
     };
     guard
+}
+
+/// Claims `(scope, key)` in `store` and completes it with `status` and `body`.
+async fn completed<S: Store>(store: &S, scope: &str, key: &str, status: u16, body: &[u8]) {
+    claimed(store, scope, key)
+        .await
         .complete(&StoredResponse {
             status: Some(status),
             is_error: false,
@@ -1324,35 +1330,18 @@ async fn parked_work_is_listed_shown_and_retried() {
     assert!(stderr(&none).contains("no record"), "{}", stderr(&none));
 }
 
-/// A claim of `key` on `refund:ORD-1`.
-async fn claimed<'s>(store: &'s SqliteStore, key: &str) -> idem::Guard<'s, SqliteStore> {
-    let begun = idem::begin(
-        store,
-        "refund:ORD-1".into(),
-        Key::parse(key).unwrap(),
-        Fingerprint::of(&key).unwrap(),
-        Policy::DEFAULT,
-    )
-    .await
-    .unwrap();
-    let Begun::Claimed(guard) = begun else {
-        panic!("claimed before")
-    };
-    guard
-}
-
 #[tokio::test]
 async fn unfinished_work_is_listed_apart_from_claims_still_running() {
     let dir = tempfile::tempdir().unwrap();
     let url = sqlite_url(dir.path());
     let store = SqliteStore::connect(&url).await.unwrap();
     // One claim whose outcome is unknown (the gateway timed out), one still running, one done.
-    claimed(&store, "k-unknown")
+    claimed(&store, "refund:ORD-1", "k-unknown")
         .await
         .suspend("the gateway timed out")
         .await
         .unwrap();
-    let running = claimed(&store, "k-running").await;
+    let running = claimed(&store, "refund:ORD-1", "k-running").await;
     completed(&store, "refund:ORD-2", "k-done", 201, b"{}").await;
 
     let keys_of = |state: &str| {
