@@ -505,3 +505,82 @@ mod redis_cluster {
         unfinished_work_outlives_its_retention_and_the_purge,
     );
 }
+
+// ---- the size cap of a stored request -------------------------------------------------------
+
+/// Resumable with the default cap (64 KiB): the note is part of the stored request.
+#[idempotent(scope = "note:<order_no>", key = key, store = store, skip(runs), resumable)]
+async fn note_default(
+    store: &MemoryStore,
+    runs: &AtomicUsize,
+    order_no: String,
+    key: String,
+    note: String,
+) -> Result<usize, idem::Error> {
+    Ok(runs.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+/// Resumable with a cap of its own, 1 KiB.
+#[idempotent(scope = "small:<order_no>", key = key, store = store, skip(runs), resumable, max_request = "1KiB")]
+async fn note_small(
+    store: &MemoryStore,
+    runs: &AtomicUsize,
+    order_no: String,
+    key: String,
+    note: String,
+) -> Result<usize, idem::Error> {
+    Ok(runs.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+#[tokio::test]
+async fn a_resumable_call_past_its_size_cap_is_refused_with_413_before_anything_is_claimed() {
+    let store = MemoryStore::new();
+    let runs = AtomicUsize::new(0);
+    // The default cap: 64 KiB of stored request. A note just under it runs; one past it is
+    // the client's 413, and nothing is claimed or run.
+    let fits = "n".repeat(60 * 1024);
+    assert_eq!(
+        note_default(&store, &runs, "A".into(), "k-a".into(), fits)
+            .await
+            .unwrap(),
+        1
+    );
+    let past = "n".repeat(64 * 1024);
+    match note_default(&store, &runs, "B".into(), "k-b".into(), past).await {
+        Err(e @ idem::Error::RequestTooLarge { max: 65_536, .. }) => {
+            assert_eq!((e.status(), e.code()), (413, "REQUEST_TOO_LARGE_TO_RESUME"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(store.inspect("note:B", "k-b").await.unwrap().is_none());
+    // `max_request = "1KiB"`: the call's own cap.
+    let small = note_small(&store, &runs, "C".into(), "k-c".into(), "n".repeat(2000)).await;
+    match small {
+        Err(idem::Error::RequestTooLarge { len, max: 1024 }) => assert!(len > 2000, "{len}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(store.inspect("small:C", "k-c").await.unwrap().is_none());
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "no refused call ran");
+    assert_eq!(
+        note_small(&store, &runs, "D".into(), "k-d".into(), "short".into())
+            .await
+            .unwrap(),
+        2
+    );
+}
+
+#[test]
+fn a_size_cap_out_of_range_is_refused_where_it_is_made() {
+    use idem::RequestCap;
+    assert_eq!(RequestCap::DEFAULT.bytes(), 64 * 1024);
+    // The attribute's range (`max_request`, checked when it compiles) is the runtime's.
+    assert_eq!(RequestCap::MAX.bytes(), 1024 * 1024);
+    assert_eq!(RequestCap::new(1).unwrap().bytes(), 1);
+    assert_eq!(RequestCap::new(1024 * 1024).unwrap(), RequestCap::MAX);
+    for bad in [0, 1024 * 1024 + 1, usize::MAX] {
+        match RequestCap::new(bad) {
+            Err(idem::Error::Config(why)) => assert!(why.contains("1 MiB"), "{why}"),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+}

@@ -837,3 +837,61 @@ async fn a_message_failing_for_now_is_dead_lettered_before_the_streams_max_age_d
     );
     assert_eq!(consumer.stats().dead_lettered, 1, "{:?}", consumer.stats());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(idem_nats), ignore = "needs NATS: set NATS_URL=nats://…")]
+async fn a_message_left_unknown_until_its_dead_letter_is_finished_by_the_completer_once() {
+    use common::bank::LossyBank;
+    use idem::completer::Completer;
+    let streams = JsStreams::new(&common::nats_url()).await;
+    let (stream, root) = streams.stream("orders", Duration::from_secs(1)).await;
+    let (dlq, dlq_root) = streams.stream("dlq", Duration::from_secs(60)).await;
+    publish(&streams.js, &format!("{root}.paid"), "m-1", "250").await;
+    let pull = pull_consumer(&stream, "payments", Duration::from_secs(30), -1).await;
+    let source = JetStreamSource::new(streams.js.clone(), pull, format!("{dlq_root}.payments"));
+    let store = MemoryStore::new();
+    let consumer = quick(Consumer::new(source.consumer_name(), store.clone()).unwrap())
+        .max_deliveries(2)
+        .resumable();
+    let bank = Arc::new(LossyBank::default());
+    let b = bank.clone();
+    let handler = consumer.guarded(move |msg: Message, claim: idem::ClaimInfo| {
+        let paid = b.pay(&claim, &msg.payload);
+        async move { paid }
+    });
+    let completer = Completer::new(store.clone()).consumer(&consumer, handler.clone());
+    let finished = running(
+        &consumer,
+        source.deliveries().await.unwrap(),
+        handler,
+        4,
+        async {
+            // Every delivery's answer is lost, until the delivery limit dead-letters it.
+            assert!(
+                holds(&dlq, 1, Duration::from_secs(10)).await,
+                "dead-lettered"
+            );
+            assert_eq!((bank.runs(), bank.moves()), (2, 1));
+            // The bank is back; nobody delivers the message again. The completer, given the
+            // consumer's handler, finishes it once its resume delay (two seconds) has passed.
+            bank.fix();
+            let end = tokio::time::Instant::now() + Duration::from_secs(10);
+            let mut completed = 0;
+            while completed == 0 && tokio::time::Instant::now() < end {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                completed += completer.run_once().await.unwrap().completed;
+            }
+            // The dead letter, re-driven, comes back under its key: a replay, acked.
+            redrive(&streams.js, &dlq, 1).await;
+            let replayed = until(Duration::from_secs(10), || consumer.stats().replayed == 1).await;
+            (completed, replayed)
+        },
+    )
+    .await;
+    assert_eq!(finished, (1, true), "{:?}", consumer.stats());
+    assert_eq!(bank.runs(), 3, "two deliveries and the completer's run");
+    assert_eq!(bank.moves(), 1, "one payment, under one downstream key");
+    assert_eq!(consumer.stats().dead_lettered, 1);
+    assert_eq!(consumer.stats().completed, 0, "no delivery completed it");
+    assert_eq!(outstanding(&stream, "payments").await, (0, 0));
+}

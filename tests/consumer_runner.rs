@@ -16,6 +16,8 @@ use idem::consumer::{
 use idem::store::{Operation, Reply};
 use idem::{ClaimInfo, MemoryStore, SqliteStore, Store, idempotent};
 
+use common::bank::LossyBank;
+
 fn consumer(store: MemoryStore) -> Consumer<MemoryStore> {
     Consumer::new("fulfilment", store)
         .unwrap()
@@ -1217,4 +1219,213 @@ async fn a_handler_that_swallows_an_unknown_outcome_is_not_acked() {
     let settled = c.handle(&d, &h).await;
     assert!(matches!(settled, Settlement::Retry(_)), "{settled:?}");
     assert!(!d.said().contains(&Said::Ack), "{:?}", d.said());
+}
+
+// ---- resumable consumers and the completer ----------------------------------------------------
+
+/// Delivers `key` until the consumer's limit of three: each ends unknown, the last is
+/// dead-lettered.
+async fn deliver_until_dead_lettered<M, H: idem::consumer::Handler<M>>(
+    c: &Consumer<MemoryStore>,
+    h: &H,
+    key: &str,
+) {
+    for n in 1..=3 {
+        let d = TestDelivery::new(key, "250").delivered(n);
+        let settled = c.handle(&d, h).await;
+        if n < 3 {
+            assert!(matches!(settled, Settlement::Retry(_)), "{n}: {settled:?}");
+        } else {
+            match settled {
+                Settlement::DeadLetter(why) => assert!(why.contains("delivery limit"), "{why}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(!d.said().contains(&Said::Ack), "{:?}", d.said());
+    }
+}
+
+#[tokio::test]
+async fn a_message_left_unknown_at_the_delivery_limit_is_finished_by_the_completer_once() {
+    use idem::completer::Completer;
+    use idem::lifecycle::State;
+    use idem::store::StoreAdmin;
+    let clock = idem::ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let bank = Arc::new(LossyBank::default());
+    let handler = |c: &Consumer<MemoryStore>| {
+        let bank = bank.clone();
+        c.guarded(move |msg: Message, claim: ClaimInfo| {
+            let paid = bank.pay(&claim, &msg.payload);
+            async move { paid }
+        })
+    };
+    let resumable = consumer(store.clone()).max_deliveries(3).resumable();
+    let h = handler(&resumable);
+    // A consumer that is not resumable, for comparison: its kept claim has nobody to finish it.
+    let plain = Consumer::new("audit", store.clone())
+        .unwrap()
+        .max_deliveries(3);
+    let plain_h = handler(&plain);
+    deliver_until_dead_lettered(&resumable, &h, "m-1").await;
+    deliver_until_dead_lettered(&plain, &plain_h, "m-2").await;
+    assert_eq!((bank.runs(), bank.moves()), (6, 2));
+    let kept = store
+        .inspect("consumer:fulfilment", "m-1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (kept.state, kept.attempt),
+        (State::InProgress, 3),
+        "{kept:?}"
+    );
+    assert!(
+        kept.resumable,
+        "the message is stored with the claim: {kept:?}"
+    );
+
+    // The broker gave up; the bank is back. The completer, given the consumer's own handler,
+    // finishes the message once its resume delay has passed.
+    bank.fix();
+    let completer = Completer::new(store.clone()).consumer(&resumable, h.clone());
+    assert_eq!(
+        completer.run_once().await.unwrap().due,
+        0,
+        "not before its delay"
+    );
+    clock.advance(Duration::from_secs(10));
+    let round = completer.run_once().await.unwrap();
+    assert_eq!((round.due, round.completed), (1, 1), "{round:?}");
+    assert_eq!(bank.runs(), 7, "the handler ran once more");
+    assert_eq!(
+        bank.moves(),
+        2,
+        "under the same downstream key: no second payment"
+    );
+    let done = store
+        .inspect("consumer:fulfilment", "m-1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.state, State::Completed, "{done:?}");
+    assert_eq!(
+        &done.response.unwrap().body[..],
+        br#""paid 250 on attempt 4""#
+    );
+    assert_eq!(completer.run_once().await.unwrap().due, 0, "nothing left");
+
+    // The dead letter, re-driven under its key, is a replay: acked, not run again.
+    let redriven = TestDelivery::new("m-1", "250");
+    assert_eq!(resumable.handle(&redriven, &h).await, Settlement::Replayed);
+    assert_eq!(redriven.said(), vec![Said::Ack]);
+    assert_eq!(bank.runs(), 7);
+    // The consumer that is not resumable left its claim unfinished, and no completer can
+    // finish it: only a delivery of the message can.
+    let stuck = store
+        .inspect("consumer:audit", "m-2")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stuck.state, State::InProgress, "{stuck:?}");
+    assert!(!stuck.resumable);
+}
+
+/// A step of a handler, guarded by `#[idempotent]`: what most consumers write.
+#[idempotent(scope = "pay:<msg.consumer>", key = msg.key, store = store, claim = claim, skip(bank))]
+async fn pay_step(
+    store: &MemoryStore,
+    bank: &LossyBank,
+    msg: Message,
+) -> Result<String, HandlerError> {
+    bank.pay(&claim, &msg.payload)
+}
+
+#[tokio::test]
+async fn a_resumable_consumers_idempotent_handler_is_finished_by_the_completer_too() {
+    use idem::completer::Completer;
+    use idem::lifecycle::State;
+    use idem::store::StoreAdmin;
+    let clock = idem::ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let bank = Arc::new(LossyBank::default());
+    let c = consumer(store.clone()).max_deliveries(3).resumable();
+    let (s, b) = (store.clone(), bank.clone());
+    // A closure the runner and the completer both run: the same code, no copy.
+    let h = move |msg: Message| {
+        let (s, b) = (s.clone(), b.clone());
+        async move { pay_step(&s, &b, msg).await }
+    };
+    deliver_until_dead_lettered(&c, &h, "m-3").await;
+    let kept = store
+        .inspect("pay:fulfilment", "m-3")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        kept.resumable,
+        "the message is stored with the step's claim: {kept:?}"
+    );
+    bank.fix();
+    let completer = Completer::new(store.clone()).consumer(&c, h.clone());
+    clock.advance(Duration::from_secs(10));
+    let round = completer.run_once().await.unwrap();
+    assert_eq!((round.due, round.completed), (1, 1), "{round:?}");
+    assert_eq!((bank.runs(), bank.moves()), (4, 1));
+    let done = store
+        .inspect("pay:fulfilment", "m-3")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.state, State::Completed, "{done:?}");
+    let redriven = TestDelivery::new("m-3", "250");
+    assert_eq!(c.handle(&redriven, &h).await, Settlement::Replayed);
+    assert_eq!(bank.runs(), 4);
+}
+
+#[tokio::test]
+async fn a_resumable_consumers_message_past_its_size_cap_is_dead_lettered_unrun() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let c = consumer(MemoryStore::new())
+        .resumable()
+        .max_request(idem::RequestCap::new(64).unwrap());
+    let h = c.guarded(counting(&runs));
+    let small = TestDelivery::new("m-small", "a short one");
+    assert_eq!(c.handle(&small, &h).await, Settlement::Completed);
+    let large = TestDelivery::new("m-large", "x".repeat(100));
+    match c.handle(&large, &h).await {
+        Settlement::DeadLetter(why) => {
+            assert!(why.contains("stores at most 64"), "{why}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the large one never ran");
+}
+
+#[tokio::test]
+async fn a_parked_messages_delivery_is_dead_lettered_at_once_saying_so() {
+    use idem::completer::Completer;
+    let clock = idem::ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let bank = Arc::new(LossyBank::default());
+    let c = consumer(store.clone()).max_deliveries(3).resumable();
+    let b = bank.clone();
+    let h = c.guarded(move |msg: Message, claim: ClaimInfo| {
+        let paid = b.pay(&claim, &msg.payload);
+        async move { paid }
+    });
+    deliver_until_dead_lettered(&c, &h, "m-4").await;
+    // A completer whose attempts are spent already parks it, for an operator.
+    let completer = Completer::new(store.clone())
+        .consumer(&c, h.clone())
+        .max_attempts(3);
+    clock.advance(Duration::from_secs(10));
+    let round = completer.run_once().await.unwrap();
+    assert_eq!((round.due, round.parked), (1, 1), "{round:?}");
+    let redriven = TestDelivery::new("m-4", "250");
+    match c.handle(&redriven, &h).await {
+        Settlement::DeadLetter(why) => assert!(why.contains("parked"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(bank.runs(), 3, "parked work is never run by a delivery");
 }

@@ -588,7 +588,7 @@ async fn only_stored_answers_replay_and_the_rule_is_configurable() {
 }
 
 #[tokio::test]
-async fn an_answer_body_that_fails_mid_stream_releases_the_claim() {
+async fn an_answer_body_that_fails_mid_stream_keeps_the_claim_for_the_retry_to_resume() {
     let inner = Inner::new(|n, body| match n {
         1 => Ok(Response::builder()
             .status(StatusCode::CREATED)
@@ -596,10 +596,8 @@ async fn an_answer_body_that_fails_mid_stream_releases_the_claim() {
             .unwrap()),
         _ => Ok(created(n, &body)),
     });
-    let svc = guarded(
-        GuardLayer::new(MemoryStore::new()).allow_anonymous(),
-        &inner,
-    );
+    let store = MemoryStore::new();
+    let svc = guarded(GuardLayer::new(store.clone()).allow_anonymous(), &inner);
     let resp = svc
         .clone()
         .oneshot(post("/orders", Some(KEY), "{}"))
@@ -611,9 +609,32 @@ async fn an_answer_body_that_fails_mid_stream_releases_the_claim() {
         .await
         .expect_err("the client sees the body fail");
     assert_eq!(err.to_string(), "the answer broke off");
+    // The inner service answered 201 before its body broke off: it acted, and its answer is
+    // lost. The claim is kept in progress with its outcome unknown, never released, and nothing
+    // runs the inner service again by itself.
+    let kept = only_record(&store).await;
+    assert_eq!(kept.state, State::InProgress, "{kept:?}");
+    assert!(kept.note.is_some(), "its outcome is unknown: {kept:?}");
+    assert!(kept.holds_work(), "{kept:?}");
+    assert_eq!(kept.attempt, 1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(inner.calls(), 1, "not run again until a retry resumes it");
+    // The same key's retry resumes it as the second attempt of the same request, not as a
+    // new request: the inner service gets the claim's next attempt, with the same downstream
+    // key, and its answer is stored.
     let retry = send(&svc, post("/orders", Some(KEY), "{}")).await;
     assert_eq!(retry.status, StatusCode::CREATED);
     assert!(!retry.replayed());
+    assert_eq!(inner.calls(), 2);
+    let done = only_record(&store).await;
+    assert_eq!(
+        (done.state, done.attempt),
+        (State::Completed, 2),
+        "{done:?}"
+    );
+    let again = send(&svc, post("/orders", Some(KEY), "{}")).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, retry.body);
     assert_eq!(inner.calls(), 2);
 }
 

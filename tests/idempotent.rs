@@ -774,3 +774,90 @@ fn a_set_fingerprints_the_same_in_every_process() {
         );
     }
 }
+
+// ---- a caller dropped while its answer is being stored ------------------------------------------
+
+/// A memory store whose completions wait at a gate: the test drops the caller while one is in
+/// flight. Writes a dropped guard defers run through the memory store at once.
+#[derive(Clone)]
+struct StallsComplete {
+    inner: MemoryStore,
+    /// Told when a completion reached the store.
+    reached: Arc<tokio::sync::Notify>,
+    gate: Arc<tokio::sync::Semaphore>,
+    releases: Arc<AtomicUsize>,
+}
+
+impl Store for StallsComplete {
+    async fn call(&self, op: idem::store::Operation<'_>) -> idem::Result<idem::store::Reply> {
+        match &op {
+            idem::store::Operation::Complete { .. } => {
+                self.reached.notify_one();
+                let _pass = self.gate.acquire().await;
+            }
+            idem::store::Operation::Release(_) => {
+                self.releases.fetch_add(1, Ordering::SeqCst);
+            }
+            _ => {}
+        }
+        self.inner.call(op).await
+    }
+    fn defer(&self, write: idem::store::Deferred) {
+        if let idem::store::DeferredWrite::Release = write.write {
+            self.releases.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.defer(write)
+    }
+}
+
+#[idempotent(scope = "ship:<order_no>", key = key, store = app.store, skip(app))]
+async fn ship(app: &App<StallsComplete>, order_no: u32, key: &str) -> Result<String, Error> {
+    Ok(format!("shipment {} of order {order_no}", app.run()))
+}
+
+#[tokio::test]
+async fn a_caller_dropped_while_its_answer_is_stored_completes_the_record_never_releases_it() {
+    use idem::lifecycle::State;
+    use idem::store::StoreAdmin;
+    let store = StallsComplete {
+        inner: MemoryStore::new(),
+        reached: Arc::default(),
+        gate: Arc::new(tokio::sync::Semaphore::new(0)),
+        releases: Arc::default(),
+    };
+    let app = App {
+        store: store.clone(),
+        runs: Arc::default(),
+    };
+    // The body ran (the shipment is made) and its answer is on its way to the store when the
+    // client hangs up: axum drops the handler's future.
+    let call = tokio::spawn({
+        let app = app.clone();
+        async move { ship(&app, 7, "k-1").await }
+    });
+    store.reached.notified().await;
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    assert_eq!(app.runs(), 1);
+    // The dropped guard handed its answer to the store: the record is completed with it.
+    let mut record = None;
+    for _ in 0..100 {
+        let found = store.inner.inspect("ship:7", "k-1").await.unwrap();
+        if found.as_ref().is_some_and(|r| r.state != State::InProgress) {
+            record = found;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let record = record.expect("the record left in progress");
+    assert_eq!(record.state, State::Completed, "{record:?}");
+    assert_eq!(
+        &record.response.unwrap().body[..],
+        br#""shipment 1 of order 7""#
+    );
+    assert_eq!(store.releases.load(Ordering::SeqCst), 0, "never released");
+    // The retry replays it: the shipment is not made again.
+    store.gate.add_permits(1 << 20);
+    assert_eq!(ship(&app, 7, "k-1").await.unwrap(), "shipment 1 of order 7");
+    assert_eq!(app.runs(), 1);
+}

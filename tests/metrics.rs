@@ -6,12 +6,17 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idem::completer::{Completer, Resumption};
 use idem::consumer::testing::TestDelivery;
 use idem::consumer::{Consumer, HandlerError, Message, Settlement};
-use idem::{Begun, Fingerprint, Key, MemoryStore, Policy, SqliteStore, StoredResponse};
+use idem::{
+    Begun, Fingerprint, Key, ManualClock, MemoryStore, Policy, SqliteStore, StoredResponse,
+    idempotent,
+};
 
 struct Process(Child);
 
@@ -86,9 +91,13 @@ async fn the_refund_service_serves_its_counters_in_the_prometheus_text_format() 
     );
 }
 
-/// Counter values by name and labels (`name{label="value"}`), from a recorder of our own.
+/// Counter values and gauges by name and labels (`name{label="value"}`), from a recorder of
+/// our own.
 #[derive(Clone, Default)]
-struct Counters(Arc<Mutex<BTreeMap<String, u64>>>);
+struct Counters(
+    Arc<Mutex<BTreeMap<String, u64>>>,
+    Arc<Mutex<BTreeMap<String, f64>>>,
+);
 
 struct Count(String, Counters);
 
@@ -99,6 +108,29 @@ impl metrics::CounterFn for Count {
     fn absolute(&self, value: u64) {
         self.1.0.lock().unwrap().insert(self.0.clone(), value);
     }
+}
+
+struct Level(String, Counters);
+
+impl metrics::GaugeFn for Level {
+    fn increment(&self, value: f64) {
+        *self.1.1.lock().unwrap().entry(self.0.clone()).or_default() += value;
+    }
+    fn decrement(&self, value: f64) {
+        *self.1.1.lock().unwrap().entry(self.0.clone()).or_default() -= value;
+    }
+    fn set(&self, value: f64) {
+        self.1.1.lock().unwrap().insert(self.0.clone(), value);
+    }
+}
+
+/// `name{label="value",…}`, as the recorder files a metric.
+fn label(key: &metrics::Key) -> String {
+    let labels: Vec<String> = key
+        .labels()
+        .map(|l| format!("{}=\"{}\"", l.key(), l.value()))
+        .collect();
+    format!("{}{{{}}}", key.name(), labels.join(","))
 }
 
 impl metrics::Recorder for Counters {
@@ -124,15 +156,10 @@ impl metrics::Recorder for Counters {
     ) {
     }
     fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        let labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}=\"{}\"", l.key(), l.value()))
-            .collect();
-        let name = format!("{}{{{}}}", key.name(), labels.join(","));
-        metrics::Counter::from_arc(Arc::new(Count(name, self.clone())))
+        metrics::Counter::from_arc(Arc::new(Count(label(key), self.clone())))
     }
-    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::noop()
+    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::from_arc(Arc::new(Level(label(key), self.clone())))
     }
     fn register_histogram(
         &self,
@@ -146,6 +173,11 @@ impl metrics::Recorder for Counters {
 impl Counters {
     fn get(&self, name: &str) -> u64 {
         self.0.lock().unwrap().get(name).copied().unwrap_or(0)
+    }
+
+    /// A gauge's value, `None` while it was never set.
+    fn level(&self, name: &str) -> Option<f64> {
+        self.1.lock().unwrap().get(name).copied()
     }
 }
 
@@ -215,4 +247,89 @@ fn the_background_purge_and_the_consumer_count_what_they_did() {
             "{settlement}"
         );
     }
+}
+
+/// A refund whose gateway answer is lost while `lost` says so; resumable.
+#[idempotent(scope = "refund:<order_no>", key = key, store = store, claim = claim, skip(lost), resumable)]
+async fn refund(
+    store: &MemoryStore,
+    lost: &AtomicBool,
+    order_no: u32,
+    key: String,
+) -> Result<u32, idem::Error> {
+    if lost.load(Ordering::SeqCst) {
+        claim.outcome_unknown("the gateway's answer was lost");
+        return Err(idem::Error::Unavailable(
+            "the gateway's answer was lost".into(),
+        ));
+    }
+    Ok(order_no)
+}
+
+/// The same, not resumable: only its client's retry can finish it.
+#[idempotent(scope = "ship:<order_no>", key = key, store = store, claim = claim)]
+async fn ship(store: &MemoryStore, order_no: u32, key: String) -> Result<u32, idem::Error> {
+    claim.outcome_unknown("the carrier's answer was lost");
+    Err(idem::Error::Unavailable(
+        "the carrier's answer was lost".into(),
+    ))
+}
+
+#[test]
+fn the_completer_counts_what_it_resumed_and_parked_and_gauges_all_unfinished_work() {
+    let counters = Counters::default();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let lost = Arc::new(AtomicBool::new(true));
+    let unknown = |r: Result<u32, idem::Error>| assert!(r.is_err(), "{r:?}");
+    metrics::with_local_recorder(&counters, || {
+        rt.block_on(async {
+            // Two resumable refunds whose answers were lost, one of them twice, and, ten
+            // seconds later, a shipment that is not resumable.
+            unknown(refund(&store, &lost, 1, "k-1".into()).await);
+            unknown(refund(&store, &lost, 2, "k-2".into()).await);
+            unknown(refund(&store, &lost, 2, "k-2".into()).await);
+            clock.advance(Duration::from_secs(10));
+            unknown(ship(&store, 3, "k-3".into()).await);
+            clock.advance(Duration::from_secs(90));
+            lost.store(false, Ordering::SeqCst);
+
+            // One due claim a round; refund 2 has spent its two attempts.
+            let (s, l) = (store.clone(), lost.clone());
+            let completer = Completer::new(store.clone())
+                .resume("refund:<order_no>", move |r: Resumption| {
+                    let (s, l) = (s.clone(), l.clone());
+                    async move { refund(&s, &l, r.arg("order_no")?, r.key().to_string()).await }
+                })
+                .batch(1)
+                .max_attempts(2)
+                .count_every(Duration::ZERO);
+            completer.run_once().await.unwrap();
+            // Every unfinished claim, not one batch; the oldest's age from its first claim.
+            assert_eq!(counters.level("idem_unfinished_claims{}"), Some(3.0));
+            assert_eq!(
+                counters.level("idem_unfinished_oldest_seconds{}"),
+                Some(100.0)
+            );
+            assert_eq!(counters.level("idem_parked_claims{}"), Some(0.0));
+            completer.run_once().await.unwrap();
+            completer.run_once().await.unwrap();
+            // Refund 1 completed, refund 2 parked; the shipment waits for its client.
+            assert_eq!(counters.level("idem_unfinished_claims{}"), Some(1.0));
+            assert_eq!(
+                counters.level("idem_unfinished_oldest_seconds{}"),
+                Some(90.0)
+            );
+            assert_eq!(counters.level("idem_parked_claims{}"), Some(1.0));
+        })
+    });
+    assert_eq!(
+        counters.get("idem_completer_resumed_total{result=\"completed\"}"),
+        1
+    );
+    assert_eq!(counters.get("idem_completer_parked_total{}"), 1);
 }

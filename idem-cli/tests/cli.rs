@@ -48,8 +48,8 @@ fn sqlite_url(dir: &Path) -> String {
     format!("sqlite://{}", dir.join("records.db").display())
 }
 
-/// Claims `(scope, key)` in `store` and completes it with `status` and `body`.
-async fn completed<S: Store>(store: &S, scope: &str, key: &str, status: u16, body: &[u8]) {
+/// Claims `(scope, key)` in `store`.
+async fn claimed<'s, S: Store>(store: &'s S, scope: &str, key: &str) -> idem::Guard<'s, S> {
     let fp = Fingerprint::of(&(scope, key)).unwrap();
     let begun = idem::begin(
         store,
@@ -64,6 +64,12 @@ async fn completed<S: Store>(store: &S, scope: &str, key: &str, status: u16, bod
         panic!("{scope}/{key} was claimed before")
     };
     guard
+}
+
+/// Claims `(scope, key)` in `store` and completes it with `status` and `body`.
+async fn completed<S: Store>(store: &S, scope: &str, key: &str, status: u16, body: &[u8]) {
+    claimed(store, scope, key)
+        .await
         .complete(&StoredResponse {
             status: Some(status),
             is_error: false,
@@ -1280,7 +1286,7 @@ async fn parked_work_is_listed_shown_and_retried() {
     );
     let bad = idem(&["records", "list", "--state", "stuck", "--store", &url]);
     assert!(
-        stderr(&bad).contains("in_progress, completed, released or parked"),
+        stderr(&bad).contains("in_progress, completed, released, parked, or unfinished"),
         "{}",
         stderr(&bad)
     );
@@ -1335,4 +1341,48 @@ async fn parked_work_is_listed_shown_and_retried() {
     let none = idem(&["records", "retry", "refund:ORD-9", "nope", "--store", &url]);
     assert_eq!(none.status.code(), Some(1));
     assert!(stderr(&none).contains("no record"), "{}", stderr(&none));
+}
+
+#[tokio::test]
+async fn unfinished_work_is_listed_apart_from_claims_still_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let store = SqliteStore::connect(&url).await.unwrap();
+    // One claim whose outcome is unknown (the gateway timed out), one still running, one done.
+    claimed(&store, "refund:ORD-1", "k-unknown")
+        .await
+        .suspend("the gateway timed out")
+        .await
+        .unwrap();
+    let running = claimed(&store, "refund:ORD-1", "k-running").await;
+    completed(&store, "refund:ORD-2", "k-done", 201, b"{}").await;
+
+    let keys_of = |state: &str| {
+        let listed = json(&idem(&[
+            "records", "list", "--state", state, "--json", "--store", &url,
+        ]));
+        let mut keys: Vec<String> = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["key"].as_str().unwrap().to_owned())
+            .collect();
+        keys.sort();
+        keys
+    };
+    assert_eq!(keys_of("in_progress"), ["k-running", "k-unknown"]);
+    assert_eq!(keys_of("unfinished"), ["k-unknown"]);
+    let table = stdout(&idem(&[
+        "records",
+        "list",
+        "--state",
+        "unfinished",
+        "--store",
+        &url,
+    ]));
+    assert!(
+        table.contains("k-unknown") && !table.contains("k-running"),
+        "{table}"
+    );
+    drop(running);
 }

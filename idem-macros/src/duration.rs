@@ -1,26 +1,24 @@
 //! Durations written as string literals: `"500ms"`, `"30s"`, `"5m"`, `"24h"`, `"7d"`.
 
+use crate::quantity::{self, Unread};
+
+const UNITS: &[(&str, u64)] = &[
+    ("ms", 1),
+    ("s", 1_000),
+    ("m", 60_000),
+    ("h", 3_600_000),
+    ("d", 86_400_000),
+];
+
+/// The duration in milliseconds.
 pub(crate) fn parse(text: &str) -> Result<u64, String> {
     let help = "use a whole number followed by `ms`, `s`, `m`, `h` or `d`, e.g. \"30s\" or \"24h\"";
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("invalid duration \"{text}\": {help}"))?;
-    let factor = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return Err(format!("invalid duration \"{text}\": {help}")),
-    };
-    if n == 0 {
-        return Err(format!("duration \"{text}\" is zero: it must be positive"));
+    match quantity::parse(text, UNITS) {
+        Ok(0) => Err(format!("duration \"{text}\" is zero: it must be positive")),
+        Ok(ms) => Ok(ms),
+        Err(Unread::Malformed) => Err(format!("invalid duration \"{text}\": {help}")),
+        Err(Unread::Overflow) => Err(format!("duration \"{text}\" is too long")),
     }
-    n.checked_mul(factor)
-        .ok_or_else(|| format!("duration \"{text}\" is too long"))
 }
 
 #[cfg(test)]

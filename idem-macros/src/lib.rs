@@ -12,6 +12,8 @@ mod duration;
 mod idempotent;
 mod krate;
 mod machine;
+mod quantity;
+mod size;
 // The catalog answers more than the macros ask of it yet.
 mod scope;
 mod spans;

@@ -1,7 +1,9 @@
 //! The completer: resumable work whose caller never came back is finished, once.
 //!
-//! A resumable call (`#[idempotent(…, resumable)]`, [`begin_resumable`] by hand, or a route of
-//! the `tower` guard built with `GuardLayer::resumable`) stores its request with its claim. When the caller does not come back for it — its process was
+//! A resumable call (`#[idempotent(…, resumable)]`, [`begin_resumable`] by hand, a route of
+//! the `tower` guard built with `GuardLayer::resumable`, or the handler of a consumer built with
+//! `Consumer::resumable`) stores its request with its claim. When the caller does not come back
+//! for it — its process was
 //! killed, or the call ended in an outcome that may have had its effect
 //! ([`ClaimInfo::outcome_unknown`]) and nobody retried — a [`Completer`] running next to the
 //! service finds the claim once its lease ran out (its resume time passed too: after an
@@ -12,7 +14,9 @@
 //! the call runs under the completer's claim, and its answer is stored like any other, so the
 //! client's later retry or lookup gets it. For a resumable route of the `tower` guard, the
 //! resume function is `idem::tower::resend(service)`: it sends the stored HTTP request through
-//! the guarded service again.
+//! the guarded service again. For a resumable message consumer, [`Completer::consumer`] registers
+//! the consumer's own handler, which runs again on the stored message once its broker stopped
+//! delivering it.
 //!
 //! ```
 //! use std::time::Duration;
@@ -63,9 +67,13 @@
 //!   again by itself, never purged; a request with its key is answered 409 `REQUEST_PARKED`;
 //!   an operator retries it (`idem records retry`, the admin view) or releases it.
 //! - **Visible.** Unfinished and parked claims are listed and counted by the store's operator
-//!   operations (`idem records list --state parked`, `idem stats`, the admin view), and the
-//!   completer reports what it did as metrics (`idem_completer_resumed_total`,
-//!   `idem_completer_parked_total`, `idem_unfinished_claims`, `idem_unfinished_oldest_seconds`).
+//!   operations (`idem records list --state unfinished` and `--state parked`, `idem stats`, the
+//!   admin view), and the completer reports what it did as metrics
+//!   (`idem_completer_resumed_total`, `idem_completer_parked_total`) and the store's counts as
+//!   gauges (`idem_unfinished_claims`, `idem_unfinished_oldest_seconds`, `idem_parked_claims`,
+//!   read every [`Completer::count_every`]).
+//! - **Where it runs.** One per instance, beside the service: completers need no election, since
+//!   each takes a due claim with an ordinary claim on the store, which one attempt wins.
 //!
 //! A resume function that fails before the guarded call claims the record (it could not decode
 //! the request, a dependency was down) counts as an attempt: the claim is suspended with its
@@ -103,10 +111,15 @@ pub const DEFAULT_EVERY: Duration = Duration::from_secs(5);
 /// How many times by default a claim is resumed before it is parked.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 8;
 
+/// How often a completer reads the counts of unfinished work into its gauges by default: once
+/// a minute ([`Completer::count_every`]).
+pub const DEFAULT_COUNT_EVERY: Duration = Duration::from_secs(60);
+
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// A registered resume function: the outcome is the call's error, rendered, if it failed.
-type ResumeFn = Arc<dyn Fn(Resumption) -> BoxFuture<std::result::Result<(), String>> + Send + Sync>;
+pub(crate) type ResumeFn =
+    Arc<dyn Fn(Resumption) -> BoxFuture<std::result::Result<(), String>> + Send + Sync>;
 
 /// Finishes resumable claims whose caller never came back; see the [module](self)
 /// documentation. Built with by-value setters, started with [`Completer::start`].
@@ -119,6 +132,12 @@ pub struct Completer<S> {
     concurrency: usize,
     /// Names of due requests that have no resume function here, logged once each.
     unknown_names: Arc<Mutex<HashSet<String>>>,
+    /// The delivery limits of the consumers registered ([`Completer::consumer`]), by name.
+    delivery_limits: HashMap<String, u32>,
+    /// How often the unfinished-work gauges are read from the store.
+    count_every: Duration,
+    /// When they were last read, by this process's clock.
+    counted: Mutex<Option<tokio::time::Instant>>,
 }
 
 impl<S> fmt::Debug for Completer<S> {
@@ -131,6 +150,7 @@ impl<S> fmt::Debug for Completer<S> {
             .field("max_attempts", &self.max_attempts)
             .field("batch", &self.batch)
             .field("concurrency", &self.concurrency)
+            .field("count_every", &self.count_every)
             .finish_non_exhaustive()
     }
 }
@@ -278,6 +298,9 @@ impl<S: Store + Clone> Completer<S> {
             batch: 32,
             concurrency: 4,
             unknown_names: Arc::default(),
+            delivery_limits: HashMap::new(),
+            count_every: DEFAULT_COUNT_EVERY,
+            counted: Mutex::default(),
         }
     }
 
@@ -287,7 +310,7 @@ impl<S: Store + Clone> Completer<S> {
     /// call, the name of its [`StoredRequest`]). `f` calls the guarded
     /// call with what the [`Resumption`] holds; the call runs under the completer's claim. Its
     /// error, if it fails, is rendered with `Debug` as the claim's note.
-    pub fn resume<F, Fut, T, E>(mut self, name: &str, f: F) -> Self
+    pub fn resume<F, Fut, T, E>(self, name: &str, f: F) -> Self
     where
         F: Fn(Resumption) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
@@ -298,7 +321,21 @@ impl<S: Store + Clone> Completer<S> {
             let fut = f(r);
             Box::pin(async move { fut.await.map(drop).map_err(|e| format!("{e:?}")) })
         });
-        self.resumers.insert(name.to_owned(), resume);
+        self.resume_fn(name.to_owned(), resume, None)
+    }
+
+    /// Registers `resume` under `name`; for a message consumer, with its delivery limit.
+    pub(crate) fn resume_fn(
+        mut self,
+        name: String,
+        resume: ResumeFn,
+        delivery_limit: Option<u32>,
+    ) -> Self {
+        match delivery_limit {
+            Some(limit) => self.delivery_limits.insert(name.clone(), limit),
+            None => self.delivery_limits.remove(&name),
+        };
+        self.resumers.insert(name, resume);
         self
     }
 
@@ -328,6 +365,18 @@ impl<S: Store + Clone> Completer<S> {
         self
     }
 
+    /// How often a round also reads the store's counts of unfinished and parked work
+    /// ([`StoreAdmin::stats`](crate::store::StoreAdmin::stats)) into the gauges
+    /// `idem_unfinished_claims`, `idem_unfinished_oldest_seconds` and `idem_parked_claims`
+    /// (default once a minute, at least every round). The counts cover every unfinished claim in
+    /// the store, resumable or not, as `idem stats` shows them; reading them scans the store's
+    /// records (one aggregate query on a SQL store, a scan of every primary on Redis), so they
+    /// are not read every round.
+    pub fn count_every(mut self, every: Duration) -> Self {
+        self.count_every = every;
+        self
+    }
+
     fn check(&self) -> Result<()> {
         if self.resumers.is_empty() {
             return Err(Error::Config(
@@ -351,11 +400,22 @@ impl<S: Store + Clone> Completer<S> {
         Ok(())
     }
 
+    /// Says, when it starts, which registered consumers' messages it would park at once:
+    /// those whose delivery limit spends its attempts before the broker gives up.
+    fn warn_spent_attempts(&self) {
+        for (name, limit) in &self.delivery_limits {
+            if *limit >= self.max_attempts {
+                tracing::warn!(target: "idem", consumer = %name, delivery_limit = limit, max_attempts = self.max_attempts, "a message of this consumer reaches the completer after as many attempts as its delivery limit, and the completer parks a claim after max_attempts: it parks such messages at once, for an operator. Give the completer more attempts than the delivery limit for it to finish them (Completer::max_attempts)");
+            }
+        }
+    }
+
     /// Starts the completer on the current Tokio runtime: a round every
     /// [`Completer::every`], the first one at once. Refused with [`Error::Config`] when it has
     /// no resume function, or a setting is out of range, or outside a Tokio runtime.
     pub fn start(self) -> Result<Running> {
         self.check()?;
+        self.warn_spent_attempts();
         let rt = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::Config("a completer is started inside a Tokio runtime".into()))?;
         let every = self.every;
@@ -376,13 +436,12 @@ impl<S: Store + Clone> Completer<S> {
     /// runs every period; call it directly to drive a completer by hand (a job, a test).
     pub async fn run_once(&self) -> Result<Round> {
         self.check()?;
+        self.count_unfinished().await;
         let due = self.store.due(self.batch).await?;
         let mut round = Round {
             due: due.len() as u64,
             ..Round::default()
         };
-        let oldest = due.iter().map(|u| u.overdue).max().unwrap_or_default();
-        observe::unfinished(round.due, oldest);
         let mut running = tokio::task::JoinSet::new();
         for unfinished in due {
             while running.len() >= self.concurrency {
@@ -434,6 +493,29 @@ impl<S: Store + Clone> Completer<S> {
                 return park(&store, &unfinished, &note).await;
             }
             resume_one(&store, unfinished, request, resume).await
+        }
+    }
+
+    /// Reads the store's counts of unfinished and parked work into the gauges, when
+    /// [`Completer::count_every`] has passed since they were last read.
+    async fn count_unfinished(&self) {
+        {
+            let mut counted = self.counted.lock().unwrap_or_else(|p| p.into_inner());
+            let now = tokio::time::Instant::now();
+            if counted.is_some_and(|at| now.duration_since(at) < self.count_every) {
+                return;
+            }
+            *counted = Some(now);
+        }
+        match crate::store::StoreAdmin::stats(&self.store, Duration::ZERO).await {
+            Ok(stats) => observe::unfinished(
+                stats.unfinished,
+                stats.oldest_unfinished.unwrap_or_default(),
+                stats.states.parked,
+            ),
+            Err(e) => {
+                tracing::debug!(target: "idem", error = %e, "could not count unfinished work for the gauges");
+            }
         }
     }
 

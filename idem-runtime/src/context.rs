@@ -11,6 +11,7 @@
 //! | retry hint | [`Context::retry_hint`], [`with_retry_hint`] | choose the `Retry-After` of their "in progress" answers with it | the message consumer: the remaining lease |
 //! | replay watch | [`Context::watch_replays`], [`watch_replays`] | list every answer they replay (and, for an axum `Json` answer, the bytes its value renders to) | the axum layer (to send the stored bytes, marked), the consumer (to ack as replayed) |
 //! | claim watch | [`Context::watch_claims`], [`watch_claims`] | list every claim they take (separate commits) and count every attempt | the consumer: to renew the leases of a handler that runs long, and to ack only what was recorded; the completer: to learn how a resumed call ended |
+//! | stored request | set by a resumable message consumer only ([`Consumer::resumable`](crate::consumer::Consumer::resumable)) | the calls that store no request of their own (every guarded call but an `#[idempotent(resumable)]` function's) store this one with their claims, the delivered message, so that a completer can run the consumer's handler on it again | the consumer's runner, and the completer running a consumer's handler |
 //! | handed claim | set by the completer only | the resumable call of that scope, key and fingerprint (an `#[idempotent(resumable)]` function, [`begin_resumable`](crate::flow::begin_resumable), or the `tower` guard's resumable route re-sent by `idem::tower::resend`) runs under the claim the completer took, instead of beginning its own | the [`Completer`](crate::completer::Completer) |
 //!
 //! A scope inherits what it does not set: `Context::current().policy(p).scope(fut)` keeps the
@@ -79,7 +80,7 @@ use tokio::task::futures::TaskLocalFuture;
 
 use crate::fingerprint::Fingerprint;
 use crate::guard::ClaimInfo;
-use crate::record::{Claimed, Policy, StoredResponse};
+use crate::record::{Claimed, Policy, StoredRequest, StoredResponse};
 
 /// How the `Retry-After` of an "in progress" answer is chosen: by default how long the running
 /// attempt is likely to need, not how long its lease still runs (five minutes by default, for a
@@ -167,6 +168,7 @@ pub struct Context {
     replays: Option<ReplayWatch>,
     claims: Option<ClaimWatch>,
     handoff: Option<Handoff>,
+    request: Option<StoredRequest>,
 }
 
 /// A claim the completer took, waiting for the resumable call it belongs to: the call of that
@@ -237,6 +239,13 @@ impl Context {
         self
     }
 
+    /// Makes the guarded calls inside resumable with `request` (a message consumer's
+    /// delivered message), those that store no request of their own.
+    pub(crate) fn resumable(mut self, request: StoredRequest) -> Context {
+        self.request = Some(request);
+        self
+    }
+
     /// Runs `fut` in this context: the guarded calls it awaits on this task (and on tasks it
     /// starts with [`spawn`]) see it.
     pub fn scope<F: Future>(self, fut: F) -> TaskLocalFuture<Context, F> {
@@ -294,6 +303,11 @@ pub(crate) fn take_handoff(scope: &str, key: &str, fingerprint: &Fingerprint) ->
         ours.then(|| slot.take()).flatten().map(|h| h.claimed)
     })
     .flatten()
+}
+
+/// The request this task's context makes its guarded calls store, if it sets one.
+pub(crate) fn stored_request() -> Option<StoredRequest> {
+    with(|c| c.request.clone()).flatten()
 }
 
 /// The retry hint of this task's context, if it sets one.

@@ -78,7 +78,7 @@ pub enum Error {
     RequestTooLarge {
         /// Its encoded length in bytes.
         len: usize,
-        /// The limit, [`StoredRequest::MAX_PAYLOAD`](crate::StoredRequest::MAX_PAYLOAD).
+        /// The cap of the call, [`RequestCap`](crate::RequestCap) (64 KiB unless set).
         max: usize,
     },
 

@@ -41,7 +41,9 @@ use crate::fingerprint::Fingerprint;
 use crate::guard::{ClaimInfo, Guard, Patience, Recorded};
 use crate::key::Key;
 use crate::observe::{self, Outcome};
-use crate::record::{BeginOutcome, BeginRequest, Claimed, Policy, StoredRequest, StoredResponse};
+use crate::record::{
+    BeginOutcome, BeginRequest, Claimed, Policy, RequestCap, StoredRequest, StoredResponse,
+};
 use crate::replay::Replay;
 use crate::store::Store;
 
@@ -259,6 +261,13 @@ async fn start<'s, S: Store>(
     timing: Option<&Timing>,
     stored: Option<&[u8]>,
 ) -> Result<Begun<'s, S>> {
+    // A call that stores no request of its own stores its context's (a resumable consumer's
+    // message), with its own lease and retention.
+    let from_context = match stored {
+        Some(_) => None,
+        None => context::stored_request().map(|r| r.with_policy(&policy).encode()),
+    };
+    let stored = stored.or(from_context.as_deref());
     // A resumable call that a completer resumes runs under the claim the completer took.
     let handed = stored.and_then(|_| context::take_handoff(&scope, key.as_str(), fingerprint));
     let begun = match handed {
@@ -444,9 +453,17 @@ impl Prepared {
 
     /// Makes the call resumable: its request, for the resume function `name`, is stored with
     /// its claim ([`StoredRequest`]); `payload` is the call's arguments, encoded, or why they
-    /// could not be (a request too large to store is refused before anything is claimed).
-    pub fn resumable(mut self, name: &str, payload: Result<Vec<u8>>) -> Prepared {
-        match payload.and_then(|payload| StoredRequest::new(name, payload)) {
+    /// could not be. A request larger than `max_request` bytes ([`RequestCap`]) is refused
+    /// before anything is claimed.
+    pub fn resumable(
+        mut self,
+        name: &str,
+        payload: Result<Vec<u8>>,
+        max_request: usize,
+    ) -> Prepared {
+        let stored = RequestCap::new(max_request)
+            .and_then(|cap| payload.and_then(|payload| StoredRequest::within(name, payload, cap)));
+        match stored {
             Ok(stored) => self.request = Some(stored.with_policy(&self.policy).encode()),
             Err(e) => {
                 if self.parts.is_ok() {

@@ -130,7 +130,7 @@ pub use crate::key::{Key, KeyPolicy, ToKey};
 pub use crate::limit::BoundedStore;
 pub use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, ExpiredLease, Policy, Record, RecordState,
-    StoredRequest, StoredResponse, Unfinished,
+    RequestCap, StoredRequest, StoredResponse, Unfinished,
 };
 pub use crate::replay::{FinalError, Idempotent, Replay};
 pub use crate::scope::ScopeBuilder;

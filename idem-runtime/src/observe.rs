@@ -11,8 +11,11 @@
 //!   call ended: `completed`, `released`, `suspended` (unknown again), `unrecorded`,
 //!   `taken` (another attempt held or finished it), `failed` (the resume function or the store
 //!   failed); `idem_completer_parked_total`: claims a completer parked after their attempts;
-//! - the gauges `idem_unfinished_claims` and `idem_unfinished_oldest_seconds`: resumable claims
-//!   due to be finished, as a completer last counted them, and how long the oldest has waited;
+//! - the gauges `idem_unfinished_claims`, `idem_unfinished_oldest_seconds` and
+//!   `idem_parked_claims`: the claims in the store that hold unfinished work (in progress,
+//!   their request stored or their outcome unknown, their lease run out: waiting for a retry,
+//!   a completer or an operator), the age of the oldest of them (from its first claim), and the
+//!   parked ones, as a completer last read them from the store's counts (`idem stats`);
 //! - `idem_new_keys_refused_total`: requests with a new key a [`BoundedStore`] refused
 //!   (429 `TOO_MANY_NEW_KEYS`);
 //! - `idem_purged_records_total{store}`: expired records a background purge deleted;
@@ -146,16 +149,18 @@ pub(crate) fn completer_parked() {
     metrics::counter!("idem_completer_parked_total").increment(1);
 }
 
-/// Records how many resumable claims a completer found due, and how long ago the oldest of
-/// them became due.
-pub(crate) fn unfinished(due: u64, oldest: std::time::Duration) {
+/// Records the store's unfinished claims (how many, the age of the oldest) and parked ones, as
+/// a completer read them.
+pub(crate) fn unfinished(claims: u64, oldest: std::time::Duration, parked: u64) {
     #[cfg(feature = "metrics")]
     {
-        metrics::gauge!("idem_unfinished_claims").set(due as f64);
+        // A gauge holds an f64; counts beyond 2^53 are not a concern.
+        metrics::gauge!("idem_unfinished_claims").set(claims as f64);
         metrics::gauge!("idem_unfinished_oldest_seconds").set(oldest.as_secs_f64());
+        metrics::gauge!("idem_parked_claims").set(parked as f64);
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = (due, oldest);
+    let _ = (claims, oldest, parked);
 }
 
 /// Counts an outbox event a relay parked (its error log is the relay's own).

@@ -310,6 +310,71 @@ impl<'a> BeginRequest<'a> {
     }
 }
 
+/// How many bytes a resumable call's request may take when it is stored with its claim: the
+/// payload of its [`StoredRequest`]. A request larger than its cap is refused before anything is
+/// claimed ([`crate::Error::RequestTooLarge`], HTTP 413 `REQUEST_TOO_LARGE_TO_RESUME`; a
+/// resumable consumer dead-letters the message with that reason): a completer reads every stored
+/// request it finishes, and the store keeps it with the record until the call completes.
+///
+/// 64 KiB unless set ([`RequestCap::DEFAULT`]), at most 1 MiB ([`RequestCap::MAX`]). Set per
+/// resumable call where it is made resumable: `#[idempotent(resumable, max_request = "256KiB")]`
+/// (checked when it compiles), [`GuardLayer::max_request`](crate::tower::GuardLayer::max_request)
+/// for a resumable route of the `tower` guard, [`Consumer::max_request`](crate::consumer::Consumer::max_request)
+/// for a resumable consumer. A cap out of range is refused where it is made, at start-up, by
+/// [`RequestCap::new`]: a cap is never clamped in silence.
+///
+/// ```
+/// use idem::RequestCap;
+///
+/// let cap = RequestCap::new(256 * 1024)?;
+/// assert_eq!(cap.bytes(), 262_144);
+/// assert!(RequestCap::new(0).is_err());
+/// assert!(RequestCap::new(2 * 1024 * 1024).is_err(), "past RequestCap::MAX");
+/// # Ok::<(), idem::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestCap(usize);
+
+impl RequestCap {
+    /// The cap of a resumable call that sets none: 64 KiB.
+    pub const DEFAULT: RequestCap = RequestCap(64 * 1024);
+
+    /// The largest cap: 1 MiB. A store keeps a resumable record's request in its row (in
+    /// Redis, in the record's one value, read and written whole by every operation on it).
+    pub const MAX: RequestCap = RequestCap(1024 * 1024);
+
+    /// A cap of `bytes`: refused with [`crate::Error::Config`] when it is 0 or larger than
+    /// [`RequestCap::MAX`].
+    pub fn new(bytes: usize) -> crate::Result<RequestCap> {
+        if bytes == 0 || bytes > Self::MAX.0 {
+            return Err(crate::Error::Config(format!(
+                "a resumable request's size cap is 1 byte to {} bytes (1 MiB), not {bytes}",
+                Self::MAX.0
+            )));
+        }
+        Ok(RequestCap(bytes))
+    }
+
+    /// The cap in bytes.
+    pub fn bytes(self) -> usize {
+        self.0
+    }
+
+    /// `Err(RequestTooLarge)` when `len` bytes are past the cap.
+    pub(crate) fn admit(self, len: usize) -> crate::Result<()> {
+        if len > self.0 {
+            return Err(crate::Error::RequestTooLarge { len, max: self.0 });
+        }
+        Ok(())
+    }
+}
+
+impl Default for RequestCap {
+    fn default() -> Self {
+        RequestCap::DEFAULT
+    }
+}
+
 /// The request of a resumable call, as it is stored with its claim: the name of the resume
 /// function that finishes it (registered with a [`Completer`](crate::completer::Completer)), and
 /// the call's arguments, encoded by the caller (`#[idempotent(resumable)]`: the fingerprinted
@@ -328,10 +393,10 @@ pub struct StoredRequest {
 }
 
 impl StoredRequest {
-    /// The largest payload a resumable call stores: 64 KiB. A larger request is refused before
-    /// it is claimed ([`crate::Error::RequestTooLarge`], HTTP 413): a completer reads every
-    /// stored request it finishes, and a store row holds it until the call completes.
-    pub const MAX_PAYLOAD: usize = 64 * 1024;
+    /// The largest payload a resumable call stores unless its cap says otherwise: 64 KiB,
+    /// [`RequestCap::DEFAULT`]. A larger request is refused before it is claimed
+    /// ([`crate::Error::RequestTooLarge`], HTTP 413).
+    pub const MAX_PAYLOAD: usize = RequestCap::DEFAULT.0;
 
     /// The longest name: 200 bytes.
     pub const MAX_NAME: usize = 200;
@@ -340,8 +405,17 @@ impl StoredRequest {
 
     /// A stored request for the resume function `name` (1 to 200 bytes of printable ASCII,
     /// spaces included: a scope template such as `refund:<order_no>` is a good name), holding
-    /// `payload` (at most [`StoredRequest::MAX_PAYLOAD`] bytes).
+    /// `payload` (at most [`StoredRequest::MAX_PAYLOAD`] bytes, the default cap).
     pub fn new(name: impl Into<String>, payload: impl Into<Bytes>) -> crate::Result<StoredRequest> {
+        StoredRequest::within(name, payload, RequestCap::DEFAULT)
+    }
+
+    /// [`StoredRequest::new`] with a payload of at most `cap` bytes.
+    pub fn within(
+        name: impl Into<String>,
+        payload: impl Into<Bytes>,
+        cap: RequestCap,
+    ) -> crate::Result<StoredRequest> {
         let (name, payload) = (name.into(), payload.into());
         if name.is_empty()
             || name.len() > Self::MAX_NAME
@@ -352,12 +426,7 @@ impl StoredRequest {
                 Self::MAX_NAME
             )));
         }
-        if payload.len() > Self::MAX_PAYLOAD {
-            return Err(crate::Error::RequestTooLarge {
-                len: payload.len(),
-                max: Self::MAX_PAYLOAD,
-            });
-        }
+        cap.admit(payload.len())?;
         Ok(StoredRequest {
             name,
             lease: Policy::DEFAULT.lease,
@@ -427,7 +496,8 @@ impl StoredRequest {
         let (lease, retain) = (ms()?, ms()?);
         let name = parts.next().unwrap_or("");
         let payload = Bytes::copy_from_slice(&rest[end + 1..]);
-        let mut stored = StoredRequest::new(name, payload)
+        // Stored under whatever cap its call had: any up to the largest.
+        let mut stored = StoredRequest::within(name, payload, RequestCap::MAX)
             .map_err(|e| bad(&format!("that is not valid: {e}")))?;
         if lease.is_zero() || retain < lease {
             return Err(bad("whose lease is zero or longer than its retention"));

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod bank;
 pub mod partitions;
 pub mod proxy;
 

@@ -37,9 +37,12 @@ pub(crate) enum Command {
 /// `idem records list`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct ListArgs {
-    /// Only records in this state: in_progress, completed, released or parked.
+    /// Only records in this state: in_progress, completed, released or parked; or
+    /// unfinished: claims in progress that hold work left to do (a stored request, or an
+    /// outcome that may have had its effect) and whose lease ran out, waiting for a retry, a
+    /// completer or an operator (what `idem stats` counts as unfinished).
     #[arg(long, value_name = "STATE", value_parser = parse_state)]
-    state: Option<State>,
+    state: Option<StateFilter>,
     /// Only records whose scope starts with this text (`order:`, `refund:ORD-1`).
     #[arg(long, value_name = "SCOPE_PREFIX")]
     prefix: Option<String>,
@@ -118,9 +121,22 @@ pub(crate) async fn run(command: Command) -> Result<(), Failure> {
     }
 }
 
-fn parse_state(text: &str) -> Result<State, String> {
-    State::parse(text)
-        .map_err(|_| format!("{text:?} is not a state: in_progress, completed, released or parked"))
+/// What `records list --state` keeps: the records in one state, or the unfinished ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StateFilter {
+    State(State),
+    /// Claims in progress holding work left to do, their lease run out
+    /// ([`RecordInfo::is_unfinished`]).
+    Unfinished,
+}
+
+fn parse_state(text: &str) -> Result<StateFilter, String> {
+    if text == "unfinished" {
+        return Ok(StateFilter::Unfinished);
+    }
+    State::parse(text).map(StateFilter::State).map_err(|_| {
+        format!("{text:?} is not a state: in_progress, completed, released, parked, or unfinished")
+    })
 }
 
 fn parse_limit(text: &str) -> Result<usize, String> {
@@ -133,8 +149,12 @@ fn parse_limit(text: &str) -> Result<usize, String> {
 async fn list(args: ListArgs) -> Result<(), Failure> {
     let (store, shown) = store::open(&args.store).await?;
     let mut query = RecordQuery::new().limit(args.limit);
-    if let Some(state) = args.state {
-        query = query.state(state);
+    match args.state {
+        Some(StateFilter::State(state)) => query = query.state(state),
+        // The store lists by state: the unfinished ones are picked from the claims in progress,
+        // as many of them as one listing reads.
+        Some(StateFilter::Unfinished) => query = query.state(State::InProgress).limit(MAX_LIMIT),
+        None => {}
     }
     if let Some(prefix) = args.prefix {
         query = query.scope_prefix(prefix);
@@ -142,7 +162,17 @@ async fn list(args: ListArgs) -> Result<(), Failure> {
     if let Some(age) = args.older_than {
         query = query.older_than(age);
     }
-    let records = store.list(&query).await?;
+    let mut records = store.list(&query).await?;
+    if args.state == Some(StateFilter::Unfinished) {
+        let read = records.len();
+        records.retain(RecordInfo::is_unfinished);
+        records.truncate(args.limit);
+        if read == MAX_LIMIT {
+            eprintln!(
+                "idem: only the {MAX_LIMIT} oldest claims in progress were looked at for unfinished work: narrow with --prefix or --older-than"
+            );
+        }
+    }
     if args.json {
         return output::json(&Value::Array(
             records.iter().map(RecordInfo::summary_json).collect(),
@@ -486,8 +516,12 @@ mod tests {
 
     #[test]
     fn states_and_limits_parse_or_say_why_not() {
-        assert_eq!(parse_state("in_progress"), Ok(State::InProgress));
-        assert!(parse_state("stuck").unwrap_err().contains("in_progress"));
+        assert_eq!(
+            parse_state("in_progress"),
+            Ok(StateFilter::State(State::InProgress))
+        );
+        assert_eq!(parse_state("unfinished"), Ok(StateFilter::Unfinished));
+        assert!(parse_state("stuck").unwrap_err().contains("unfinished"));
         assert_eq!(parse_limit("5"), Ok(5));
         assert!(parse_limit("0").is_err());
         assert!(parse_limit("10001").is_err());

@@ -23,6 +23,7 @@ const GRAMMAR: Grammar = Grammar {
         ("transaction", "tx"),
         ("claim", "claim"),
         ("resumable", "\"refund\""),
+        ("max_request", "\"256KiB\""),
         ("crate", "\"::idem\""),
     ],
 };
@@ -45,6 +46,8 @@ pub(super) struct Args {
     /// `resumable` (named by the scope template) or `resumable = "name"`: where it was written,
     /// and the name when one was given.
     pub(super) resumable: Option<(Span, Option<LitStr>)>,
+    /// `max_request = "256KiB"`: the size cap of a resumable call's stored request.
+    pub(super) max_request: Option<LitStr>,
     pub(super) krate: Option<LitStr>,
     /// Names that were written, valid or not: a malformed `scope` is not also a missing one.
     pub(super) given: Given,
@@ -79,6 +82,7 @@ impl Args {
                     };
                     args.resumable = Some((span, name));
                 }
+                "max_request" => args.max_request = arg.lit_str(cx)?,
                 "crate" => args.krate = arg.lit_str(cx)?,
                 _ => {}
             }

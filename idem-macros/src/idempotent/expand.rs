@@ -217,12 +217,13 @@ fn prepared(g: &Gen<'_>) -> TokenStream {
                 #v_args.add(#label, #p::#check::request_value(&#path)?);
             }
         });
+        let max_request = usize::try_from(m.max_request).unwrap_or(usize::MAX);
         quote! {
             .resumable(#name, (|| {
                 let mut #v_args = #private::RequestArgs::new();
                 #(#steps)*
                 #v_args.finish()
-            })())
+            })(), #max_request)
         }
     });
     quote! {

@@ -27,6 +27,8 @@ pub(super) struct Model {
     pub(super) claim: Option<Ident>,
     /// The resume name of a resumable function: its request is stored with its claim.
     pub(super) resumable: Option<String>,
+    /// The size cap of a resumable function's stored request, in bytes.
+    pub(super) max_request: u64,
     pub(super) ret: Type,
 }
 
@@ -126,6 +128,7 @@ pub(super) fn validate(
         );
     }
     let resumable = resumable(&args, &policy, cx);
+    let max_request = max_request(&args, cx);
     Some(Model {
         krate,
         template: template?,
@@ -137,8 +140,38 @@ pub(super) fn validate(
         transaction: args.transaction,
         claim: args.claim,
         resumable,
+        max_request: max_request?,
         ret: ret?,
     })
+}
+
+/// The size cap of a resumable call's stored request (`max_request = "256KiB"`): 1 byte to
+/// 1 MiB, 64 KiB when not given. Only a resumable call stores its request.
+fn max_request(args: &Args, cx: &mut Ctxt) -> Option<u64> {
+    const DEFAULT: u64 = 64 * 1024;
+    let Some(lit) = &args.max_request else {
+        return Some(DEFAULT);
+    };
+    if args.resumable.is_none() {
+        cx.at(
+            lit.span(),
+            "`max_request` without `resumable`: only a resumable call stores its request, so there is nothing to cap; add `resumable`, or drop `max_request`",
+        );
+        return None;
+    }
+    let bytes =
+        cx.ok(crate::size::parse(&lit.value()).map_err(|msg| syn::Error::new(lit.span(), msg)))?;
+    if bytes == 0 || bytes > crate::size::MAX_REQUEST {
+        cx.at(
+            lit.span(),
+            format_args!(
+                "a stored request's size cap of \"{}\" is out of range: give 1B to 1MiB (the default is \"64KiB\"); a store keeps the request with its record until the call completes",
+                lit.value()
+            ),
+        );
+        return None;
+    }
+    Some(bytes)
 }
 
 /// The resume name of `resumable`: the name given, else the scope template as written. It is

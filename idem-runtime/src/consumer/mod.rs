@@ -17,6 +17,8 @@
 //! | a final error, the same id with another payload, no usable id, or the delivery limit reached (the broker's count or the record's, the higher) | `DeadLetter(reason)` | dead-letter with the reason, logged |
 //! | … and the broker did not take the dead letter | `Retry(d)` | retry after the backoff, dead-lettered when it comes back |
 //! | a retryable error whose retry would come after the broker deletes the message ([`Delivery::expires_in`]: a JetStream stream's `max_age`) | `DeadLetter(reason)` | dead-letter now, rather than retry it into its deletion |
+//! | a guarded call's outcome is unknown (its claim is kept) | `Retry(d)`, `DeadLetter(reason)` at the limit | retry after the backoff, for the redelivery to resume the claim; never acked, never dead-lettered at once. A [resumable](Consumer::resumable) consumer's claim is finished by a completer once the broker stops delivering |
+//! | the message's unfinished work is parked (its attempts ran out), or a resumable consumer's message is too large to store | `DeadLetter(reason)` | dead-letter with the reason |
 //!
 //! In ordered mode ([`Consumer::ordered`]) deliveries that share a partition key are handled one
 //! at a time, in order, and a retry is held by the runner instead of given back to the broker.
@@ -88,7 +90,7 @@ use crate::fingerprint::Fingerprint;
 use crate::flow::{self, Prepared, RetryHint, WithClaim};
 use crate::guard::{ClaimInfo, End};
 use crate::key::Key;
-use crate::record::Policy;
+use crate::record::{Policy, RequestCap, StoredRequest};
 use crate::replay::marker;
 use crate::scope::ScopeBuilder;
 use crate::store::Store;
@@ -100,6 +102,7 @@ pub mod amqp;
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
 mod ordered;
+mod resume;
 pub mod testing;
 
 pub use ordered::ORDERED_IN_HAND_PER_SLOT;
@@ -377,8 +380,20 @@ fn next_step(ran: Ran<'_>, delivered: u32, max: Option<u32>, backoff: &Backoff) 
         Some(Error::KeyReused) => {
             return dead("the message id was already processed with a different payload".into());
         }
-        Some(e @ (Error::InvalidKey(_) | Error::InvalidScope { .. } | Error::Decode(_))) => {
+        Some(
+            e @ (Error::InvalidKey(_)
+            | Error::InvalidScope { .. }
+            | Error::Decode(_)
+            | Error::RequestTooLarge { .. }),
+        ) => {
             return dead(e.to_string());
+        }
+        // Its unfinished work waits for an operator: no delivery can run it before they act.
+        Some(Error::Parked) => {
+            return dead(
+                "its unfinished work is parked for an operator (idem records retry, or release)"
+                    .into(),
+            );
         }
         // Unavailable, fence lost, an answer that could not be stored, a broken store: the
         // claim is released or runs out, and a later delivery can succeed.
@@ -509,7 +524,10 @@ where
     }
 }
 
-/// A closure guarded by the runner itself: see [`Consumer::guarded`].
+/// A closure guarded by the runner itself: see [`Consumer::guarded`]. Cloned (when its
+/// closure can be) to hand the same handler to the runner and to a completer
+/// ([`Completer::consumer`](crate::completer::Completer::consumer)).
+#[derive(Clone)]
 pub struct Guarded<S, F> {
     store: S,
     scope: String,
@@ -574,6 +592,9 @@ pub struct Consumer<S> {
     backoff: Backoff,
     keep_alive: Option<Duration>,
     ordered: bool,
+    /// Whether each message is stored with its handler's claims ([`Consumer::resumable`]).
+    resumable: bool,
+    max_request: RequestCap,
     counters: Arc<Counters>,
 }
 
@@ -585,6 +606,8 @@ impl<S> fmt::Debug for Consumer<S> {
             .field("max_deliveries", &self.max_deliveries)
             .field("backoff", &self.backoff)
             .field("ordered", &self.ordered)
+            .field("resumable", &self.resumable)
+            .field("max_request", &self.max_request)
             .finish_non_exhaustive()
     }
 }
@@ -607,6 +630,8 @@ impl<S: Store> Consumer<S> {
             backoff: Backoff::default(),
             keep_alive: None,
             ordered: false,
+            resumable: false,
+            max_request: RequestCap::DEFAULT,
             counters: Arc::default(),
         })
     }
@@ -697,6 +722,49 @@ impl<S: Store> Consumer<S> {
         self
     }
 
+    /// Makes the consumer resumable: each message is stored with the claims its handler takes
+    /// (its subject and payload, within [`Consumer::max_request`]; its key and the consumer's
+    /// name are the record's), so that a [`Completer`](crate::completer::Completer) given the
+    /// handler ([`Completer::consumer`](crate::completer::Completer::consumer)) finishes a
+    /// message whose outcome is unknown once its broker stops delivering it.
+    ///
+    /// Without it, a handler whose guarded call ends in an unknown outcome
+    /// ([`ClaimInfo::outcome_unknown`]) keeps its claim for the message's redelivery to resume.
+    /// That holds while the broker delivers it again; once it stops (the delivery limit
+    /// dead-letters the message, a JetStream stream's `max_age` comes near, a RabbitMQ queue
+    /// dead-letters it), nothing would finish the claim. With it:
+    ///
+    /// - every guarded call the handler makes stores the message with its claim (an
+    ///   `#[idempotent]` function it calls, [`Consumer::guarded`]'s claim, a hand-written
+    ///   [`begin`](crate::flow::begin); an `#[idempotent(resumable)]` function stores its own
+    ///   arguments instead), carried by the [`Context`] the runner runs the handler in;
+    /// - the broker is told what it is told without it: the message is retried while deliveries
+    ///   remain, and dead-lettered with its reason when they run out. The dead letter still
+    ///   carries the message;
+    /// - a completer finds the kept claim once its resume delay has passed and runs the handler
+    ///   again with the stored message, under its claim, as the next attempt with the same
+    ///   downstream key. Its answer is stored: a later delivery of the message (a redelivery
+    ///   still on its way, the dead letter re-driven under its key) is a replay, acked without
+    ///   running the handler. A message whose attempts ran out is parked for an operator, and
+    ///   a delivery of it is dead-lettered at once, saying so;
+    /// - a message larger than [`Consumer::max_request`] is not run: it is dead-lettered at
+    ///   once with [`Error::RequestTooLarge`]'s reason.
+    ///
+    /// The stored message stays in the store, in clear, until its claim is finished.
+    pub fn resumable(mut self) -> Self {
+        self.resumable = true;
+        self
+    }
+
+    /// The most bytes a resumable consumer's stored message (its subject and payload) may
+    /// take: [`RequestCap::DEFAULT`] (64 KiB) unless set, at most [`RequestCap::MAX`] (1 MiB);
+    /// a cap out of range is refused at start-up, by [`RequestCap::new`]. Without
+    /// [`Consumer::resumable`] nothing is stored, and it has no effect.
+    pub fn max_request(mut self, cap: RequestCap) -> Self {
+        self.max_request = cap;
+        self
+    }
+
     /// The name.
     pub fn name(&self) -> &str {
         &self.name
@@ -766,6 +834,15 @@ impl<S: Store> Consumer<S> {
             subject: delivery.subject().to_owned(),
             delivered: delivery.delivered().max(1),
         };
+        let stored = match self.stored(&msg) {
+            Ok(stored) => stored,
+            Err(e) => {
+                let reason = format!("a resumable consumer stores every message it runs: {e}");
+                return self
+                    .settle(delivery, Some(&msg.key), Settlement::DeadLetter(reason))
+                    .await;
+            }
+        };
         let max = delivery.max_deliveries().or(self.max_deliveries);
         let every = self.keep_alive_every(delivery);
         let mut waits = 0;
@@ -778,12 +855,15 @@ impl<S: Store> Consumer<S> {
             // redeliveries can come; their replays and claims are watched. The handler's future
             // is boxed: the seams around it would otherwise move it, whole, through several
             // frames of the stack.
-            let call = Context::current()
+            let mut context = Context::current()
                 .policy(self.policy)
                 .retry_hint(RetryHint::REMAINING_LEASE)
                 .watch_replays(&replays)
-                .watch_claims(&watch)
-                .scope(Box::pin(handler.call(msg.clone())));
+                .watch_claims(&watch);
+            if let Some(stored) = &stored {
+                context = context.resumable(stored.clone());
+            }
+            let call = context.scope(Box::pin(handler.call(msg.clone())));
             let slot = match slots {
                 Some(slots) => {
                     let free = slots.acquire();
@@ -848,6 +928,15 @@ impl<S: Store> Consumer<S> {
                 }
             }
         }
+    }
+
+    /// The message as a resumable consumer stores it with its handler's claims, or `None`
+    /// when the consumer is not resumable; refused when it is too large to store.
+    fn stored(&self, msg: &Message) -> Result<Option<StoredRequest>, Error> {
+        if !self.resumable {
+            return Ok(None);
+        }
+        resume::stored(&self.scope, msg, self.max_request).map(Some)
     }
 
     /// Runs `handler` on every delivery of `deliveries`, `concurrency` at a time, until the
@@ -1148,6 +1237,23 @@ mod tests {
         assert!(
             dead(next_step(failed(Some(&bad_key), false), 1, None, &B))
                 .contains("invalid idempotency key")
+        );
+        assert!(
+            dead(next_step(
+                failed(Some(&Error::Parked), false),
+                1,
+                Some(5),
+                &B
+            ))
+            .contains("parked for an operator")
+        );
+        let too_large = Error::RequestTooLarge {
+            len: 70_000,
+            max: 65_536,
+        };
+        assert!(
+            dead(next_step(failed(Some(&too_large), false), 1, Some(5), &B))
+                .contains("70000 bytes")
         );
         assert_eq!(dead(next_step(failed(None, true), 1, Some(5), &B)), "boom");
         assert_eq!(

@@ -157,8 +157,8 @@
 //! the claim for the same key's retry; when the client never retries, nothing would finish it.
 //! A layer built with [`GuardLayer::resumable`] stores each guarded request with its claim (its
 //! method, path and query, `content-type`, the key's header and the headers named with
-//! [`GuardLayer::resumable_headers`], and the body: [`StoredHttpRequest`], at most 64 KiB, else
-//! 413 `REQUEST_TOO_LARGE_TO_RESUME`), and a [`Completer`](crate::completer::Completer) given
+//! [`GuardLayer::resumable_headers`], and the body: [`StoredHttpRequest`], at most 64 KiB or
+//! [`GuardLayer::max_request`], else 413 `REQUEST_TOO_LARGE_TO_RESUME`), and a [`Completer`](crate::completer::Completer) given
 //! [`resend`] sends it through the guarded service again once the claim is due (its lease ran
 //! out, or its unknown outcome waited its resume delay). The re-sent request carries the
 //! resumption in its extensions, where no client can put it: the guard takes the completer's
@@ -265,7 +265,7 @@ use crate::flow::{Begun, begin, begin_resumable};
 use crate::guard::{Guard, Recorded};
 use crate::key::{Key, KeyPolicy};
 use crate::problem::Problem;
-use crate::record::{Policy, StoredRequest};
+use crate::record::{Policy, RequestCap, StoredRequest};
 use crate::scope::ScopeBuilder;
 use crate::store::Store;
 use resume::Resumed;
@@ -405,6 +405,8 @@ struct Config {
     resumable: Option<String>,
     /// The request headers a resumable route stores besides `content-type` and the key's.
     resumable_headers: Vec<HeaderName>,
+    /// The size cap of a resumable route's stored request.
+    max_request: RequestCap,
 }
 
 impl fmt::Debug for Config {
@@ -423,6 +425,7 @@ impl fmt::Debug for Config {
             .field("policy", &self.policy)
             .field("resumable", &self.resumable)
             .field("resumable_headers", &self.resumable_headers)
+            .field("max_request", &self.max_request)
             .finish_non_exhaustive()
     }
 }
@@ -536,14 +539,11 @@ impl Config {
         };
         // Refused by its size before it is encoded: a request too large to store is the
         // client's 413, whatever part of it is large.
-        let len = envelope.encoded_len();
-        if len > StoredRequest::MAX_PAYLOAD {
-            return Err(Error::RequestTooLarge {
-                len,
-                max: StoredRequest::MAX_PAYLOAD,
-            });
-        }
-        Ok(StoredRequest::new(name, envelope.encode()?)?.with_policy(&self.policy))
+        self.max_request.admit(envelope.encoded_len())?;
+        Ok(
+            StoredRequest::within(name, envelope.encode()?, self.max_request)?
+                .with_policy(&self.policy),
+        )
     }
 
     /// `<namespace>:<METHOD>:<route>[:<principal>]`, every part encoded.
@@ -619,6 +619,7 @@ impl<St: Store + Clone> GuardLayer<St> {
                 policy: Policy::DEFAULT,
                 resumable: None,
                 resumable_headers: Vec::new(),
+                max_request: RequestCap::DEFAULT,
             }),
         }
     }
@@ -751,9 +752,9 @@ impl<St: Store + Clone> GuardLayer<St> {
     /// replays it.
     ///
     /// A resumable request is stored whole: its envelope holds at most
-    /// [`StoredRequest::MAX_PAYLOAD`] bytes (64 KiB), and a larger one is refused before it is
-    /// claimed, with 413 `REQUEST_TOO_LARGE_TO_RESUME` ([`Error::RequestTooLarge`]); the inner
-    /// service never runs. `name` is 1 to 200 bytes of printable ASCII (the completer checks it
+    /// [`GuardLayer::max_request`] bytes (64 KiB unless set), and a larger one is refused
+    /// before it is claimed, with 413 `REQUEST_TOO_LARGE_TO_RESUME`
+    /// ([`Error::RequestTooLarge`]); the inner service never runs. `name` is 1 to 200 bytes of printable ASCII (the completer checks it
     /// when it starts); a layer whose name is not answers every guarded request with 500.
     ///
     /// ```
@@ -806,6 +807,28 @@ impl<St: Store + Clone> GuardLayer<St> {
     pub fn resumable_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         let names = names.into_iter().collect();
         self.edit(|c| c.resumable_headers = names)
+    }
+
+    /// The most bytes a resumable route's stored request (its envelope: the method, the path
+    /// and query, the stored headers, the body) may take: [`RequestCap::DEFAULT`] (64 KiB)
+    /// unless set, at most [`RequestCap::MAX`] (1 MiB). A larger request is answered 413
+    /// `REQUEST_TOO_LARGE_TO_RESUME` before anything is claimed. Keep
+    /// [`GuardLayer::body_limit`] above it, or the body limit's 413 comes first.
+    ///
+    /// ```
+    /// use idem::tower::GuardLayer;
+    /// use idem::{MemoryStore, RequestCap};
+    ///
+    /// // A cap out of range is refused here, at start-up: `RequestCap::new` says why.
+    /// let layer = GuardLayer::new(MemoryStore::new())
+    ///     .allow_anonymous()
+    ///     .resumable("uploads")
+    ///     .max_request(RequestCap::new(512 * 1024)?);
+    /// # drop(layer);
+    /// # Ok::<(), idem::Error>(())
+    /// ```
+    pub fn max_request(self, cap: RequestCap) -> Self {
+        self.edit(|c| c.max_request = cap)
     }
 }
 
@@ -993,11 +1016,11 @@ where
         return Ok(too_large(limit));
     }
     let storing = config.resumable.is_some() && matches!(identity, Identity::Admitted { .. });
-    if let Some(len) = declared.filter(|len| storing && *len > StoredRequest::MAX_PAYLOAD as u64) {
-        return Ok(problem(&Error::RequestTooLarge {
-            len: usize::try_from(len).unwrap_or(usize::MAX),
-            max: StoredRequest::MAX_PAYLOAD,
-        }));
+    if let Some(len) = declared.filter(|_| storing) {
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        if let Err(too_large) = config.max_request.admit(len) {
+            return Ok(problem(&too_large));
+        }
     }
     let (bytes, req_trailers) = match body::read(req_body, Some(limit)).await {
         Ok(read) => read,
