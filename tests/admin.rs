@@ -123,10 +123,7 @@ async fn pg_store() -> (common::PgSchema, PgStore) {
 /// A MySQL store in a database of its own.
 async fn mysql_store() -> (common::MyDatabase, MySqlStore) {
     let database = common::MyDatabase::create(&common::mysql_url(), 4).await;
-    let store = MySqlStore::builder()
-        .build(database.pool.clone())
-        .await
-        .unwrap();
+    let store = database.store().await;
     (database, store)
 }
 

@@ -57,65 +57,13 @@ impl Server {
         }
     }
 
-    /// One text column of one row, through the database the server uses: `sql` writes its
-    /// argument `$1`, which MySQL writes `?`.
+    /// One text column of one row, through the database the server uses.
     async fn query_text(&self, sql: &'static str, arg: &str) -> String {
-        if self.db_url.starts_with("postgres") {
-            let pool = sqlx::PgPool::connect(&self.db_url).await.unwrap();
-            let v = sqlx::query_scalar(sql)
-                .bind(arg)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            pool.close().await;
-            v
-        } else if self.db_url.starts_with("mysql") {
-            let pool = sqlx::MySqlPool::connect(&self.db_url).await.unwrap();
-            let v = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.replace("$1", "?")))
-                .bind(arg)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            pool.close().await;
-            v
-        } else {
-            let pool = sqlx::SqlitePool::connect(&self.db_url).await.unwrap();
-            let v = sqlx::query_scalar(sql)
-                .bind(arg)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            pool.close().await;
-            v
-        }
+        crate::scalar_at!(self.db_url, sql, arg)
     }
 
     async fn count_orders(&self) -> i64 {
-        if self.db_url.starts_with("postgres") {
-            let pool = sqlx::PgPool::connect(&self.db_url).await.unwrap();
-            let n = sqlx::query_scalar("SELECT count(*) FROM orders")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            pool.close().await;
-            n
-        } else if self.db_url.starts_with("mysql") {
-            let pool = sqlx::MySqlPool::connect(&self.db_url).await.unwrap();
-            let n = sqlx::query_scalar("SELECT count(*) FROM orders")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            pool.close().await;
-            n
-        } else {
-            let pool = sqlx::SqlitePool::connect(&self.db_url).await.unwrap();
-            let n = sqlx::query_scalar("SELECT count(*) FROM orders")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            pool.close().await;
-            n
-        }
+        crate::scalar_at!(self.db_url, "SELECT count(*) FROM orders")
     }
 }
 

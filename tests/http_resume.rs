@@ -72,11 +72,7 @@ impl Backend for PgStore {
 impl Backend for MySqlStore {
     async fn fresh() -> (Self, Box<dyn std::any::Any + Send>) {
         let database = MyDatabase::create(&common::mysql_url(), 16).await;
-        let store = MySqlStore::builder()
-            .build(database.pool.clone())
-            .await
-            .expect("create the table");
-        (store, Box::new(database))
+        (database.store().await, Box::new(database))
     }
 }
 

@@ -24,25 +24,11 @@ impl Drop for Process {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_refund_service_serves_its_counters_in_the_prometheus_text_format() {
-    let file = common::SqliteFile::new();
-    the_refund_service_serves_its_counters(&file.url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(idem_mysql),
-    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
-)]
-async fn the_refund_service_serves_its_counters_on_mysql() {
-    let database = common::MyDatabase::create(&common::mysql_url(), 1).await;
-    the_refund_service_serves_its_counters(&database.url).await;
-}
+crate::on_every_database!(the_refund_service_serves_its_counters_in_the_prometheus_text_format);
 
 /// The refund service on the database at `url`: a first run, its replay and a reused key, as
 /// its `/metrics` counts them.
-async fn the_refund_service_serves_its_counters(url: &str) {
+async fn the_refund_service_serves_its_counters_in_the_prometheus_text_format(url: &str) {
     let mut child = Command::new(common::example_binary("refund_service"))
         .env("IDEM_ADDR", "127.0.0.1:0")
         .env("DATABASE_URL", url)
@@ -165,40 +151,44 @@ impl Counters {
     fn get(&self, name: &str) -> u64 {
         self.0.lock().unwrap().get(name).copied().unwrap_or(0)
     }
+
+    /// What `run` counts. The recorder is the thread's: `run` goes on a current-thread runtime,
+    /// which runs every task on this thread.
+    fn of<F: Future<Output = ()>>(run: impl FnOnce() -> F) -> Counters {
+        let counters = Counters::default();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        metrics::with_local_recorder(&counters, || rt.block_on(run()));
+        counters
+    }
 }
 
 #[test]
 fn the_background_purge_and_the_consumer_count_what_they_did() {
-    let counters = Counters::default();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    // The recorder is the thread's; a current-thread runtime runs every task on this thread.
-    metrics::with_local_recorder(&counters, || {
-        rt.block_on(async {
-            let store = SqliteStore::builder()
-                .purge_every(Duration::from_millis(50))
-                .connect("sqlite::memory:")
-                .await
-                .unwrap();
-            two_records_expire(&store).await;
+    let counters = Counters::of(|| async {
+        let store = SqliteStore::builder()
+            .purge_every(Duration::from_millis(50))
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        two_records_expire(&store).await;
 
-            let consumer = Consumer::new("metrics", MemoryStore::new()).unwrap();
-            let handler = consumer.guarded(|msg: Message, _claim| async move {
-                Ok::<_, HandlerError>(msg.payload.len())
-            });
-            let first = TestDelivery::new("m-1", "hello");
-            assert_eq!(
-                consumer.handle(&first, &handler).await,
-                Settlement::Completed
-            );
-            let again = TestDelivery::new("m-1", "hello").delivered(2);
-            assert_eq!(
-                consumer.handle(&again, &handler).await,
-                Settlement::Replayed
-            );
-        })
+        let consumer = Consumer::new("metrics", MemoryStore::new()).unwrap();
+        let handler = consumer.guarded(|msg: Message, _claim| async move {
+            Ok::<_, HandlerError>(msg.payload.len())
+        });
+        let first = TestDelivery::new("m-1", "hello");
+        assert_eq!(
+            consumer.handle(&first, &handler).await,
+            Settlement::Completed
+        );
+        let again = TestDelivery::new("m-1", "hello").delivered(2);
+        assert_eq!(
+            consumer.handle(&again, &handler).await,
+            Settlement::Replayed
+        );
     });
     assert_eq!(
         counters.get("idem_purged_records_total{store=\"idem_records\",database=\"sqlite\"}"),
@@ -251,21 +241,14 @@ async fn two_records_expire<S: Store>(store: &S) {
     ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
 )]
 fn the_background_purge_of_a_mysql_store_counts_under_its_table_and_database() {
-    let counters = Counters::default();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    metrics::with_local_recorder(&counters, || {
-        rt.block_on(async {
-            let database = common::MyDatabase::create(&common::mysql_url(), 4).await;
-            let store = MySqlStore::builder()
-                .purge_every(Duration::from_millis(50))
-                .build(database.pool.clone())
-                .await
-                .unwrap();
-            two_records_expire(&store).await;
-        })
+    let counters = Counters::of(|| async {
+        let database = common::MyDatabase::create(&common::mysql_url(), 4).await;
+        let store = MySqlStore::builder()
+            .purge_every(Duration::from_millis(50))
+            .build(database.pool.clone())
+            .await
+            .unwrap();
+        two_records_expire(&store).await;
     });
     assert_eq!(
         counters.get("idem_purged_records_total{store=\"idem_records\",database=\"mysql\"}"),

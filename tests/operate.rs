@@ -122,36 +122,6 @@ async fn order(
         .await
 }
 
-/// The orders numbered `order_no` in the database at `url`.
-async fn orders_numbered(url: &str, order_no: &str) -> i64 {
-    let count = "SELECT COUNT(*) FROM orders WHERE order_no = ";
-    if url.starts_with("postgres") {
-        let pool = idem::sqlx::PgPool::connect(url).await.unwrap();
-        let sql = idem::sqlx::AssertSqlSafe(format!("{count}$1"));
-        idem::sqlx::query_scalar(sql)
-            .bind(order_no)
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-    } else if url.starts_with("mysql") {
-        let pool = idem::sqlx::MySqlPool::connect(url).await.unwrap();
-        let sql = idem::sqlx::AssertSqlSafe(format!("{count}?"));
-        idem::sqlx::query_scalar(sql)
-            .bind(order_no)
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-    } else {
-        let pool = idem::sqlx::SqlitePool::connect(url).await.unwrap();
-        let sql = idem::sqlx::AssertSqlSafe(format!("{count}?"));
-        idem::sqlx::query_scalar(sql)
-            .bind(order_no)
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-    }
-}
-
 /// The completion of `claim` with `response`, as an owner presumed dead would send it, through
 /// a store of its own on the database at `url`.
 async fn complete_late(
@@ -160,60 +130,20 @@ async fn complete_late(
     response: &StoredResponse,
 ) -> idem::Result<()> {
     if url.starts_with("postgres") {
-        let pool = idem::sqlx::PgPool::connect(url).await.unwrap();
-        let store = PgStore::builder()
-            .background_purge(false)
-            .build(pool)
-            .await?;
-        store.complete(claim, response).await
+        let store = PgStore::builder().background_purge(false);
+        store.connect(url).await?.complete(claim, response).await
     } else if url.starts_with("mysql") {
-        let store = MySqlStore::builder()
-            .background_purge(false)
-            .connect(url)
-            .await?;
-        store.complete(claim, response).await
+        let store = MySqlStore::builder().background_purge(false);
+        store.connect(url).await?.complete(claim, response).await
     } else {
-        let pool = idem::sqlx::SqlitePool::connect(url).await.unwrap();
-        let store = SqliteStore::builder()
-            .background_purge(false)
-            .build(pool)
-            .await?;
-        store.complete(claim, response).await
+        let store = SqliteStore::builder().background_purge(false);
+        store.connect(url).await?.complete(claim, response).await
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_stuck_by_a_killed_service_is_released_with_the_tool_on_sqlite() {
-    let file = common::SqliteFile::new();
-    a_claim_stuck_by_a_killed_service_is_released_with_the_tool_and_the_retry_runs_once(&file.url)
-        .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(idem_postgres),
-    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
-)]
-async fn a_claim_stuck_by_a_killed_service_is_released_with_the_tool_on_postgres() {
-    let schema = common::PgSchema::create(&common::pg_url(), 1).await;
-    a_claim_stuck_by_a_killed_service_is_released_with_the_tool_and_the_retry_runs_once(
-        &schema.scoped_url(),
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(idem_mysql),
-    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
-)]
-async fn a_claim_stuck_by_a_killed_service_is_released_with_the_tool_on_mysql() {
-    let database = common::MyDatabase::create(&common::mysql_url(), 1).await;
-    a_claim_stuck_by_a_killed_service_is_released_with_the_tool_and_the_retry_runs_once(
-        &database.url,
-    )
-    .await;
-}
+crate::on_every_database!(
+    a_claim_stuck_by_a_killed_service_is_released_with_the_tool_and_the_retry_runs_once
+);
 
 /// A slow order creation on the database at `url`, its service killed while it runs.
 async fn a_claim_stuck_by_a_killed_service_is_released_with_the_tool_and_the_retry_runs_once(
@@ -290,10 +220,12 @@ async fn a_claim_stuck_by_a_killed_service_is_released_with_the_tool_and_the_ret
     assert_eq!(res.headers()["idempotent-replayed"], "true");
     assert_eq!(res.json::<Value>().await.unwrap(), first);
     drop(service);
-    assert_eq!(
-        orders_numbered(url, first["orderNo"].as_str().unwrap()).await,
-        1
+    let orders: i64 = crate::scalar_at!(
+        url,
+        "SELECT COUNT(*) FROM orders WHERE order_no = $1",
+        first["orderNo"].as_str().unwrap()
     );
+    assert_eq!(orders, 1);
     let record = json(&idem(
         &tool,
         url,
@@ -323,31 +255,7 @@ async fn a_claim_stuck_by_a_killed_service_is_released_with_the_tool_and_the_ret
     assert_eq!(record["response"]["status"], 201, "{record}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_admin_view_is_for_operators_with_the_token_only_on_sqlite() {
-    let file = common::SqliteFile::new();
-    the_admin_view_is_for_operators_with_the_token_only(&file.url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(idem_postgres),
-    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
-)]
-async fn the_admin_view_is_for_operators_with_the_token_only_on_postgres() {
-    let schema = common::PgSchema::create(&common::pg_url(), 1).await;
-    the_admin_view_is_for_operators_with_the_token_only(&schema.scoped_url()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(idem_mysql),
-    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
-)]
-async fn the_admin_view_is_for_operators_with_the_token_only_on_mysql() {
-    let database = common::MyDatabase::create(&common::mysql_url(), 1).await;
-    the_admin_view_is_for_operators_with_the_token_only(&database.url).await;
-}
+crate::on_every_database!(the_admin_view_is_for_operators_with_the_token_only);
 
 /// The service on the database at `url`, its admin view on the records kept there.
 async fn the_admin_view_is_for_operators_with_the_token_only(url: &str) {
