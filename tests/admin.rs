@@ -12,8 +12,8 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use idem::admin::Admin;
 use idem::{
-    BeginOutcome, BeginRequest, ClaimRef, Claimed, Error, Fingerprint, Key, MemoryStore, Policy,
-    SqliteStore, Store, StoredResponse,
+    BeginOutcome, BeginRequest, ClaimRef, Claimed, Error, Fingerprint, Key, MemoryStore,
+    MySqlStore, PgStore, Policy, SqliteStore, Store, StoredResponse,
 };
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -77,7 +77,58 @@ fn get(uri: &str) -> Request<Body> {
 
 #[tokio::test]
 async fn the_json_api_lists_inspects_counts_and_releases() {
-    let store = MemoryStore::new();
+    json_api_lists_inspects_counts_and_releases(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn the_json_api_lists_inspects_counts_and_releases_on_sqlite() {
+    let (_file, store) = sqlite_store().await;
+    json_api_lists_inspects_counts_and_releases(store).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+async fn the_json_api_lists_inspects_counts_and_releases_on_postgres() {
+    let (_schema, store) = pg_store().await;
+    json_api_lists_inspects_counts_and_releases(store).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+async fn the_json_api_lists_inspects_counts_and_releases_on_mysql() {
+    let (_database, store) = mysql_store().await;
+    json_api_lists_inspects_counts_and_releases(store).await;
+}
+
+/// A SQLite store in a file of its own.
+async fn sqlite_store() -> (common::SqliteFile, SqliteStore) {
+    let file = common::SqliteFile::new();
+    let store = SqliteStore::connect(&file.url).await.unwrap();
+    (file, store)
+}
+
+/// A PostgreSQL store in a schema of its own.
+async fn pg_store() -> (common::PgSchema, PgStore) {
+    let schema = common::PgSchema::create(&common::pg_url(), 4).await;
+    let store = PgStore::builder().build(schema.pool.clone()).await.unwrap();
+    (schema, store)
+}
+
+/// A MySQL store in a database of its own.
+async fn mysql_store() -> (common::MyDatabase, MySqlStore) {
+    let database = common::MyDatabase::create(&common::mysql_url(), 4).await;
+    let store = database.store().await;
+    (database, store)
+}
+
+/// The JSON API of the view of `store`, and the overview page beside it.
+async fn json_api_lists_inspects_counts_and_releases<S: Store + Clone>(store: S) {
     let stuck = records(&store).await;
     let app = Router::new().nest(
         "/admin",
@@ -115,6 +166,12 @@ async fn the_json_api_lists_inspects_counts_and_releases() {
     assert_eq!(
         stats["states"],
         json!({"in_progress": 2, "completed": 1, "released": 0, "parked": 0})
+    );
+    let (status, page, _) = send(&app, get("/admin?state=in_progress&prefix=refund:")).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(
+        page.contains("k-stuck") && !page.contains("k-done"),
+        "the page lists what the query asks: {page}"
     );
 
     let release = Request::post("/admin/api/release")
@@ -700,8 +757,23 @@ impl<'d> Browser<'d> {
     ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver)"
 )]
 async fn an_operator_releases_a_stuck_claim_in_a_browser_and_the_retry_runs_once() {
-    let file = common::SqliteFile::new();
-    let store = SqliteStore::connect(&file.url).await.unwrap();
+    let (_file, store) = sqlite_store().await;
+    an_operator_releases_a_stuck_claim_in_a_browser(store).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(all(idem_chromium, idem_mysql)),
+    ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver), and MySQL or MariaDB (IDEM_MYSQL_URL=mysql://…)"
+)]
+async fn an_operator_releases_a_stuck_claim_in_a_browser_on_mysql() {
+    let (_database, store) = mysql_store().await;
+    an_operator_releases_a_stuck_claim_in_a_browser(store).await;
+}
+
+/// The view of `store` in a browser: the stuck claim found, opened and released by its button;
+/// the retry runs at once, and the owner presumed gone cannot complete over it.
+async fn an_operator_releases_a_stuck_claim_in_a_browser<S: Store + Clone>(store: S) {
     let stuck = records(&store).await;
     let app = Router::new().nest(
         "/admin",
@@ -799,8 +871,7 @@ async fn serve_other_site(page: String) -> String {
 }
 
 async fn sqlite_records() -> (common::SqliteFile, SqliteStore, Claimed) {
-    let file = common::SqliteFile::new();
-    let store = SqliteStore::connect(&file.url).await.unwrap();
+    let (file, store) = sqlite_store().await;
     let stuck = records(&store).await;
     (file, store, stuck)
 }

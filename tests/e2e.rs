@@ -1,6 +1,6 @@
 //! The refund service over real HTTP: a server on an ephemeral port and a real client, on
-//! SQLite, on PostgreSQL, and with its idempotency records in Redis (orders in SQLite); and two
-//! server processes sharing PostgreSQL.
+//! SQLite, on PostgreSQL, on MySQL (MariaDB), and with its idempotency records in Redis (orders
+//! in SQLite); and two server processes sharing PostgreSQL, or MySQL.
 
 mod common;
 
@@ -32,6 +32,7 @@ struct Server {
     /// A query that counts orders, through the database the server uses.
     db_url: String,
     _pg: Option<common::PgSchema>,
+    _my: Option<common::MyDatabase>,
     _file: Option<common::SqliteFile>,
     _redis: Option<common::RedisKeys>,
     /// The service's completer; `None` stops it.
@@ -43,47 +44,26 @@ impl Server {
         format!("{}{path}", self.base)
     }
 
-    /// One text column of one row, through the database the server uses.
-    async fn query_text(&self, sql: &'static str, arg: &str) -> String {
-        if self.db_url.starts_with("postgres") {
-            let pool = sqlx::PgPool::connect(&self.db_url).await.unwrap();
-            let v = sqlx::query_scalar(sql)
-                .bind(arg)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            pool.close().await;
-            v
-        } else {
-            let pool = sqlx::SqlitePool::connect(&self.db_url).await.unwrap();
-            let v = sqlx::query_scalar(sql)
-                .bind(arg)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            pool.close().await;
-            v
+    /// The server's database at `db_url`, to look at (it owns nothing).
+    fn observing(base: String, db_url: &str) -> Server {
+        Server {
+            base,
+            db_url: db_url.to_owned(),
+            _pg: None,
+            _my: None,
+            _file: None,
+            _redis: None,
+            completer: None,
         }
     }
 
+    /// One text column of one row, through the database the server uses.
+    async fn query_text(&self, sql: &'static str, arg: &str) -> String {
+        crate::scalar_at!(self.db_url, sql, arg)
+    }
+
     async fn count_orders(&self) -> i64 {
-        if self.db_url.starts_with("postgres") {
-            let pool = sqlx::PgPool::connect(&self.db_url).await.unwrap();
-            let n = sqlx::query_scalar("SELECT count(*) FROM orders")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            pool.close().await;
-            n
-        } else {
-            let pool = sqlx::SqlitePool::connect(&self.db_url).await.unwrap();
-            let n = sqlx::query_scalar("SELECT count(*) FROM orders")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            pool.close().await;
-            n
-        }
+        crate::scalar_at!(self.db_url, "SELECT count(*) FROM orders")
     }
 }
 
@@ -104,6 +84,7 @@ async fn sqlite() -> Server {
         base,
         db_url: file.url.clone(),
         _pg: None,
+        _my: None,
         _file: Some(file),
         _redis: None,
         completer,
@@ -130,6 +111,7 @@ async fn redis() -> Server {
         base,
         db_url: file.url.clone(),
         _pg: None,
+        _my: None,
         _file: Some(file),
         _redis: Some(keys),
         completer,
@@ -145,6 +127,23 @@ async fn postgres() -> Server {
         base,
         db_url,
         _pg: Some(schema),
+        _my: None,
+        _file: None,
+        _redis: None,
+        completer,
+    }
+}
+
+/// The service on a MySQL (or MariaDB) database of its own.
+async fn mysql() -> Server {
+    let database = common::MyDatabase::create(&common::mysql_url(), 2).await;
+    let db_url = database.url.clone();
+    let (base, completer) = serve(&db_url).await;
+    Server {
+        base,
+        db_url,
+        _pg: None,
+        _my: Some(database),
         _file: None,
         _redis: None,
         completer,
@@ -761,6 +760,15 @@ async fn a_lost_answer_nobody_retries_is_finished_by_the_completer_on_postgres()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+async fn a_lost_answer_nobody_retries_is_finished_by_the_completer_on_mysql() {
+    a_lost_answer_nobody_retries_is_finished_by_the_completer(mysql().await).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
 async fn a_lost_answer_nobody_retries_is_finished_by_the_completer_on_redis() {
     a_lost_answer_nobody_retries_is_finished_by_the_completer(redis().await).await
@@ -768,6 +776,7 @@ async fn a_lost_answer_nobody_retries_is_finished_by_the_completer_on_redis() {
 
 e2e!(on_sqlite, sqlite);
 e2e!(on_postgres, postgres, #[cfg_attr(not(idem_postgres), ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…")]);
+e2e!(on_mysql, mysql, #[cfg_attr(not(idem_mysql), ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…")]);
 e2e!(on_redis, redis, #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]);
 
 struct Process(Child);
@@ -824,7 +833,19 @@ async fn two_server_processes_share_postgres() {
     let db_url = schema.scoped_url();
     let (_a, base_a) = spawn_server(&db_url);
     let (_b, base_b) = spawn_server(&db_url);
-    sixty_posts_make_one_order(&schema, &base_a, &base_b).await;
+    sixty_posts_make_one_order(&db_url, &base_a, &base_b).await;
+}
+
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_server_processes_share_mysql() {
+    let database = common::MyDatabase::create(&common::mysql_url(), 2).await;
+    let (_a, base_a) = spawn_server(&database.url);
+    let (_b, base_b) = spawn_server(&database.url);
+    sixty_posts_make_one_order(&database.url, &base_a, &base_b).await;
 }
 
 /// The example run as documented, `IDEM_STORE_URL` naming the cluster's nodes: two processes,
@@ -845,11 +866,12 @@ async fn two_server_processes_share_a_redis_cluster() {
     ];
     let (_a, base_a) = spawn_server_with(&db_url, &env);
     let (_b, base_b) = spawn_server_with(&db_url, &env);
-    sixty_posts_make_one_order(&schema, &base_a, &base_b).await;
+    sixty_posts_make_one_order(&db_url, &base_a, &base_b).await;
     assert_eq!(keys.count().await, 1, "the one record is in the cluster");
 }
 
-async fn sixty_posts_make_one_order(schema: &common::PgSchema, base_a: &str, base_b: &str) {
+/// Sixty first requests of one key, half to each process, on the database at `db_url`.
+async fn sixty_posts_make_one_order(db_url: &str, base_a: &str, base_b: &str) {
     let c = client();
     let mut tasks = Vec::new();
     for i in 0..60 {
@@ -878,10 +900,9 @@ async fn sixty_posts_make_one_order(schema: &common::PgSchema, base_a: &str, bas
             other => panic!("{other}: {body}"),
         }
     }
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
-        .fetch_one(&schema.pool)
-        .await
-        .unwrap();
+    let n = Server::observing(base_a.to_owned(), db_url)
+        .count_orders()
+        .await;
     assert_eq!(n, 1, "one order across both processes");
     assert_eq!(bodies.len(), 1);
     // Each process replays the same bytes.
@@ -1157,14 +1178,7 @@ async fn a_refund_left_by_a_killed_service_is_finished_after_its_restart(mut s: 
     let db_url = s.db_url.clone();
     let env = [(app::WEBHOOK_SECRET_VAR, app::DEV_WEBHOOK_SECRET)];
     let (first, base) = spawn_server_with(&db_url, &env);
-    let at = |base: String| Server {
-        base,
-        db_url: db_url.clone(),
-        _pg: None,
-        _file: None,
-        _redis: None,
-        completer: None,
-    };
+    let at = |base: String| Server::observing(base, &db_url);
     let c = client();
     let one = at(base);
     let (no, _) = paid_order(&c, &one, "k-killed").await;
@@ -1206,4 +1220,13 @@ async fn a_refund_left_by_a_killed_service_is_finished_after_its_restart_on_sqli
 )]
 async fn a_refund_left_by_a_killed_service_is_finished_after_its_restart_on_postgres() {
     a_refund_left_by_a_killed_service_is_finished_after_its_restart(postgres().await).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+async fn a_refund_left_by_a_killed_service_is_finished_after_its_restart_on_mysql() {
+    a_refund_left_by_a_killed_service_is_finished_after_its_restart(mysql().await).await
 }

@@ -1,15 +1,16 @@
 //! A resumable route of the `tower` guard (`GuardLayer::resumable`) finished by a completer
 //! that sends the stored request again (`idem::tower::resend`), on every store that keeps
-//! requests (memory, SQLite, PostgreSQL): an answer lost, an unknown outcome and an inner call
-//! cut off, none retried by its client; what the completer learns of the call it re-sent; which
-//! headers are stored and sent again; requests too large to store; completers and client
-//! retries racing.
+//! requests (memory, SQLite, PostgreSQL, MySQL): an answer lost, an unknown outcome and an
+//! inner call cut off, none retried by its client; what the completer learns of the call it
+//! re-sent; which headers are stored and sent again; requests too large to store; completers
+//! and client retries racing.
 //!
 //! The inner service pays out through a bank that deduplicates by the downstream key it is
 //! given (`ClaimInfo::downstream_key`), as payment gateways do, and counts what moved.
 //!
 //! PostgreSQL runs when `DATABASE_URL` points at it at build time (each case in a schema of its
-//! own); otherwise its cases are listed as ignored.
+//! own), MySQL when `IDEM_MYSQL_URL` does (each case in a database of its own); otherwise their
+//! cases are listed as ignored.
 
 mod common;
 
@@ -30,10 +31,13 @@ use idem::completer::{Completer, Resumption, Round};
 use idem::lifecycle::State;
 use idem::store::{RecordInfo, RecordQuery, StoreAdmin};
 use idem::tower::{GuardBody, GuardLayer, GuardService, StoredHttpRequest, resend};
-use idem::{BoxError, ClaimInfo, MemoryStore, PgStore, Policy, SqliteStore, Store, StoredRequest};
+use idem::{
+    BoxError, ClaimInfo, MemoryStore, MySqlStore, PgStore, Policy, SqliteStore, Store,
+    StoredRequest,
+};
 use tower::{Layer, ServiceExt};
 
-use common::{PgSchema, SqliteFile};
+use common::{MyDatabase, PgSchema, SqliteFile};
 
 /// A store for one case, and what keeps its database alive.
 trait Backend: Store + StoreAdmin + Clone + Sized {
@@ -62,6 +66,13 @@ impl Backend for PgStore {
             .await
             .expect("create the table");
         (store, Box::new(schema))
+    }
+}
+
+impl Backend for MySqlStore {
+    async fn fresh() -> (Self, Box<dyn std::any::Any + Send>) {
+        let database = MyDatabase::create(&common::mysql_url(), 16).await;
+        (database.store().await, Box::new(database))
     }
 }
 
@@ -738,6 +749,21 @@ mod postgres {
     crate::backend_tests!(
         #[cfg_attr(not(idem_postgres), ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…")]
         idem::PgStore:
+        a_lost_answer_nobody_retries_is_finished_by_resending_it,
+        an_unknown_outcome_nobody_retries_moves_the_money_once,
+        an_inner_call_cut_off_is_taken_over_once_its_lease_runs_out,
+        the_completer_learns_how_the_resent_call_ended,
+        only_the_stored_headers_are_kept_and_sent_again,
+        a_request_too_large_to_store_is_refused_before_it_is_claimed,
+        a_resend_that_reaches_no_guard_is_an_error_and_the_claim_is_kept,
+        racing_completers_and_client_retries_pay_each_out_once(flavor = "multi_thread", worker_threads = 4),
+    );
+}
+
+mod mysql {
+    crate::backend_tests!(
+        #[cfg_attr(not(idem_mysql), ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…")]
+        idem::MySqlStore:
         a_lost_answer_nobody_retries_is_finished_by_resending_it,
         an_unknown_outcome_nobody_retries_moves_the_money_once,
         an_inner_call_cut_off_is_taken_over_once_its_lease_runs_out,

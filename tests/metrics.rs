@@ -14,8 +14,8 @@ use idem::completer::{Completer, Resumption};
 use idem::consumer::testing::TestDelivery;
 use idem::consumer::{Consumer, HandlerError, Message, Settlement};
 use idem::{
-    Begun, Fingerprint, Key, ManualClock, MemoryStore, Policy, SqliteStore, StoredResponse,
-    idempotent,
+    Begun, Fingerprint, Key, ManualClock, MemoryStore, MySqlStore, Policy, SqliteStore, Store,
+    StoredResponse, idempotent,
 };
 
 struct Process(Child);
@@ -27,12 +27,14 @@ impl Drop for Process {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_refund_service_serves_its_counters_in_the_prometheus_text_format() {
-    let file = common::SqliteFile::new();
+crate::on_every_database!(the_refund_service_serves_its_counters_in_the_prometheus_text_format);
+
+/// The refund service on the database at `url`: a first run, its replay and a reused key, as
+/// its `/metrics` counts them.
+async fn the_refund_service_serves_its_counters_in_the_prometheus_text_format(url: &str) {
     let mut child = Command::new(common::example_binary("refund_service"))
         .env("IDEM_ADDR", "127.0.0.1:0")
-        .env("DATABASE_URL", &file.url)
+        .env("DATABASE_URL", url)
         .env("RUST_LOG", "warn")
         .env_remove("NATS_URL")
         .env_remove("IDEM_STORE_URL")
@@ -179,64 +181,50 @@ impl Counters {
     fn level(&self, name: &str) -> Option<f64> {
         self.1.lock().unwrap().get(name).copied()
     }
+
+    /// What `run` counts. The recorder is the thread's: `run` goes on a current-thread runtime,
+    /// which runs every task on this thread.
+    fn of<F: Future<Output = ()>>(run: impl FnOnce() -> F) -> Counters {
+        let counters = Counters::default();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        metrics::with_local_recorder(&counters, || rt.block_on(run()));
+        counters
+    }
 }
 
 #[test]
 fn the_background_purge_and_the_consumer_count_what_they_did() {
-    let counters = Counters::default();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    // The recorder is the thread's; a current-thread runtime runs every task on this thread.
-    metrics::with_local_recorder(&counters, || {
-        rt.block_on(async {
-            let store = SqliteStore::builder()
-                .purge_every(Duration::from_millis(50))
-                .connect("sqlite::memory:")
-                .await
-                .unwrap();
-            for key in ["a", "b"] {
-                let begun = idem::begin(
-                    &store,
-                    "purge".into(),
-                    Key::parse(key).unwrap(),
-                    Fingerprint::of(&key).unwrap(),
-                    Policy::DEFAULT
-                        .lease(Duration::from_millis(200))
-                        .retain(Duration::from_millis(200)),
-                )
-                .await
-                .unwrap();
-                let Begun::Claimed(guard) = begun else {
-                    panic!("claimed before")
-                };
-                guard
-                    .complete(&StoredResponse::ok(b"ok".to_vec()))
-                    .await
-                    .unwrap();
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+    let counters = Counters::of(|| async {
+        let store = SqliteStore::builder()
+            .purge_every(Duration::from_millis(50))
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        two_records_expire(&store).await;
 
-            let consumer = Consumer::new("metrics", MemoryStore::new()).unwrap();
-            let handler = consumer.guarded(|msg: Message, _claim| async move {
-                Ok::<_, HandlerError>(msg.payload.len())
-            });
-            let first = TestDelivery::new("m-1", "hello");
-            assert_eq!(
-                consumer.handle(&first, &handler).await,
-                Settlement::Completed
-            );
-            let again = TestDelivery::new("m-1", "hello").delivered(2);
-            assert_eq!(
-                consumer.handle(&again, &handler).await,
-                Settlement::Replayed
-            );
-        })
+        let consumer = Consumer::new("metrics", MemoryStore::new()).unwrap();
+        let handler = consumer.guarded(|msg: Message, _claim| async move {
+            Ok::<_, HandlerError>(msg.payload.len())
+        });
+        let first = TestDelivery::new("m-1", "hello");
+        assert_eq!(
+            consumer.handle(&first, &handler).await,
+            Settlement::Completed
+        );
+        let again = TestDelivery::new("m-1", "hello").delivered(2);
+        assert_eq!(
+            consumer.handle(&again, &handler).await,
+            Settlement::Replayed
+        );
     });
     assert_eq!(
-        counters.get("idem_purged_records_total{store=\"idem_records\"}"),
-        2
+        counters.get("idem_purged_records_total{store=\"idem_records\",database=\"sqlite\"}"),
+        2,
+        "{:?}",
+        counters.0.lock().unwrap()
     );
     for settlement in ["completed", "replayed"] {
         assert_eq!(
@@ -332,4 +320,55 @@ fn the_completer_counts_what_it_resumed_and_parked_and_gauges_all_unfinished_wor
         1
     );
     assert_eq!(counters.get("idem_completer_parked_total{}"), 1);
+}
+
+/// Two records kept 200 ms, completed on `store`, and the time for its background purge
+/// (every 50 ms) to delete them.
+async fn two_records_expire<S: Store>(store: &S) {
+    for key in ["a", "b"] {
+        let begun = idem::begin(
+            store,
+            "purge".into(),
+            Key::parse(key).unwrap(),
+            Fingerprint::of(&key).unwrap(),
+            Policy::DEFAULT
+                .lease(Duration::from_millis(200))
+                .retain(Duration::from_millis(200)),
+        )
+        .await
+        .unwrap();
+        let Begun::Claimed(guard) = begun else {
+            panic!("claimed before")
+        };
+        guard
+            .complete(&StoredResponse::ok(b"ok".to_vec()))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// A MySQL store's purge counts under its table, as PostgreSQL's and SQLite's do, and under its
+/// database, which tells them apart.
+#[test]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+fn the_background_purge_of_a_mysql_store_counts_under_its_table_and_database() {
+    let counters = Counters::of(|| async {
+        let database = common::MyDatabase::create(&common::mysql_url(), 4).await;
+        let store = MySqlStore::builder()
+            .purge_every(Duration::from_millis(50))
+            .build(database.pool.clone())
+            .await
+            .unwrap();
+        two_records_expire(&store).await;
+    });
+    assert_eq!(
+        counters.get("idem_purged_records_total{store=\"idem_records\",database=\"mysql\"}"),
+        2,
+        "{:?}",
+        counters.0.lock().unwrap()
+    );
 }

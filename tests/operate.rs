@@ -1,6 +1,7 @@
-//! Operating the refund service: a claim stuck since its process was killed mid-request, found
-//! and released with the `idem` tool; the retry then runs once, and the dead owner's late
-//! completion is refused. And the admin view under `/admin`, for operators only.
+//! Operating the refund service: a claim stuck since its process was killed mid-request (its
+//! lease still running), found and released with the `idem` tool; the retry then runs once, and
+//! the dead owner's late completion is refused, on SQLite, PostgreSQL and MySQL. And the admin
+//! view under `/admin`, for operators only.
 
 mod common;
 
@@ -10,7 +11,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use idem::record::ClaimRef;
-use idem::{Error, SqliteStore, Store, StoredResponse};
+use idem::{Error, MySqlStore, PgStore, SqliteStore, Store, StoredResponse};
 use serde_json::Value;
 
 /// A service process, killed when dropped.
@@ -20,7 +21,7 @@ struct Service {
 }
 
 impl Service {
-    /// Starts the refund service on the SQLite file `url`, on a port of its own.
+    /// Starts the refund service on the database at `url`, on a port of its own.
     fn start(url: &str, env: &[(&str, &str)]) -> Service {
         let mut command = Command::new(common::example_binary("refund_service"));
         command
@@ -121,9 +122,33 @@ async fn order(
         .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_stuck_by_a_killed_service_is_released_with_the_tool_and_the_retry_runs_once() {
-    let file = common::SqliteFile::new();
+/// The completion of `claim` with `response`, as an owner presumed dead would send it, through
+/// a store of its own on the database at `url`.
+async fn complete_late(
+    url: &str,
+    claim: ClaimRef<'_>,
+    response: &StoredResponse,
+) -> idem::Result<()> {
+    if url.starts_with("postgres") {
+        let store = PgStore::builder().background_purge(false);
+        store.connect(url).await?.complete(claim, response).await
+    } else if url.starts_with("mysql") {
+        let store = MySqlStore::builder().background_purge(false);
+        store.connect(url).await?.complete(claim, response).await
+    } else {
+        let store = SqliteStore::builder().background_purge(false);
+        store.connect(url).await?.complete(claim, response).await
+    }
+}
+
+crate::on_every_database!(
+    a_claim_stuck_by_a_killed_service_is_released_with_the_tool_and_the_retry_runs_once
+);
+
+/// A slow order creation on the database at `url`, its service killed while it runs.
+async fn a_claim_stuck_by_a_killed_service_is_released_with_the_tool_and_the_retry_runs_once(
+    url: &str,
+) {
     let tool = idem_binary();
     let c = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
@@ -131,7 +156,7 @@ async fn a_claim_stuck_by_a_killed_service_is_released_with_the_tool_and_the_ret
         .unwrap();
 
     // A slow order creation, and the service killed while it runs.
-    let service = Service::start(&file.url, &[]);
+    let service = Service::start(url, &[]);
     let in_flight = tokio::spawn({
         let (c, base) = (c.clone(), service.base.clone());
         async move { order(&c, &base, 10_000).await }
@@ -139,7 +164,7 @@ async fn a_claim_stuck_by_a_killed_service_is_released_with_the_tool_and_the_ret
     let claimed = common::until(Duration::from_secs(10), || {
         let out = idem(
             &tool,
-            &file.url,
+            url,
             &["records", "list", "--state", "in_progress", "--json"],
         );
         json(&out).as_array().is_some_and(|a| !a.is_empty())
@@ -155,7 +180,7 @@ async fn a_claim_stuck_by_a_killed_service_is_released_with_the_tool_and_the_ret
     // The claim is stuck: in progress, its owner gone, its lease still running.
     let stuck = json(&idem(
         &tool,
-        &file.url,
+        url,
         &["records", "list", "--state", "in_progress", "--json"],
     ));
     let stuck = stuck.as_array().unwrap();
@@ -170,14 +195,14 @@ async fn a_claim_stuck_by_a_killed_service_is_released_with_the_tool_and_the_ret
     );
 
     // Restarted, the service answers a retry "in progress" until the lease runs out...
-    let service = Service::start(&file.url, &[]);
+    let service = Service::start(url, &[]);
     let res = order(&c, &service.base, 0).await.unwrap();
     assert_eq!(res.status(), 409);
 
     // ...or until an operator releases the claim: the fence moves on.
     let released = json(&idem(
         &tool,
-        &file.url,
+        url,
         &["records", "release", &scope, KEY, "--yes", "--json"],
     ));
     assert_eq!(released["released"], true, "{released}");
@@ -195,16 +220,15 @@ async fn a_claim_stuck_by_a_killed_service_is_released_with_the_tool_and_the_ret
     assert_eq!(res.headers()["idempotent-replayed"], "true");
     assert_eq!(res.json::<Value>().await.unwrap(), first);
     drop(service);
-    let pool = idem::sqlx::SqlitePool::connect(&file.url).await.unwrap();
-    let (orders,): (i64,) = idem::sqlx::query_as("SELECT COUNT(*) FROM orders WHERE order_no = ?")
-        .bind(first["orderNo"].as_str().unwrap())
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let orders: i64 = crate::scalar_at!(
+        url,
+        "SELECT COUNT(*) FROM orders WHERE order_no = $1",
+        first["orderNo"].as_str().unwrap()
+    );
     assert_eq!(orders, 1);
     let record = json(&idem(
         &tool,
-        &file.url,
+        url,
         &["records", "show", &scope, KEY, "--json"],
     ));
     assert_eq!(record["state"], "completed");
@@ -212,34 +236,30 @@ async fn a_claim_stuck_by_a_killed_service_is_released_with_the_tool_and_the_ret
 
     // Had the killed owner woken up, its completion would have been refused, and the answer
     // stored by the retry kept.
-    let store = SqliteStore::builder()
-        .background_purge(false)
-        .build(pool)
-        .await
-        .unwrap();
-    let late = store
-        .complete(
-            ClaimRef {
-                scope: &scope,
-                key: KEY,
-                fence: dead_fence,
-            },
-            &StoredResponse::ok(b"late".to_vec()),
-        )
-        .await;
+    let late = complete_late(
+        url,
+        ClaimRef {
+            scope: &scope,
+            key: KEY,
+            fence: dead_fence,
+        },
+        &StoredResponse::ok(b"late".to_vec()),
+    )
+    .await;
     assert!(matches!(late, Err(Error::FenceLost { .. })), "{late:?}");
     let record = json(&idem(
         &tool,
-        &file.url,
+        url,
         &["records", "show", &scope, KEY, "--json"],
     ));
     assert_eq!(record["response"]["status"], 201, "{record}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_admin_view_is_for_operators_with_the_token_only() {
-    let file = common::SqliteFile::new();
-    let service = Service::start(&file.url, &[("ADMIN_TOKEN", "s3cret-operator-token")]);
+crate::on_every_database!(the_admin_view_is_for_operators_with_the_token_only);
+
+/// The service on the database at `url`, its admin view on the records kept there.
+async fn the_admin_view_is_for_operators_with_the_token_only(url: &str) {
+    let service = Service::start(url, &[("ADMIN_TOKEN", "s3cret-operator-token")]);
     let c = reqwest::Client::new();
     let base = &service.base;
     let res = order(&c, base, 0).await.unwrap();

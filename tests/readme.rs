@@ -219,14 +219,41 @@ fn the_walkthrough_prints_what_the_readme_says_and_again_after_a_reset() {
     ignore = "needs PostgreSQL (DATABASE_URL=postgres://…) and bash, curl and openssl"
 )]
 async fn the_walkthrough_prints_the_same_on_postgres() {
+    twice_on_a_new_database(async || {
+        let schema = common::PgSchema::create(&common::pg_url(), 1).await;
+        let url = schema.scoped_url();
+        (schema, url)
+    })
+    .await;
+}
+
+/// The README's MySQL section: the same walkthrough prints the same answers on a MariaDB
+/// database of its own, and again on a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(all(idem_mysql, idem_walkthrough_tools)),
+    ignore = "needs MySQL or MariaDB (IDEM_MYSQL_URL=mysql://…) and bash, curl and openssl"
+)]
+async fn the_walkthrough_prints_the_same_on_mysql() {
+    twice_on_a_new_database(async || {
+        let database = common::MyDatabase::create(&common::mysql_url(), 1).await;
+        let url = database.url.clone();
+        (database, url)
+    })
+    .await;
+}
+
+/// The walkthrough on the service started on a database `new` makes (what keeps it, and its
+/// URL), then again on another one.
+async fn twice_on_a_new_database<D>(new: impl AsyncFn() -> (D, String)) {
     let readme =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
             .expect("read the README");
     let steps = steps(&readme);
     let dir = tempfile::tempdir().unwrap();
     for _ in 0..2 {
-        let schema = common::PgSchema::create(&common::pg_url(), 1).await;
-        let (service, base) = start(dir.path(), Some(&schema.scoped_url()));
+        let (_database, url) = new().await;
+        let (service, base) = start(dir.path(), Some(&url));
         tokio::task::block_in_place(|| run(&steps, dir.path(), &base));
         drop(service);
     }

@@ -133,3 +133,13 @@ async fn on_postgres() {
     let schema = common::PgSchema::create(&common::pg_url(), 4).await;
     transitions_announce_themselves_once(serve(&schema.scoped_url()).await).await;
 }
+
+#[tokio::test]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+async fn on_mysql() {
+    let database = common::MyDatabase::create(&common::mysql_url(), 1).await;
+    transitions_announce_themselves_once(serve(&database.url).await).await;
+}

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::admin;
-use crate::db::{Db, Order, OrderStatus, PgDb, SqliteDb};
+use crate::db::{Db, MyDb, Order, OrderStatus, PgDb, SqliteDb};
 use crate::events::{self, Events};
 use crate::gateway::{DemoGateway, GatewayError, GatewayMode, MoneyMove};
 
@@ -118,13 +118,12 @@ fn decode_hex(hex: &[u8]) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// Connects to `database_url` (PostgreSQL), or opens the SQLite file it names, and returns the
-/// router (the API, and idem's admin view under `/admin` for operators) with a description of
-/// where things are kept. Idempotency records go to `redis` when
-/// given, else into the same database as the orders. With `nats_url`, a relay publishes the
-/// outbox's events to JetStream; without it they wait in the outbox (`GET /api/outbox`).
-/// The service on `database_url`: its router, what it runs on (for the log), and its completer
-/// (dropping it stops it), which runs where the records are in the database.
+/// The service on `database_url`: connects to it (PostgreSQL, MySQL or MariaDB), or opens the
+/// SQLite file it names, and returns the router (the API, and idem's admin view under `/admin`
+/// for operators), a description of where things are kept (for the log), and its completer
+/// (dropping it stops it). Idempotency records go to `redis` when given, else into the same
+/// database as the orders. With `nats_url`, a relay publishes the outbox's events to
+/// JetStream; without it they wait in the outbox (`GET /api/outbox`).
 pub async fn build(
     database_url: &str,
     redis: Option<idem::RedisStore>,
@@ -133,6 +132,9 @@ pub async fn build(
     if database_url.starts_with("postgres") {
         let db = PgDb::connect(database_url).await?;
         with_events(db, redis, nats_url, "PostgreSQL".into()).await
+    } else if database_url.starts_with("mysql:") || database_url.starts_with("mariadb:") {
+        let db = MyDb::connect(database_url).await?;
+        with_events(db, redis, nats_url, "MySQL".into()).await
     } else {
         let db = SqliteDb::open(database_url).await?;
         with_events(db, redis, nats_url, format!("SQLite ({database_url})")).await

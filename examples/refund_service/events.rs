@@ -6,11 +6,11 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use idem::outbox::{Event, OutboxBackend, PendingEvent, Poll, Relay, Wake, event_id};
-use idem::outbox::{PgOutbox, SqliteOutbox};
+use idem::outbox::{MySqlOutbox, PgOutbox, SqliteOutbox};
 use idem::{Error, Transition};
 use serde_json::json;
 
-use crate::db::{Db, Order, OrderStatus, PgDb, SqliteDb};
+use crate::db::{Db, MyDb, Order, OrderStatus, PgDb, SqliteDb};
 
 /// The stream the events go to, and the subjects it captures.
 pub const STREAM: &str = "ORDERS";
@@ -160,9 +160,10 @@ macro_rules! events {
 
 events!(SqliteDb, SqliteOutbox, sqlite);
 events!(PgDb, PgOutbox, postgres);
+events!(MyDb, MySqlOutbox, mysql);
 
-/// What the two outboxes do their own way: create their table, and wake their relay
-/// (PostgreSQL's `NOTIFY`; SQLite polls).
+/// What the outboxes do their own way: create their table, and wake their relay
+/// (PostgreSQL's `NOTIFY`; SQLite and MySQL poll).
 pub trait OutboxOps: OutboxBackend {
     type Wake: Wake + 'static;
     fn migrate(&self) -> impl Future<Output = Result<(), Error>> + Send;
@@ -173,6 +174,16 @@ impl OutboxOps for SqliteOutbox {
     type Wake = Poll;
     fn migrate(&self) -> impl Future<Output = Result<(), Error>> + Send {
         SqliteOutbox::migrate(self)
+    }
+    async fn wake(&self) -> Result<Poll, Error> {
+        Ok(Poll)
+    }
+}
+
+impl OutboxOps for MySqlOutbox {
+    type Wake = Poll;
+    fn migrate(&self) -> impl Future<Output = Result<(), Error>> + Send {
+        MySqlOutbox::migrate(self)
     }
     async fn wake(&self) -> Result<Poll, Error> {
         Ok(Poll)

@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --example refund_service                       # SQLite file refund_service.db
 //! DATABASE_URL=postgres://postgres@127.0.0.1/test cargo run --example refund_service
+//! DATABASE_URL=mysql://root@127.0.0.1:3306/refund_demo cargo run --example refund_service
 //! IDEM_STORE_URL=redis://127.0.0.1:6379 cargo run --example refund_service   # records in Redis
 //! IDEM_STORE_URL=redis://127.0.0.1:7101,redis://127.0.0.1:7102 cargo run --example refund_service
 //! IDEM_STORE_PREFIX=staging:idem: …                        # another key prefix (default idem:)
@@ -36,7 +37,8 @@ refund_service: the idem example service (orders, payments, refunds) on 127.0.0.
 usage: cargo run --example refund_service
 
 Configured by the environment:
-  DATABASE_URL            sqlite://FILE (default sqlite://refund_service.db) or postgres://…
+  DATABASE_URL            sqlite://FILE (default sqlite://refund_service.db), postgres://…,
+                          or mysql://… (MySQL or MariaDB)
   IDEM_STORE_URL          redis://… (several, comma-separated, for a cluster): keep the
                           idempotency records in Redis instead of the database
   IDEM_STORE_PREFIX       the Redis key prefix (default idem:)
@@ -81,7 +83,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "sqlite://refund_service.db".into());
     // Idempotency records live with the orders unless IDEM_STORE_URL names a Redis server or
-    // cluster (comma-separated nodes); orders stay in SQLite or PostgreSQL either way.
+    // cluster (comma-separated nodes); orders stay in DATABASE_URL's database either way.
     let redis = match std::env::var("IDEM_STORE_URL") {
         Ok(store) if store.starts_with("redis") => {
             let prefix = std::env::var("IDEM_STORE_PREFIX").ok();

@@ -18,7 +18,8 @@
 //!   parked ones, as a completer last read them from the store's counts (`idem stats`);
 //! - `idem_new_keys_refused_total`: requests with a new key a [`BoundedStore`] refused
 //!   (429 `TOO_MANY_NEW_KEYS`);
-//! - `idem_purged_records_total{store}`: expired records a background purge deleted;
+//! - `idem_purged_records_total{store, database}`: expired records a background purge deleted
+//!   (`database` only on a SQL store's own purge);
 //! - `idem_consumer_settlements_total{settlement}`: deliveries a consumer settled with its
 //!   broker: `completed`, `replayed` (acks), `in_progress`, `retried` (retries), `dead_lettered`;
 //! - `idem_outbox_published_total`, `idem_outbox_publish_failures_total{cause}` (`refused`,
@@ -170,12 +171,25 @@ pub(crate) fn outbox_parked() {
     metrics::counter!("idem_outbox_parked_total").increment(1);
 }
 
-/// Counts the expired records a background purge of `store` deleted.
-pub(crate) fn purged(store: &str, n: u64) {
+/// Counts the expired records a background purge of `store` (a SQL store's table, else the
+/// store's type) deleted; `database` names a SQL store's database (`sqlite`, `postgres`,
+/// `mysql`), so that two databases' tables of one name are told apart.
+pub(crate) fn purged(store: &str, database: Option<&'static str>, n: u64) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("idem_purged_records_total", "store" => store.to_owned()).increment(n);
+    match database {
+        Some(database) => metrics::counter!(
+            "idem_purged_records_total",
+            "store" => store.to_owned(),
+            "database" => database
+        )
+        .increment(n),
+        None => {
+            metrics::counter!("idem_purged_records_total", "store" => store.to_owned())
+                .increment(n);
+        }
+    }
     #[cfg(not(feature = "metrics"))]
-    let _ = (store, n);
+    let _ = (store, database, n);
 }
 
 /// Counts a delivery a consumer settled with its broker (the broker took the settlement), by

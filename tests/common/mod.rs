@@ -66,6 +66,89 @@ macro_rules! __backend_tests {
     ([$($attr:tt)*] $backend:ty;) => {};
 }
 
+/// One `#[tokio::test]` per SQL database for `scenario`, an `async fn scenario(url: &str)`
+/// beside the invocation that runs against the database at `url`: `scenario::on_sqlite` (a file
+/// of its own), `scenario::on_postgres` (a schema of its own) and `scenario::on_mysql` (a
+/// database of its own), the last two listed as ignored where their server is not configured.
+#[macro_export]
+macro_rules! on_every_database {
+    ($scenario:ident) => {
+        mod $scenario {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn on_sqlite() {
+                let file = $crate::common::SqliteFile::new();
+                super::$scenario(&file.url).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[cfg_attr(
+                not(idem_postgres),
+                ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+            )]
+            async fn on_postgres() {
+                let schema = $crate::common::PgSchema::create(&$crate::common::pg_url(), 1).await;
+                super::$scenario(&schema.scoped_url()).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[cfg_attr(
+                not(idem_mysql),
+                ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+            )]
+            async fn on_mysql() {
+                let database =
+                    $crate::common::MyDatabase::create(&$crate::common::mysql_url(), 1).await;
+                super::$scenario(&database.url).await
+            }
+        }
+    };
+}
+
+/// The one value the query `$sql` answers, with the `$arg`s bound, on the database at `$url`
+/// (PostgreSQL, MySQL or MariaDB, else SQLite), through a pool of its own. `$sql` writes its
+/// parameters `$1`, `$2`, … in the order they appear: MySQL is given `?` for each.
+#[macro_export]
+macro_rules! scalar_at {
+    (@on $pool:ty, $url:expr, $sql:expr $(, $arg:expr)*) => {{
+        let pool = <$pool>::connect($url).await.unwrap();
+        let v = sqlx::query_scalar(sqlx::AssertSqlSafe($sql))
+            $(.bind($arg))*
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        v
+    }};
+    ($url:expr, $sql:expr $(, $arg:expr)* $(,)?) => {{
+        let (url, sql): (&str, &str) = (&$url, &$sql);
+        if url.starts_with("postgres") {
+            $crate::scalar_at!(@on sqlx::PgPool, url, sql.to_owned() $(, $arg)*)
+        } else if url.starts_with("mysql") {
+            $crate::scalar_at!(@on sqlx::MySqlPool, url, $crate::common::mysql_params(sql) $(, $arg)*)
+        } else {
+            $crate::scalar_at!(@on sqlx::SqlitePool, url, sql.to_owned() $(, $arg)*)
+        }
+    }};
+}
+
+/// `sql` with its parameters `$1`, `$2`, … written as MySQL writes them, `?` (bound in the
+/// order they appear).
+pub fn mysql_params(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
+            while chars.peek().is_some_and(char::is_ascii_digit) {
+                chars.next();
+            }
+            out.push('?');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Waits until `done` holds, at most `limit`; whether it does.
 pub async fn until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     let end = tokio::time::Instant::now() + limit;
@@ -224,6 +307,16 @@ impl MyDatabase {
             admin_url: url.to_owned(),
             pool,
         }
+    }
+}
+
+impl MyDatabase {
+    /// A `MySqlStore` on this database's pool, its table created.
+    pub async fn store(&self) -> idem::MySqlStore {
+        idem::MySqlStore::builder()
+            .build(self.pool.clone())
+            .await
+            .expect("create the table")
     }
 }
 

@@ -49,6 +49,7 @@ pub fn spawn_sweeper<S: Store + Clone>(store: S, every: Duration) -> Sweeper {
     spawn_purges(
         &tokio::runtime::Handle::current(),
         name.to_owned(),
+        None,
         every,
         move || {
             let store = store.clone();
@@ -60,10 +61,12 @@ pub fn spawn_sweeper<S: Store + Clone>(store: S, every: Duration) -> Sweeper {
 /// The purge loop, the one of every background purge: every `every` (the first time one
 /// interval after the start), `next` hands out the round to run, or `None` when there is
 /// nothing left to purge (the store is gone), which ends the task. A round that fails is logged
-/// with `store` and the next one tries again.
+/// with `store` and the next one tries again. What a round deletes is counted under `store`
+/// and, for a SQL store, its `database`.
 pub(crate) fn spawn_purges<F, Fut>(
     rt: &tokio::runtime::Handle,
     store: String,
+    database: Option<&'static str>,
     every: Duration,
     mut next: F,
 ) -> Sweeper
@@ -84,7 +87,7 @@ where
                 Ok(0) => {}
                 Ok(n) => {
                     tracing::debug!(target: "idem", store = %store, purged = n, "purged expired records");
-                    crate::observe::purged(&store, n);
+                    crate::observe::purged(&store, database, n);
                 }
                 Err(e) => tracing::warn!(
                     target: "idem",

@@ -255,7 +255,8 @@ impl<D: Dialect> Engine<D> {
             return engine;
         };
         let weak = Arc::downgrade(&engine);
-        let sweeper = spawn_purges(&rt, engine.sql.table.clone(), every, move || {
+        let database = Some(D::DATABASE.as_str());
+        let sweeper = spawn_purges(&rt, engine.sql.table.clone(), database, every, move || {
             let engine = weak.upgrade()?;
             Some(async move { engine.purge_expired().await })
         });
