@@ -3,7 +3,9 @@
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, TRANSFER_ENCODING};
+use http::header::{
+    CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, TRANSFER_ENCODING,
+};
 use http::{Extensions, HeaderMap, Method, StatusCode, Version};
 use reqwest::{Request, Response, ResponseBuilderExt, Url};
 use reqwest_middleware::Next;
@@ -173,7 +175,12 @@ impl Call {
                 let mut ask = Request::new(Method::GET, lookup.url(req.url(), &self.key)?);
                 *ask.version_mut() = req.version();
                 // Asked as the same principal: every header but the key and the body's.
-                let about_body = [CONTENT_TYPE, CONTENT_LENGTH, CONTENT_ENCODING, TRANSFER_ENCODING];
+                let about_body = [
+                    CONTENT_TYPE,
+                    CONTENT_LENGTH,
+                    CONTENT_ENCODING,
+                    TRANSFER_ENCODING,
+                ];
                 for (name, value) in req.headers() {
                     if *name != IDEMPOTENCY_KEY && !about_body.contains(name) {
                         ask.headers_mut().append(name.clone(), value.clone());
@@ -198,7 +205,8 @@ impl Call {
             Err(e) => {
                 // Nothing reached the server when the connection was refused: send the same
                 // thing again. Otherwise the request may have run: ask, when there is a lookup.
-                let unreached = matches!(&e, reqwest_middleware::Error::Reqwest(r) if r.is_connect());
+                let unreached =
+                    matches!(&e, reqwest_middleware::Error::Reqwest(r) if r.is_connect());
                 let (step, wait) = match step {
                     Step::Send if !unreached && self.lookup.is_some() => (Step::Ask, Wait::Now),
                     step => (step, Wait::Told(None)),

@@ -292,14 +292,25 @@ mod tests {
             vec![("checkout 7".to_owned(), first.clone())]
         );
         again.forget("checkout 7", &second).unwrap();
-        assert_eq!(again.pending().unwrap().len(), 1, "another key is not forgotten");
+        assert_eq!(
+            again.pending().unwrap().len(),
+            1,
+            "another key is not forgotten"
+        );
         again.forget("checkout 7", &first).unwrap();
         assert!(keys.pending().unwrap().is_empty());
         assert_eq!(keys.keep("checkout 7", &second).unwrap(), second);
-        fs::write(keys.path("broken"), b"{\"operation\":\"broken\",\"key\":\"a b\"}").unwrap();
+        fs::write(
+            keys.path("broken"),
+            b"{\"operation\":\"broken\",\"key\":\"a b\"}",
+        )
+        .unwrap();
         let err = keys.keep("broken", &first).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
-        assert!(err.to_string().contains(".key holds no pending key"), "{err}");
+        assert!(
+            err.to_string().contains(".key holds no pending key"),
+            "{err}"
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 

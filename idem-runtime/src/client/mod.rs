@@ -75,13 +75,15 @@ mod retry;
 
 use std::sync::Arc;
 
-use http::{Extensions, HeaderValue, Method};
+use http::{HeaderValue, Method};
 use reqwest::{Request, Response, Url};
 use reqwest_middleware::{Middleware, Next};
 
 pub use self::keys::{FileKeys, MemoryKeys, PendingKeys};
 pub use self::outcome::{Answer, Attempts, Error, Last, Outcome, Refusal, Sent, send};
 pub use self::retry::{Retry, retry_after};
+/// The extensions a middleware is handed with each request (where it finds the [`Attempt`]).
+pub use http::Extensions;
 /// The reqwest the middleware is built for: use it (or the same version) for the client.
 pub use reqwest;
 /// The middleware crate: build the client with its `ClientBuilder`.
@@ -195,10 +197,7 @@ impl Middleware for Idempotency {
             return next.run(req, extensions).await;
         }
         let retry = extensions.get::<Retry>().copied().unwrap_or(self.retry);
-        let lookup = extensions
-            .get::<Lookup>()
-            .or(self.lookup.as_ref())
-            .cloned();
+        let lookup = extensions.get::<Lookup>().or(self.lookup.as_ref()).cloned();
         let mut req = req;
         if req.try_clone().is_none() {
             return Err(reqwest_middleware::Error::middleware(Error::NotReplayable));
@@ -207,7 +206,8 @@ impl Middleware for Idempotency {
             .key(&req, operation.as_ref())
             .await
             .map_err(reqwest_middleware::Error::middleware)?;
-        req.headers_mut().insert(IDEMPOTENCY_KEY, header_value(&key));
+        req.headers_mut()
+            .insert(IDEMPOTENCY_KEY, header_value(&key));
         let ended = call::Call::new(key.clone(), retry, lookup)
             .run(req, extensions, next)
             .await;
@@ -350,10 +350,7 @@ mod tests {
             "http://127.0.0.1:3000/api/orders/by-key/a%2Fb%3Fc%23d%25e~f"
         );
         let absolute = Lookup::new("http://other:8080/k/{key}").unwrap();
-        assert_eq!(
-            absolute.url(&base, &key).unwrap().host_str(),
-            Some("other")
-        );
+        assert_eq!(absolute.url(&base, &key).unwrap().host_str(), Some("other"));
         assert!(matches!(Lookup::new("/by-key"), Err(Error::Lookup(_))));
     }
 }

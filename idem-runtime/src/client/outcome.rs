@@ -147,9 +147,10 @@ impl Sent {
         match result {
             Ok(response) => {
                 let answered = response.extensions();
-                let (Some(answer), Some(attempts)) =
-                    (answered.get::<Answer>(), answered.get::<Attempts>().cloned())
-                else {
+                let (Some(answer), Some(attempts)) = (
+                    answered.get::<Answer>(),
+                    answered.get::<Attempts>().cloned(),
+                ) else {
                     return Err(Error::NotGuarded);
                 };
                 let outcome = match answer {
