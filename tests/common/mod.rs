@@ -5,6 +5,7 @@
 
 pub mod partitions;
 pub mod proxy;
+pub mod service;
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};
