@@ -170,7 +170,18 @@
 //! - `metrics`: counters for every outcome through the `metrics` facade.
 //! - `nats`: NATS JetStream consumers and an outbox publisher (`consumer::nats`).
 //! - `amqp`: RabbitMQ consumers and an outbox publisher (`consumer::amqp`).
-
+#![cfg_attr(
+    feature = "client",
+    doc = "- `client`: the [`client`] module, a `reqwest-middleware` middleware for the client's \
+           half: one key per logical operation until a definite answer, `Retry-After` \
+           honoured, a lookup by key after a timeout."
+)]
+#![cfg_attr(
+    not(feature = "client"),
+    doc = "- `client`: the `client` module, a `reqwest-middleware` middleware for the client's \
+           half: one key per logical operation until a definite answer, `Retry-After` \
+           honoured, a lookup by key after a timeout."
+)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(
     missing_docs,

@@ -788,7 +788,7 @@ impl Drop for Process {
     }
 }
 
-fn spawn_server(database_url: &str) -> (Process, String) {
+fn spawn_server(database_url: &str) -> (common::service::Service, String) {
     spawn_server_with(database_url, &[])
 }
 
@@ -796,30 +796,17 @@ fn spawn_server(database_url: &str) -> (Process, String) {
 const PROCESS_SECRET: &str = "e2e-webhook-secret";
 
 /// The example's binary on `database_url`, with more environment (`IDEM_STORE_URL`, …).
-fn spawn_server_with(database_url: &str, env: &[(&str, &str)]) -> (Process, String) {
-    let mut child = Command::new(common::example_binary("refund_service"))
-        .env("IDEM_ADDR", "127.0.0.1:0")
-        .env("DATABASE_URL", database_url)
-        .env(app::WEBHOOK_SECRET_VAR, PROCESS_SECRET)
-        .env("RUST_LOG", "warn")
-        // Only what the test asks for: no relay to a broker, no Redis, from CI's environment.
-        .env_remove("NATS_URL")
-        .env_remove("IDEM_STORE_URL")
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start the example");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let base = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-        .to_owned();
-    (Process(child), base)
+fn spawn_server_with(
+    database_url: &str,
+    env: &[(&str, &str)],
+) -> (common::service::Service, String) {
+    let env: Vec<(&str, &str)> = [(app::WEBHOOK_SECRET_VAR, PROCESS_SECRET)]
+        .into_iter()
+        .chain(env.iter().copied())
+        .collect();
+    let service = common::service::Service::start(database_url, "127.0.0.1:0", &env);
+    let base = service.base.clone();
+    (service, base)
 }
 
 #[cfg_attr(
@@ -1106,12 +1093,8 @@ fn start_on(addr: &str, env: &[(&str, &str)]) -> Result<(Process, String), (Opti
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the example");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    if let Some(base) = line.split_whitespace().find(|w| w.starts_with("http://")) {
-        return Ok((Process(child), base.to_owned()));
+    if let Ok(base) = common::service::listening_on(&mut child) {
+        return Ok((Process(child), base));
     }
     let out = child.wait_with_output().unwrap();
     Err((

@@ -486,7 +486,7 @@ fn sql_needles(wire: Wire, step: Step) -> Vec<&'static [u8]> {
     match wire {
         Wire::Postgres => pg_needles(step),
         Wire::Mysql => mysql_needles(step),
-        Wire::Redis | Wire::Amqp => unreachable!("not a SQL database"),
+        Wire::Redis | Wire::Amqp | Wire::Http => unreachable!("not a SQL database"),
     }
 }
 
@@ -512,7 +512,9 @@ fn rule(rig: &Rig, step: Step, key: &str, fingerprint: &[u8], fault: Fault) -> R
             sql_needles(wire, step).iter().map(|n| n.to_vec()).collect()
         }
         Wire::Redis => redis_needles(step, key, fingerprint),
-        Wire::Amqp => unreachable!("the rig proxies stores, not a broker"),
+        Wire::Amqp | Wire::Http => {
+            unreachable!("the rig proxies stores, not a broker or a service")
+        }
     };
     Rule {
         needles,
@@ -607,7 +609,9 @@ async fn stalled_completion(rig: Rig) {
     let stall = match rig.proxy.wire() {
         Wire::Postgres | Wire::Mysql => LEASE * 2,
         Wire::Redis => LEASE * 3 / 2,
-        Wire::Amqp => unreachable!("the rig proxies stores, not a broker"),
+        Wire::Amqp | Wire::Http => {
+            unreachable!("the rig proxies stores, not a broker or a service")
+        }
     };
     rig.proxy
         .inject(rule(&rig, Step::Complete, key, &fp, Fault::Stall(stall)));

@@ -30,7 +30,7 @@ use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request, StatusCode};
 
 use crate::context::{self, ReplayWatch, Replayed};
-use crate::error::{Error, KeyError};
+use crate::error::{Error, KeyError, codes};
 use crate::key::{Key, KeyPolicy, ToKey};
 use crate::record::{RecordState, StoredResponse};
 use crate::store::Store;
@@ -146,7 +146,7 @@ pub async fn lookup<S: Store>(store: &S, scope: &str, key: &Key) -> Response {
         Err(e) => e.into_response(),
         Ok(None) => problem(
             StatusCode::NOT_FOUND,
-            "IDEMPOTENCY_KEY_NOT_FOUND",
+            codes::IDEMPOTENCY_KEY_NOT_FOUND,
             "no request with this key is known: it is safe to send it again with the same key",
         ),
         Ok(Some(record)) => match (record.state, record.response) {

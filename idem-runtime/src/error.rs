@@ -162,25 +162,26 @@ impl Error {
         }
     }
 
-    /// The stable machine-readable code of this error, as used in problem+json bodies.
+    /// The stable machine-readable code of this error, as used in problem+json bodies: one of
+    /// the constants of [`codes`].
     pub fn code(&self) -> &'static str {
         match self {
-            Error::InvalidKey(_) => "INVALID_IDEMPOTENCY_KEY",
-            Error::InvalidScope { .. } => "INVALID_IDEMPOTENCY_SCOPE",
-            Error::InProgress { .. } => "REQUEST_IN_PROGRESS",
-            Error::KeyReused => "KEY_REUSED_WITH_DIFFERENT_BODY",
-            Error::Parked => "REQUEST_PARKED",
-            Error::AnswerNotKept { .. } => "ANSWER_NOT_KEPT",
-            Error::TooManyNewKeys { .. } => "TOO_MANY_NEW_KEYS",
-            Error::RequestTooLarge { .. } => "REQUEST_TOO_LARGE_TO_RESUME",
-            Error::FenceLost { .. } => "REQUEST_SUPERSEDED",
-            Error::Unavailable(_) => "IDEMPOTENCY_STORE_UNAVAILABLE",
+            Error::InvalidKey(_) => codes::INVALID_IDEMPOTENCY_KEY,
+            Error::InvalidScope { .. } => codes::INVALID_IDEMPOTENCY_SCOPE,
+            Error::InProgress { .. } => codes::REQUEST_IN_PROGRESS,
+            Error::KeyReused => codes::KEY_REUSED_WITH_DIFFERENT_BODY,
+            Error::Parked => codes::REQUEST_PARKED,
+            Error::AnswerNotKept { .. } => codes::ANSWER_NOT_KEPT,
+            Error::TooManyNewKeys { .. } => codes::TOO_MANY_NEW_KEYS,
+            Error::RequestTooLarge { .. } => codes::REQUEST_TOO_LARGE_TO_RESUME,
+            Error::FenceLost { .. } => codes::REQUEST_SUPERSEDED,
+            Error::Unavailable(_) => codes::IDEMPOTENCY_STORE_UNAVAILABLE,
             Error::Encode(_)
             | Error::Decode(_)
             | Error::Store(_)
             | Error::NoDefaultStore
-            | Error::Config(_) => "IDEMPOTENCY_INTERNAL_ERROR",
-            Error::Unsupported { .. } => "OPERATION_NOT_SUPPORTED_BY_STORE",
+            | Error::Config(_) => codes::IDEMPOTENCY_INTERNAL_ERROR,
+            Error::Unsupported { .. } => codes::OPERATION_NOT_SUPPORTED_BY_STORE,
         }
     }
 
@@ -200,6 +201,46 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         self.retry_after().is_some()
     }
+}
+
+/// The problem codes idem answers with (the `code` member of its problem+json bodies), named
+/// once for the server ([`Error::code`]) and for the clients that read them (`client`, feature
+/// `client`).
+pub mod codes {
+    /// 400: the idempotency key is missing or malformed ([`Error::InvalidKey`](super::Error::InvalidKey)).
+    pub const INVALID_IDEMPOTENCY_KEY: &str = "INVALID_IDEMPOTENCY_KEY";
+    /// 400: the rendered scope is too long ([`Error::InvalidScope`](super::Error::InvalidScope)).
+    pub const INVALID_IDEMPOTENCY_SCOPE: &str = "INVALID_IDEMPOTENCY_SCOPE";
+    /// 409: the first request with this key is still running; retry after `Retry-After`
+    /// ([`Error::InProgress`](super::Error::InProgress)).
+    pub const REQUEST_IN_PROGRESS: &str = "REQUEST_IN_PROGRESS";
+    /// 422: the key was used for another request ([`Error::KeyReused`](super::Error::KeyReused)).
+    pub const KEY_REUSED_WITH_DIFFERENT_BODY: &str = "KEY_REUSED_WITH_DIFFERENT_BODY";
+    /// 409: the request's work is parked for an operator ([`Error::Parked`](super::Error::Parked)).
+    pub const REQUEST_PARKED: &str = "REQUEST_PARKED";
+    /// 409: the request ran but its answer was not kept
+    /// ([`Error::AnswerNotKept`](super::Error::AnswerNotKept)).
+    pub const ANSWER_NOT_KEPT: &str = "ANSWER_NOT_KEPT";
+    /// 429: the budget of new keys is spent for now
+    /// ([`Error::TooManyNewKeys`](super::Error::TooManyNewKeys)).
+    pub const TOO_MANY_NEW_KEYS: &str = "TOO_MANY_NEW_KEYS";
+    /// 413: a resumable call's request is too large to store
+    /// ([`Error::RequestTooLarge`](super::Error::RequestTooLarge)).
+    pub const REQUEST_TOO_LARGE_TO_RESUME: &str = "REQUEST_TOO_LARGE_TO_RESUME";
+    /// 409: the attempt's claim was taken over by a newer one; retrying gets the new owner's
+    /// answer ([`Error::FenceLost`](super::Error::FenceLost)).
+    pub const REQUEST_SUPERSEDED: &str = "REQUEST_SUPERSEDED";
+    /// 503: the idempotency store is unavailable; retry with the same key
+    /// ([`Error::Unavailable`](super::Error::Unavailable)).
+    pub const IDEMPOTENCY_STORE_UNAVAILABLE: &str = "IDEMPOTENCY_STORE_UNAVAILABLE";
+    /// 500: the guard failed.
+    pub const IDEMPOTENCY_INTERNAL_ERROR: &str = "IDEMPOTENCY_INTERNAL_ERROR";
+    /// 501: the store does not offer the operation
+    /// ([`Error::Unsupported`](super::Error::Unsupported)).
+    pub const OPERATION_NOT_SUPPORTED_BY_STORE: &str = "OPERATION_NOT_SUPPORTED_BY_STORE";
+    /// 404 from a lookup by key: no request with this key is known, so sending it again with
+    /// the same key is safe.
+    pub const IDEMPOTENCY_KEY_NOT_FOUND: &str = "IDEMPOTENCY_KEY_NOT_FOUND";
 }
 
 /// What an answer that was not kept was, for [`Error::AnswerNotKept`]'s message.

@@ -103,13 +103,23 @@ impl Key {
     // Used by the `axum` and `tower` integrations (and this module's tests).
     #[cfg_attr(not(any(feature = "axum", feature = "tower")), allow(dead_code))]
     pub(crate) fn parse_bytes(raw: &[u8], policy: KeyPolicy) -> Result<Key, Error> {
+        Ok(Key::read_bytes(raw, policy)?)
+    }
+
+    /// [`Key::parse_bytes`], saying only why the key was refused: the client checks the key it
+    /// is given by the rules the server applies.
+    #[cfg_attr(
+        not(any(feature = "axum", feature = "tower", feature = "client")),
+        allow(dead_code)
+    )]
+    pub(crate) fn read_bytes(raw: &[u8], policy: KeyPolicy) -> Result<Key, KeyError> {
         policy.check_bytes(raw)?;
         // Every policy accepts only ASCII, so the check leaves text.
         match std::str::from_utf8(raw) {
             Ok(text) => Ok(Key(text.into())),
-            Err(e) => Err(Error::InvalidKey(KeyError::InvalidByte {
+            Err(e) => Err(KeyError::InvalidByte {
                 index: e.valid_up_to(),
-            })),
+            }),
         }
     }
 

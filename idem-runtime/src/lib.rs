@@ -56,6 +56,8 @@
 //! - `metrics`: counters for every outcome through the `metrics` facade.
 //! - `nats`: NATS JetStream consumers ([`consumer::nats`]) and an outbox publisher.
 //! - `amqp`: RabbitMQ consumers ([`consumer::amqp`]) and an outbox publisher.
+//! - `client`: the `client` module: a reqwest-middleware middleware that keeps one key per
+//!   logical operation across retries, honours `Retry-After`, and asks by key after a timeout.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(
@@ -81,6 +83,9 @@ pub mod admin;
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod axum;
 pub mod cache;
+#[cfg(feature = "client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
+pub mod client;
 pub mod clock;
 pub mod completer;
 pub mod consumer;
@@ -97,8 +102,11 @@ mod observe;
 #[cfg(feature = "sql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sql")))]
 pub mod outbox;
-#[cfg(any(feature = "axum", feature = "tower"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "axum", feature = "tower"))))]
+#[cfg(any(feature = "axum", feature = "tower", feature = "client"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "axum", feature = "tower", feature = "client")))
+)]
 pub mod problem;
 pub mod record;
 pub mod replay;

@@ -6,6 +6,7 @@
 pub mod bank;
 pub mod partitions;
 pub mod proxy;
+pub mod service;
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};

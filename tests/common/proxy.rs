@@ -1,5 +1,5 @@
-//! A TCP proxy that sits between the code under test and PostgreSQL, MySQL, Redis or RabbitMQ
-//! and injects one fault at a chosen point: it cuts the connection before a statement reaches
+//! A TCP proxy that sits between the code under test and PostgreSQL, MySQL, Redis, RabbitMQ or
+//! an HTTP server and injects one fault at a chosen point: it cuts the connection before a statement reaches
 //! the server, cuts it after the server did the work but before the reply reaches the client,
 //! or stalls it.
 //!
@@ -11,8 +11,8 @@
 //! `Parse` and runs it in a later `Bind`/`Execute` write. On MySQL likewise the first command that
 //! executes (`COM_STMT_EXECUTE` or `COM_QUERY`): with its statement cache off, sqlx sends a
 //! statement's text in a `COM_STMT_PREPARE` and runs it by statement id in the next write, and
-//! a transaction's `BEGIN`, `COMMIT` and `ROLLBACK` as `COM_QUERY`. On Redis and RabbitMQ it
-//! applies to the matching write itself.
+//! a transaction's `BEGIN`, `COMMIT` and `ROLLBACK` as `COM_QUERY`. On Redis, RabbitMQ and HTTP
+//! it applies to the matching write itself.
 //!
 //! Rules can be added while traffic flows; each fires once. [`Proxy::fired`] says how many did,
 //! so a test can check that its fault was really injected.
@@ -48,6 +48,9 @@ pub enum Wire {
     /// AMQP 0.9.1 (RabbitMQ): a fault applies to the matching write itself (a publish's
     /// frames carry its `message_id`).
     Amqp,
+    /// HTTP/1.1: a fault applies to the matching write itself (a request's head, which carries
+    /// its method, path and headers).
+    Http,
 }
 
 /// Where to inject a fault: the `nth` (from 1) client write containing every needle.
@@ -238,10 +241,11 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 /// Whether a client write runs something: on PostgreSQL, it holds an `Execute` ('E') or a simple
 /// `Query` ('Q') message; on MySQL, a command packet (sequence number 0) that is a
-/// `COM_STMT_EXECUTE` (0x17) or a `COM_QUERY` (0x03); on Redis, every command write does.
+/// `COM_STMT_EXECUTE` (0x17) or a `COM_QUERY` (0x03); on Redis, RabbitMQ and HTTP, every write
+/// does.
 fn executes(wire: Wire, chunk: &[u8]) -> bool {
     match wire {
-        Wire::Redis | Wire::Amqp => true,
+        Wire::Redis | Wire::Amqp | Wire::Http => true,
         Wire::Postgres => {
             let mut at = 0;
             while at + 5 <= chunk.len() {
