@@ -21,7 +21,8 @@ const MAX_LIMIT: usize = 10_000;
 /// `idem records`.
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum Command {
-    /// List records, oldest first: scope, key, state, attempt, age, lease left, expiry.
+    /// List records, in the order their retention ends (for one retention, oldest first; by
+    /// scope and key under --prefix): scope, key, state, attempt, age, lease left, expiry.
     List(ListArgs),
     /// Show one record in full: state, fence, attempt, lease, fingerprint, recovery point and
     /// stored answer.
