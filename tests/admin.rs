@@ -207,6 +207,67 @@ async fn json_api_lists_inspects_counts_and_releases<S: Store + Clone>(store: S)
     );
 }
 
+/// The overview lists unfinished work on its own (`work=1`), and says when a listing examined
+/// only part of the store: on a store of 10,050 records, a filter no record passes reads the
+/// first 10,000 and answers "not complete", never the whole store.
+#[tokio::test]
+async fn the_overview_lists_unfinished_work_and_says_what_it_did_not_examine() {
+    let store = MemoryStore::new();
+    let stuck = records(&store).await;
+    store
+        .suspend(
+            ClaimRef {
+                scope: "refund:ORD-1",
+                key: "k-stuck",
+                fence: stuck.fence,
+            },
+            "the bank timed out",
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
+    let app = Router::new().nest("/admin", Admin::new(store.clone()).router());
+    let (status, body, _) = send(&app, get("/admin/api/records?work=1")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let listed: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(listed["records"].as_array().unwrap().len(), 1, "{body}");
+    assert_eq!(listed["records"][0]["key"], "k-stuck");
+    assert_eq!(listed["complete"], true);
+    let (status, body, _) = send(&app, get("/admin?work=1")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        body.contains("k-stuck") && !body.contains("k-done"),
+        "{body}"
+    );
+    assert!(body.contains("name=\"work\" value=\"1\" checked"), "{body}");
+    let (status, _, _) = send(&app, get("/admin/api/records?work=maybe")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    for i in 0..10_050 {
+        claim(&store, "bulk", &format!("k-{i}")).await;
+    }
+    let (_, body, _) = send(&app, get("/admin/api/records?state=released")).await;
+    let listed: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(listed["records"], json!([]));
+    assert_eq!(listed["complete"], false, "10,000 of 10,053 were examined");
+    let (_, body, _) = send(&app, get("/admin?state=released")).await;
+    assert!(body.contains("id=\"examined\""), "{body}");
+    let (_, body, _) = send(
+        &app,
+        get("/admin/api/records?state=released&prefix=refund:"),
+    )
+    .await;
+    let listed: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        listed["complete"], true,
+        "the prefix holds two records: {body}"
+    );
+    let (_, body, _) = send(&app, get("/admin/api/stats")).await;
+    let stats: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(stats["unfinished"], 1, "{body}");
+    assert_eq!(stats["counted"], 10_053, "{body}");
+}
+
 #[tokio::test]
 async fn bad_queries_are_400_unknown_records_404_and_a_read_only_view_refuses_to_release() {
     let store = MemoryStore::new();

@@ -346,6 +346,95 @@ async fn the_layer_leaves_a_response_that_is_not_the_replayed_value_alone() {
     assert_eq!(body["code"], "PAYMENT_PROVIDER_DOWN");
 }
 
+/// Calls the guarded step, then streams events that never end (server-sent events): the
+/// first one at once.
+async fn events(State(store): State<MemoryStore>, key: IdempotencyKey) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if let Err(e) = reserve(&store, key.as_str(), 9).await {
+        return e.into_response();
+    }
+    let first = futures_util::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(
+        b"data: reserved\n\n",
+    ))]);
+    let never = futures_util::stream::pending();
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+        axum::body::Body::from_stream(futures_util::StreamExt::chain(first, never)),
+    )
+        .into_response()
+}
+
+/// Calls the guarded step, then answers with `mib` MiB in chunks of 64 KiB.
+async fn download(
+    State(store): State<MemoryStore>,
+    key: IdempotencyKey,
+    Json(mib): Json<usize>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if let Err(e) = reserve(&store, key.as_str(), 9).await {
+        return e.into_response();
+    }
+    let chunks = (0..mib * 16).map(|i| {
+        Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'a' + (i % 26) as u8; 64 << 10]))
+    });
+    axum::body::Body::from_stream(futures_util::stream::iter(chunks)).into_response()
+}
+
+/// A handler whose guarded step replayed, but whose own answer is a stream: the layer reads no
+/// more of it than a replayed answer could be, and passes the rest through as it comes. An
+/// endless stream reaches the client at once (the layer read it to its end, which never came);
+/// a long one arrives whole, byte for byte, unmarked.
+#[tokio::test]
+async fn the_layer_never_buffers_a_stream_after_a_replay() {
+    let app = Router::new()
+        .route("/events", post(events))
+        .route("/download", post(download))
+        .layer(IdempotencyLayer::new())
+        .with_state(MemoryStore::new());
+    let base = serve(app).await;
+    let c = reqwest::Client::new();
+    for attempt in 0..2 {
+        // The second attempt replays the guarded step.
+        let r = tokio::time::timeout(
+            Duration::from_secs(5),
+            c.post(format!("{base}/events"))
+                .header("Idempotency-Key", "k-events")
+                .send(),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("attempt {attempt}: no answer while the stream runs"))
+        .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "attempt {attempt}");
+        assert!(r.headers().get("idempotent-replayed").is_none());
+        let mut r = r;
+        let chunk = tokio::time::timeout(Duration::from_secs(5), r.chunk())
+            .await
+            .unwrap_or_else(|_| panic!("attempt {attempt}: the first event was held back"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(&chunk[..], b"data: reserved\n\n", "attempt {attempt}");
+    }
+    for attempt in 0..2 {
+        let r = c
+            .post(format!("{base}/download"))
+            .header("Idempotency-Key", "k-download")
+            .json(&8)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "attempt {attempt}");
+        assert!(r.headers().get("idempotent-replayed").is_none());
+        let body = r.bytes().await.unwrap();
+        assert_eq!(body.len(), 8 << 20, "attempt {attempt}");
+        assert!(
+            body.chunks(64 << 10)
+                .enumerate()
+                .all(|(i, c)| c.iter().all(|&b| b == b'a' + (i % 26) as u8)),
+            "attempt {attempt}: the stream arrives as it was sent"
+        );
+    }
+}
+
 /// Handlers that take as long as they are told: 409s while they run say how long to wait.
 macro_rules! sleeper {
     ($name:ident, $scope:tt) => {

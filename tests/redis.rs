@@ -959,6 +959,162 @@ async fn resumable_work_has_no_expiry_and_an_index_entry_until_it_is_finished() 
     let _ = plain;
 }
 
+/// The score of an index entry whose record holds work the completer cannot take: 2^45 ms.
+const NEVER: i64 = 1 << 45;
+
+/// Unfinished work the completer cannot take: `work`/`unknown` claimed, then suspended with no
+/// request stored.
+async fn suspended_work(store: &RedisStore) {
+    let c = claimed(
+        store
+            .begin(req("work", "unknown", &fp("a"), &Policy::DEFAULT))
+            .await
+            .unwrap(),
+    );
+    store
+        .suspend(
+            claim("work", "unknown", c.fence),
+            "no answer",
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
+}
+
+/// Unfinished work the completer cannot take, a claim suspended without a stored request, has
+/// an entry in the completer's index too, scored never to be due, so that operators list and
+/// count it from there; the entry goes once an operator's listing finds the work finished.
+#[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_work_the_completer_cannot_take_is_indexed_for_operators() {
+    use idem::store::RecordQuery;
+
+    let url = common::redis_url();
+    let keys = RedisKeys::new(std::slice::from_ref(&url));
+    let store = RedisStore::builder()
+        .prefix(keys.prefix.clone())
+        .connect(&url)
+        .await
+        .unwrap();
+    let mut conn = raw(&url).await;
+    suspended_work(&store).await;
+    let name = store.record_key("work", "unknown");
+    assert_eq!(index_ms(&mut conn, &store, &name).await, Some(NEVER));
+    assert!(store.due(10).await.unwrap().is_empty(), "never due");
+    assert_eq!(index_ms(&mut conn, &store, &name).await, Some(NEVER));
+    let work = store
+        .listing(&RecordQuery::new().holding_work(true))
+        .await
+        .unwrap();
+    assert_eq!(
+        work.records
+            .iter()
+            .map(|r| r.key.as_str())
+            .collect::<Vec<_>>(),
+        ["unknown"]
+    );
+
+    // Its retry finishes it: the next listing finds the entry stale and removes it.
+    let retry = claimed(
+        store
+            .begin(req("work", "unknown", &fp("a"), &Policy::DEFAULT))
+            .await
+            .unwrap(),
+    );
+    store
+        .complete(
+            claim("work", "unknown", retry.fence),
+            &StoredResponse::ok(b"1".to_vec()),
+        )
+        .await
+        .unwrap();
+    let work = store
+        .listing(&RecordQuery::new().holding_work(true))
+        .await
+        .unwrap();
+    assert!(work.records.is_empty() && work.complete);
+    assert_eq!(index_ms(&mut conn, &store, &name).await, None);
+}
+
+/// An operator's page (the counts, the records, the unfinished work) sends no more commands
+/// to a store of 30,000 records than a bound that holds for one of 15,000 too: the scans
+/// stop after the keys they may examine, a record read per key found, and the work comes from
+/// the completer's index. (Both scanned every key and read every record: over 90,000 commands
+/// for the larger store.)
+#[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_page_sends_a_bounded_number_of_commands() {
+    use idem::store::{RecordQuery, StoreStats};
+
+    let url = common::redis_url();
+    let keys = RedisKeys::new(std::slice::from_ref(&url));
+    let proxy = common::proxy::Proxy::redis(&url).await;
+    let store = RedisStore::builder()
+        .prefix(keys.prefix.clone())
+        .connect(&proxy.url(&url))
+        .await
+        .unwrap();
+    let mut conn = raw(&url).await;
+    suspended_work(&store).await;
+    let now = server_now_ms(&mut conn).await;
+    let f = fp("a");
+    let mut filled = 0;
+    let mut fill = async |to: usize| {
+        while filled < to {
+            let mut pipe = redis::pipe();
+            for i in filled..(filled + 1000).min(to) {
+                let key = format!("k-{i}");
+                let value = record_value(
+                    "c",
+                    1_000 + i as u64,
+                    now,
+                    ("201", "0"),
+                    ("order:1", &key),
+                    &f,
+                    None,
+                    b"{}",
+                );
+                pipe.cmd("SET")
+                    .arg(store.record_key("order:1", &key))
+                    .arg(value)
+                    .arg("PX")
+                    .arg(600_000)
+                    .ignore();
+            }
+            let () = pipe.query_async(&mut conn).await.unwrap();
+            filled = (filled + 1000).min(to);
+        }
+    };
+    let page = async || {
+        let before = proxy.commands();
+        let stats = store.stats(Duration::from_secs(3600)).await.unwrap();
+        let listed = store.listing(&RecordQuery::new()).await.unwrap();
+        let work = store
+            .listing(&RecordQuery::new().holding_work(true))
+            .await
+            .unwrap();
+        assert!(!stats.complete && !listed.complete);
+        assert_eq!((stats.unfinished, work.records.len()), (1, 1));
+        assert!(work.complete);
+        proxy.commands() - before
+    };
+    // Every record a scan finds is one read; the pages of a scan and the index add a few.
+    let most = RecordQuery::EXAMINE + StoreStats::BOUND as usize + 100;
+    fill(15_000).await;
+    let smaller = page().await;
+    fill(30_000).await;
+    let larger = page().await;
+    eprintln!("an operator's page: {smaller} commands for 15,000 records, {larger} for 30,000");
+    assert!(
+        smaller <= most && larger <= most,
+        "{smaller} then {larger} commands, more than {most}"
+    );
+    assert!(
+        larger < 30_000,
+        "{larger} commands for 30,000 records: one read each at least"
+    );
+}
+
 #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_index_entry_or_index_is_a_store_error() {

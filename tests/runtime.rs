@@ -10,7 +10,7 @@ use std::time::Duration;
 use idem::store::{Operation, Reply};
 use idem::{
     BeginOutcome, BeginRequest, Begun, CachedStore, ClaimRef, Error, Fingerprint, Key, ManualClock,
-    MemoryStore, Policy, SqliteStore, Store, StoredResponse,
+    MemoryStore, Policy, SqliteStore, Store, StoredResponse, TxStore,
 };
 
 /// A store that counts how often `begin` reaches it.
@@ -736,6 +736,35 @@ async fn a_policy_that_lets_a_record_expire_under_its_body_is_refused_everywhere
         );
         assert!(!d.said().contains(&Said::Ack), "{what}");
         assert_eq!(ran.load(Ordering::SeqCst), 0, "{what}");
+
+        // Transactional mode, where the policy comes from the context (a consumer's, or
+        // `with_default_policy`): refused, the body never runs, nothing is written.
+        let file = common::SqliteFile::new();
+        let sqlite = SqliteStore::connect(&file.url).await.unwrap();
+        let runs = TX_RUNS.load(Ordering::SeqCst);
+        match idem::with_default_policy(policy, tx_pay(&sqlite, "k-tx")).await {
+            Err(Error::Config(why)) => assert!(why.contains("policy"), "{what}: {why}"),
+            other => panic!("{what}: {other:?}"),
+        }
+        assert_eq!(TX_RUNS.load(Ordering::SeqCst), runs, "{what}");
+        assert!(
+            sqlite.lookup("tx-pay", "k-tx").await.unwrap().is_none(),
+            "{what}"
+        );
+        // By hand, inside the caller's transaction: the store is never asked.
+        let by_hand = BeginRequest::new("s", k.as_str(), &f, &policy);
+        let mut tx = sqlite.begin_transaction().await.unwrap();
+        for answer in [
+            sqlite.answer_first(by_hand).await.map(|_| ()),
+            sqlite.begin_in(&mut tx, by_hand).await.map(|_| ()),
+        ] {
+            match answer {
+                Err(Error::Config(why)) => assert!(why.contains("policy"), "{what}: {why}"),
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+        drop(tx);
+        assert!(sqlite.lookup("s", "k").await.unwrap().is_none(), "{what}");
     }
     assert!(Policy::DEFAULT.check().is_ok());
     let tight = Policy::DEFAULT
@@ -745,6 +774,15 @@ async fn a_policy_that_lets_a_record_expire_under_its_body_is_refused_everywhere
         tight.check().is_ok(),
         "a retention equal to the lease is fine"
     );
+}
+
+static TX_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// A transactional call with no policy of its own: it takes its context's.
+#[idem::idempotent(scope = "tx-pay", key = key, store = store, transaction = tx)]
+async fn tx_pay(store: &SqliteStore, key: &str) -> Result<usize, Error> {
+    let _ = &tx;
+    Ok(TX_RUNS.fetch_add(1, Ordering::SeqCst))
 }
 
 static BIG_RUNS: AtomicUsize = AtomicUsize::new(0);

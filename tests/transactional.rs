@@ -213,6 +213,46 @@ async fn a_cancelled_call_leaves_nothing_behind<S: Backend>() {
     );
 }
 
+/// Two MiB and a bit of JSON: larger than the default policy keeps.
+#[idempotent(scope = "big:<sku>", key = key, store = store, transaction = tx)]
+async fn big_order<S: Backend>(store: &S, sku: i64, key: &str) -> Result<String, Error> {
+    S::insert_order(tx, sku).await?;
+    Ok("x".repeat(2 << 20))
+}
+
+/// An answer larger than the policy keeps is returned to its caller once, with its insert
+/// committed; the record is completed without it, and the retry is told so (409
+/// `ANSWER_NOT_KEPT`) rather than replay two MiB or run the body again: what separate commits
+/// do. (Transactional mode stored every answer whole.)
+async fn an_answer_larger_than_the_policy_keeps_is_returned_once<S: Backend>() {
+    let (store, _guard) = S::fresh(4).await;
+    let first = big_order(&store, 1, "k").await.unwrap();
+    assert_eq!(
+        first.len(),
+        2 << 20,
+        "the first caller gets the whole answer"
+    );
+    match big_order(&store, 1, "k").await {
+        Err(e @ Error::AnswerNotKept { len, max }) => {
+            assert_eq!(
+                (len, max),
+                (Some((2 << 20) + 2), idem::record::DEFAULT_MAX_ANSWER)
+            );
+            assert_eq!((e.status(), e.code()), (409, "ANSWER_NOT_KEPT"));
+        }
+        other => panic!("the retry: {:?}", other.map(|s| s.len())),
+    }
+    assert_eq!(store.committed_orders().await, 1, "the body ran once");
+    let record = store.lookup("big:1", "k").await.unwrap().unwrap();
+    assert_eq!(record.state, idem::RecordState::Completed);
+    let kept = record.response.expect("a completed record has an answer");
+    assert!(
+        kept.body.len() < 1024,
+        "the record keeps no copy of the answer: {} bytes",
+        kept.body.len()
+    );
+}
+
 impl Bounded for PgStore {
     async fn waiting(connections: u32, wait: Duration) -> (PgStore, common::PgSchema) {
         let schema = common::PgSchema::create(&common::pg_url(), connections).await;
@@ -416,6 +456,7 @@ mod sqlite {
         commits_together_and_rolls_back_together,
         concurrent_duplicates_insert_once(flavor = "multi_thread", worker_threads = 4),
         a_cancelled_call_leaves_nothing_behind,
+        an_answer_larger_than_the_policy_keeps_is_returned_once,
     );
 }
 
@@ -429,6 +470,7 @@ mod mysql {
         commits_together_and_rolls_back_together,
         concurrent_duplicates_insert_once(flavor = "multi_thread", worker_threads = 4),
         a_cancelled_call_leaves_nothing_behind,
+        an_answer_larger_than_the_policy_keeps_is_returned_once,
     );
 }
 
@@ -442,5 +484,6 @@ mod postgres {
         commits_together_and_rolls_back_together,
         concurrent_duplicates_insert_once(flavor = "multi_thread", worker_threads = 4),
         a_cancelled_call_leaves_nothing_behind,
+        an_answer_larger_than_the_policy_keeps_is_returned_once,
     );
 }

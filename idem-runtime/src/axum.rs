@@ -22,9 +22,10 @@ use std::pin::Pin;
 use std::sync::{Arc, Once};
 use std::task::{Context, Poll};
 
-use axum::body::Body;
+use axum::body::{Body, HttpBody as _};
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
+use bytes::{Bytes, BytesMut};
 use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, X_CONTENT_TYPE_OPTIONS};
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request, StatusCode};
@@ -342,14 +343,26 @@ where
 
 /// The response, or, when it is exactly the rendering of an answer replayed during the request,
 /// that answer's stored bytes and status, marked as a replay.
+///
+/// Only a body as long as one of those renderings can be one: the layer reads at most the
+/// longest of them and one byte more, and a longer body (a download, server-sent events) goes
+/// on to the client as it comes, what was read first, never buffered whole.
 async fn answer_replay(
     resp: Response,
     replays: Vec<Replayed>,
     status: Option<StatusCode>,
 ) -> Response {
     let (mut parts, body) = resp.into_parts();
-    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
-        Ok(bytes) => bytes,
+    let Some(longest) = replays
+        .iter()
+        .filter_map(|r| r.rendered.as_ref().map(Vec::len))
+        .max()
+    else {
+        return Response::from_parts(parts, body);
+    };
+    let bytes = match read_up_to(body, longest).await {
+        Ok(Read::Whole(bytes)) => bytes,
+        Ok(Read::Over(rest)) => return Response::from_parts(parts, Body::new(rest)),
         Err(e) => {
             tracing::error!(target: "idem", error = %e, "could not read the handler's response body");
             return Error::Store(e.into()).into_response();
@@ -369,6 +382,83 @@ async fn answer_replay(
     parts.headers.remove(CONTENT_LENGTH);
     mark_replayed(&mut parts.headers);
     Response::from_parts(parts, Body::from(stored.body))
+}
+
+/// A response body as [`read_up_to`] found it.
+enum Read {
+    /// It ended within the limit, without trailers.
+    Whole(Bytes),
+    /// It did not: what was read, then the rest, as it comes.
+    Over(Prefixed),
+}
+
+/// Reads `body` until it ends or passes `limit` bytes (or sends trailers, which no replayed
+/// answer has), and not a frame further.
+async fn read_up_to(mut body: Body, limit: usize) -> Result<Read, axum::Error> {
+    let mut read = BytesMut::new();
+    loop {
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+        let frame = match frame {
+            None => return Ok(Read::Whole(read.freeze())),
+            Some(frame) => frame?,
+        };
+        let trailers = match frame.into_data() {
+            Ok(data) => {
+                read.extend_from_slice(&data);
+                if read.len() <= limit {
+                    continue;
+                }
+                None
+            }
+            Err(frame) => frame.into_trailers().ok(),
+        };
+        return Ok(Read::Over(Prefixed {
+            prefix: Some(read.freeze()).filter(|p| !p.is_empty()),
+            trailers,
+            rest: body,
+        }));
+    }
+}
+
+/// The part of a response body the layer read, its trailers if reading stopped at them, then
+/// the rest of the body.
+struct Prefixed {
+    prefix: Option<Bytes>,
+    trailers: Option<http::HeaderMap>,
+    rest: Body,
+}
+
+impl http_body::Body for Prefixed {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        if let Some(prefix) = self.prefix.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(prefix))));
+        }
+        if let Some(trailers) = self.trailers.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.prefix.is_none() && self.trailers.is_none() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        let before = self.prefix.as_ref().map_or(0, |p| p.len() as u64);
+        let rest = http_body::Body::size_hint(&self.rest);
+        let mut hint = http_body::SizeHint::new();
+        hint.set_lower(rest.lower() + before);
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper + before);
+        }
+        hint
+    }
 }
 
 /// Tells the layer around this request that a guarded call replayed `stored`, which `value` now

@@ -903,7 +903,9 @@ mod transactional {
         R::Ok: Replay<M>,
     {
         let stored = match v.encode() {
-            Ok(s) => s,
+            // Too large to keep: the caller gets it, the record says it ran, as in separate
+            // commits.
+            Ok(s) => crate::guard::kept(&claim.claim, &claim.policy, s),
             Err(e) => return errors.fail(e),
         };
         if let Err(e) = store

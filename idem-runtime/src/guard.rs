@@ -620,13 +620,7 @@ impl<'s, S: Store> Guard<'s, S> {
     ///   answers; the newer attempt's answer is the one a retry gets.
     pub(crate) async fn record(&mut self, encoded: Result<StoredResponse>) -> Recorded {
         let stored = match encoded {
-            // Too large to keep: the caller gets it, the record says it ran.
-            Ok(stored) if stored.body.len() > self.policy.max_answer => {
-                let (len, max) = (stored.body.len(), self.policy.max_answer);
-                tracing::warn!(target: "idem", scope = self.claim.scope(), key = %self.claim.key(), len, max, "the answer is larger than the policy keeps (max_answer): returned to this caller only; the record is completed without it, and a retry is told ANSWER_NOT_KEPT");
-                StoredResponse::answer_not_kept(Some(len), max)
-            }
-            Ok(stored) => stored,
+            Ok(stored) => kept(&self.claim, &self.policy, stored),
             Err(e) => {
                 tracing::error!(target: "idem", scope = self.claim.scope(), key = %self.claim.key(), error = %e, "cannot encode the answer for storage: returning it unstored; the claim is kept until its lease runs out");
                 self.keep_claimed();
@@ -650,6 +644,19 @@ impl<'s, S: Store> Guard<'s, S> {
         self.armed = false;
         self.claim.set_end(End::Unrecorded);
     }
+}
+
+/// What a completion stores of `stored`, the answer of `claim`: the answer itself, or, when it
+/// is larger than the policy keeps ([`Policy::max_answer`]), the mark that it ran and was not
+/// kept (the caller gets it, a retry is told `ANSWER_NOT_KEPT`). Every completion asks it, in
+/// separate commits and in a transaction.
+pub(crate) fn kept(claim: &ClaimInfo, policy: &Policy, stored: StoredResponse) -> StoredResponse {
+    let (len, max) = (stored.body.len(), policy.max_answer);
+    if len <= max {
+        return stored;
+    }
+    tracing::warn!(target: "idem", scope = claim.scope(), key = %claim.key(), len, max, "the answer is larger than the policy keeps (max_answer): returned to this caller only; the record is completed without it, and a retry is told ANSWER_NOT_KEPT");
+    StoredResponse::answer_not_kept(Some(len), max)
 }
 
 /// What became of a claimed call's answer: the verdict of the completion policy,

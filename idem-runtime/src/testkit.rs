@@ -199,6 +199,7 @@ macro_rules! conformance_tests {
             park_with_the_due_fence_parks_for_good,
             retry_makes_parked_work_due_again,
             unfinished_work_outlives_its_retention_and_finished_work_does_not,
+            listings_and_counts_read_a_bounded_number_of_records,
         }
     };
 }
@@ -244,7 +245,7 @@ pub mod cases {
     use super::Env;
     use crate::lifecycle::State;
     use crate::store::Retried;
-    use crate::store::{ForcedRelease, RecordQuery, StateCounts, StoreAdmin};
+    use crate::store::{ForcedRelease, Listing, RecordQuery, StateCounts, StoreAdmin};
     use crate::{
         BeginOutcome, BeginRequest, ClaimRef, Error, ExpiredLease, Fingerprint, Key, Policy,
         RecordState, Store, StoredRequest, StoredResponse, Unfinished,
@@ -812,7 +813,7 @@ pub mod cases {
                 ("refund:2", "k-b", State::Completed, fences[1]),
                 ("order:3", "k-c", State::Released, fences[2]),
             ],
-            "every record, oldest first"
+            "every record, in the order their retention ends: for one retention, oldest first"
         );
         assert!(
             all.iter()
@@ -1494,6 +1495,112 @@ pub mod cases {
             store.retry("retry", k.as_str()).await.unwrap(),
             Retried::NotParked(State::Completed)
         );
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    ///
+    /// Records that hold unfinished work are listed from their own index, oldest first, all of
+    /// them; any other listing examines at most [`RecordQuery::examine`] records and says when
+    /// it stopped before the end or at its limit; the counts of a small store cover it whole
+    /// and say so (see [Bounded reads](crate::store::admin#bounded-reads)).
+    pub async fn listings_and_counts_read_a_bounded_number_of_records<S: Store + Clone>(
+        env: &Env<S>,
+    ) {
+        let store = env.store();
+        for i in 0..4 {
+            let k = key(&format!("k-plain-{i}"));
+            let c = begin_claimed(env, req("plain", &k, &fp("a"), &POLICY)).await;
+            complete_ok(
+                env,
+                claim("plain", &k, c.fence),
+                &StoredResponse::ok(vec![]),
+            )
+            .await;
+        }
+        // An outcome that may have had its effect, with no request stored: only its retry or
+        // an operator finishes it. Then work parked by the completer.
+        let unknown = key("k-unknown");
+        let u = begin_claimed(env, req("work", &unknown, &fp("a"), &POLICY)).await;
+        store
+            .suspend(
+                claim("work", &unknown, u.fence),
+                "no answer",
+                Duration::ZERO,
+            )
+            .await
+            .unwrap();
+        env.wait(Duration::from_millis(5)).await;
+        let parked = key("k-parked");
+        let p = due_claim(env, "work", &parked).await;
+        store
+            .park(claim("work", &parked, p.fence), "gave up")
+            .await
+            .unwrap();
+
+        let keys = |listed: &Listing| {
+            listed
+                .records
+                .iter()
+                .map(|r| r.key.clone())
+                .collect::<Vec<_>>()
+        };
+        let work = store
+            .listing(&RecordQuery::new().holding_work(true))
+            .await
+            .unwrap();
+        assert_eq!(keys(&work), ["k-unknown", "k-parked"], "oldest first");
+        assert!(work.complete);
+        for (query, expected) in [
+            (RecordQuery::new().state(State::Parked), "k-parked"),
+            (
+                RecordQuery::new()
+                    .holding_work(true)
+                    .state(State::InProgress),
+                "k-unknown",
+            ),
+            (
+                RecordQuery::new().holding_work(true).scope_prefix("wo"),
+                "k-unknown",
+            ),
+        ] {
+            let query = query.limit(1);
+            let listed = store.listing(&query).await.unwrap();
+            assert_eq!(keys(&listed), [expected], "{query:?}");
+            assert!(!listed.complete, "its limit was reached: {query:?}");
+        }
+
+        let all = store.listing(&RecordQuery::new()).await.unwrap();
+        assert_eq!(all.records.len(), 6);
+        assert!(all.complete);
+        let few = store.listing(&RecordQuery::new().examine(3)).await.unwrap();
+        assert_eq!(few.records.len(), 3, "only the records examined");
+        assert!(!few.complete, "three of six were examined");
+        let none = store
+            .listing(&RecordQuery::new().state(State::Released).examine(3))
+            .await
+            .unwrap();
+        assert!(none.records.is_empty());
+        assert!(!none.complete, "none of three passed, and three were left");
+        let released = store
+            .listing(&RecordQuery::new().state(State::Released))
+            .await
+            .unwrap();
+        assert!(released.records.is_empty());
+        assert!(released.complete, "none of all six passed");
+
+        let stats = store.stats(Duration::from_secs(3600)).await.unwrap();
+        assert!(stats.complete, "{stats:?}");
+        assert_eq!(stats.counted, 6, "{stats:?}");
+        let mut counts = StateCounts::default();
+        counts.add(State::Completed, 4);
+        counts.add(State::InProgress, 1);
+        counts.add(State::Parked, 1);
+        assert_eq!(stats.states, counts);
+        assert_eq!(
+            stats.unfinished, 1,
+            "the suspended claim; the parked one is not in progress"
+        );
+        assert!(stats.oldest_unfinished.is_some());
     }
 
     /// See [`conformance_tests!`](crate::conformance_tests).

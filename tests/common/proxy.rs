@@ -15,7 +15,8 @@
 //! it applies to the matching write itself.
 //!
 //! Rules can be added while traffic flows; each fires once. [`Proxy::fired`] says how many did,
-//! so a test can check that its fault was really injected.
+//! so a test can check that its fault was really injected. On Redis, [`Proxy::commands`] counts
+//! the commands clients sent through it.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -81,6 +82,8 @@ struct Armed {
 struct Shared {
     rules: Vec<Armed>,
     fired: Vec<(Fault, String)>,
+    /// Redis commands the clients sent, whole.
+    commands: usize,
 }
 
 impl Shared {
@@ -190,6 +193,12 @@ impl Proxy {
         self.shared.lock().unwrap().fired.clone()
     }
 
+    /// How many Redis commands the clients sent through the proxy so far (each a RESP array,
+    /// one command of a pipeline or of a script call counted once).
+    pub fn commands(&self) -> usize {
+        self.shared.lock().unwrap().commands
+    }
+
     /// Removes the rules that have not fired.
     pub fn disarm(&self) {
         self.shared.lock().unwrap().rules.clear();
@@ -290,6 +299,7 @@ async fn relay(
     let mut from_server = vec![0u8; 64 * 1024];
     let mut armed: Option<Fault> = None;
     let mut swallow_reply = false;
+    let mut commands = Commands::default();
     loop {
         tokio::select! {
             read = client.read(&mut from_client) => {
@@ -298,8 +308,14 @@ async fn relay(
                     Ok(n) => n,
                 };
                 let chunk = &from_client[..n];
-                if let Some(fault) = shared.lock().unwrap().matches(chunk) {
-                    armed = Some(fault);
+                {
+                    let mut shared = shared.lock().unwrap();
+                    if wire == Wire::Redis {
+                        shared.commands += commands.feed(chunk);
+                    }
+                    if let Some(fault) = shared.matches(chunk) {
+                        armed = Some(fault);
+                    }
                 }
                 if let Some(fault) = armed
                     && executes(wire, chunk)
@@ -339,5 +355,46 @@ async fn relay(
                 }
             }
         }
+    }
+}
+
+/// Counts the Redis commands in a client's stream of writes: RESP arrays of bulk strings
+/// (`*<n>\r\n`, then `n` times `$<len>\r\n<bytes>\r\n`), however the writes cut them.
+#[derive(Default)]
+struct Commands {
+    pending: Vec<u8>,
+}
+
+impl Commands {
+    /// Takes `chunk`; how many commands it completed.
+    fn feed(&mut self, chunk: &[u8]) -> usize {
+        self.pending.extend_from_slice(chunk);
+        let mut done = 0;
+        while let Some(used) = Commands::one(&self.pending) {
+            self.pending.drain(..used);
+            done += 1;
+        }
+        done
+    }
+
+    /// The length of the first command of `buf`, when it is all there.
+    fn one(buf: &[u8]) -> Option<usize> {
+        let line = |at: usize| -> Option<(usize, usize)> {
+            let end = at + buf.get(at..)?.windows(2).position(|w| w == b"\r\n")?;
+            let n = std::str::from_utf8(&buf[at + 1..end]).ok()?.parse().ok()?;
+            Some((n, end + 2))
+        };
+        if buf.first() != Some(&b'*') {
+            return None;
+        }
+        let (items, mut at) = line(0)?;
+        for _ in 0..items {
+            let (len, data) = line(at)?;
+            at = data + len + 2;
+            if buf.len() < at {
+                return None;
+            }
+        }
+        Some(at)
     }
 }

@@ -21,7 +21,8 @@ const MAX_LIMIT: usize = 10_000;
 /// `idem records`.
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum Command {
-    /// List records, oldest first: scope, key, state, attempt, age, lease left, expiry.
+    /// List records, in the order their retention ends (for one retention, oldest first; by
+    /// scope and key under --prefix): scope, key, state, attempt, age, lease left, expiry.
     List(ListArgs),
     /// Show one record in full: state, fence, attempt, lease, fingerprint, recovery point and
     /// stored answer.
@@ -151,9 +152,14 @@ async fn list(args: ListArgs) -> Result<(), Failure> {
     let mut query = RecordQuery::new().limit(args.limit);
     match args.state {
         Some(StateFilter::State(state)) => query = query.state(state),
-        // The store lists by state: the unfinished ones are picked from the claims in progress,
-        // as many of them as one listing reads.
-        Some(StateFilter::Unfinished) => query = query.state(State::InProgress).limit(MAX_LIMIT),
+        // The claims in progress that hold work come from the store's index of unfinished work;
+        // those whose lease ran out are picked here, from as many as one listing reads.
+        Some(StateFilter::Unfinished) => {
+            query = query
+                .state(State::InProgress)
+                .holding_work(true)
+                .limit(MAX_LIMIT)
+        }
         None => {}
     }
     if let Some(prefix) = args.prefix {
@@ -169,7 +175,7 @@ async fn list(args: ListArgs) -> Result<(), Failure> {
         records.truncate(args.limit);
         if read == MAX_LIMIT {
             eprintln!(
-                "idem: only the {MAX_LIMIT} oldest claims in progress were looked at for unfinished work: narrow with --prefix or --older-than"
+                "idem: only the {MAX_LIMIT} oldest claims in progress holding work were looked at: narrow with --prefix or --older-than"
             );
         }
     }

@@ -1,5 +1,6 @@
 //! `idem stats`: a store at a glance — counts by state and by scope prefix, the oldest claim in
-//! progress, and how many records expire soon.
+//! progress, and how many records expire soon, read with bounded work (`StoreStats` says what
+//! each count covers on a large store).
 
 use std::time::Duration;
 
@@ -46,12 +47,21 @@ pub(crate) async fn run(args: Args) -> Result<(), Failure> {
         ])
         .row([
             format!("expiring within {within}"),
-            stats.expiring_soon.to_string(),
+            bounded(stats.expiring_soon),
         ])
         .row([
             "expired".to_owned(),
-            format!("{} (waiting for the purge)", stats.expired),
+            format!("{} (waiting for the purge)", bounded(stats.expired)),
         ]);
+    if !stats.complete {
+        t.row([
+            "counted".to_owned(),
+            format!(
+                "{} records: every one that holds unfinished work, and the newest others (the store holds more)",
+                stats.counted
+            ),
+        ]);
+    }
     print!("{}", t.render());
     if !stats.by_prefix.is_empty() {
         let mut t = Table::with_header(&["prefix", "in_progress", "completed", "released"]);
@@ -67,4 +77,14 @@ pub(crate) async fn run(args: Args) -> Result<(), Failure> {
         print!("{}", t.render());
     }
     Ok(())
+}
+
+/// A count read up to [`StoreStats::BOUND`](idem::store::StoreStats::BOUND): "N or more" when it
+/// reached it.
+fn bounded(n: u64) -> String {
+    if n >= idem::store::StoreStats::BOUND {
+        format!("{n} or more")
+    } else {
+        n.to_string()
+    }
 }

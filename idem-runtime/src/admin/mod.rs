@@ -21,7 +21,7 @@
 //!
 //! | path | what |
 //! |---|---|
-//! | `GET /` | counts by state and scope prefix, and the records, filtered by `state`, `prefix`, `older_than` (`90s`, `5m`, `2h`, `1d`) and `limit` |
+//! | `GET /` | counts by state and scope prefix, and the records, filtered by `state`, `prefix`, `older_than` (`90s`, `5m`, `2h`, `1d`), `work` (`1`: only records that hold unfinished work) and `limit` |
 //! | `GET /record?scope=…&key=…` | one record in full: fence, attempt, lease, fingerprint, recovery point, stored answer |
 //! | `POST /release` (form: `scope`, `key`, `fence`, `token`, as the record's page writes them) | releases the claim the page showed; `403` unless [`Admin::allow_release`] |
 //! | `GET /api/records`, `/api/record`, `/api/stats` | the same as JSON |
@@ -29,6 +29,12 @@
 //!
 //! A release is [`Operation::ForceRelease`](crate::store::Operation::ForceRelease): the fence
 //! moves on, so an owner presumed gone that wakes up cannot complete over the retry.
+//!
+//! A page load does bounded work whatever the store holds: the listing examines at most
+//! [`RecordQuery::EXAMINE`] records of the index that serves it, and the counts read every
+//! record that holds unfinished work and at most [`StoreStats::BOUND`](crate::store::StoreStats::BOUND)
+//! others (see [Bounded reads](crate::store::admin#bounded-reads) for the orders and what each
+//! count covers). The page says when a listing or the counts did not cover the whole store.
 //!
 //! # What a release must prove
 //!
@@ -141,7 +147,7 @@ fn base(original: &Uri, seen: &Uri) -> String {
     base.to_owned()
 }
 
-/// The query of the record list, from `state`, `prefix`, `older_than` and `limit`.
+/// The query of the record list, from `state`, `prefix`, `older_than`, `work` and `limit`.
 fn query_of(params: &HashMap<String, String>) -> Result<RecordQuery, String> {
     let mut query = RecordQuery::new();
     if let Some(state) = params.get("state").filter(|s| !s.is_empty()) {
@@ -154,6 +160,15 @@ fn query_of(params: &HashMap<String, String>) -> Result<RecordQuery, String> {
     }
     if let Some(age) = params.get("older_than").filter(|s| !s.is_empty()) {
         query = query.older_than(parse_age(age)?);
+    }
+    match params.get("work").map(String::as_str) {
+        None | Some("" | "0" | "false") => {}
+        Some("1" | "true" | "on") => query = query.holding_work(true),
+        Some(other) => {
+            return Err(format!(
+                "{other:?} is not a choice for `work`: 1 lists only records that hold unfinished work"
+            ));
+        }
     }
     if let Some(limit) = params.get("limit").filter(|s| !s.is_empty()) {
         let limit: usize = limit
@@ -240,11 +255,12 @@ async fn api_records<S: Store + Clone>(
         Ok(q) => q,
         Err(why) => return json_error(StatusCode::BAD_REQUEST, "INVALID_QUERY", &why),
     };
-    match admin.store.list(&query).await {
-        Ok(found) => {
-            axum::Json(json!({ "records": found.iter().map(record_json).collect::<Vec<_>>() }))
-                .into_response()
-        }
+    match admin.store.listing(&query).await {
+        Ok(listed) => axum::Json(json!({
+            "records": listed.records.iter().map(record_json).collect::<Vec<_>>(),
+            "complete": listed.complete,
+        }))
+        .into_response(),
         Err(e) => store_error_json(&e),
     }
 }
@@ -425,6 +441,16 @@ fn error_page(status: StatusCode, base: &str, message: &str) -> Response {
         .into_response()
 }
 
+/// A count bounded by [`StoreStats::BOUND`](crate::store::StoreStats::BOUND): `10000+` when it
+/// reached it.
+fn bounded(n: u64) -> String {
+    if n >= crate::store::StoreStats::BOUND {
+        format!("{n}+")
+    } else {
+        n.to_string()
+    }
+}
+
 fn age(d: Duration) -> String {
     let s = d.as_secs();
     match s {
@@ -479,15 +505,16 @@ async fn overview<S: Store + Clone>(
         Ok(q) => q,
         Err(why) => return error_page(StatusCode::BAD_REQUEST, &base, &why),
     };
-    let (stats, found) = match (
+    let (stats, listed) = match (
         admin.store.stats(EXPIRING_WITHIN).await,
-        admin.store.list(&query).await,
+        admin.store.listing(&query).await,
     ) {
-        (Ok(s), Ok(f)) => (s, f),
+        (Ok(s), Ok(l)) => (s, l),
         (Err(e), _) | (_, Err(e)) => {
             return store_error_page(&e, &base);
         }
     };
+    let found = &listed.records;
     let mut body = String::new();
     let _ = write!(
         body,
@@ -505,13 +532,22 @@ async fn overview<S: Store + Clone>(
             .oldest_unfinished
             .map(age)
             .unwrap_or_else(|| "none".into()),
-        stats.expired,
+        bounded(stats.expired),
         stats
             .oldest_in_progress
             .map(age)
             .unwrap_or_else(|| "none".into()),
-        stats.expiring_soon,
+        bounded(stats.expiring_soon),
     );
+    if !stats.complete {
+        let _ = write!(
+            body,
+            "<p id=\"counted\">Counted: the {} records read, every one that holds unfinished work \
+             and the newest others; the store holds more. Unfinished and parked work is counted \
+             whole; the other states and prefixes are those of the records read.</p>",
+            stats.counted
+        );
+    }
     body.push_str("<h2>By scope prefix</h2><table id=\"prefixes\"><tr><th>prefix</th><th>in progress</th><th>completed</th><th>released</th><th>parked</th></tr>");
     for (prefix, c) in &stats.by_prefix {
         let _ = write!(
@@ -542,6 +578,7 @@ async fn overview<S: Store + Clone>(
          <option{}>in_progress</option><option{}>completed</option><option{}>released</option><option{}>parked</option></select> \
          scope prefix <input name=\"prefix\" value=\"{}\"> \
          older than <input name=\"older_than\" size=\"5\" placeholder=\"5m\" value=\"{}\"> \
+         <label><input type=\"checkbox\" name=\"work\" value=\"1\"{}> holding unfinished work</label> \
          limit <input name=\"limit\" size=\"5\" value=\"{}\"> <button>filter</button></form>",
         selected("in_progress"),
         selected("completed"),
@@ -549,6 +586,7 @@ async fn overview<S: Store + Clone>(
         selected("parked"),
         value("prefix"),
         value("older_than"),
+        if query.holding_work { " checked" } else { "" },
         value("limit"),
         root = esc(&root(&base)),
     );
@@ -556,7 +594,7 @@ async fn overview<S: Store + Clone>(
         "<table id=\"records\"><tr><th>scope</th><th>key</th><th>state</th><th>fence</th><th>attempt</th>\
          <th>age</th><th>lease left</th><th>expires in</th></tr>",
     );
-    for r in &found {
+    for r in found {
         let _ = write!(
             body,
             "<tr><td>{}</td><td><a href=\"{}\">{}</a></td><td class=\"{state}\">{state}</td><td>{}</td>\
@@ -582,6 +620,13 @@ async fn overview<S: Store + Clone>(
             body,
             "<p>The first {} records; narrow the filter or raise the limit.</p>",
             query.limit
+        );
+    } else if !listed.complete {
+        let _ = write!(
+            body,
+            "<p id=\"examined\">Only the first {} records in this listing's order were examined; \
+             others may match: narrow it by scope prefix, or to records holding unfinished work.</p>",
+            query.examine
         );
     }
     page("Idempotency records", &base, &body).into_response()

@@ -171,7 +171,7 @@ impl OutboxStatements {
                 finish: finish.into_iter().map(D::stmt).collect(),
                 up_to_date: D::up_to_date(
                     &t,
-                    &parked_index,
+                    std::slice::from_ref(&parked_index),
                     &ADDED_COLUMNS.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
                 ),
                 widen: None,

@@ -6,14 +6,41 @@
 //! Times are read on the store's own clock, as leases are. A record's age is counted from its
 //! first claim, whose fence is the store's clock in milliseconds at that moment (every claim
 //! after it adds one), so every store answers it the same way.
+//!
+//! # Bounded reads
+//!
+//! An operator's page reloads, and a store may hold tens of millions of records: no listing or
+//! count reads them all. Records that hold unfinished work (parked, or a claim in progress with
+//! a stored request or an unknown outcome: [`RecordInfo::holds_work`]) are kept in an index of
+//! their own (on the SQL stores a partial index, on Redis the completer's sorted set), whose
+//! size is the work waiting, not the table's; every other listing walks an index the store has
+//! anyway (the records' retention, their primary key) and examines at most
+//! [`RecordQuery::examine`] records of it. Nothing is added to a claim's or a completion's
+//! path: a claim in progress that holds no work differs from a completed record only in
+//! columns the completion writes, and an index on them would cost every completion (on
+//! PostgreSQL, the heap-only update that keeps completions cheap).
+//!
+//! | listing | served by | order |
+//! |---|---|---|
+//! | [`RecordQuery::holding_work`], or the state `parked` | the index of unfinished work | oldest first (by first claim) |
+//! | a [`scope_prefix`](RecordQuery::scope_prefix) | the primary key's range (SQL); a scan (Redis) | by scope, then key |
+//! | anything else | the retention index (SQL); a scan (Redis) | by the end of retention, soonest first: for one retention, oldest first |
+//!
+//! The other filters (state, age, prefix outside its own order) apply to the records examined;
+//! [`Listing::complete`] says whether the answer is every record that passes them. On Redis,
+//! which has no order but the completer's index, a scan examines records in the server's own
+//! order and the answer is sorted as above. [`StoreStats`] says what each count covers.
 
+use std::cmp::Ordering;
 use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
 use crate::lifecycle::State;
 use crate::record::StoredResponse;
 
-/// Which records [`Operation::List`](super::Operation::List) returns: all filters hold at once.
+/// Which records [`Operation::List`](super::Operation::List) returns: all filters hold at once,
+/// in the order of [`RecordQuery::order`], from at most [`examine`](RecordQuery::examine)
+/// records (see [Bounded reads](self#bounded-reads)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RecordQuery {
@@ -23,8 +50,14 @@ pub struct RecordQuery {
     pub scope_prefix: Option<String>,
     /// Only records first claimed longer ago than this.
     pub older_than: Option<Duration>,
-    /// At most this many records, oldest first (default 100).
+    /// Only records that hold unfinished work ([`RecordInfo::holds_work`]): parked, or in
+    /// progress with a stored request or after an outcome that may have had its effect.
+    pub holding_work: bool,
+    /// At most this many records (default 100).
     pub limit: usize,
+    /// At most this many records of the listing's order are examined for the filters
+    /// (default [`RecordQuery::EXAMINE`]): what bounds the work of one listing.
+    pub examine: usize,
 }
 
 impl Default for RecordQuery {
@@ -33,15 +66,70 @@ impl Default for RecordQuery {
             state: None,
             scope_prefix: None,
             older_than: None,
+            holding_work: false,
             limit: 100,
+            examine: RecordQuery::EXAMINE,
+        }
+    }
+}
+
+/// The order a listing reads and answers records in, chosen by its filters
+/// ([`RecordQuery::order`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ListOrder {
+    /// Records that hold unfinished work, oldest first (by fence: their first claim).
+    Work,
+    /// By scope, then key, in byte order.
+    Scope,
+    /// By the end of their retention, soonest first; then by scope and key.
+    Retention,
+}
+
+impl ListOrder {
+    /// How `a` and `b` compare in this order: for stores that sort what they read.
+    pub fn cmp(self, a: &RecordInfo, b: &RecordInfo) -> Ordering {
+        let by_identity = || a.scope.cmp(&b.scope).then_with(|| a.key.cmp(&b.key));
+        match self {
+            ListOrder::Work => a.fence.cmp(&b.fence).then_with(by_identity),
+            ListOrder::Scope => by_identity(),
+            ListOrder::Retention => a.expires_in.cmp(&b.expires_in).then_with(by_identity),
         }
     }
 }
 
 impl RecordQuery {
+    /// How many records a listing examines unless told otherwise: 10,000.
+    pub const EXAMINE: usize = 10_000;
+
     /// Every record, at most 100.
     pub fn new() -> Self {
         RecordQuery::default()
+    }
+
+    /// Only records that hold unfinished work (`true`), or any (`false`, the default).
+    pub fn holding_work(mut self, holding_work: bool) -> Self {
+        self.holding_work = holding_work;
+        self
+    }
+
+    /// Examine at most `records` records of the listing's order (at least 1).
+    pub fn examine(mut self, records: usize) -> Self {
+        self.examine = records.max(1);
+        self
+    }
+
+    /// The order this listing reads and answers in: [`ListOrder::Work`] when it asks only for
+    /// records that hold work (or for parked ones, which all do), [`ListOrder::Scope`] for a
+    /// scope prefix, else [`ListOrder::Retention`].
+    pub fn order(&self) -> ListOrder {
+        if self.holding_work || self.state == Some(State::Parked) {
+            ListOrder::Work
+        } else if self.scope_prefix.is_some() {
+            ListOrder::Scope
+        } else {
+            ListOrder::Retention
+        }
     }
 
     /// Only records in `state`.
@@ -76,6 +164,54 @@ impl RecordQuery {
                 .as_deref()
                 .is_none_or(|p| record.scope.starts_with(p))
             && self.older_than.is_none_or(|age| record.age > age)
+            && (!self.holding_work || record.holds_work())
+    }
+
+    /// Whether the listing's order reads `record` at all: one that holds work for
+    /// [`ListOrder::Work`], one under the prefix for [`ListOrder::Scope`], any for
+    /// [`ListOrder::Retention`]. What a store that keeps its records in memory examines.
+    pub fn offers(&self, record: &RecordInfo) -> bool {
+        match self.order() {
+            ListOrder::Work => record.holds_work(),
+            ListOrder::Scope => self
+                .scope_prefix
+                .as_deref()
+                .is_none_or(|p| record.scope.starts_with(p)),
+            ListOrder::Retention => true,
+        }
+    }
+
+    /// The answer of a store that read `examined`, records in no particular order: those that
+    /// pass the filters, in the listing's order, at most `limit`; complete when `exhausted`
+    /// (nothing more to examine) and fewer than `limit` passed.
+    pub fn answer(&self, examined: Vec<RecordInfo>, exhausted: bool) -> Listing {
+        let order = self.order();
+        let mut records: Vec<RecordInfo> =
+            examined.into_iter().filter(|r| self.matches(r)).collect();
+        records.sort_by(|a, b| order.cmp(a, b));
+        let complete = exhausted && records.len() < self.limit;
+        records.truncate(self.limit);
+        Listing { records, complete }
+    }
+}
+
+/// What [`Operation::List`](super::Operation::List) answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Listing {
+    /// The records that pass the query's filters, in its order, at most its `limit`.
+    pub records: Vec<RecordInfo>,
+    /// Whether they are every record that passes the filters: fewer than the limit were found,
+    /// and every record the listing's order could offer was examined. When `false`, more may
+    /// pass: raise the limit, or narrow the listing (a scope prefix, unfinished work) so that
+    /// fewer records are examined to find them.
+    pub complete: bool,
+}
+
+impl Listing {
+    /// `records`, and whether they are all there is.
+    pub fn new(records: Vec<RecordInfo>, complete: bool) -> Self {
+        Listing { records, complete }
     }
 }
 
@@ -206,22 +342,35 @@ impl StateCounts {
     }
 }
 
-/// What [`Operation::Stats`](super::Operation::Stats) answers: a store at a glance. Records
-/// whose retention ended are counted only in `expired`.
+/// What [`Operation::Stats`](super::Operation::Stats) answers: a store at a glance, read with
+/// bounded work whatever the store's size.
+///
+/// The counts are of the records **counted**: every record that holds unfinished work (up to
+/// [`StoreStats::BOUND`] of them), and the [`StoreStats::BOUND`] others whose retention ends
+/// last (on Redis, the first the server's scan meets). A store that holds fewer is counted
+/// whole: [`complete`](Self::complete) says so. So `unfinished`, the parked records and their
+/// ages are exact; on a larger store the counts by state and prefix describe the newest
+/// records (for one retention, the most recent traffic), and a claim in progress older than
+/// them that holds no work is not counted. `expired` and `expiring_soon` are read from the
+/// retention index and are exact up to [`StoreStats::BOUND`], which means "that many or more"
+/// (on Redis, which deletes expired records itself, `expired` is 0 and `expiring_soon` is
+/// counted over the records counted). Records whose retention ended are counted only in
+/// `expired`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StoreStats {
-    /// Live records by state.
+    /// Live records counted, by state.
     pub states: StateCounts,
-    /// Records whose retention ended, waiting for the purge.
+    /// Records whose retention ended, waiting for the purge (at most [`StoreStats::BOUND`]).
     pub expired: u64,
-    /// The age of the oldest live claim in progress: a large one is a claim stuck since a
-    /// crash (see [`ForcedRelease`]).
+    /// The age of the oldest live claim in progress counted: a large one is a claim stuck
+    /// since a crash (see [`ForcedRelease`]).
     pub oldest_in_progress: Option<Duration>,
-    /// Live records whose retention ends within the window asked for.
+    /// Live records that hold no unfinished work and whose retention ends within the window
+    /// asked for (at most [`StoreStats::BOUND`]).
     pub expiring_soon: u64,
-    /// Live records by scope prefix (the scope up to its first `:`, the whole scope when it has
-    /// none), sorted by prefix.
+    /// Live records counted, by scope prefix (the scope up to its first `:`, the whole scope
+    /// when it has none), sorted by prefix.
     pub by_prefix: Vec<(String, StateCounts)>,
     /// Claims in progress that hold unfinished work (a stored request, or an outcome that may
     /// have had its effect) and whose lease ran out: waiting for a retry, the completer or an
@@ -229,16 +378,25 @@ pub struct StoreStats {
     pub unfinished: u64,
     /// The age of the oldest of them.
     pub oldest_unfinished: Option<Duration>,
+    /// How many records were read for the counts.
+    pub counted: u64,
+    /// Whether those were every record the store holds: the counts by state and prefix are
+    /// then the whole store's.
+    pub complete: bool,
 }
 
 impl StoreStats {
+    /// The most records read for each part of the counts: 10,000.
+    pub const BOUND: u64 = 10_000;
+
     /// The prefix a scope is counted under: up to its first `:`.
     pub fn prefix_of(scope: &str) -> &str {
         scope.split(':').next().unwrap_or(scope)
     }
 
-    /// Counts one live record: what stores that count as they read use.
+    /// Counts one record: what stores that count as they read use.
     pub fn count(&mut self, record: &RecordInfo, expiring_within: Duration) {
+        self.counted += 1;
         if record.expires_in.is_zero() && !record.holds_work() {
             self.expired += 1;
             return;
@@ -251,7 +409,7 @@ impl StoreStats {
                 self.oldest_unfinished = self.oldest_unfinished.max(Some(record.age));
             }
         }
-        if record.expires_in <= expiring_within {
+        if record.expires_in <= expiring_within && !record.holds_work() {
             self.expiring_soon += 1;
         }
         let prefix = StoreStats::prefix_of(&record.scope);
@@ -355,6 +513,8 @@ impl StoreStats {
             "expiring_soon": self.expiring_soon,
             "unfinished": self.unfinished,
             "oldest_unfinished_ms": self.oldest_unfinished.map(millis),
+            "counted": self.counted,
+            "complete": self.complete,
             "by_prefix": self
                 .by_prefix
                 .iter()

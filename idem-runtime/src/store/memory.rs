@@ -551,17 +551,21 @@ impl MemoryStore {
                 Ok(Reply::Counted(n))
             }
             Operation::List(query) => {
+                // As a SQL store reads: the records the listing's index offers, in its order,
+                // at most `examine` of them.
                 let now = self.inner.clock.now_ms();
-                let mut found = Vec::new();
+                let order = query.order();
+                let mut offered = Vec::new();
                 self.each(|e| {
                     let info = e.info(now, false);
-                    if query.matches(&info) {
-                        found.push(info);
+                    if query.offers(&info) {
+                        offered.push(info);
                     }
                 });
-                found.sort_by_key(|r| r.fence);
-                found.truncate(query.limit);
-                Ok(Reply::Records(found))
+                offered.sort_by(|a, b| order.cmp(a, b));
+                let exhausted = offered.len() <= query.examine;
+                offered.truncate(query.examine);
+                Ok(Reply::Listed(query.answer(offered, exhausted)))
             }
             Operation::Inspect { scope, key } => {
                 let now = self.inner.clock.now_ms();
@@ -597,8 +601,10 @@ impl MemoryStore {
             }
             Operation::Stats { expiring_within } => {
                 let now = self.inner.clock.now_ms();
+                // Every record: the memory store holds no more than its process can walk.
                 let mut stats = StoreStats::default();
                 self.each(|e| stats.count(&e.info(now, false), expiring_within));
+                stats.complete = true;
                 Ok(Reply::Stats(Box::new(stats)))
             }
         }

@@ -16,7 +16,9 @@ use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse, Unfinished};
 
 pub mod admin;
-pub use admin::{ForcedRelease, RecordInfo, RecordQuery, Retried, StateCounts, StoreStats};
+pub use admin::{
+    ForcedRelease, ListOrder, Listing, RecordInfo, RecordQuery, Retried, StateCounts, StoreStats,
+};
 
 pub mod memory;
 #[cfg(feature = "mysql")]
@@ -111,9 +113,12 @@ pub enum Operation<'a> {
     /// How many records' retention has ended (what a purge would delete now). Answered with
     /// [`Reply::Counted`].
     CountExpired,
-    /// Records, oldest first, that pass the query's filters, without their recovery points and
-    /// answers. Records whose retention ended but that are not purged yet are included (with
-    /// `expires_in` zero). Answered with [`Reply::Records`].
+    /// Records that pass the query's filters, in its order ([`RecordQuery::order`]), read
+    /// from at most [`RecordQuery::examine`] records (see
+    /// [Bounded reads](admin#bounded-reads)), without their recovery points and answers.
+    /// Records whose retention ended but that are not purged yet are included (with
+    /// `expires_in` zero). Answered with [`Reply::Listed`] (a store written before it answers
+    /// [`Reply::Records`], taken as complete when it holds fewer than the limit).
     List(&'a RecordQuery),
     /// One record in full, whatever its state, its recovery point and answer included.
     /// Answered with [`Reply::Records`]: the record, or none.
@@ -137,7 +142,8 @@ pub enum Operation<'a> {
         fence: Option<u64>,
     },
     /// Counts by state and scope prefix, the oldest claim in progress, the records whose
-    /// retention ends within `expiring_within`. Answered with [`Reply::Stats`].
+    /// retention ends within `expiring_within`, read with bounded work: [`StoreStats`] says
+    /// what each count covers. Answered with [`Reply::Stats`].
     Stats {
         /// The window of "expiring soon".
         expiring_within: Duration,
@@ -234,8 +240,11 @@ pub enum Reply {
     Purged(u64),
     /// To [`Operation::CountExpired`].
     Counted(u64),
-    /// To [`Operation::List`] and [`Operation::Inspect`].
+    /// To [`Operation::Inspect`] (and [`Operation::List`], from a store that answers it as it
+    /// did before [`Reply::Listed`]).
     Records(Vec<RecordInfo>),
+    /// To [`Operation::List`].
+    Listed(Listing),
     /// To [`Operation::ForceRelease`].
     ForceReleased(ForcedRelease),
     /// To [`Operation::Stats`] (boxed: every reply is as large as its largest variant).
@@ -255,6 +264,7 @@ impl Reply {
             Reply::Purged(_) => "Purged",
             Reply::Counted(_) => "Counted",
             Reply::Records(_) => "Records",
+            Reply::Listed(_) => "Listed",
             Reply::ForceReleased(_) => "ForceReleased",
             Reply::Stats(_) => "Stats",
             Reply::Due(_) => "Due",
@@ -450,13 +460,26 @@ pub trait Store: Send + Sync + 'static {
 /// Provided for every [`Store`] on top of [`Store::call`]; a store that does not offer one
 /// answers [`Error::Unsupported`].
 pub trait StoreAdmin: Store {
-    /// [`Operation::List`].
+    /// [`Operation::List`]: the records only (see [`listing`](Self::listing)).
     fn list<'a>(
         &'a self,
         query: &'a RecordQuery,
     ) -> impl Future<Output = Result<Vec<RecordInfo>>> + Send + 'a {
+        self.listing(query).map(|listed| listed.map(|l| l.records))
+    }
+
+    /// [`Operation::List`]: the records, and whether they are every record that passes the
+    /// query's filters.
+    fn listing<'a>(
+        &'a self,
+        query: &'a RecordQuery,
+    ) -> impl Future<Output = Result<Listing>> + Send + 'a {
         expect(self.call(Operation::List(query)), "list", |r| match r {
-            Reply::Records(records) => Ok(records),
+            Reply::Listed(listing) => Ok(listing),
+            Reply::Records(records) => {
+                let complete = records.len() < query.limit;
+                Ok(Listing::new(records, complete))
+            }
             other => Err(other),
         })
     }

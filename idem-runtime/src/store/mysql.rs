@@ -31,6 +31,11 @@ use crate::store::{Operation, Reply, Store, TxStore};
 /// time zone.
 const NOW: &str = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)";
 
+/// The operators' index of unfinished work orders this virtual column: a record's fence when
+/// it may hold work (a stored request, a note), else `NULL` (as in `MYSQL_RECORDS`).
+const WORK_FENCE: &str =
+    "BIGINT AS (CASE WHEN request IS NOT NULL OR note IS NOT NULL THEN fence END) VIRTUAL";
+
 /// MySQL's side of the SQL stores: its clock in integer milliseconds, `?` placeholders and
 /// backquoted identifiers, writes answered from the server's reply.
 pub(crate) struct My;
@@ -60,6 +65,9 @@ impl Dialect for My {
     const BEGIN: Option<&'static str> =
         Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION");
     const NULL_SAFE_EQ: &'static str = "<=>";
+    // No partial indexes: a virtual column, `NULL` but where a record may hold work.
+    const WORK: &'static str = "work_fence IS NOT NULL";
+    const WORK_ORDER: &'static str = "work_fence";
 
     fn stmt(sql: String) -> Stmt {
         let (text, binds) = render(&sql);
@@ -141,7 +149,25 @@ impl Dialect for My {
         }
     }
 
-    fn up_to_date(t: &str, index: &str, columns: &[&str]) -> Option<Stmt> {
+    fn work_index(t: &str, table: &str, index: &str) -> Vec<AddColumn> {
+        // `table` is a checked identifier, `index` one made of it: they can stand in string
+        // literals.
+        vec![
+            Self::add_column(t, table, "work_fence", WORK_FENCE),
+            AddColumn {
+                probe: Some(Self::stmt(format!(
+                    "SELECT count(*) AS present FROM information_schema.statistics \
+                     WHERE {} AND index_name = '{index}'",
+                    in_schema(table)
+                ))),
+                alter: Self::stmt(format!(
+                    "ALTER TABLE {t} ADD INDEX \"{index}\" (work_fence)"
+                )),
+            },
+        ]
+    }
+
+    fn up_to_date(t: &str, indexes: &[String], columns: &[&str]) -> Option<Stmt> {
         // From the catalog, so that an instance starting next to busy ones waits on no lock of
         // the table. `t` is a checked identifier, quoted: without its quotes it can stand in
         // string literals.
@@ -158,10 +184,13 @@ impl Dialect for My {
                 columns.len()
             )
         };
+        let index_names: Vec<String> = indexes.iter().map(|i| format!("'{i}'")).collect();
         Some(Self::stmt(format!(
-            "SELECT CASE WHEN EXISTS (SELECT 1 FROM information_schema.statistics WHERE {} \
-               AND index_name = '{index}') AND {has_columns} THEN 1 ELSE 0 END AS present",
-            in_schema(&table)
+            "SELECT CASE WHEN (SELECT count(DISTINCT index_name) FROM information_schema.statistics \
+               WHERE {} AND index_name IN ({})) = {} AND {has_columns} THEN 1 ELSE 0 END AS present",
+            in_schema(&table),
+            index_names.join(", "),
+            indexes.len()
         )))
     }
 
@@ -719,6 +748,17 @@ sql::engine_store_api!(
 #[cfg(test)]
 mod tests {
     use super::render;
+
+    /// A table migrated from before the index of unfinished work gets the column the table
+    /// is created with.
+    #[test]
+    fn the_work_column_is_the_one_the_table_is_created_with() {
+        let ddl = crate::store::schema::MYSQL_RECORDS[0];
+        assert!(
+            ddl.contains(&format!("work_fence {},", super::WORK_FENCE)),
+            "{ddl}"
+        );
+    }
 
     #[test]
     fn placeholders_become_positional_and_identifiers_backquoted() {

@@ -304,42 +304,104 @@ mod tests {
         }
     }
 
-    /// The operators' listing by scope prefix is a search of the primary key, not a scan of
-    /// the table.
+    /// Every statement behind an operator's page reads a bounded part of an index: a search,
+    /// or a walk in an index's order that stops at its limit; never a scan of the table, nor a
+    /// sort of everything it matched.
     #[tokio::test]
-    async fn a_listing_by_scope_prefix_searches_the_primary_key_on_sqlite() {
+    async fn operators_reads_walk_indexes_on_sqlite() {
+        use std::time::Duration;
+
         use crate::lifecycle::State;
         use crate::store::RecordQuery;
-        use crate::store::sql::{Columns as _, Dialect as _, Statements, Stmt, ddl, prefix_end};
+        use crate::store::sql::{
+            Arg, Columns as _, Dialect as _, Statements, Stmt, ddl, prefix_end,
+        };
 
         let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
         let statements = Statements::new::<Lite>(ddl::RECORDS_TABLE).unwrap();
         statements.migration.run::<Lite>(&pool).await.unwrap();
-        for query in [
+        let mut plans: Vec<(String, Stmt, Vec<Arg<'_>>)> = Vec::new();
+        let queries = [
+            RecordQuery::new(),
+            RecordQuery::new()
+                .state(State::InProgress)
+                .older_than(Duration::from_secs(60)),
             RecordQuery::new().scope_prefix("refund:"),
             RecordQuery::new()
                 .scope_prefix("refund:")
                 .state(State::InProgress)
-                .older_than(std::time::Duration::from_secs(60)),
+                .older_than(Duration::from_secs(60)),
             RecordQuery::new().scope_prefix("\u{10FFFF}"),
-        ] {
-            let end = query.scope_prefix.as_deref().and_then(prefix_end);
-            let (statement, args) = statements.admin.list::<Lite>(&query, end.as_deref());
-            let explain = Stmt::plain(format!("EXPLAIN QUERY PLAN {}", statement.sql.as_str()));
-            let mut conn = pool.acquire().await.unwrap();
-            let plan = Lite::fetch_all(&mut conn, &explain, &args).await.unwrap();
-            let plan: Vec<String> = plan.iter().map(|r| r.text("detail").unwrap()).collect();
-            assert!(
-                plan.iter()
-                    .any(|step| step.starts_with("SEARCH idem_records USING PRIMARY KEY (scope>")),
-                "{query:?}: {plan:?}"
-            );
-            assert!(
-                !plan
-                    .iter()
-                    .any(|step| step.starts_with("SCAN idem_records")),
-                "{plan:?}"
-            );
+            RecordQuery::new().holding_work(true),
+            RecordQuery::new()
+                .state(State::Parked)
+                .scope_prefix("refund:"),
+        ];
+        let ends: Vec<Option<String>> = queries
+            .iter()
+            .map(|q| q.scope_prefix.as_deref().and_then(prefix_end))
+            .collect();
+        for (query, end) in queries.iter().zip(&ends) {
+            let list = statements.admin.list::<Lite>(query, end.as_deref());
+            let range = list.args[..list.range_args].to_vec();
+            plans.push((format!("{query:?}"), list.rows, list.args));
+            plans.push((format!("examined {query:?}"), list.examined, range));
         }
+        plans.push((
+            "stats".into(),
+            statements.admin.stats.clone(),
+            vec![Arg::Int(10)],
+        ));
+        plans.push((
+            "stats_bounded".into(),
+            statements.admin.stats_bounded.clone(),
+            vec![Arg::Int(10), Arg::Int(3_600_000)],
+        ));
+        let mut conn = pool.acquire().await.unwrap();
+        for (what, statement, args) in &plans {
+            let explain = Stmt::plain(format!("EXPLAIN QUERY PLAN {}", statement.sql.as_str()));
+            let rows = Lite::fetch_all(&mut conn, &explain, args).await.unwrap();
+            let plan: Vec<(i64, i64, String)> = rows
+                .iter()
+                .map(|r| {
+                    (
+                        r.int8("id").unwrap(),
+                        r.int8("parent").unwrap(),
+                        r.text("detail").unwrap(),
+                    )
+                })
+                .collect();
+            let on_table: Vec<&(i64, i64, String)> = plan
+                .iter()
+                .filter(|(_, _, d)| d.contains("idem_records"))
+                .collect();
+            assert!(!on_table.is_empty(), "{what}: {plan:?}");
+            for (_, parent, step) in on_table {
+                assert!(
+                    step.starts_with("SEARCH idem_records USING")
+                        || step.starts_with("SCAN idem_records USING INDEX")
+                        || step.starts_with("SCAN idem_records USING COVERING INDEX"),
+                    "{what}: the table is scanned: {plan:?}"
+                );
+                assert!(
+                    !plan
+                        .iter()
+                        .any(|(_, p, d)| p == parent && d.starts_with("USE TEMP B-TREE")),
+                    "{what}: what the table matched is sorted whole: {plan:?}"
+                );
+            }
+        }
+        // The listing of unfinished work reads its own index.
+        let query = RecordQuery::new().holding_work(true);
+        let work = statements.admin.list::<Lite>(&query, None);
+        let explain = Stmt::plain(format!("EXPLAIN QUERY PLAN {}", work.rows.sql.as_str()));
+        let rows = Lite::fetch_all(&mut conn, &explain, &work.args)
+            .await
+            .unwrap();
+        assert!(
+            rows.iter()
+                .any(|r| r.text("detail").unwrap().contains("idem_records_work_idx")),
+            "the index of unfinished work"
+        );
     }
 }

@@ -60,7 +60,10 @@ pub trait TxStore: Store {
         std::future::ready(Ok(None))
     }
 
-    /// [`Store::begin`], inside the caller's transaction.
+    /// [`Store::begin`], inside the caller's transaction. As there, a policy that fails
+    /// [`Policy::check`](crate::Policy::check) is refused with
+    /// [`Error::Config`](crate::Error::Config) before the store is asked (and so is
+    /// [`answer_first`](Self::answer_first)'s).
     fn begin_in(
         &self,
         conn: &mut <Self::Database as sqlx::Database>::Connection,

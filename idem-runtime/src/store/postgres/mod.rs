@@ -92,7 +92,7 @@ impl Dialect for Pg {
         }
     }
 
-    fn up_to_date(t: &str, index: &str, columns: &[&str]) -> Option<Stmt> {
+    fn up_to_date(t: &str, indexes: &[String], columns: &[&str]) -> Option<Stmt> {
         // `t` is a checked, quoted identifier and the names are identifiers: they can stand
         // in string literals. PostgreSQL cuts identifiers to 63 bytes.
         let has_columns = if columns.is_empty() {
@@ -106,11 +106,18 @@ impl Dialect for Pg {
                 columns.len()
             )
         };
+        let has_indexes: String = indexes
+            .iter()
+            .map(|index| {
+                format!(
+                    "AND EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+                     WHERE i.indrelid = to_regclass('{t}') AND c.relname = left('{index}', 63)) "
+                )
+            })
+            .collect();
         Some(Stmt::plain(format!(
             "SELECT (CASE WHEN to_regclass('{t}') IS NOT NULL \
-                   AND EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
-                     WHERE i.indrelid = to_regclass('{t}') AND c.relname = left('{index}', 63)) \
-                   AND {has_columns} \
+                   {has_indexes}AND {has_columns} \
                  THEN 1 ELSE 0 END)::int8 AS present"
         )))
     }

@@ -1,10 +1,12 @@
 -- The completer's index: a sorted set, KEYS[1] = `<prefix>{due}`, of the Redis keys of records
--- that hold (or held) resumable work, each scored with when it becomes due, in ms on the
--- server's clock. It is a hint: in a cluster a script touches one slot, so the index cannot be
--- written in the same step as a record, and the record is always the truth. `due` reads the
--- entries whose time came, then each record, lists the records that are due, moves the others'
--- entries to when they will be, and removes those of records that hold no resumable work any
--- more (finished, released, parked, gone).
+-- that hold (or held) unfinished work, each scored with when it becomes due, in ms on the
+-- server's clock; work the completer cannot take (parked, or suspended without a stored
+-- request) is scored at the end of time, where only operators read it. It is a hint: in a
+-- cluster a script touches one slot, so the index cannot be written in the same step as a
+-- record, and the record is always the truth. `due` reads the entries whose time came, then each
+-- record, lists the records that are due, moves the others' entries to when they will be (the
+-- end of time for work it cannot take), and removes those of records that hold no work any more
+-- (finished, released, gone); an operator's listing reads every entry, and removes those too.
 --
 -- No entry may go missing while its record holds resumable work. A resumable claim and an
 -- operator's retry write their entry before the record (so that a crash between the two leaves
@@ -18,6 +20,8 @@
 --       writes the entry. Returns 1.
 --   'page', offset, count
 --       the entries due by this server's clock, oldest first: {member, score, member, …}.
+--   'all', offset, count
+--       every entry, by score: {member, score, member, …}.
 --   'fix', then triples member, score as read, new time in ms or '-' to remove
 --       applies each only where the score is still the one read. Returns how many applied.
 
@@ -44,6 +48,9 @@ if op == 'set' then
 elseif op == 'page' then
   return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now_ms() + 1), 'WITHSCORES',
     'LIMIT', ARGV[2], ARGV[3])
+elseif op == 'all' then
+  return redis.call('ZRANGE', KEYS[1], ARGV[2], tonumber(ARGV[2]) + tonumber(ARGV[3]) - 1,
+    'WITHSCORES')
 elseif op == 'fix' then
   local applied = 0
   for i = 2, #ARGV - 2, 3 do

@@ -59,16 +59,26 @@
 //! records of a page at once), checks each record (in progress, its request stored, its lease
 //! run out and its resume time passed), answers those that are due, and afterwards moves the
 //! entries of records not due yet to when they will be and removes those of records that hold
-//! no resumable work any more (finished, released, parked, gone). An entry that is early or left
-//! over costs one read; a missing one would be work never resumed, so none may go missing: a
-//! resumable claim and an operator's retry write the entry before the record (a crash between
-//! the two leaves an entry too many) and again after it, a suspension moves it to the resume
-//! time after the record, and `due` changes or removes an entry only if its score (whose
-//! fraction is a version that every write changes) is still the one it read with the record
-//! (`index.lua`). Claims that store no request never touch the index: their `begin` and
-//! `complete` are exactly as described above. Entries are scored on the index's server and
+//! no work any more (finished, released, gone). An entry that is early or left over costs one
+//! read; a missing one would be work never resumed, so none may go missing: a resumable claim
+//! and an operator's retry write the entry before the record (a crash between the two leaves an
+//! entry too many) and again after it, a suspension writes it before the record (due at once)
+//! and moves it to the resume time after, and `due` changes or removes an entry only if its
+//! score (whose fraction is a version that every write changes) is still the one it read with
+//! the record (`index.lua`). Claims that store no request never touch the index: their `begin`
+//! and `complete` are exactly as described above. Entries are scored on the index's server and
 //! records checked on theirs, so between a cluster's nodes a clock difference delays or hastens
 //! a round by as much, never more.
+//!
+//! The index is also where operators find unfinished work without a scan
+//! ([Bounded reads](crate::store::admin#bounded-reads)): work the completer cannot take (a
+//! claim suspended without a stored request, parked work) keeps its entry, scored at 2^45 ms,
+//! the end of the times the store writes, which `due` never reaches. An operator's listing
+//! reads every entry (up to what it may examine), and removes, as `due` does, an entry scored
+//! so whose record holds no work any more; the entries `due` will read are left to
+//! it. Anything else an operator lists or counts comes from a scan of every primary that asks
+//! the servers to examine about as many keys as the listing may examine, a record read per key
+//! it finds.
 //!
 //! # Durability is the operator's choice
 //!
@@ -102,6 +112,7 @@
 //! Transactional mode does not apply: records live outside the database, so `RedisStore` does
 //! not implement `TxStore`, and `#[idempotent(…, transaction = tx)]` with it does not compile.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -120,7 +131,9 @@ use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, ExpiredLease, Record, RecordState,
     StoredResponse, Unfinished,
 };
-use crate::store::{ForcedRelease, Operation, RecordInfo, Reply, Retried, Store, StoreStats};
+use crate::store::{
+    ForcedRelease, ListOrder, Operation, RecordInfo, Reply, Retried, Store, StoreStats,
+};
 
 #[cfg(test)]
 mod tests;
@@ -131,6 +144,16 @@ pub const DEFAULT_PREFIX: &str = "idem:";
 /// Leases and retention are capped at about 1,100 years: every time a script computes stays
 /// below 10^14 ms, where Lua's numbers are exact and print without an exponent.
 const MAX_MS: u64 = 1 << 45;
+
+/// The score of an index entry whose record holds work the completer cannot take (parked, or
+/// suspended without a stored request): never due, read only by operators.
+const NEVER: i64 = MAX_MS as i64;
+
+/// How many records an operator's read fetches at once.
+const READ_BATCH: usize = 256;
+
+/// How many keys one SCAN call asks a server to examine.
+const SCAN_COUNT: usize = 1000;
 
 struct Scripts {
     begin: Script,
@@ -546,7 +569,12 @@ impl Store for RedisStore {
             Operation::Park { claim, note } => {
                 let mut inv = SCRIPTS.park.prepare_invoke();
                 self.fenced(&mut inv, claim).arg(note);
-                self.write(claim, &inv).await.map(|()| Reply::Done)
+                self.write(claim, &inv).await?;
+                // Parked work is never due: its entry (which it had, being due) is kept for
+                // operators, at the end of time.
+                let name = self.record_key(claim.scope, claim.key);
+                self.index_after(&name, IndexAt::At(NEVER)).await;
+                Ok(Reply::Done)
             }
             Operation::Retry { scope, key } => self.run_retry(scope, key).await.map(Reply::Retried),
             Operation::Begin(req) => self.run_begin(req).await.map(Reply::Begun),
@@ -616,25 +644,33 @@ impl Store for RedisStore {
                 Ok(Reply::ForceReleased(done))
             }
             Operation::List(query) => {
-                let mut found = Vec::new();
-                for name in self.scan().await? {
-                    if let Some(info) = self.info(&name, None, false).await?
-                        && query.matches(&info)
-                    {
-                        found.push(info);
+                // Unfinished work from the completer's index; anything else from a scan that
+                // stops at `examine` keys.
+                let (examined, exhausted) = match query.order() {
+                    ListOrder::Work => self.work(query.examine).await?,
+                    _ => {
+                        let (names, exhausted) = self.scan(query.examine).await?;
+                        (self.infos(&names).await?, exhausted)
                     }
-                }
-                found.sort_by_key(|r| r.fence);
-                found.truncate(query.limit);
-                Ok(Reply::Records(found))
+                };
+                let examined = examined.into_iter().map(|(_, info)| info).collect();
+                Ok(Reply::Listed(query.answer(examined, exhausted)))
             }
             Operation::Stats { expiring_within } => {
+                // Every record that holds work (the index), and the first others a scan meets.
+                let bound = usize::try_from(StoreStats::BOUND).unwrap_or(usize::MAX);
+                let (work, work_all) = self.work(bound).await?;
+                let (names, scanned_all) = self.scan(bound).await?;
+                let listed: HashSet<&str> = work.iter().map(|(n, _)| n.as_str()).collect();
+                let others: Vec<String> = names
+                    .into_iter()
+                    .filter(|n| !listed.contains(n.as_str()))
+                    .collect();
                 let mut stats = StoreStats::default();
-                for name in self.scan().await? {
-                    if let Some(info) = self.info(&name, None, false).await? {
-                        stats.count(&info, expiring_within);
-                    }
+                for (_, info) in work.iter().chain(&self.infos(&others).await?) {
+                    stats.count(info, expiring_within);
                 }
+                stats.complete = work_all && scanned_all;
                 Ok(Reply::Stats(Box::new(stats)))
             }
         }
@@ -694,9 +730,96 @@ impl RedisStore {
         names
     }
 
-    /// Every record's key under the store's prefix, on every primary of a cluster: a scan, for
-    /// operators, never on a request's path.
-    async fn scan(&self) -> Result<Vec<String>> {
+    /// The records under `names`, each as an operator sees it, read `READ_BATCH` at a time (a
+    /// name whose record is gone is left out).
+    async fn infos(&self, names: &[String]) -> Result<Vec<(String, RecordInfo)>> {
+        let mut found = Vec::with_capacity(names.len());
+        for batch in names.chunks(READ_BATCH) {
+            let reads = futures_util::future::join_all(
+                batch.iter().map(|name| self.info(name, None, false)),
+            )
+            .await;
+            for (name, read) in batch.iter().zip(reads) {
+                if let Some(info) = read? {
+                    found.push((name.clone(), info));
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// The records that hold unfinished work, from the completer's index: its first `limit`
+    /// entries by score, each read, and whether that was every entry. An entry scored at
+    /// [`NEVER`], which `due` never reads, whose record holds no work any more (finished,
+    /// released, gone) is removed, if it is still as read. Any other entry is `due`'s to fix:
+    /// one written before its record (a claim in flight) must not go.
+    async fn work(&self, limit: usize) -> Result<(Vec<(String, RecordInfo)>, bool)> {
+        const PAGE: usize = 200;
+        let index = self.due_key();
+        let mut entries: Vec<(String, String)> = Vec::new();
+        // One entry more than asked for says whether there are more.
+        let want = limit.saturating_add(1);
+        while entries.len() < want {
+            let count = (want - entries.len()).min(PAGE);
+            let mut inv = SCRIPTS.index.prepare_invoke();
+            inv.key(&index).arg("all").arg(entries.len()).arg(count);
+            let page = index_page(self.inner.conn.invoke(&inv).await.map_err(map_err)?)?;
+            let ended = page.len() < count;
+            entries.extend(page);
+            if ended {
+                break;
+            }
+        }
+        let all = entries.len() <= limit;
+        entries.truncate(limit);
+        for (member, _) in &entries {
+            self.check_member(&index, member)?;
+        }
+        let names: Vec<String> = entries.iter().map(|(m, _)| m.clone()).collect();
+        let found = self.infos(&names).await?;
+        let holding: HashSet<&str> = found
+            .iter()
+            .filter(|(_, info)| info.holds_work())
+            .map(|(n, _)| n.as_str())
+            .collect();
+        let never = |score: &str| score.parse::<f64>().is_ok_and(|s| s >= NEVER as f64);
+        let stale: Vec<&(String, String)> = entries
+            .iter()
+            .filter(|(m, score)| never(score) && !holding.contains(m.as_str()))
+            .collect();
+        for chunk in stale.chunks(100) {
+            let mut inv = SCRIPTS.index.prepare_invoke();
+            inv.key(&index).arg("fix");
+            for (member, score) in chunk {
+                inv.arg(member).arg(score).arg("-");
+            }
+            self.inner.conn.invoke(&inv).await.map_err(map_err)?;
+        }
+        let work = found
+            .into_iter()
+            .filter(|(_, info)| info.holds_work())
+            .collect();
+        Ok((work, all))
+    }
+
+    /// The keys under the store's prefix that hold records, found by a scan of every primary of
+    /// a cluster that the servers give about `limit` keys to examine (pages of `SCAN_COUNT`: a
+    /// server shared with other data examines those too): at most `limit` of them, and
+    /// whether the scan went through every key. For operators, never on a request's path.
+    async fn scan(&self, limit: usize) -> Result<(Vec<String>, bool)> {
+        let pages = limit.div_ceil(SCAN_COUNT).max(1);
+        let (mut names, all) = self.scan_keys(pages, limit.saturating_add(1)).await?;
+        names = self.records_only(names);
+        let all = all && names.len() <= limit;
+        names.truncate(limit);
+        Ok((names, all))
+    }
+
+    /// The keys under the store's prefix (the completer's index among them), on every primary
+    /// of a cluster, in at most `pages` SCAN calls (shared between the primaries, at least one
+    /// each) and until at least `enough` are found (each primary its share); and whether the
+    /// scan went through every key.
+    async fn scan_keys(&self, mut pages: usize, enough: usize) -> Result<(Vec<String>, bool)> {
         let pattern = format!("{}*", glob_escape(&self.inner.prefix));
         let scan = |cursor: &str| {
             let mut cmd = redis::cmd("SCAN");
@@ -704,7 +827,7 @@ impl RedisStore {
                 .arg("MATCH")
                 .arg(&pattern)
                 .arg("COUNT")
-                .arg(1000);
+                .arg(SCAN_COUNT);
             cmd
         };
         let mut names = Vec::new();
@@ -716,9 +839,13 @@ impl RedisStore {
                         .query_async(&mut c.clone())
                         .await
                         .map_err(map_err)?;
+                    pages = pages.saturating_sub(1);
                     cursor = scan_page(page, &mut names)?;
                     if cursor == "0" {
-                        return Ok(self.records_only(names));
+                        return Ok((names, true));
+                    }
+                    if names.len() >= enough || pages == 0 {
+                        return Ok((names, false));
                     }
                 }
             }
@@ -733,11 +860,15 @@ impl RedisStore {
                     )
                     .await
                     .map_err(map_err)?;
+                let mut all = true;
                 let Value::Map(nodes) = first else {
                     return Err(protocol(format!(
                         "SCAN on every primary answered {first:?}"
                     )));
                 };
+                // Each primary examines its share of the keys.
+                let share = pages.div_ceil(nodes.len().max(1));
+                let enough = enough.div_ceil(nodes.len().max(1));
                 for (addr, page) in nodes {
                     let addr =
                         text(&addr).ok_or_else(|| protocol("a node address that is not text"))?;
@@ -745,8 +876,15 @@ impl RedisStore {
                         .rsplit_once(':')
                         .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
                         .ok_or_else(|| protocol(format!("a node address {addr:?}")))?;
+                    let before = names.len();
+                    let mut left = share.saturating_sub(1);
                     let mut cursor = scan_page(page, &mut names)?;
                     while cursor != "0" {
+                        if names.len() - before >= enough || left == 0 {
+                            all = false;
+                            break;
+                        }
+                        left -= 1;
                         let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                             host: host.clone(),
                             port,
@@ -759,7 +897,7 @@ impl RedisStore {
                         cursor = scan_page(page, &mut names)?;
                     }
                 }
-                Ok(self.records_only(names))
+                Ok((names, all))
             }
         }
     }
@@ -905,6 +1043,10 @@ impl RedisStore {
         note: &str,
         resume_in: Duration,
     ) -> Result<()> {
+        let name = self.record_key(claim.scope, claim.key);
+        // Before the record, so that the work it will hold has its entry whatever happens
+        // next: due now, so that `due` puts it where it belongs if this write goes no further.
+        self.index_set(&name, IndexAt::In(Duration::ZERO)).await?;
         let mut inv = SCRIPTS.suspend.prepare_invoke();
         self.fenced(&mut inv, claim).arg(note).arg(ms(resume_in));
         let reply = self.run(&inv).await?;
@@ -914,15 +1056,14 @@ impl RedisStore {
             0 => return Err(not_ours(self, claim.scope, claim.key, &reply)),
             other => return Err(protocol(format!("the suspend script answered tag {other}"))),
         }
-        // A resumable claim's entry (written with its claim) moves to the resume time, which
-        // may come before the end of the lease it was written with.
-        if let Some(Value::Int(resume_at)) = reply.get(1) {
-            self.index_after(
-                &self.record_key(claim.scope, claim.key),
-                IndexAt::At(*resume_at),
-            )
-            .await;
-        }
+        // A resumable claim's entry moves to the resume time, which may come before the end of
+        // the lease it was written with; one that stores no request is work only its retry or
+        // an operator takes.
+        let at = match reply.get(1) {
+            Some(Value::Int(resume_at)) => *resume_at,
+            _ => NEVER,
+        };
+        self.index_after(&name, IndexAt::At(at)).await;
         Ok(())
     }
 
@@ -938,10 +1079,11 @@ impl RedisStore {
             2 => Ok(Retried::NotParked(state_at(&reply, 1)?)),
             3 => {
                 let fence = int_at(&reply, 1).and_then(non_negative)?;
-                if int_at(&reply, 3)? == 1 {
-                    self.index_after(&name, IndexAt::At(int_at(&reply, 2)?))
-                        .await;
-                }
+                let at = match int_at(&reply, 3)? {
+                    1 => int_at(&reply, 2)?,
+                    _ => NEVER,
+                };
+                self.index_after(&name, IndexAt::At(at)).await;
                 Ok(Retried::Retried { fence })
             }
             0 => Err(not_ours(self, scope, key, &reply)),
@@ -962,18 +1104,7 @@ impl RedisStore {
         while limit > 0 && due.len() < limit {
             let mut inv = SCRIPTS.index.prepare_invoke();
             inv.key(&index).arg("page").arg(offset).arg(PAGE);
-            let page = match self.inner.conn.invoke(&inv).await.map_err(map_err)? {
-                Value::Array(items) => items,
-                other => return Err(protocol(format!("the index answered {other:?}"))),
-            };
-            let entries = page
-                .chunks(2)
-                .map(|pair| match pair {
-                    [member, score] => Some((text(member)?, text(score)?)),
-                    _ => None,
-                })
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| protocol("an index page that is not members and scores"))?;
+            let entries = index_page(self.inner.conn.invoke(&inv).await.map_err(map_err)?)?;
             let reads = futures_util::future::join_all(
                 entries
                     .iter()
@@ -1017,19 +1148,7 @@ impl RedisStore {
         index: &str,
         member: &str,
     ) -> Result<Option<Result<(i64, Unfinished), i64>>> {
-        let is_record_name = member
-            .strip_prefix(self.inner.prefix.as_str())
-            .and_then(|rest| rest.strip_prefix('{'))
-            .and_then(|rest| rest.strip_suffix('}'))
-            .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| HEX.contains(&b)));
-        if !is_record_name {
-            return Err(Error::Store(
-                format!(
-                    "the completer's index {index} holds {member:?}, which is not the name of a record under the store's prefix"
-                )
-                .into(),
-            ));
-        }
+        self.check_member(index, member)?;
         let Some(read) = self.read(member, None).await? else {
             return Ok(None);
         };
@@ -1037,10 +1156,16 @@ impl RedisStore {
         if self.record_key(&record.scope, &record.key) != member {
             return Err(self.not_a_record(member, None, "the record of another scope and key"));
         }
+        let holds_work = crate::lifecycle::unfinished(
+            record.state,
+            record.request.is_some(),
+            record.note.is_some(),
+        );
         let (State::InProgress, Some(request), Some(resume_at)) =
             (record.state, record.request, record.resume_at)
         else {
-            return Ok(None);
+            // Work the completer cannot take stays listed for operators; none, unlisted.
+            return Ok(holds_work.then_some(Err(NEVER)));
         };
         let since = record.lease_until.max(resume_at);
         if since > read.now {
@@ -1059,6 +1184,25 @@ impl RedisStore {
                 RecordInfo::ms_left(read.now - since),
             ),
         ))))
+    }
+
+    /// An error unless `member`, an entry of the completer's index `index`, is the name of a
+    /// record under the store's prefix.
+    fn check_member(&self, index: &str, member: &str) -> Result<()> {
+        let is_record_name = member
+            .strip_prefix(self.inner.prefix.as_str())
+            .and_then(|rest| rest.strip_prefix('{'))
+            .and_then(|rest| rest.strip_suffix('}'))
+            .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| HEX.contains(&b)));
+        if is_record_name {
+            return Ok(());
+        }
+        Err(Error::Store(
+            format!(
+                "the completer's index {index} holds {member:?}, which is not the name of a record under the store's prefix"
+            )
+            .into(),
+        ))
     }
 
     async fn run_lookup(&self, scope: &str, key: &str) -> Result<Option<Record>> {
@@ -1363,6 +1507,21 @@ fn protocol(what: impl Into<String>) -> Error {
 
 fn tag(reply: &[Value]) -> Result<i64> {
     int_at(reply, 0)
+}
+
+/// A page of the completer's index: its members with their scores as the server wrote them.
+fn index_page(page: Value) -> Result<Vec<(String, String)>> {
+    let Value::Array(items) = page else {
+        return Err(protocol(format!("the index answered {page:?}")));
+    };
+    items
+        .chunks(2)
+        .map(|pair| match pair {
+            [member, score] => Some((text(member)?, text(score)?)),
+            _ => None,
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| protocol("an index page that is not members and scores"))
 }
 
 /// One page of a SCAN, `[cursor, [names]]`: its names added to `names`, and the next cursor.

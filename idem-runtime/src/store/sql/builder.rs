@@ -83,7 +83,11 @@ macro_rules! engine_store_api {
                 self.inner.begin_transaction()
             }
 
+            // A policy that would let a record expire under its running body never reaches
+            // the store here either, as in `Store::begin` (`Policy::check`): the policy of a
+            // transactional call may come from its context (`with_default_policy`, a consumer).
             async fn answer_first(&self, req: BeginRequest<'_>) -> Result<Option<BeginOutcome>> {
+                req.policy.check()?;
                 self.inner.answer_first_in_tx(&req).await
             }
 
@@ -92,6 +96,7 @@ macro_rules! engine_store_api {
                 conn: &mut $conn,
                 req: BeginRequest<'_>,
             ) -> Result<BeginOutcome> {
+                req.policy.check()?;
                 self.begin_in_transaction(conn, req).await
             }
 

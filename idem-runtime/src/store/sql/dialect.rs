@@ -114,6 +114,13 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     /// `IS NOT DISTINCT FROM`: equality that holds between two NULLs.
     const NULL_SAFE_EQ: &'static str = "IS NOT DISTINCT FROM";
 
+    /// The rows the operators' index of unfinished work holds (a stored request or a note:
+    /// every record that holds work, [`holds_work`](super::holds_work), and none other), as a
+    /// condition that index serves.
+    const WORK: &'static str = "(request IS NOT NULL OR note IS NOT NULL)";
+    /// What that index orders its rows by: their fence.
+    const WORK_ORDER: &'static str = "fence";
+
     /// A statement written as the engine writes them (`$n` placeholders, `"quoted"`
     /// identifiers) in this database's terms.
     fn stmt(sql: String) -> Stmt {
@@ -162,15 +169,23 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     /// statement, and, where the database cannot say `IF NOT EXISTS`, a query whose `present`
     /// column counts the column if it is there already.
     fn add_column(t: &str, table: &str, column: &str, definition: &str) -> AddColumn;
-    /// A query whose `present` column is 1 when table `t`, its index `index` and every column
-    /// of `columns` exist already, read from the catalog without locking the table; `None`
-    /// where migrating a table that is up to date takes no lock that could wait on its users.
+    /// What a records table created before the index of unfinished work needs for it, beyond
+    /// the statements of its DDL that a migration runs again (none where that index is a
+    /// `CREATE INDEX IF NOT EXISTS` of them). `index` is its name.
+    fn work_index(_t: &str, _table: &str, _index: &str) -> Vec<AddColumn> {
+        Vec::new()
+    }
+
+    /// A query whose `present` column is 1 when table `t`, each of its `indexes` and every
+    /// column of `columns` exist already, read from the catalog without locking the table;
+    /// `None` where migrating a table that is up to date takes no lock that could wait on its
+    /// users.
     ///
     /// PostgreSQL's `CREATE INDEX IF NOT EXISTS` and `ALTER TABLE … ADD COLUMN IF NOT EXISTS`
     /// lock the table before they find there is nothing to do: an instance starting next to
     /// busy ones (a rolling restart, a restart after a crash) would queue every claim behind
     /// its migration, or deadlock with a claim in flight.
-    fn up_to_date(_t: &str, _index: &str, _columns: &[&str]) -> Option<Stmt> {
+    fn up_to_date(_t: &str, _indexes: &[String], _columns: &[&str]) -> Option<Stmt> {
         None
     }
 

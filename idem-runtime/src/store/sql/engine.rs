@@ -13,7 +13,9 @@ use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, Record, RecordState, StoredResponse, Unfinished,
 };
 use crate::store::sweeper::{Sweeper, spawn_purges};
-use crate::store::{ForcedRelease, Operation, RecordInfo, Reply, Retried, StateCounts, StoreStats};
+use crate::store::{
+    ForcedRelease, Listing, Operation, RecordInfo, Reply, Retried, StateCounts, StoreStats,
+};
 
 use super::*;
 
@@ -524,13 +526,21 @@ impl<D: Dialect> Engine<D> {
             }
             Operation::List(query) => {
                 let end = query.scope_prefix.as_deref().and_then(prefix_end);
-                let (statement, args) = self.sql.admin.list::<D>(query, end.as_deref());
+                let list = self.sql.admin.list::<D>(query, end.as_deref());
                 let mut conn = self.read_conn().await?;
-                let rows = D::fetch_all(&mut conn, &statement, &args).await?;
-                rows.iter()
+                let rows = D::fetch_all(&mut conn, &list.rows, &list.args).await?;
+                let records = rows
+                    .iter()
                     .map(|row| record_info(row, false))
-                    .collect::<Result<_>>()
-                    .map(Reply::Records)
+                    .collect::<Result<Vec<_>>>()?;
+                // Fewer than asked for: all there is, unless the listing stopped examining.
+                let complete = records.len() < query.limit && {
+                    let range = &list.args[..list.range_args];
+                    let row = D::fetch(&mut conn, &list.examined, range).await?;
+                    let examined = row.map(|r| r.int8("n")).transpose().map_err(map_err)?;
+                    examined.is_some_and(|n| usize::try_from(n).unwrap_or(0) < query.examine)
+                };
+                Ok(Reply::Listed(Listing::new(records, complete)))
             }
             Operation::Inspect { scope, key } => {
                 let found = self.inspect(scope, key).await?;
@@ -615,10 +625,20 @@ impl<D: Dialect> Engine<D> {
                 Ok(Reply::Retried(done))
             }
             Operation::Stats { expiring_within } => {
-                let args = [Arg::Int(ms(expiring_within))];
+                let bound = Arg::Int(i64::try_from(StoreStats::BOUND).unwrap_or(i64::MAX));
                 let mut conn = self.read_conn().await?;
-                let rows = D::fetch_all(&mut conn, &self.sql.admin.stats, &args).await?;
+                let admin = &self.sql.admin;
+                let rows = D::fetch_all(&mut conn, &admin.stats, &[bound]).await?;
+                let args = [bound, Arg::Int(ms(expiring_within))];
+                let bounded = D::fetch(&mut conn, &admin.stats_bounded, &args).await?;
                 let mut stats = StoreStats::default();
+                if let Some(row) = bounded {
+                    let count = |col: &str| row.int8(col).map_err(map_err);
+                    stats.expired = u64::try_from(count("expired")?).unwrap_or(0);
+                    stats.expiring_soon = u64::try_from(count("expiring")?).unwrap_or(0);
+                }
+                // Rows read of each part: a part that read as many as it may stopped there.
+                let (mut newest, mut work) = (0, 0);
                 for row in &rows {
                     let state = State::parse(&row.text("state").map_err(map_err)?)?;
                     let count = |col: &str| -> Result<u64> {
@@ -626,10 +646,11 @@ impl<D: Dialect> Engine<D> {
                         let n = row.int8(col).map_err(map_err)?;
                         Ok(u64::try_from(n).unwrap_or(0))
                     };
-                    let (n, expired, expiring) =
-                        (count("n")?, count("expired")?, count("expiring")?);
-                    stats.expired += expired;
-                    stats.expiring_soon += expiring;
+                    let (n, expired) = (count("n")?, count("expired")?);
+                    match row.text("part").map_err(map_err)?.as_str() {
+                        "work" => work += n,
+                        _ => newest += n,
+                    }
                     let live = n - expired.min(n);
                     stats.states.add(state, live);
                     if live > 0 {
@@ -657,6 +678,8 @@ impl<D: Dialect> Engine<D> {
                     }
                 }
                 stats.by_prefix.sort_by(|a, b| a.0.cmp(&b.0));
+                stats.counted = newest + work;
+                stats.complete = newest < StoreStats::BOUND && work < StoreStats::BOUND;
                 Ok(Reply::Stats(Box::new(stats)))
             }
             Operation::Begin(_) => Err(Error::Store(

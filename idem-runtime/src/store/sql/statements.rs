@@ -3,7 +3,7 @@
 use crate::error::Result;
 use crate::lifecycle::State;
 use crate::record::BeginRequest;
-use crate::store::RecordQuery;
+use crate::store::{ListOrder, RecordQuery};
 
 use super::*;
 
@@ -31,7 +31,8 @@ pub(crate) struct Statements {
     pub(crate) migration: Migration,
 }
 
-/// The statements of the operators' operations; `List` writes its own from its filters.
+/// The statements of the operators' operations; `List` writes its own from its filters
+/// ([`AdminStatements::list`]).
 pub(crate) struct AdminStatements {
     /// The columns of a `RecordInfo`, without the recovery point and answer.
     pub(super) info_columns: String,
@@ -47,7 +48,26 @@ pub(crate) struct AdminStatements {
     /// `force_release` of the claim with the fence `$3` only.
     pub(super) force_release_fenced: Stmt,
     pub(super) count_expired: Stmt,
-    pub(super) stats: Stmt,
+    /// The counts by prefix and state (`prefix`, `state`, `part`, `n`, …) of every record that
+    /// holds work (`part` `'work'`) and the others whose retention ends last (`'newest'`), at
+    /// most `$1` of each: the counts of `Stats` read with bounded work.
+    pub(crate) stats: Stmt,
+    /// `expired` and `expiring` (within `$2` ms): records that hold no work, counted along the
+    /// retention index up to `$1`.
+    pub(crate) stats_bounded: Stmt,
+}
+
+/// `List`'s statements, from its filters ([`AdminStatements::list`]).
+pub(crate) struct ListStatements<'q> {
+    /// The records: those of the first `$1` of the listing's order that pass its filters, in
+    /// its order, at most its limit.
+    pub(crate) rows: Stmt,
+    /// How many records of the listing's order it examined (`n`): the first `$1`, or all of
+    /// them when there are fewer.
+    pub(crate) examined: Stmt,
+    /// The arguments of `rows`; `examined` takes the first `range_args` of them.
+    pub(crate) args: Vec<Arg<'q>>,
+    pub(crate) range_args: usize,
 }
 
 /// How a table is created, and brought up to date when it was created by an earlier version:
@@ -259,10 +279,11 @@ impl Statements {
                             .replace("{text}", types.text);
                         D::add_column(&t, table, column, &definition)
                     })
+                    .chain(D::work_index(&t, table, &index_name(table, "work")))
                     .collect(),
                 up_to_date: D::up_to_date(
                     &t,
-                    &index_name(table, "resume_at"),
+                    &[index_name(table, "resume_at"), index_name(table, "work")],
                     &ADDED_COLUMNS.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
                 ),
                 widen: D::allow_states(&t, table, &states),
@@ -354,23 +375,43 @@ impl AdminStatements {
             ),
             count_expired: D::stmt(format!("SELECT count(*) AS n FROM {t} WHERE {expired}")),
             // Counted rather than summed: every database answers a count as its 64-bit
-            // integer.
+            // integer. Each part walks one index and stops at `$1` rows: the work index, and
+            // the retention index from its end, past the rows that hold work. Its rows carry
+            // whether a request is stored as `request` (1 or NULL), so that the conditions
+            // read as they do on the table.
             stats: D::stmt(format!(
-                "SELECT {prefix} AS prefix, state, \
+                "SELECT {prefix} AS prefix, state, part, \
                  count(*) AS n, \
                  {oldest} AS oldest_fence, \
                  count(CASE WHEN {expired} THEN 1 END) AS expired, \
-                 count(CASE WHEN {live} AND {until} <= $1 THEN 1 END) AS expiring, \
                  count(CASE WHEN {unfinished} THEN 1 END) AS unfinished, \
                  min(CASE WHEN {unfinished} THEN fence END) AS oldest_unfinished_fence, \
                  max({now_ms}) AS now_ms \
-                 FROM {t} GROUP BY {prefix}, state",
+                 FROM ({newest} UNION ALL {work}) s GROUP BY {prefix}, state, part",
                 prefix = D::scope_prefix("scope"),
                 oldest = format_args!(
                     "min(CASE WHEN state = '{in_progress}' AND {live} THEN fence END)"
                 ),
-                until = D::ms_until("expires_at"),
                 now_ms = D::NOW_MS,
+                newest = stats_part(
+                    t,
+                    "newest",
+                    &format!("NOT ({})", D::WORK),
+                    "expires_at DESC"
+                ),
+                work = stats_part(t, "work", D::WORK, D::WORK_ORDER),
+            )),
+            // Along the retention index, from its start (the expired records) and from now
+            // (those expiring soon): bounded by `$1` and by the rows that hold work.
+            stats_bounded: D::stmt(format!(
+                "SELECT (SELECT count(*) FROM (SELECT 1 AS one FROM {t} \
+                   WHERE expires_at <= {now} AND NOT ({work}) ORDER BY expires_at LIMIT $1) e) \
+                   AS expired, \
+                 (SELECT count(*) FROM (SELECT 1 AS one FROM {t} \
+                   WHERE expires_at > {now} AND expires_at <= {until} AND NOT ({work}) \
+                   ORDER BY expires_at LIMIT $1) x) AS expiring",
+                work = D::WORK,
+                until = D::after("$2"),
             )),
             info_columns,
             table: t.to_owned(),
@@ -379,48 +420,102 @@ impl AdminStatements {
         }
     }
 
-    /// `List`'s statement and arguments, from its filters; `prefix_end` is
-    /// [`prefix_end`] of its scope prefix.
+    /// `List`'s statements and arguments, from its filters, in its order
+    /// ([`RecordQuery::order`]); `prefix_end` is [`prefix_end`] of its scope prefix. Each
+    /// reads the first `$1` (`examine`) rows of the listing's index, and no more.
     pub(crate) fn list<'q, D: Dialect>(
         &self,
         query: &'q RecordQuery,
         prefix_end: Option<&'q str>,
-    ) -> (Stmt, Vec<Arg<'q>>) {
-        let mut conditions = Vec::new();
-        let mut args = Vec::new();
+    ) -> ListStatements<'q> {
+        let mut args = vec![Arg::Int(
+            i64::try_from(query.examine.max(1)).unwrap_or(i64::MAX),
+        )];
+        // A range of the primary key in byte order, not LIKE (a prefix holding `%` or `_`
+        // means itself) nor a function of the column (which no index serves): the scopes
+        // from the prefix up to the first text after every one that starts with it.
+        let scope = format!("scope{}", self.byte_order);
+        let in_prefix = |args: &mut Vec<Arg<'q>>, conditions: &mut Vec<String>| {
+            if let Some(prefix) = query.scope_prefix.as_deref() {
+                args.push(Arg::Text(prefix));
+                conditions.push(format!("{scope} >= ${}", args.len()));
+                if let Some(end) = prefix_end {
+                    args.push(Arg::Text(end));
+                    conditions.push(format!("{scope} < ${}", args.len()));
+                }
+            }
+        };
+        let mut range = Vec::new();
+        let order = query.order();
+        let (index_order, then) = match order {
+            ListOrder::Work => {
+                range.push(D::WORK.to_owned());
+                (D::WORK_ORDER.to_owned(), format!("fence, {scope}, key"))
+            }
+            ListOrder::Scope => {
+                in_prefix(&mut args, &mut range);
+                (format!("{scope}, key"), format!("{scope}, key"))
+            }
+            ListOrder::Retention => ("expires_at".to_owned(), format!("expires_at, {scope}, key")),
+        };
+        let range_args = args.len();
+        let mut filters = Vec::new();
         if let Some(state) = query.state {
             args.push(Arg::Text(state.as_str()));
-            conditions.push(format!("state = ${}", args.len()));
+            filters.push(format!("state = ${}", args.len()));
         }
-        if let Some(prefix) = query.scope_prefix.as_deref() {
-            // A range of the primary key in byte order, not LIKE (a prefix holding `%` or `_`
-            // means itself) nor a function of the column (which no index serves): the scopes
-            // from the prefix up to the first text after every one that starts with it.
-            let scope = format!("scope{}", self.byte_order);
-            args.push(Arg::Text(prefix));
-            conditions.push(format!("{scope} >= ${}", args.len()));
-            if let Some(end) = prefix_end {
-                args.push(Arg::Text(end));
-                conditions.push(format!("{scope} < ${}", args.len()));
-            }
+        if order != ListOrder::Scope {
+            in_prefix(&mut args, &mut filters);
         }
         if let Some(age) = query.older_than {
             args.push(Arg::Int(ms(age)));
-            conditions.push(format!("fence < {} - ${}", self.now_ms, args.len()));
+            filters.push(format!("fence < {} - ${}", self.now_ms, args.len()));
         }
-        let filter = if conditions.is_empty() {
-            String::new()
-        } else {
-            format!(" WHERE {}", conditions.join(" AND "))
-        };
-        let statement = D::stmt(format!(
-            "SELECT {} FROM {}{filter} ORDER BY fence LIMIT {}",
-            self.info_columns,
-            self.table,
-            query.limit.min(i64::MAX as usize),
-        ));
-        (statement, args)
+        if query.holding_work {
+            filters.push(holds_work());
+        }
+        let range = where_all(&range);
+        let source = format!(
+            "SELECT scope, key, state, fence, attempt, fingerprint, lease_until, expires_at, \
+             note, CASE WHEN request IS NULL THEN NULL ELSE 1 END AS request \
+             FROM {}{range} ORDER BY {index_order} LIMIT $1",
+            self.table
+        );
+        ListStatements {
+            rows: D::stmt(format!(
+                "SELECT {} FROM ({source}) w{} ORDER BY {then} LIMIT {}",
+                self.info_columns,
+                where_all(&filters),
+                query.limit.min(i64::MAX as usize),
+            )),
+            examined: D::stmt(format!(
+                "SELECT count(*) AS n FROM (SELECT 1 AS one FROM {}{range} \
+                 ORDER BY {index_order} LIMIT $1) w",
+                self.table
+            )),
+            args,
+            range_args,
+        }
     }
+}
+
+/// ` WHERE` and every condition, or nothing.
+fn where_all(conditions: &[String]) -> String {
+    if conditions.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", conditions.join(" AND "))
+    }
+}
+
+/// One part of the counts' rows: the first `$1` rows of table `t` that pass `condition` in
+/// `order`, with what the counts read of them and the part's `name`.
+fn stats_part(t: &str, name: &str, condition: &str, order: &str) -> String {
+    format!(
+        "SELECT * FROM (SELECT scope, state, fence, lease_until, expires_at, note, \
+         CASE WHEN request IS NULL THEN NULL ELSE 1 END AS request, '{name}' AS part \
+         FROM {t} WHERE {condition} ORDER BY {order} LIMIT $1) {name}"
+    )
 }
 
 /// The least text after every text that starts with `prefix`, in byte order (which is UTF-8's

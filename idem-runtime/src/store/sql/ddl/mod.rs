@@ -22,6 +22,11 @@ pub const OUTBOX_TABLE: &str = "idem_outbox";
 /// is set only on those).
 pub(super) const RESUME_INDEX: &str = "CREATE INDEX IF NOT EXISTS \"idem_records_resume_at_idx\" ON \"idem_records\" (resume_at) WHERE resume_at IS NOT NULL";
 
+/// The operators' index of unfinished work: the records that may hold it (a stored request, a
+/// note), by their first claim. A completion of a claim that held none changes no column it
+/// names, so on PostgreSQL it stays a heap-only update.
+pub(super) const WORK_INDEX: &str = "CREATE INDEX IF NOT EXISTS \"idem_records_work_idx\" ON \"idem_records\" (fence) WHERE request IS NOT NULL OR note IS NOT NULL";
+
 pub(super) const PENDING_INDEX: &str = "CREATE INDEX IF NOT EXISTS \"idem_outbox_pending_idx\" ON \"idem_outbox\" (partition_key, seq) WHERE sent_at IS NULL";
 pub(super) const SENT_INDEX: &str = "CREATE INDEX IF NOT EXISTS \"idem_outbox_sent_idx\" ON \"idem_outbox\" (sent_at) WHERE sent_at IS NOT NULL";
 pub(super) const PARKED_INDEX: &str = "CREATE INDEX IF NOT EXISTS \"idem_outbox_parked_idx\" ON \"idem_outbox\" (seq) WHERE parked_at IS NOT NULL AND sent_at IS NULL";
@@ -66,7 +71,7 @@ struct Tables {
 }
 
 /// The statements that create the records table `table` (an identifier, checked;
-/// `schema.table` on PostgreSQL) and its index.
+/// `schema.table` on PostgreSQL) and its indexes.
 pub fn records(db: Database, table: &str) -> Result<Vec<String>> {
     let Tables {
         records: statements,
@@ -84,6 +89,7 @@ pub fn records(db: Database, table: &str) -> Result<Vec<String>> {
                 RECORDS_TABLE => Some(quoted.clone()),
                 "idem_records_expires_at_idx" => Some(format!("{q}{base}_expires_at_idx{q}")),
                 "idem_records_resume_at_idx" => Some(format!("{q}{base}_resume_at_idx{q}")),
+                "idem_records_work_idx" => Some(format!("{q}{base}_work_idx{q}")),
                 _ => None,
             })
         })
@@ -237,6 +243,11 @@ mod tests {
         assert!(
             my.contains("INDEX `recs_resume_at_idx` (resume_at)"),
             "{my}"
+        );
+        assert!(my.contains("INDEX `recs_work_idx` (work_fence)"), "{my}");
+        assert!(
+            all.contains("\"recs_work_idx\" ON \"app\".\"recs\" (fence)"),
+            "{all}"
         );
         let my = outbox(Database::Mysql, "app.events").unwrap().join("\n");
         assert!(!my.contains("idem_") && !my.contains('"'), "{my}");

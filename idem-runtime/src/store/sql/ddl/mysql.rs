@@ -8,7 +8,9 @@
 //! table: MySQL 8 has no `CREATE INDEX IF NOT EXISTS`, and neither has partial indexes.
 
 /// The records table of MySQL and MariaDB (`idem_records`) with its indexes on `expires_at`
-/// (the purge) and `resume_at` (the completers).
+/// (the purge, the operators' listings), `resume_at` (the completers) and `work_fence` (the
+/// operators' index of unfinished work: a virtual column, the fence of a record that may hold
+/// work, else `NULL`, as MySQL has no partial index).
 pub const MYSQL_RECORDS: &[&str] = &["CREATE TABLE IF NOT EXISTS `idem_records` (
     scope VARBINARY(1024) NOT NULL,
     `key` VARBINARY(1024) NOT NULL,
@@ -27,9 +29,11 @@ pub const MYSQL_RECORDS: &[&str] = &["CREATE TABLE IF NOT EXISTS `idem_records` 
     note TEXT,
     created_at BIGINT NOT NULL,
     updated_at BIGINT NOT NULL,
+    work_fence BIGINT AS (CASE WHEN request IS NOT NULL OR note IS NOT NULL THEN fence END) VIRTUAL,
     PRIMARY KEY (scope, `key`),
     INDEX `idem_records_expires_at_idx` (expires_at),
-    INDEX `idem_records_resume_at_idx` (resume_at)
+    INDEX `idem_records_resume_at_idx` (resume_at),
+    INDEX `idem_records_work_idx` (work_fence)
 ) ENGINE = InnoDB"];
 
 /// The outbox table of MySQL and MariaDB (`idem_outbox`) and its indexes, declared in the

@@ -1,11 +1,12 @@
 //! PostgreSQL's tables.
 
-use super::{PARKED_INDEX, PENDING_INDEX, RESUME_INDEX, SENT_INDEX};
+use super::{PARKED_INDEX, PENDING_INDEX, RESUME_INDEX, SENT_INDEX, WORK_INDEX};
 
 /// The records table of PostgreSQL (`idem_records`), its index on `expires_at`, which the
-/// purge scans, and its index on `resume_at`, which completers scan. `fillfactor = 80` leaves
-/// room on each page for a completion's update to stay there (it changes no indexed column, so
-/// it is a HOT update). Scopes are ordered by their bytes (`COLLATE "C"`), so that the primary
+/// purge and the operators' listings scan, its index on `resume_at`, which completers scan,
+/// and its index of the records that may hold unfinished work, which operators list and count.
+/// `fillfactor = 80` leaves room on each page for a completion's update to stay there (it
+/// changes no indexed column, nor one an index's condition names, so it is a HOT update). Scopes are ordered by their bytes (`COLLATE "C"`), so that the primary
 /// key serves the operators' listings by scope prefix, and compares them without the locale.
 pub const POSTGRES_RECORDS: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS \"idem_records\" (
@@ -30,6 +31,7 @@ pub const POSTGRES_RECORDS: &[&str] = &[
 ) WITH (fillfactor = 80)",
     "CREATE INDEX IF NOT EXISTS \"idem_records_expires_at_idx\" ON \"idem_records\" (expires_at)",
     RESUME_INDEX,
+    WORK_INDEX,
 ];
 
 /// The outbox table of PostgreSQL (`idem_outbox`) and its indexes: unsent events by partition

@@ -1,9 +1,9 @@
 //! SQLite's tables.
 
-use super::{PARKED_INDEX, PENDING_INDEX, RESUME_INDEX, SENT_INDEX};
+use super::{PARKED_INDEX, PENDING_INDEX, RESUME_INDEX, SENT_INDEX, WORK_INDEX};
 
 /// The records table of SQLite (`idem_records`) and its indexes on `expires_at` and
-/// `resume_at`. Timestamps are
+/// `resume_at`, and of the records that may hold unfinished work. Timestamps are
 /// integer milliseconds since the Unix epoch, read from SQLite's own clock.
 pub const SQLITE_RECORDS: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS \"idem_records\" (
@@ -28,6 +28,7 @@ pub const SQLITE_RECORDS: &[&str] = &[
 ) WITHOUT ROWID",
     "CREATE INDEX IF NOT EXISTS \"idem_records_expires_at_idx\" ON \"idem_records\" (expires_at)",
     RESUME_INDEX,
+    WORK_INDEX,
 ];
 
 /// The outbox table of SQLite (`idem_outbox`) and its indexes, as [`POSTGRES_OUTBOX`](super::POSTGRES_OUTBOX).
