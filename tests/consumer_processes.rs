@@ -15,6 +15,8 @@
 //!   missing, every event sent once and none parked, nothing dead-lettered.
 //! - `kill_9_rabbitmq`: the same with RabbitMQ and 150 orders.
 //!
+//! `IDEM_KILL9_SECONDS` makes the kill loops longer (default 10), with as many more orders.
+//!
 //! A plain `main` (harness = false): the test starts copies of its own binary in a role.
 
 mod common;
@@ -42,10 +44,11 @@ use sqlx::AssertSqlSafe;
 use worker::Shipments;
 
 const MESSAGES: usize = 1000;
-const ORDERS_NATS: usize = 500;
-const ORDERS_AMQP: usize = 150;
-/// How long the kill loops pay their orders for, and kill processes.
-const PAYING: Duration = Duration::from_secs(10);
+/// Orders the kill loops pay each second, while they kill processes.
+const ORDERS_PER_SECOND_NATS: usize = 50;
+const ORDERS_PER_SECOND_AMQP: usize = 15;
+/// How long the kill loops pay orders and kill processes, unless `IDEM_KILL9_SECONDS` says.
+const DEFAULT_PAYING_SECONDS: usize = 10;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -78,6 +81,13 @@ fn main() {
     let pg = cfg!(idem_postgres);
     let amqp = cfg!(idem_amqp);
     let mysql = cfg!(idem_mysql);
+    let seconds = match std::env::var("IDEM_KILL9_SECONDS") {
+        Ok(n) => n
+            .parse()
+            .expect("IDEM_KILL9_SECONDS is a number of seconds"),
+        Err(_) => DEFAULT_PAYING_SECONDS,
+    };
+    let paying = Duration::from_secs(seconds as u64);
     let databases = [
         ("sqlite", true, ""),
         (
@@ -102,13 +112,19 @@ fn main() {
             &format!("kill_9_jetstream_on_{database}"),
             nats && available,
             &format!("needs NATS (set NATS_URL=nats://…){needs}"),
-            &|| rt.block_on(kill_9("nats", database, ORDERS_NATS)),
+            &|| {
+                let orders = ORDERS_PER_SECOND_NATS * seconds;
+                rt.block_on(kill_9("nats", database, orders, paying))
+            },
         );
         case(
             &format!("kill_9_rabbitmq_on_{database}"),
             amqp && available,
             &format!("needs RabbitMQ (set AMQP_URL=amqp://…){needs}"),
-            &|| rt.block_on(kill_9("amqp", database, ORDERS_AMQP)),
+            &|| {
+                let orders = ORDERS_PER_SECOND_AMQP * seconds;
+                rt.block_on(kill_9("amqp", database, orders, paying))
+            },
         );
     }
     println!("\ntest result: ok. {passed} passed; 0 failed; {ignored} ignored");
@@ -700,7 +716,9 @@ impl Roles {
     }
 }
 
-async fn kill_9(broker: &str, database: &str, orders: usize) {
+/// Pays `orders` over `paying` while it kills relays and the worker, then checks every order
+/// shipped once.
+async fn kill_9(broker: &str, database: &str, orders: usize, paying: Duration) {
     let started = Instant::now();
     let (url, _database) = scratch_database(database).await;
     let service = Service::connect(&url).await;
@@ -772,7 +790,7 @@ async fn kill_9(broker: &str, database: &str, orders: usize) {
             let begun = tokio::time::Instant::now();
             for n in 0..orders {
                 rolled_back += service.pay(n, &topic).await;
-                let due = begun + PAYING.mul_f64((n + 1) as f64 / orders as f64);
+                let due = begun + paying.mul_f64((n + 1) as f64 / orders as f64);
                 tokio::time::sleep_until(due).await;
             }
             rolled_back
