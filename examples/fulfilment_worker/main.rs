@@ -4,6 +4,7 @@
 //! ```text
 //! NATS_URL=nats://127.0.0.1:4222 cargo run --example fulfilment_worker          # SQLite fulfilment_worker.db
 //! NATS_URL=… DATABASE_URL=postgres://postgres@127.0.0.1/test cargo run --example fulfilment_worker
+//! NATS_URL=… DATABASE_URL=mysql://root@127.0.0.1:3306/fulfilment cargo run --example fulfilment_worker
 //! cargo run --example fulfilment_worker -- --replay    # consume the stream again from its start
 //! cargo run --example fulfilment_worker -- --reset     # delete the streams, for a clean start
 //! ```
@@ -17,12 +18,12 @@ mod worker;
 
 use std::time::Duration;
 
+use idem::Idempotent;
 use idem::consumer::nats::JetStreamSource;
 use idem::consumer::{Consumer, HandlerError, Message};
-use idem::{Idempotent, PgStore, SqliteStore};
 use tracing_subscriber::EnvFilter;
 
-use worker::Shipment;
+use worker::{Shipment, Shipments};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -71,56 +72,43 @@ async fn main() -> Result<(), BoxError> {
     let replay = std::env::args().any(|a| a == "--replay");
     let pull = worker::jetstream_setup(&js, &prefix, ack_wait, replay).await?;
     let source = JetStreamSource::new(js, pull, format!("{prefix}{}", worker::DEAD_LETTERS));
-    let deliveries = source.deliveries().await?;
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
 
-    if db_url.starts_with("postgres") {
-        let store = PgStore::connect(&db_url).await?;
-        sqlx::query(worker::CREATE_SHIPMENTS_PG)
-            .execute(store.pool())
-            .await?;
-        println!("fulfilment_worker consuming order.paid from {nats_url} (PostgreSQL)");
-        let consumer = Consumer::new(source.consumer_name(), store.clone())?
-            .max_deliveries(worker::MAX_DELIVERIES);
-        let handler = move |msg: Message| {
-            let store = store.clone();
-            async move {
-                let id = msg.key.to_string();
-                let r = worker::fulfil_pg(&store, msg).await;
-                report(&r, &id);
-                r
-            }
-        };
-        consumer.run_until(deliveries, handler, 32, shutdown).await;
-        print_stats(consumer.stats());
-    } else {
-        let store = SqliteStore::connect(&db_url).await?;
-        sqlx::query(worker::CREATE_SHIPMENTS_SQLITE)
-            .execute(store.pool())
-            .await?;
-        println!("fulfilment_worker consuming order.paid from {nats_url} (SQLite {db_url})");
-        let consumer = Consumer::new(source.consumer_name(), store.clone())?
-            .max_deliveries(worker::MAX_DELIVERIES);
-        let handler = move |msg: Message| {
-            let store = store.clone();
-            async move {
-                let id = msg.key.to_string();
-                let r = worker::fulfil_sqlite(&store, msg).await;
-                report(&r, &id);
-                r
-            }
-        };
-        consumer.run_until(deliveries, handler, 32, shutdown).await;
-        print_stats(consumer.stats());
-    }
+    let database = worker::Database::connect(&db_url).await?;
+    let consuming = format!("fulfilment_worker consuming order.paid from {nats_url} ({database})");
+    let stats = worker::with_store!(database, store => {
+        consume(source, store, &consuming, shutdown).await?
+    });
+    println!(
+        "stopped: {} completed, {} replayed, {} retried, {} in progress elsewhere, {} dead-lettered",
+        stats.completed, stats.replayed, stats.retried, stats.in_progress, stats.dead_lettered
+    );
     Ok(())
 }
 
-fn print_stats(s: idem::consumer::Stats) {
-    println!(
-        "stopped: {} completed, {} replayed, {} retried, {} in progress elsewhere, {} dead-lettered",
-        s.completed, s.replayed, s.retried, s.in_progress, s.dead_lettered
-    );
+/// Runs the worker's handler on `store` over the deliveries of `source` until `shutdown`,
+/// saying `consuming` once they flow; what it did.
+async fn consume<S: Shipments>(
+    source: JetStreamSource,
+    store: S,
+    consuming: &str,
+    shutdown: impl Future<Output = ()>,
+) -> Result<idem::consumer::Stats, BoxError> {
+    let deliveries = source.deliveries().await?;
+    println!("{consuming}");
+    let consumer = Consumer::new(source.consumer_name(), store.clone())?
+        .max_deliveries(worker::MAX_DELIVERIES);
+    let handler = move |msg: Message| {
+        let store = store.clone();
+        async move {
+            let id = msg.key.to_string();
+            let r = store.fulfil(msg).await;
+            report(&r, &id);
+            r
+        }
+    };
+    consumer.run_until(deliveries, handler, 32, shutdown).await;
+    Ok(consumer.stats())
 }
