@@ -260,7 +260,7 @@ store_argument!(
     #[diagnostic::on_unimplemented(
         message = "`{Self}` cannot run a guarded body inside a database transaction",
         label = "not a transactional store",
-        note = "`transaction = …` needs `idem::SqliteStore` or `idem::PgStore` (or a pointer to one)"
+        note = "`transaction = …` needs `idem::SqliteStore`, `idem::PgStore` or `idem::MySqlStore` (or a pointer to one)"
     )]
     IsTxStore: TxStore
 );

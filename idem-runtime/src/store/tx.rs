@@ -30,7 +30,7 @@ use crate::store::Store;
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot run a guarded body inside a database transaction",
     label = "not a transactional store",
-    note = "`transaction = …` needs `idem::SqliteStore` or `idem::PgStore`"
+    note = "`transaction = …` needs `idem::SqliteStore`, `idem::PgStore` or `idem::MySqlStore`"
 )]
 pub trait TxStore: Store {
     /// The sqlx database.
