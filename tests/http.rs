@@ -605,3 +605,61 @@ async fn the_lookup_labels_each_stored_answer_by_what_was_stored() {
         }
     }
 }
+
+/// Slow, and counts its runs.
+#[idempotent(scope = "slow-order", key = key, store = app.0, skip(app))]
+async fn slow_order(
+    State(app): State<(MemoryStore, std::sync::Arc<std::sync::atomic::AtomicUsize>)>,
+    key: IdempotencyKey,
+    Json(sku): Json<String>,
+) -> Result<(StatusCode, Json<serde_json::Value>), idem::Error> {
+    let run = app.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok((
+        StatusCode::CREATED,
+        Json(serde_json::json!({ "sku": sku, "run": run })),
+    ))
+}
+
+#[tokio::test]
+async fn with_the_layers_wait_duplicates_get_the_first_answer_marked_as_a_replay() {
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let app = Router::new()
+        .route("/orders", post(slow_order))
+        .layer(IdempotencyLayer::new().wait(Duration::from_secs(10)))
+        .with_state((MemoryStore::new(), runs.clone()));
+    let base = serve(app).await;
+    let c = reqwest::Client::new();
+    let sends: Vec<_> = (0..8)
+        .map(|_| {
+            let req = c
+                .post(format!("{base}/orders"))
+                .header("Idempotency-Key", "k-wait")
+                .header("Content-Type", "application/json")
+                .body(r#""sku-1""#);
+            tokio::spawn(async move {
+                let r = req.send().await.unwrap();
+                let replayed = r.headers().contains_key("idempotent-replayed");
+                (r.status(), replayed, r.text().await.unwrap())
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for s in sends {
+        answers.push(s.await.unwrap());
+    }
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(
+        answers.iter().all(|(s, _, _)| *s == StatusCode::CREATED),
+        "{answers:?}"
+    );
+    assert!(
+        answers.iter().all(|(_, _, b)| b == &answers[0].2),
+        "{answers:?}"
+    );
+    assert_eq!(
+        answers.iter().filter(|(_, replayed, _)| *replayed).count(),
+        7,
+        "every duplicate is a replay of the first answer: {answers:?}"
+    );
+}

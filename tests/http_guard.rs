@@ -810,6 +810,71 @@ async fn a_concurrent_duplicate_is_409_with_retry_after_then_replays() {
 }
 
 #[tokio::test]
+async fn with_a_wait_concurrent_duplicates_replay_the_first_answer_not_409() {
+    let inner = Inner::orders();
+    let svc = guarded(
+        GuardLayer::new(MemoryStore::new())
+            .allow_anonymous()
+            .wait(Duration::from_secs(20)),
+        &inner,
+    );
+    let all = inner.gate.acquire_many(GATE).await.unwrap();
+    let first = tokio::spawn({
+        let svc = svc.clone();
+        async move { send(&svc, post("/orders", Some(KEY), "{}")).await }
+    });
+    while inner.calls() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let dups: Vec<_> = (0..8)
+        .map(|_| {
+            let svc = svc.clone();
+            tokio::spawn(async move { send(&svc, post("/orders", Some(KEY), "{}")).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        dups.iter().all(|d| !d.is_finished()),
+        "a duplicate was answered while the first request ran"
+    );
+    drop(all);
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    for dup in dups {
+        let dup = dup.await.unwrap();
+        assert_eq!(dup.status, StatusCode::CREATED, "{:?}", dup.body);
+        assert!(dup.replayed());
+        assert_eq!(dup.body, first.body);
+    }
+    assert_eq!(inner.calls(), 1);
+
+    // The wait is a bound: past it, the duplicate is told 409 with `Retry-After`, as without.
+    let svc = guarded(
+        GuardLayer::new(MemoryStore::new())
+            .allow_anonymous()
+            .wait(Duration::from_millis(200)),
+        &inner,
+    );
+    let all = inner.gate.acquire_many(GATE).await.unwrap();
+    let first = tokio::spawn({
+        let svc = svc.clone();
+        async move { send(&svc, post("/orders", Some(KEY), "{}")).await }
+    });
+    while inner.calls() == 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let started = std::time::Instant::now();
+    let dup = send(&svc, post("/orders", Some(KEY), "{}")).await;
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    assert_eq!(dup.status, StatusCode::CONFLICT);
+    assert_eq!(dup.code(), "REQUEST_IN_PROGRESS");
+    assert!(dup.headers.contains_key(RETRY_AFTER));
+    drop(all);
+    assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
+    assert_eq!(inner.calls(), 2);
+}
+
+#[tokio::test]
 async fn methods_that_are_not_guarded_pass_through() {
     let inner = Inner::new(|n, _| {
         Ok(Response::builder()

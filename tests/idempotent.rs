@@ -200,6 +200,20 @@ async fn slow<S: Store + Clone>(
     Ok(run)
 }
 
+/// `slow`, whose duplicates wait for the running call's answer instead of being told "in
+/// progress".
+#[idempotent(scope = "waits:<id>", key = key, store = app.store, skip(app, delay), wait = "10s")]
+async fn waits<S: Store + Clone>(
+    app: &App<S>,
+    id: u32,
+    key: &str,
+    delay: Duration,
+) -> Result<usize, Error> {
+    let run = app.run();
+    tokio::time::sleep(delay).await;
+    Ok(run)
+}
+
 /// Runs to its end even when its caller is dropped; counts the runs that got there.
 #[idempotent(scope = "finish:<id>", key = key, store = app.store, skip(app, delay), on_cancel = "finish")]
 async fn finishing<S: Store + Clone + 'static>(
@@ -417,6 +431,25 @@ mod $name {
         assert!(ok >= 1);
         // Once done, everyone gets the first answer.
         assert_eq!(slow(&app, 9, "same-key", Duration::ZERO, false).await.unwrap(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn duplicates_with_a_wait_get_the_first_answer_not_in_progress() {
+        let app = $make().await;
+        let mut tasks = Vec::new();
+        for _ in 0..32 {
+            let app = app.clone();
+            tasks.push(tokio::spawn(async move {
+                waits(&app, 9, "same-key", Duration::from_millis(300)).await
+            }));
+        }
+        for t in tasks {
+            assert_eq!(
+                t.await.unwrap().expect("a duplicate with a wait is never told in progress"),
+                1
+            );
+        }
+        assert_eq!(app.runs(), 1, "32 concurrent calls ran the body more than once");
     }
 
     #[tokio::test]

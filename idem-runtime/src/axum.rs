@@ -13,7 +13,7 @@
 //!     .layer(IdempotencyLayer::new().replay_status(StatusCode::OK));
 //! ```
 //!
-//! With the `#[idempotent]` handlers of the `idem` crate, see its README and the refund service
+//! With the `#[idempotent]` handlers of the `idem` crate, see its guide and the refund service
 //! example.
 
 use std::fmt;
@@ -21,6 +21,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Once};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::{Body, HttpBody as _};
 use axum::extract::FromRequestParts;
@@ -251,6 +252,7 @@ pub struct IdempotencyLayer {
 struct LayerConfig {
     key: KeyConfig,
     replay_status: Option<StatusCode>,
+    wait: Option<Duration>,
 }
 
 impl IdempotencyLayer {
@@ -278,6 +280,14 @@ impl IdempotencyLayer {
     /// first time and 200 on every replay).
     pub fn replay_status(self, status: StatusCode) -> Self {
         self.edit(|c| c.replay_status = Some(status))
+    }
+
+    /// Lets a duplicate of a running request wait up to `wait` for its answer, and replay it,
+    /// before it is answered 409 `IN_PROGRESS`: for the guarded calls of the layer's handlers
+    /// whose attribute sets no `wait` of its own. No connection is held while it waits; see
+    /// [`Policy::wait`](crate::Policy#structfield.wait). At most the calls' lease.
+    pub fn wait(self, wait: Duration) -> Self {
+        self.edit(|c| c.wait = Some(wait))
     }
 }
 
@@ -326,9 +336,11 @@ where
         // The handler runs in the request's context, whose replay watch tells the layer which
         // answers were replayed, and what their values render to.
         let watch = ReplayWatch::new();
-        let fut = context::Context::current()
-            .watch_replays(&watch)
-            .scope(self.inner.call(req));
+        let mut cx = context::Context::current().watch_replays(&watch);
+        if let Some(wait) = self.config.wait {
+            cx = cx.wait(wait);
+        }
+        let fut = cx.scope(self.inner.call(req));
         let config = self.config.clone();
         Box::pin(async move {
             let resp = fut.await?;

@@ -9,6 +9,7 @@
 //! |---|---|---|---|
 //! | default policy | [`Context::policy`], [`with_default_policy`] | start from it where the attribute sets no `lease`, `retain` or `on_expired_lease` | the message consumer: 7 days' retention |
 //! | retry hint | [`Context::retry_hint`], [`with_retry_hint`] | choose the `Retry-After` of their "in progress" answers with it | the message consumer: the remaining lease |
+//! | duplicate wait | [`Context::wait`] | let a duplicate of a running call wait that long for its answer, where their policy sets no [`wait`](crate::Policy#structfield.wait) of its own | the axum layer ([`IdempotencyLayer::wait`](crate::axum::IdempotencyLayer::wait)) |
 //! | replay watch | [`Context::watch_replays`], [`watch_replays`] | list every answer they replay (and, for an axum `Json` answer, the bytes its value renders to) | the axum layer (to send the stored bytes, marked), the consumer (to ack as replayed) |
 //! | claim watch | [`Context::watch_claims`], [`watch_claims`] | list every claim they take (separate commits) and count every attempt | the consumer: to renew the leases of a handler that runs long, and to ack only what was recorded; the completer: to learn how a resumed call ended |
 //! | stored request | set by a resumable message consumer only ([`Consumer::resumable`](crate::consumer::Consumer::resumable)) | the calls that store no request of their own (every guarded call but an `#[idempotent(resumable)]` function's) store this one with their claims, the delivered message, so that a completer can run the consumer's handler on it again | the consumer's runner, and the completer running a consumer's handler |
@@ -165,6 +166,7 @@ tokio::task_local! {
 pub struct Context {
     policy: Option<Policy>,
     retry_hint: Option<RetryHint>,
+    wait: Option<Duration>,
     replays: Option<ReplayWatch>,
     claims: Option<ClaimWatch>,
     handoff: Option<Handoff>,
@@ -218,6 +220,13 @@ impl Context {
     /// the process's.
     pub fn retry_hint(mut self, hint: RetryHint) -> Context {
         self.retry_hint = Some(hint);
+        self
+    }
+
+    /// How long a duplicate of a running call waits for its answer, for the guarded calls whose
+    /// policy sets no wait of its own ([`Policy::wait`](crate::Policy#structfield.wait)).
+    pub fn wait(mut self, wait: Duration) -> Context {
+        self.wait = Some(wait);
         self
     }
 
@@ -313,6 +322,11 @@ pub(crate) fn stored_request() -> Option<StoredRequest> {
 /// The retry hint of this task's context, if it sets one.
 pub(crate) fn retry_hint() -> Option<RetryHint> {
     with(|c| c.retry_hint).flatten()
+}
+
+/// How long a duplicate waits, by this task's context, if it says.
+pub(crate) fn wait() -> Option<Duration> {
+    with(|c| c.wait).flatten()
 }
 
 /// The stored answers that guarded calls replayed; see [`watch_replays`].

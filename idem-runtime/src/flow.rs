@@ -25,6 +25,10 @@
 //!                                 └─ panic / dropped ─► release in the background
 //! ```
 //!
+//! A call whose policy (or context) sets a [`wait`](crate::Policy#structfield.wait) does not
+//! take "in progress" at once: it asks again until the running call's answer is there (a
+//! replay), its claim is released (a claim of its own), or the wait runs out.
+//!
 //! In transactional mode the claim, the body's SQL and the completion share one database
 //! transaction: `Err`, panic and drop roll all of it back.
 
@@ -275,7 +279,7 @@ async fn start<'s, S: Store>(
         None => {
             let mut req = request(&scope, &key, fingerprint, &policy);
             req.request = stored;
-            let outcome = store.begin(req).await;
+            let outcome = begin_waiting(store, req, &policy).await;
             started(&scope, &key, outcome, timing)?
         }
     };
@@ -295,6 +299,37 @@ async fn start<'s, S: Store>(
         }
         Started::Replay(stored) => Begun::Replay(stored),
     })
+}
+
+/// The first pause of a waiting duplicate between two asks, and the longest.
+const FIRST_PAUSE: Duration = Duration::from_millis(5);
+const LONGEST_PAUSE: Duration = Duration::from_millis(250);
+
+/// Begins on the store; while the answer is "in progress" and the call's wait (its policy's,
+/// else its context's) has time left, asks again after a pause that doubles from 5 ms to
+/// 250 ms, cut to the time left. Nothing is held between two asks: each is one `begin`, which
+/// replays the running call's answer once it completed, or claims the key once it was released.
+async fn begin_waiting<S: Store>(
+    store: &S,
+    req: BeginRequest<'_>,
+    policy: &Policy,
+) -> Result<BeginOutcome> {
+    let wait = if policy.wait.is_zero() {
+        context::wait().unwrap_or(Duration::ZERO).min(policy.lease)
+    } else {
+        policy.wait
+    };
+    let deadline = Instant::now() + wait;
+    let mut pause = FIRST_PAUSE;
+    loop {
+        let outcome = store.begin(req).await;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || !matches!(outcome, Ok(BeginOutcome::InProgress { .. })) {
+            return outcome;
+        }
+        tokio::time::sleep(pause.min(left)).await;
+        pause = (pause * 2).min(LONGEST_PAUSE);
+    }
 }
 
 fn request<'a>(

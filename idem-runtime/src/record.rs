@@ -51,6 +51,13 @@ pub struct Policy {
     /// completed without it: a retry is told [`Error::AnswerNotKept`](crate::Error::AnswerNotKept)
     /// (409 `ANSWER_NOT_KEPT`) and never runs the call again.
     pub max_answer: usize,
+    /// How long a duplicate of a running call waits for its answer before it is told "in
+    /// progress" (409 `IN_PROGRESS`). Default zero: told at once. Within the bound the duplicate
+    /// asks the store again, backing off from 5 ms to 250 ms between asks, and holds no
+    /// connection in between; when the running call completes, the duplicate replays its answer,
+    /// and when it releases its claim, the duplicate claims the key and runs. Separate-commits
+    /// calls only: a transactional duplicate already waits on the record's row lock.
+    pub wait: Duration,
 }
 
 impl Default for Policy {
@@ -66,6 +73,7 @@ impl Policy {
         retain: REQUEST_RETAIN,
         expired_lease: ExpiredLease::Reclaim,
         max_answer: DEFAULT_MAX_ANSWER,
+        wait: Duration::ZERO,
     };
 
     /// Sets the lease.
@@ -92,6 +100,14 @@ impl Policy {
         self
     }
 
+    /// Sets how long a duplicate of a running call waits for its answer (see
+    /// [`Policy::wait`](Policy#structfield.wait)); zero, the default, answers "in progress" at
+    /// once.
+    pub const fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
     /// The longest lease or retention a policy may have: 2^45 ms, about 1,100 years, which
     /// every store writes exactly.
     pub const MAX: Duration = Duration::from_millis(1 << 45);
@@ -115,6 +131,12 @@ impl Policy {
             return refuse(format!(
                 "a policy's lease and retention are at most 2^45 ms, not {:?} and {:?}",
                 self.lease, self.retain
+            ));
+        }
+        if self.wait > self.lease {
+            return refuse(format!(
+                "a policy's wait ({:?}) is at most its lease ({:?}): a duplicate that waits longer than the running call may hold its claim waits for a call that is presumed dead; shorten the wait",
+                self.wait, self.lease
             ));
         }
         if self.max_answer == 0 {

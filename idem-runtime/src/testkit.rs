@@ -183,6 +183,9 @@ macro_rules! conformance_tests {
             a_suspended_claim_is_resumed_by_its_retry_at_once,
             dropped_guard_releases_promptly,
             racing_tasks_claim_once,
+            waiting_duplicates_replay_the_first_answer,
+            a_waiting_duplicate_is_told_in_progress_when_its_wait_runs_out,
+            a_release_lets_one_waiting_duplicate_run_and_the_others_replay_it,
             retention_expiry_frees_the_identity,
             purge_removes_only_expired,
             a_purged_identity_never_reuses_a_fence,
@@ -673,6 +676,145 @@ pub mod cases {
         }
         assert_eq!(claims, 1, "exactly one of 64 racing tasks may claim");
         assert_eq!(in_progress, 63);
+    }
+
+    /// Begins `(s, key)` with fingerprint `a` under `policy` through the flow (as every guarded
+    /// call does), on a task of its own, and says how long it took to answer.
+    fn begin_task<S: Store + Clone>(
+        env: &Env<S>,
+        key_text: &'static str,
+        policy: Policy,
+    ) -> tokio::task::JoinHandle<(Result<Option<StoredResponse>, Error>, Duration)> {
+        let store = env.store().clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let begun = crate::begin(&store, "s".into(), key(key_text), fp("a"), policy).await;
+            let answer = match begun {
+                Ok(crate::Begun::Replay(stored)) => Ok(Some(stored)),
+                Ok(crate::Begun::Claimed(guard)) => {
+                    // A waiter that claims runs, and answers with its own bytes.
+                    let mine = StoredResponse::ok(&b"second"[..]);
+                    guard.complete(&mine).await.map(|()| None)
+                }
+                Err(e) => Err(e),
+            };
+            (answer, started.elapsed())
+        })
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn waiting_duplicates_replay_the_first_answer<S: Store + Clone>(env: &Env<S>) {
+        let k = key("k-wait");
+        let f = fp("a");
+        let first = begin_claimed(env, req("s", &k, &f, &POLICY)).await;
+        let waiting = POLICY.wait(Duration::from_secs(20));
+        let waiters: Vec<_> = (0..16)
+            .map(|_| begin_task(env, "k-wait", waiting))
+            .collect();
+        // The duplicates are waiting, not answered: none has finished while the claim is live.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            waiters.iter().all(|w| !w.is_finished()),
+            "a duplicate with a wait was answered while the first call still ran"
+        );
+        let answer = StoredResponse {
+            status: Some(201),
+            ..StoredResponse::ok(&b"{\"refund\":\"r-1\"}"[..])
+        };
+        complete_ok(env, claim("s", &k, first.fence), &answer).await;
+        for w in waiters {
+            let (got, took) = w.await.unwrap();
+            let got = got.unwrap_or_else(|e| panic!("a waiting duplicate got {e:?}"));
+            assert_eq!(
+                got.as_ref(),
+                Some(&answer),
+                "every waiting duplicate replays the first answer, byte for byte, and none runs"
+            );
+            assert!(
+                took < Duration::from_secs(10),
+                "a waiting duplicate replays soon after the completion, not at the end of its wait ({took:?})"
+            );
+        }
+        // A duplicate without a wait is told at once, as before.
+        let k2 = key("k-wait-none");
+        begin_claimed(env, req("s", &k2, &f, &POLICY)).await;
+        let (got, _) = begin_task(env, "k-wait-none", POLICY).await.unwrap();
+        assert!(matches!(got, Err(Error::InProgress { .. })), "{got:?}");
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn a_waiting_duplicate_is_told_in_progress_when_its_wait_runs_out<
+        S: Store + Clone,
+    >(
+        env: &Env<S>,
+    ) {
+        let k = key("k-wait-out");
+        let f = fp("a");
+        let first = begin_claimed(env, req("s", &k, &f, &POLICY)).await;
+        let bound = Duration::from_millis(400);
+        let (got, took) = begin_task(env, "k-wait-out", POLICY.wait(bound))
+            .await
+            .unwrap();
+        assert!(matches!(got, Err(Error::InProgress { .. })), "{got:?}");
+        assert!(
+            took >= bound,
+            "told in progress before its wait ran out ({took:?})"
+        );
+        // It changed nothing: the first call still owns the key and completes it.
+        complete_ok(
+            env,
+            claim("s", &k, first.fence),
+            &StoredResponse::ok(&b"one"[..]),
+        )
+        .await;
+        // Another body under the key is still refused at once, wait or not.
+        let other = crate::begin(env.store(), "s".into(), k, fp("b"), POLICY.wait(bound)).await;
+        assert!(matches!(other, Err(Error::KeyReused)), "{other:?}");
+        // A wait longer than the lease is refused before the store is asked.
+        let (too_long, _) = begin_task(
+            env,
+            "k-wait-too-long",
+            POLICY
+                .lease(Duration::from_secs(1))
+                .wait(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap();
+        assert!(matches!(too_long, Err(Error::Config(_))), "{too_long:?}");
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests).
+    pub async fn a_release_lets_one_waiting_duplicate_run_and_the_others_replay_it<
+        S: Store + Clone,
+    >(
+        env: &Env<S>,
+    ) {
+        let k = key("k-wait-release");
+        let f = fp("a");
+        let first = begin_claimed(env, req("s", &k, &f, &POLICY)).await;
+        let waiting = POLICY.wait(Duration::from_secs(20));
+        let waiters: Vec<_> = (0..8)
+            .map(|_| begin_task(env, "k-wait-release", waiting))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The first call did nothing and released: one waiter claims and runs, the others wait
+        // for it and replay its answer.
+        env.store()
+            .release(claim("s", &k, first.fence))
+            .await
+            .unwrap();
+        let (mut ran, mut replayed) = (0, 0);
+        for w in waiters {
+            match w.await.unwrap().0 {
+                Ok(None) => ran += 1,
+                Ok(Some(stored)) => {
+                    assert_eq!(&stored.body[..], b"second");
+                    replayed += 1;
+                }
+                Err(e) => panic!("a waiting duplicate got {e:?}"),
+            }
+        }
+        assert_eq!((ran, replayed), (1, 7), "exactly one waiter runs the call");
     }
 
     /// See [`conformance_tests!`](crate::conformance_tests).

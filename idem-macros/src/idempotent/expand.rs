@@ -141,6 +141,7 @@ fn prelude(g: &Gen<'_>) -> TokenStream {
     let ms = |d: Option<u64>| d.map(|ms| quote!(::core::time::Duration::from_millis(#ms)));
     let lease = ms(m.policy.lease_ms).map(|d| quote!(.lease(#d)));
     let retain = ms(m.policy.retain_ms).map(|d| quote!(.retain(#d)));
+    let wait = ms(m.policy.wait_ms).map(|d| quote!(.wait(#d)));
     let expired = m
         .policy
         .fail_closed
@@ -169,7 +170,7 @@ fn prelude(g: &Gen<'_>) -> TokenStream {
         let #v_store = #store_init;
         let #v_errors = #errors_init;
         #shaped
-        let #v_policy = #private::default_policy() #lease #retain #expired;
+        let #v_policy = #private::default_policy() #lease #retain #wait #expired;
     }
 }
 

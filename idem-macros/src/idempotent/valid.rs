@@ -46,6 +46,8 @@ pub(super) struct Fingerprinted {
 pub(super) struct Policy {
     pub(super) lease_ms: Option<u64>,
     pub(super) retain_ms: Option<u64>,
+    /// `wait = "2s"`: how long a duplicate of a running call waits for its answer.
+    pub(super) wait_ms: Option<u64>,
     pub(super) store_final: bool,
     pub(super) fail_closed: bool,
     /// `on_cancel = "finish"`: the body runs on a task of its own, to its end, even when the
@@ -760,6 +762,7 @@ fn policy(args: &Args, cx: &mut Ctxt) -> Policy {
     };
     let lease_ms = duration(&args.lease);
     let retain_ms = duration(&args.retain);
+    let wait_ms = duration(&args.wait);
     if let (Some(ms), Some(lit)) = (lease_ms, &args.lease)
         && ms < MIN_LEASE_MS
     {
@@ -772,6 +775,25 @@ fn policy(args: &Args, cx: &mut Ctxt) -> Policy {
         );
     }
     let (lease, retain) = (lease_ms.unwrap_or(300_000), retain_ms.unwrap_or(86_400_000));
+    if let (Some(ms), Some(lit)) = (wait_ms, &args.wait) {
+        if let Some(tx) = &args.transaction {
+            cx.at(
+                lit.span(),
+                format_args!(
+                    "`wait` with `transaction = {tx}`: a transactional duplicate already waits for the running call, on its record's row lock, and then replays its answer; drop `wait`"
+                ),
+            );
+        } else if ms > lease {
+            cx.at(
+                lit.span(),
+                format_args!(
+                    "a wait of {} is longer than the lease, {}: a duplicate would still wait after the running call is presumed dead. Wait at most the lease, or lengthen the lease",
+                    lit.value(),
+                    args.lease.as_ref().map_or("5m (the default)".to_owned(), LitStr::value)
+                ),
+            );
+        }
+    }
     if retain < lease {
         let span = args.retain.as_ref().or(args.lease.as_ref());
         cx.at(
@@ -814,6 +836,7 @@ fn policy(args: &Args, cx: &mut Ctxt) -> Policy {
     Policy {
         lease_ms,
         retain_ms,
+        wait_ms,
         store_final,
         fail_closed,
         finish_on_cancel,

@@ -252,6 +252,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
@@ -401,6 +402,8 @@ struct Config {
     release_if: StoreRule,
     stream_if: StoreRule,
     policy: Policy,
+    /// How long a duplicate waits, over the policy's own.
+    wait: Option<Duration>,
     /// The resume name of a resumable route: its requests are stored with their claims.
     resumable: Option<String>,
     /// The request headers a resumable route stores besides `content-type` and the key's.
@@ -423,6 +426,7 @@ impl fmt::Debug for Config {
             .field("body_limit", &self.body_limit)
             .field("stored_headers", &self.stored_headers)
             .field("policy", &self.policy)
+            .field("wait", &self.wait)
             .field("resumable", &self.resumable)
             .field("resumable_headers", &self.resumable_headers)
             .field("max_request", &self.max_request)
@@ -617,6 +621,7 @@ impl<St: Store + Clone> GuardLayer<St> {
                 release_if: Arc::new(|a: &Answer<'_>| a.is_refusal()),
                 stream_if: Arc::new(|a: &Answer<'_>| a.is_event_stream()),
                 policy: Policy::DEFAULT,
+                wait: None,
                 resumable: None,
                 resumable_headers: Vec::new(),
                 max_request: RequestCap::DEFAULT,
@@ -739,6 +744,15 @@ impl<St: Store + Clone> GuardLayer<St> {
     /// an abandoned claim.
     pub fn policy(self, policy: Policy) -> Self {
         self.edit(|c| c.policy = policy)
+    }
+
+    /// Lets a duplicate of a running request wait up to `wait` for its answer, and replay it,
+    /// before it is answered 409 `IN_PROGRESS`: the policy's
+    /// [`wait`](Policy#structfield.wait), whichever order this and [`GuardLayer::policy`] are
+    /// called in. The duplicate holds no connection while it waits. At most the lease: a
+    /// longer wait answers every guarded request with 500 and says why in the log.
+    pub fn wait(self, wait: Duration) -> Self {
+        self.edit(|c| c.wait = Some(wait))
     }
 
     /// Makes the guarded routes resumable: each guarded request is stored with its claim, as a
@@ -1064,11 +1078,13 @@ async fn claim<'s, St: Store, B>(
         handed_scope,
         principal,
     } = call;
+    let policy = match config.wait {
+        Some(wait) => config.policy.wait(wait),
+        None => config.policy,
+    };
     let begun = match &request {
-        Some(request) => {
-            begin_resumable(store, scope, key, fingerprint, config.policy, request).await
-        }
-        None => begin(store, scope, key, fingerprint, config.policy).await,
+        Some(request) => begin_resumable(store, scope, key, fingerprint, policy, request).await,
+        None => begin(store, scope, key, fingerprint, policy).await,
     };
     match begun {
         Ok(Begun::Claimed(guard)) => Ok(guard),
