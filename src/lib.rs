@@ -45,6 +45,9 @@
 //! - [`outbox`]: events enqueued in the transaction of the state change they announce, and a
 //!   relay that publishes them.
 //!
+//! The [`guide`] goes on from here: the guarantees layer by layer, the completer, any `http`
+//! service and its clients, messages, a walkthrough of the example service, stores, operating it.
+//!
 //! # An axum handler, end to end
 //!
 //! With the features `axum` and `sqlite` (the default): the key comes from the
@@ -214,6 +217,7 @@
 /// | `skip(a, b)` | Fingerprint every argument but these (names, not fields). `#[idem(skip)]` on a parameter does the same, and cannot be combined with `fingerprint(…)` listing it. By default every argument is fingerprinted except `self`, the key when it is an argument itself (`key = key`), and the store or the argument it is read from (`app` in `store = app.idem`: application state is not part of the request). An argument that `key = …` only reads (`headers` in `key = headers.key`) is fingerprinted. An argument that is not `Serialize` is a compile error pointing at it. |
 /// | `lease = "30s"` | How long a claim lives before it is presumed abandoned (default `"5m"`), at least `"1s"`: a claim that runs out while the body runs lets a retry run it again. Units `ms`, `s`, `m`, `h`, `d`; checked at compile time. |
 /// | `retain = "24h"` | How long the answer is replayed (default `"24h"`); at least the lease. |
+/// | `wait = "2s"` | How long a duplicate of a running call (same scope, key and fingerprint) waits for its answer before it is told "in progress" ([`Error::InProgress`], 409 with `Retry-After`). Default: not at all. Within the bound the duplicate asks the store again, backing off from 5 ms to 250 ms, holding no connection in between, and replays the answer as soon as the running call completes (or claims the key and runs, if that call released it). At most the lease; not with `transaction`, where a duplicate already waits on the record's row lock. The axum layer and the tower guard set a wait for every call they serve (`axum::IdempotencyLayer::wait`, `tower::GuardLayer::wait`). |
 /// | `on_error = "release"` | `"release"` (default): an `Err` frees the key so a retry runs the body again. `"store_final"`: errors for which [`FinalError::is_final`] holds are stored and replayed like successes. |
 /// | `on_expired_lease = "reclaim"` | `"reclaim"` (default): an abandoned claim is taken over (fence + 1, with its recovery point). `"fail_closed"`: keep answering "in progress". |
 /// | `on_cancel = "release"` | What a dropped call (a client that hung up, a timeout) does to a body still running. `"release"` (default): the body stops at its next `.await` and the claim is freed at once, so a retry runs it again (a `resumable` call's claim is suspended instead, for its retry or the completer to resume). `"finish"`: the claim, the body and the completion run to their end on a task of their own, and a retry gets "in progress", then the stored answer; choose it when the body calls the outside world and must not be cut halfway. The body must then be `Send` and own its arguments (no `&` parameters, `&self` included); not with `transaction`, where a dropped call rolls everything back. |
@@ -223,7 +227,7 @@
 /// | `claim = c` | The body gets `c: `[`ClaimInfo`]: its fence, whether it took over an abandoned claim, the recovery point, and [`ClaimInfo::downstream_key`] for calls to the outside world. Likewise, a body that uses `claim` without `claim = claim` is told to add it. |
 /// | `crate = "path::to::idem"` | Where idem is, when it is re-exported under another path. Without it, a crate whose `Cargo.toml` renames the dependency, or does not depend on idem at all, gets one error that says so. |
 ///
-/// Where the attribute gives no `lease`, `retain` or `on_expired_lease`, the call takes them
+/// Where the attribute gives no `lease`, `retain`, `wait` or `on_expired_lease`, the call takes them
 /// from the policy of the [`Context`] it runs in, else from [`Policy::DEFAULT`]: a
 /// function called by a message consumer's handler keeps its records as long as the consumer
 /// keeps its own (7 days by default), as long as redeliveries can come.
@@ -638,6 +642,8 @@ pub use idem_macros::versioned_update;
 /// ```
 #[doc(inline)]
 pub use idem_macros::create_once;
+
+pub mod guide;
 
 /// Support for macro-generated code. Not a public API: anything here may change in any release.
 #[doc(hidden)]

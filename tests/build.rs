@@ -114,7 +114,7 @@ fn main() {
     } else {
         skipped.push("a redis-server binary (install Redis)".to_owned());
     }
-    // The README's walkthrough is run as written: with bash, curl and openssl.
+    // The guide's walkthrough is run as written: with bash, curl and openssl.
     println!("cargo::rustc-check-cfg=cfg(idem_walkthrough_tools)");
     println!("cargo::rerun-if-env-changed=IDEM_REQUIRE_CURL");
     let tools = [
@@ -131,13 +131,13 @@ fn main() {
         println!("cargo::rustc-cfg=idem_walkthrough_tools");
     } else if std::env::var("IDEM_REQUIRE_CURL").as_deref() == Ok("1") {
         eprintln!(
-            "IDEM_REQUIRE_CURL=1 but the README walkthrough's tools are missing: {}",
+            "IDEM_REQUIRE_CURL=1 but the walkthrough's tools (src/guide/walkthrough.md) are missing: {}",
             missing.join(", ")
         );
         std::process::exit(1);
     } else {
         skipped.push(format!(
-            "{} (the README walkthrough)",
+            "{} (the guide's walkthrough)",
             missing.join(" and ")
         ));
     }

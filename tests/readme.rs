@@ -1,7 +1,7 @@
-//! The README's walkthrough, run as written: every command between its `<!-- walkthrough -->`
+//! The guide's walkthrough (`src/guide/walkthrough.md`), run as written: every command between its `<!-- walkthrough -->`
 //! markers goes through bash against a fresh `cargo run --example refund_service` (its default
-//! SQLite file, in a directory of its own), and each answer must be the one the README prints,
-//! byte for byte (a `date:` header aside). Then the reset the README describes (stop, delete
+//! SQLite file, in a directory of its own), and each answer must be the one the guide prints,
+//! byte for byte (a `date:` header aside). Then the reset the guide describes (stop, delete
 //! `refund_service.db*`, start again), and the same commands must print the same answers.
 
 mod common;
@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 struct Step {
     command: String,
     expected: String,
-    /// Where it is in the README, for the message.
+    /// Where it is in the walkthrough, for the message.
     line: usize,
 }
 
@@ -24,10 +24,10 @@ struct Step {
 fn steps(readme: &str) -> Vec<Step> {
     let start = readme
         .find("<!-- walkthrough")
-        .expect("the README marks the start of its walkthrough");
+        .expect("the guide marks the start of its walkthrough");
     let end = readme
         .find("<!-- /walkthrough -->")
-        .expect("the README marks the end of its walkthrough");
+        .expect("the guide marks the end of its walkthrough");
     let first_line = readme[..start].lines().count();
     let mut steps: Vec<Step> = Vec::new();
     let mut block: Option<&str> = None;
@@ -95,7 +95,7 @@ impl Drop for Service {
     }
 }
 
-/// The example as the README starts it: no configuration but `database_url` (none: its
+/// The example as the guide starts it: no configuration but `database_url` (none: its
 /// default SQLite file), its files in `dir`.
 fn start(dir: &Path, database_url: Option<&str>) -> (Service, String) {
     let mut command = Command::new(common::example_binary("refund_service"));
@@ -156,7 +156,7 @@ fn run(steps: &[Step], dir: &Path, base: &str) {
             .expect("the steps ran in order");
         if normalise(answer) != normalise(&step.expected) {
             wrong.push(format!(
-                "README.md line {}: `{}`\n--- the README says:\n{}\n--- it printed:\n{}\n",
+                "src/guide/walkthrough.md line {}: `{}`\n--- the guide says:\n{}\n--- it printed:\n{}\n",
                 step.line,
                 step.command,
                 normalise(&step.expected),
@@ -176,12 +176,13 @@ fn run(steps: &[Step], dir: &Path, base: &str) {
 #[test]
 #[cfg_attr(
     not(idem_walkthrough_tools),
-    ignore = "needs bash, curl and openssl, as the README's walkthrough does"
+    ignore = "needs bash, curl and openssl, as the guide's walkthrough does"
 )]
 fn the_walkthrough_prints_what_the_readme_says_and_again_after_a_reset() {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-            .expect("read the README");
+    let readme = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../src/guide/walkthrough.md"),
+    )
+    .expect("read the guide's walkthrough");
     let steps = steps(&readme);
     assert!(
         steps.len() > 10,
@@ -193,7 +194,7 @@ fn the_walkthrough_prints_what_the_readme_says_and_again_after_a_reset() {
     run(&steps, dir.path(), &base);
     drop(service);
 
-    // The README's reset: stop the service, delete refund_service.db*, start it again.
+    // The guide's reset: stop the service, delete refund_service.db*, start it again.
     let mut removed = 0;
     for entry in std::fs::read_dir(dir.path()).unwrap() {
         let path = entry.unwrap().path();
@@ -211,7 +212,7 @@ fn the_walkthrough_prints_what_the_readme_says_and_again_after_a_reset() {
     run(&steps, dir.path(), &base);
 }
 
-/// The README's PostgreSQL section: the same walkthrough prints the same answers on a database
+/// The guide's PostgreSQL section: the same walkthrough prints the same answers on a database
 /// of its own (here a schema of its own), and again on a new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
@@ -227,7 +228,7 @@ async fn the_walkthrough_prints_the_same_on_postgres() {
     .await;
 }
 
-/// The README's MySQL section: the same walkthrough prints the same answers on a MariaDB
+/// The guide's MySQL section: the same walkthrough prints the same answers on a MariaDB
 /// database of its own, and again on a new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
@@ -246,9 +247,10 @@ async fn the_walkthrough_prints_the_same_on_mysql() {
 /// The walkthrough on the service started on a database `new` makes (what keeps it, and its
 /// URL), then again on another one.
 async fn twice_on_a_new_database<D>(new: impl AsyncFn() -> (D, String)) {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-            .expect("read the README");
+    let readme = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../src/guide/walkthrough.md"),
+    )
+    .expect("read the guide's walkthrough");
     let steps = steps(&readme);
     let dir = tempfile::tempdir().unwrap();
     for _ in 0..2 {

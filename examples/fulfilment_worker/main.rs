@@ -12,7 +12,7 @@
 //! Its handler is a transactional `#[idempotent]` function (`worker.rs`): the claim on the
 //! message id, the shipment row and the completion commit together, and the runner acks only
 //! after that commit. A payload it can never process goes to `dlq.fulfilment` with the reason.
-//! See the README for a walkthrough with the refund service.
+//! See the guide (`src/guide/walkthrough.md`) for a walkthrough with the refund service.
 
 mod worker;
 

@@ -16,8 +16,8 @@
 //! `PAYMENT_WEBHOOK_SECRET` and `ADMIN_TOKEN` are unset; on an address other machines reach it
 //! refuses to (exit code 2, naming what to set) unless `ALLOW_DEV_SECRETS=1`.
 //!
-//! See the README for a walkthrough with curl. `GET /metrics` serves idem's counters in the
-//! Prometheus text format; `/admin` is idem's admin view of the records, for operators with the
+//! See the guide (`src/guide/walkthrough.md`) for a walkthrough with curl. `GET /metrics`
+//! serves idem's counters in the Prometheus text format; `/admin` is idem's admin view of the records, for operators with the
 //! `ADMIN_TOKEN` (`Authorization: Bearer …`).
 
 mod admin;

@@ -1,5 +1,5 @@
 //! `GET /metrics`: every counter idem records (feature `metrics`), in the Prometheus text
-//! format, for a scraper and a dashboard. The README's "Metrics" lists them.
+//! format, for a scraper and a dashboard. The guide's "Operating it" chapter lists them.
 
 use axum::Router;
 use axum::http::header::CONTENT_TYPE;

@@ -1,6 +1,6 @@
 //! Tracing events, and `metrics` counters behind the `metrics` feature, for every outcome.
 //!
-//! Every metric idem records is named here (the README's "Metrics" lists them with their
+//! Every metric idem records is named here (the guide's "Operating it" lists them with their
 //! meaning), except `idem_transitions_total` (`transition.rs`):
 //!
 //! - `idem_outcomes_total{outcome}`: `claimed`, `reclaimed`, `replayed`, `in_progress`,
