@@ -232,6 +232,10 @@
 /// function called by a message consumer's handler keeps its records as long as the consumer
 /// keeps its own (7 days by default), as long as redeliveries can come.
 ///
+/// With the feature `utoipa`, the function also registers what its attribute declares (its
+/// name, scope template, lease, retention, wait), which `openapi::Idempotency` writes into the
+/// function's OpenAPI operation.
+///
 /// `#[idempotent]` is given once per function, on a function with a body: on a trait method,
 /// put it on the method in each `impl` block, or on the trait's default body. It needs the
 /// `async fn` itself: under `#[async_trait]`, which turns the methods of an `impl` into

@@ -221,16 +221,20 @@ async fn refund(
     (r.status(), r.text().await.unwrap())
 }
 
-/// The money moves of the gateway's ledger for `order_no`.
-async fn moves(c: &Client, s: &Server, order_no: &str) -> usize {
-    let ledger: Value = c
-        .get(s.url("/api/gateway/ledger"))
+/// `GET path` on the server, read as JSON.
+async fn get_json(c: &Client, s: &Server, path: &str) -> Value {
+    c.get(s.url(path))
         .send()
         .await
         .unwrap()
         .json()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// The money moves of the gateway's ledger for `order_no`.
+async fn moves(c: &Client, s: &Server, order_no: &str) -> usize {
+    let ledger = get_json(c, s, "/api/gateway/ledger").await;
     ledger["moves"]
         .as_array()
         .unwrap()
@@ -469,7 +473,7 @@ macro_rules! e2e {
                         other => panic!("{other}: {body}"),
                     }
                 }
-                let ledger: Value = c.get(s.url("/api/gateway/ledger")).send().await.unwrap().json().await.unwrap();
+                let ledger = get_json(&c, &s, "/api/gateway/ledger").await;
                 assert_eq!(ledger["count"], 1, "one money move: {ledger}");
                 assert_eq!(answers.len(), 1);
                 // A replay afterwards gives the first answer; another key finds it refunded.
@@ -488,7 +492,7 @@ macro_rules! e2e {
                     .unwrap();
                 assert_eq!(r.status(), StatusCode::NOT_FOUND);
                 assert_eq!(code(&r.text().await.unwrap()), "ORDER_NOT_FOUND");
-                let ledger: Value = c.get(s.url("/api/gateway/ledger")).send().await.unwrap().json().await.unwrap();
+                let ledger = get_json(&c, &s, "/api/gateway/ledger").await;
                 assert_eq!(ledger["count"], 1);
             }
 
@@ -1212,4 +1216,49 @@ async fn a_refund_left_by_a_killed_service_is_finished_after_its_restart_on_post
 )]
 async fn a_refund_left_by_a_killed_service_is_finished_after_its_restart_on_mysql() {
     a_refund_left_by_a_killed_service_is_finished_after_its_restart(mysql().await).await
+}
+
+/// The service serves its OpenAPI document, and each guarded operation in it states what the
+/// handler's `#[idempotent]` declares: `create_order` (`lease = "30s"`, scope
+/// `order:<user.id>`) and `refund` (`lease = "20s"`, scope `refund:<order_no>`), the key header,
+/// the refusals with their codes; the lookup by key, which is not guarded, states none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_service_serves_its_idempotency_contract_as_openapi() {
+    let server = sqlite().await;
+    let doc = get_json(&Client::new(), &server, "/api/openapi.json").await;
+    for (path, scope, lease) in [
+        ("/api/orders", "order:<user.id>", 30),
+        ("/api/orders/{order_no}/refunds", "refund:<order_no>", 20),
+    ] {
+        let op = &doc["paths"][path]["post"];
+        let contract = &op["x-idempotency"];
+        assert_eq!(contract["scope"], scope, "{op:#}");
+        assert_eq!(contract["leaseSeconds"], lease, "{op:#}");
+        assert_eq!(contract["header"], "Idempotency-Key");
+        assert!(
+            op["parameters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["name"] == "Idempotency-Key"
+                    && p["in"] == "header"
+                    && p["required"] == true),
+            "{op:#}"
+        );
+        for status in ["400", "409", "422"] {
+            assert!(
+                op["responses"][status]["content"]["application/problem+json"].is_object(),
+                "{status} in {op:#}"
+            );
+        }
+        for status in ["200", "201"] {
+            assert!(
+                op["responses"][status]["headers"]["Idempotent-Replayed"].is_object(),
+                "{status} in {op:#}"
+            );
+        }
+    }
+    let lookup = &doc["paths"]["/api/orders/by-key/{key}"]["get"];
+    assert!(lookup.is_object(), "{doc:#}");
+    assert!(lookup.get("x-idempotency").is_none(), "{lookup:#}");
 }

@@ -663,3 +663,160 @@ async fn with_the_layers_wait_duplicates_get_the_first_answer_marked_as_a_replay
         "every duplicate is a replay of the first answer: {answers:?}"
     );
 }
+
+/// Documented: its operation carries the idempotency contract its attribute declares.
+#[utoipa::path(post, path = "/orders/{order_no}/refund", responses((status = 201, description = "refunded")))]
+#[idempotent(scope = "refund:<order_no>", key = key, store = store, skip(store), lease = "30s", retain = "48h", wait = "2s")]
+async fn documented_refund(
+    State(store): State<MemoryStore>,
+    axum::extract::Path(order_no): axum::extract::Path<String>,
+    key: IdempotencyKey,
+) -> Result<(StatusCode, Json<String>), idem::Error> {
+    Ok((StatusCode::CREATED, Json(order_no)))
+}
+
+/// Documented, not guarded: left as it is. Never served: the test reads its operation only.
+#[allow(dead_code)]
+#[utoipa::path(get, path = "/health", responses((status = 200, description = "up")))]
+async fn health() -> &'static str {
+    "up"
+}
+
+#[test]
+fn the_openapi_document_states_each_guarded_operations_contract_from_its_attribute() {
+    use idem::openapi::{Idempotency, contract};
+    use utoipa::{Modify as _, OpenApi};
+
+    #[derive(OpenApi)]
+    #[openapi(paths(documented_refund, health))]
+    struct Api;
+
+    let declared =
+        contract("documented_refund").expect("the guarded function registered its contract");
+    assert_eq!(declared.scope, "refund:<order_no>");
+    assert_eq!(declared.module, module_path!());
+    assert_eq!(declared.lease, Some(Duration::from_secs(30)));
+    assert_eq!(declared.retain, Some(Duration::from_secs(48 * 3600)));
+    assert_eq!(declared.wait, Some(Duration::from_secs(2)));
+    assert!(!declared.transactional);
+    assert!(contract("health").is_none());
+
+    for (layer, header, accepts) in [
+        (Idempotency::new(), "Idempotency-Key", "1 to 255 bytes"),
+        (
+            Idempotency::new()
+                .header(HeaderName::from_static("x-request-key"))
+                .key_policy(KeyPolicy::Uuid),
+            "X-Request-Key",
+            "UUID",
+        ),
+    ] {
+        let mut doc = Api::openapi();
+        layer.modify(&mut doc);
+        let doc = serde_json::to_value(&doc).unwrap();
+        let op = &doc["paths"]["/orders/{order_no}/refund"]["post"];
+        let key = op["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["in"] == "header")
+            .unwrap_or_else(|| panic!("no key header in {op:#}"));
+        assert_eq!(key["name"], header);
+        assert_eq!(key["required"], true);
+        assert!(
+            key["description"].as_str().unwrap().contains(accepts),
+            "{key:#}"
+        );
+        let codes = |status: &str| -> Vec<String> {
+            let schema = &op["responses"][status]["content"]["application/problem+json"]["schema"];
+            schema["properties"]["code"]["enum"]
+                .as_array()
+                .unwrap_or_else(|| panic!("no codes for {status} in {op:#}"))
+                .iter()
+                .map(|c| c.as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(codes("400"), [idem::error::codes::INVALID_IDEMPOTENCY_KEY]);
+        assert!(codes("409").contains(&idem::error::codes::REQUEST_IN_PROGRESS.to_owned()));
+        assert_eq!(
+            codes("422"),
+            [idem::error::codes::KEY_REUSED_WITH_DIFFERENT_BODY]
+        );
+        assert!(
+            op["responses"]["409"]["headers"]["Retry-After"].is_object(),
+            "{op:#}"
+        );
+        assert!(
+            op["responses"]["201"]["headers"]["Idempotent-Replayed"].is_object(),
+            "the success answer says it may be a replay: {op:#}"
+        );
+        let contract = &op["x-idempotency"];
+        assert_eq!(contract["header"], header);
+        assert_eq!(contract["scope"], "refund:<order_no>");
+        assert_eq!(contract["leaseSeconds"], 30);
+        assert_eq!(contract["retentionSeconds"], 48 * 3600);
+        assert_eq!(contract["waitSeconds"], 2);
+
+        let health = &doc["paths"]["/health"]["get"];
+        assert!(
+            health.get("parameters").is_none_or(|p| p.is_null()),
+            "{health:#}"
+        );
+        assert!(health["responses"].get("409").is_none(), "{health:#}");
+        assert!(health.get("x-idempotency").is_none(), "{health:#}");
+    }
+}
+
+/// Two guarded functions of one name, in two modules: an operation of that id is not given
+/// either's contract (which one it serves is not known), and both are listed with their modules.
+mod twins {
+    pub mod a {
+        #[idem::idempotent(scope = "twin-a", key = key, store = store, lease = "10s")]
+        pub async fn twin(store: &idem::MemoryStore, key: &str) -> Result<u64, idem::Error> {
+            Ok(1)
+        }
+    }
+    pub mod b {
+        #[idem::idempotent(scope = "twin-b", key = key, store = store, lease = "20s")]
+        pub async fn twin(store: &idem::MemoryStore, key: &str) -> Result<u64, idem::Error> {
+            Ok(2)
+        }
+    }
+}
+
+#[test]
+fn an_operation_id_two_guarded_functions_share_gets_neither_contract() {
+    use idem::openapi::{Idempotency, contract, contracts};
+    use utoipa::Modify as _;
+    use utoipa::openapi::path::{HttpMethod, OperationBuilder, PathItem};
+    use utoipa::openapi::{OpenApiBuilder, PathsBuilder};
+
+    // Referenced, so that both are linked in.
+    let _ = (twins::a::twin, twins::b::twin);
+    let mut modules: Vec<_> = contracts()
+        .filter(|c| c.function == "twin")
+        .map(|c| (c.module, c.scope))
+        .collect();
+    modules.sort();
+    assert_eq!(
+        modules,
+        [("http::twins::a", "twin-a"), ("http::twins::b", "twin-b")]
+    );
+    assert!(contract("twin").is_none());
+    let mut doc = OpenApiBuilder::new()
+        .paths(PathsBuilder::new().path(
+            "/twin",
+            PathItem::new(
+                HttpMethod::Post,
+                OperationBuilder::new().operation_id(Some("twin")).build(),
+            ),
+        ))
+        .build();
+    Idempotency::new().modify(&mut doc);
+    let op = doc.paths.paths["/twin"].post.as_ref().unwrap();
+    assert!(
+        op.extensions.is_none() && op.parameters.is_none(),
+        "{}",
+        serde_json::to_string(op).unwrap()
+    );
+}

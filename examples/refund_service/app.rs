@@ -226,8 +226,95 @@ pub fn router<D: Events, S: Store + Clone>(app: App<D, S>) -> Router {
         )
         .route("/api/gateway/ledger", get(ledger::<D, S>))
         .route("/api/outbox", get(outbox::<D, S>))
+        .route("/api/openapi.json", get(openapi))
         .layer(IdempotencyLayer::new().replay_status(StatusCode::OK))
         .with_state(app)
+}
+
+/// `GET /api/openapi.json`: the guarded operations as an OpenAPI document, each with the
+/// idempotency contract its `#[idempotent]` declares (`idem::openapi`): the key header, the
+/// 400/409/422 answers with their problem codes, `Idempotent-Replayed`, lease, retention. The
+/// operation ids are the handlers' names, which is how the contracts are found.
+async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    use utoipa::Modify as _;
+    use utoipa::openapi::path::{
+        HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn, PathItem,
+    };
+    use utoipa::openapi::{
+        InfoBuilder, OpenApiBuilder, PathsBuilder, Required, Response, ResponsesBuilder,
+    };
+
+    let operation =
+        |id: &str, summary: &str, path_param: Option<&str>, answers: &[(&str, &str)]| {
+            let mut responses = ResponsesBuilder::new();
+            for (status, description) in answers {
+                responses = responses.response(*status, Response::new(*description));
+            }
+            let mut op = OperationBuilder::new()
+                .operation_id(Some(id))
+                .summary(Some(summary))
+                .responses(responses.build());
+            if let Some(name) = path_param {
+                op = op.parameter(
+                    ParameterBuilder::new()
+                        .name(name)
+                        .parameter_in(ParameterIn::Path)
+                        .required(Required::True),
+                );
+            }
+            op.build()
+        };
+    let paths = PathsBuilder::new()
+        .path(
+            "/api/orders",
+            PathItem::new(
+                HttpMethod::Post,
+                operation(
+                    "create_order",
+                    "Create an order",
+                    None,
+                    &[
+                        ("201", "the order, created"),
+                        ("200", "the order, replayed"),
+                    ],
+                ),
+            ),
+        )
+        .path(
+            "/api/orders/{order_no}/refunds",
+            PathItem::new(
+                HttpMethod::Post,
+                operation(
+                    "refund",
+                    "Refund a paid order",
+                    Some("order_no"),
+                    &[("201", "the refund"), ("200", "the refund, replayed")],
+                ),
+            ),
+        )
+        .path(
+            "/api/orders/by-key/{key}",
+            PathItem::new(
+                HttpMethod::Get,
+                operation(
+                    "order_by_key",
+                    "What became of the order created with this key",
+                    Some("key"),
+                    &[("200", "the stored answer"), ("404", "no such key")],
+                ),
+            ),
+        );
+    let mut doc = OpenApiBuilder::new()
+        .info(
+            InfoBuilder::new()
+                .title("refund_service")
+                .version("0.1.0")
+                .build(),
+        )
+        .paths(paths.build())
+        .build();
+    idem::openapi::Idempotency::new().modify(&mut doc);
+    Json(doc)
 }
 
 // ---- errors ------------------------------------------------------------------------------------

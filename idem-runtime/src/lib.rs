@@ -99,13 +99,26 @@ pub mod key;
 pub mod lifecycle;
 pub mod limit;
 mod observe;
+#[cfg(feature = "utoipa")]
+#[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
+pub mod openapi;
 #[cfg(feature = "sql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sql")))]
 pub mod outbox;
-#[cfg(any(feature = "axum", feature = "tower", feature = "client"))]
+#[cfg(any(
+    feature = "axum",
+    feature = "tower",
+    feature = "client",
+    feature = "utoipa"
+))]
 #[cfg_attr(
     docsrs,
-    doc(cfg(any(feature = "axum", feature = "tower", feature = "client")))
+    doc(cfg(any(
+        feature = "axum",
+        feature = "tower",
+        feature = "client",
+        feature = "utoipa"
+    )))
 )]
 pub mod problem;
 pub mod record;

@@ -71,17 +71,42 @@ pub(super) fn rewrite(model: Model, func: ItemFn) -> TokenStream {
         json_ok,
     };
     let prelude = prelude(&g);
+    let contract = contract(&g, &sig.ident);
     let call = call(&g, &block.stmts);
     let v_result = Gen::local("result");
     quote! {
         #(#attrs)*
         #vis #sig {
+            #contract
             #prelude
             // Unannotated: the body's type (from the fake return edge above) decides, so that a
             // return type that is not a `Result` is reported once.
             let #v_result = { #call };
             #v_result
         }
+    }
+}
+
+/// What the function promises, registered for OpenAPI documents (`idem::openapi`, feature
+/// `utoipa`; nothing without it).
+fn contract(g: &Gen<'_>, name: &Ident) -> TokenStream {
+    let m = g.model;
+    let private = &g.private;
+    let name = name.to_string();
+    let name = name.strip_prefix("r#").unwrap_or(&name);
+    let scope = &m.scope_text;
+    let ms = |d: Option<u64>| match d {
+        Some(ms) => quote!(::core::option::Option::Some(#ms)),
+        None => quote!(::core::option::Option::None),
+    };
+    let (lease, retain, wait) = (
+        ms(m.policy.lease_ms),
+        ms(m.policy.retain_ms),
+        ms(m.policy.wait_ms),
+    );
+    let tx = m.transaction.is_some();
+    quote! {
+        #private::contract!(#name, ::core::module_path!(), #scope, #lease, #retain, #wait, #tx);
     }
 }
 

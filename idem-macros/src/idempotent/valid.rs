@@ -19,6 +19,8 @@ pub(super) struct Model {
     pub(super) krate: Krate,
     pub(super) template: Template,
     pub(super) scope_span: Span,
+    /// The scope template as written, for the function's contract.
+    pub(super) scope_text: String,
     pub(super) key: Expr,
     pub(super) store: Option<Expr>,
     pub(super) fingerprinted: Vec<Fingerprinted>,
@@ -135,6 +137,7 @@ pub(super) fn validate(
         krate,
         template: template?,
         scope_span: args.scope.as_ref()?.span(),
+        scope_text: args.scope.as_ref()?.value(),
         key: args.key?,
         store: args.store,
         fingerprinted: fingerprinted?,

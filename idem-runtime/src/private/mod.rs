@@ -9,6 +9,7 @@
 
 #![allow(missing_docs)]
 
+pub use crate::__idem_contract as contract;
 pub use crate::default_store::DefaultStore;
 pub use crate::error::Error;
 pub use crate::fingerprint::{Fingerprint, Fingerprinter};
@@ -402,4 +403,25 @@ pub enum Never {}
 /// Implemented by no type.
 pub trait Impossible {
     fn never() -> std::convert::Infallible;
+}
+
+/// Registers what a guarded function promises, for `idem::openapi` (feature `utoipa`): the
+/// function's name, its module, its scope template, its lease, retention and wait in
+/// milliseconds if the attribute sets them, and whether it is transactional. Nothing without the
+/// feature.
+#[cfg(feature = "utoipa")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idem_contract {
+    ($($args:expr),* $(,)?) => {
+        $crate::openapi::__submit! { $crate::openapi::Contract::new($($args),*) }
+    };
+}
+
+/// See the `utoipa` version: nothing to register without the feature.
+#[cfg(not(feature = "utoipa"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idem_contract {
+    ($($args:tt)*) => {};
 }
