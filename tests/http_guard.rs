@@ -1318,6 +1318,84 @@ async fn trailers_are_stored_and_a_failed_grpc_status_is_not() {
     assert_eq!(inner.calls(), 2);
 }
 
+/// The guard's own refusals of a gRPC call are gRPC statuses a gRPC client reads (a
+/// trailers-only answer), each its own code; the problem code in `idempotency-error`, the wait in
+/// `grpc-retry-pushback-ms`. The same refusals of a plain HTTP request stay problem details.
+#[tokio::test]
+async fn the_guards_refusals_reach_a_grpc_client_as_grpc_statuses() {
+    let inner = Inner::new(|n, _| {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        Ok(Response::builder()
+            .header(CONTENT_TYPE, "application/grpc")
+            .body(TestBody::full(format!("\0\0\0\0\x01{n}")).with_trailers(trailers))
+            .unwrap())
+    });
+    let svc = guarded(
+        GuardLayer::new(MemoryStore::new()).allow_anonymous(),
+        &inner,
+    );
+    let grpc = |key: Option<&str>, message: &'static str| {
+        let mut req = post("/shop.Orders/Create", key, message);
+        req.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc+proto"),
+        );
+        req
+    };
+    let refused = |a: &Answer, status: &str, code: &str| {
+        assert_eq!(a.status, StatusCode::OK, "gRPC answers travel as HTTP 200");
+        assert_eq!(a.headers[CONTENT_TYPE], "application/grpc");
+        assert_eq!(a.headers["grpc-status"], status, "{:?}", a.headers);
+        assert_eq!(a.headers["idempotency-error"], code);
+        let message = a.headers["grpc-message"].to_str().unwrap();
+        assert!(message.starts_with(&format!("{code}: ")), "{message}");
+        assert!(a.body.is_empty(), "a trailers-only answer has no message");
+    };
+
+    let missing = send(&svc, grpc(None, "\0\0\0\0\x01x")).await;
+    refused(&missing, "3", "INVALID_IDEMPOTENCY_KEY");
+    let malformed = send(&svc, grpc(Some("bad key"), "\0\0\0\0\x01x")).await;
+    refused(&malformed, "3", "INVALID_IDEMPOTENCY_KEY");
+    assert_eq!(inner.calls(), 0);
+
+    let all = inner.gate.acquire_many(GATE).await.unwrap();
+    let first = tokio::spawn({
+        let svc = svc.clone();
+        async move { send(&svc, grpc(Some(KEY), "\0\0\0\0\x01x")).await }
+    });
+    while inner.calls() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let running = send(&svc, grpc(Some(KEY), "\0\0\0\0\x01x")).await;
+    refused(&running, "10", "REQUEST_IN_PROGRESS");
+    let pushback: u64 = running.headers["grpc-retry-pushback-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(pushback >= 1000, "{pushback}");
+    drop(all);
+    let first = first.await.unwrap();
+    assert_eq!(first.trailers.as_ref().unwrap()["grpc-status"], "0");
+
+    let replay = send(&svc, grpc(Some(KEY), "\0\0\0\0\x01x")).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    let reused = send(&svc, grpc(Some(KEY), "\0\0\0\0\x01y")).await;
+    refused(&reused, "9", "KEY_REUSED_WITH_DIFFERENT_BODY");
+    assert_eq!(inner.calls(), 1);
+
+    // The same refusal of a plain HTTP request stays a problem detail.
+    let http = send(
+        &svc,
+        post("/shop.Orders/Create", Some(KEY), "\0\0\0\0\x01y"),
+    )
+    .await;
+    assert_eq!(http.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(http.code(), "KEY_REUSED_WITH_DIFFERENT_BODY");
+}
+
 #[tokio::test]
 async fn an_unreachable_store_is_503_with_retry_after() {
     // Nothing listens on port 1.

@@ -156,6 +156,9 @@ impl Problem {
 
     /// The problem as an `http` response, with `Content-Type: application/problem+json` and
     /// `Retry-After` when set.
+    ///
+    /// The response carries the problem in its extensions too, so that a layer in front can
+    /// answer it in another protocol ([`Problem::into_grpc`]).
     pub fn into_http<B: From<Bytes>>(self) -> Response<B> {
         let mut resp = Response::new(B::from(self.body()));
         *resp.status_mut() = self.status;
@@ -165,8 +168,69 @@ impl Problem {
             resp.headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from(secs));
         }
+        resp.extensions_mut().insert(self);
         resp
     }
+
+    /// The gRPC status code a gRPC client gets for this problem, from its HTTP status: 400
+    /// `INVALID_ARGUMENT` (3: a malformed or missing key), 401 `UNAUTHENTICATED` (16), 403
+    /// `PERMISSION_DENIED` (7), 404 `NOT_FOUND` (5), 409 `ABORTED` (10: the request is in
+    /// progress, parked, superseded, or its answer was not kept; it did not run again), 413 and
+    /// 429 `RESOURCE_EXHAUSTED` (8), 422 `FAILED_PRECONDITION` (9: the key was used for another
+    /// request), 503 `UNAVAILABLE` (14), any other 5xx `INTERNAL` (13), else `UNKNOWN` (2).
+    pub fn grpc_code(&self) -> u32 {
+        match self.status.as_u16() {
+            400 => 3,
+            401 => 16,
+            403 => 7,
+            404 => 5,
+            409 => 10,
+            413 | 429 => 8,
+            422 => 9,
+            503 => 14,
+            500..=599 => 13,
+            _ => 2,
+        }
+    }
+
+    /// The problem as a gRPC answer: a trailers-only response (HTTP 200, no message) whose
+    /// `grpc-status` is [`Problem::grpc_code`] and whose `grpc-message` is `CODE: detail`,
+    /// percent-encoded as gRPC asks; `idempotency-error` holds the problem code alone, and
+    /// `grpc-retry-pushback-ms` the `Retry-After` in milliseconds, when there is one (gRPC's
+    /// own retry hint).
+    pub fn into_grpc<B: From<Bytes>>(self) -> Response<B> {
+        let mut resp = Response::new(B::from(Bytes::new()));
+        let headers = resp.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert("grpc-status", HeaderValue::from(self.grpc_code()));
+        let message = grpc_percent_encode(&format!("{}: {}", self.code, self.detail));
+        if let Ok(message) = HeaderValue::from_str(&message) {
+            headers.insert("grpc-message", message);
+        }
+        if let Ok(code) = HeaderValue::from_str(&self.code) {
+            headers.insert("idempotency-error", code);
+        }
+        if let Some(secs) = self.retry_after {
+            headers.insert(
+                "grpc-retry-pushback-ms",
+                HeaderValue::from(secs.saturating_mul(1000)),
+            );
+        }
+        resp
+    }
+}
+
+/// `grpc-message` is percent-encoded: every byte outside printable ASCII, and `%` itself.
+fn grpc_percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -188,6 +252,25 @@ mod tests {
         let body: serde_json::Value = serde_json::from_slice(resp.body()).unwrap();
         assert_eq!(body["code"], "REQUEST_IN_PROGRESS");
         assert_eq!(body["status"], 409);
+    }
+
+    #[test]
+    fn a_grpc_answer_is_trailers_only_with_its_code_and_an_encoded_message() {
+        let p = Problem::from_error(&Error::InProgress {
+            retry_after: Duration::from_millis(2_100),
+        });
+        assert_eq!(p.grpc_code(), 10);
+        let resp: Response<Bytes> = p.into_grpc();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(resp.body().is_empty());
+        assert_eq!(resp.headers()["grpc-status"], "10");
+        assert_eq!(resp.headers()["grpc-retry-pushback-ms"], "3000");
+        assert_eq!(resp.headers()["idempotency-error"], "REQUEST_IN_PROGRESS");
+        let p = Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "X", "déjà 100%");
+        assert_eq!(p.grpc_code(), 9);
+        let resp: Response<Bytes> = p.into_grpc();
+        assert_eq!(resp.headers()["grpc-message"], "X: d%C3%A9j%C3%A0 100%25");
+        assert!(resp.headers().get("grpc-retry-pushback-ms").is_none());
     }
 
     #[test]

@@ -242,6 +242,14 @@
 //! `idempotency-key` metadata. The body is the framed message, so the fingerprint covers the
 //! request message; the trailers (`grpc-status`, `grpc-message`) are stored and replayed, and
 //! only answers with `grpc-status` 0 are stored by default.
+//!
+//! The guard's own refusals of a gRPC call (a request whose content type is `application/grpc`)
+//! are gRPC statuses, in a trailers-only answer ([`Problem::into_grpc`]), each its own code: a
+//! missing or malformed key `INVALID_ARGUMENT` (3); the key used for another request
+//! `FAILED_PRECONDITION` (9); the request still running, parked or superseded `ABORTED` (10),
+//! with `grpc-retry-pushback-ms`, gRPC's retry hint; a body too large `RESOURCE_EXHAUSTED` (8);
+//! the store unreachable `UNAVAILABLE` (14). `grpc-message` says `CODE: detail`, and the
+//! `idempotency-error` metadata holds the problem code alone.
 
 mod body;
 mod envelope;
@@ -915,8 +923,30 @@ where
         // The instance that was polled ready serves this request; a clone takes its place.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(handle(inner, self.store.clone(), self.config.clone(), req))
+        let grpc = is_grpc(req.headers());
+        let answer = handle(inner, self.store.clone(), self.config.clone(), req);
+        Box::pin(async move {
+            let resp = answer.await?;
+            // The guard's own refusals reach a gRPC client as gRPC statuses; the inner
+            // service's answers, and replays of them, as they are.
+            Ok(match resp.extensions().get::<Problem>() {
+                Some(problem) if grpc => problem.clone().into_grpc(),
+                _ => resp,
+            })
+        })
     }
+}
+
+/// Whether a request is a gRPC call: its content type is `application/grpc` (or a subtype,
+/// `application/grpc+proto`).
+fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.strip_prefix("application/grpc")
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['+', ';']))
+        })
 }
 
 fn problem<B>(e: &Error) -> Response<GuardBody<B>> {
