@@ -1,6 +1,7 @@
 //! The `tower` guard in front of a real tonic server, called by a real tonic client: the key in
 //! the `idempotency-key` metadata, a retry answered with the first response and its metadata,
-//! and each of the guard's refusals a distinct gRPC status the client reads.
+//! each of the guard's refusals a distinct gRPC status the client reads, and a server-streaming
+//! method passed through unguarded, its messages arriving as they are sent.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -40,6 +41,7 @@ struct Receipt {
 #[derive(Clone)]
 struct Orders {
     created: Arc<AtomicUsize>,
+    watched: Arc<AtomicUsize>,
     gate: Arc<tokio::sync::Semaphore>,
 }
 
@@ -61,10 +63,47 @@ impl tower::Service<http::Request<tonic::body::Body>> for Orders {
     }
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        let create = Create(self.clone());
+        let orders = self.clone();
         Box::pin(async move {
             let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default());
-            Ok(grpc.unary(create, req).await)
+            Ok(match req.uri().path() {
+                "/shop.Orders/Watch" => grpc.server_streaming(Watch(orders), req).await,
+                _ => grpc.unary(Create(orders), req).await,
+            })
+        })
+    }
+}
+
+/// `Watch`, server-streaming: one receipt at once, another once the gate opens.
+struct Watch(Orders);
+
+type ReceiptStream = Pin<Box<dyn futures_util::Stream<Item = Result<Receipt, Status>> + Send>>;
+
+impl tonic::server::ServerStreamingService<OrderRequest> for Watch {
+    type Response = Receipt;
+    type ResponseStream = ReceiptStream;
+    type Future = BoxFuture<Result<tonic::Response<ReceiptStream>, Status>>;
+
+    fn call(&mut self, req: tonic::Request<OrderRequest>) -> Self::Future {
+        let orders = self.0.clone();
+        let n = orders.watched.fetch_add(1, Ordering::SeqCst) as u64 + 1;
+        let sku = req.into_inner().sku;
+        Box::pin(async move {
+            let stream = futures_util::stream::unfold(0, move |step| {
+                let (orders, sku) = (orders.clone(), sku.clone());
+                async move {
+                    let order = match step {
+                        0 => n * 100,
+                        1 => {
+                            let _open = orders.gate.acquire().await;
+                            n * 100 + 1
+                        }
+                        _ => return None,
+                    };
+                    Some((Ok(Receipt { order, sku }), step + 1))
+                }
+            });
+            Ok(tonic::Response::new(Box::pin(stream) as ReceiptStream))
         })
     }
 }
@@ -97,7 +136,8 @@ async fn serve(orders: Orders) -> Grpc<Channel> {
     let addr = listener.local_addr().unwrap();
     let guard = GuardLayer::new(MemoryStore::new())
         .allow_anonymous()
-        .stored_headers([CONTENT_TYPE, HeaderName::from_static("x-order")]);
+        .stored_headers([CONTENT_TYPE, HeaderName::from_static("x-order")])
+        .pass_through(|parts| parts.uri.path() == "/shop.Orders/Watch");
     tokio::spawn(
         tonic::transport::Server::builder()
             .layer(guard)
@@ -148,6 +188,7 @@ fn refused(result: Result<tonic::Response<Receipt>, Status>, code: Code, problem
 async fn a_tonic_client_gets_the_first_answer_once_and_each_refusal_as_its_own_status() {
     let orders = Orders {
         created: Arc::new(AtomicUsize::new(0)),
+        watched: Arc::new(AtomicUsize::new(0)),
         gate: Arc::new(tokio::sync::Semaphore::new(GATE as usize)),
     };
     let mut client = serve(orders.clone()).await;
@@ -218,5 +259,54 @@ async fn a_tonic_client_gets_the_first_answer_once_and_each_refusal_as_its_own_s
         orders.created.load(Ordering::SeqCst),
         2,
         "two orders, each once"
+    );
+}
+
+/// A server-streaming method the guard passes through: its first message reaches the client
+/// while the method still runs (nothing buffered), and the same key runs it again (nothing
+/// stored, nothing replayed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_method_passed_through_streams_as_it_runs() {
+    use futures_util::StreamExt as _;
+
+    let orders = Orders {
+        created: Arc::new(AtomicUsize::new(0)),
+        watched: Arc::new(AtomicUsize::new(0)),
+        gate: Arc::new(tokio::sync::Semaphore::new(GATE as usize)),
+    };
+    let mut client = serve(orders.clone()).await;
+    for run in 1..=2u64 {
+        let all = orders.gate.acquire_many(GATE).await.unwrap();
+        client.ready().await.unwrap();
+        let mut req = tonic::Request::new(OrderRequest {
+            sku: "sku-1".into(),
+            qty: 1,
+        });
+        req.metadata_mut()
+            .insert("idempotency-key", "watch-key".parse().unwrap());
+        let call = client.server_streaming(
+            req,
+            PathAndQuery::from_static("/shop.Orders/Watch"),
+            tonic_prost::ProstCodec::<OrderRequest, Receipt>::default(),
+        );
+        let (mut stream, first) = tokio::time::timeout(Duration::from_secs(10), async {
+            let resp = call.await.unwrap();
+            assert!(resp.metadata().get("idempotent-replayed").is_none());
+            let mut stream = resp.into_inner();
+            let first = stream.next().await.unwrap().unwrap();
+            (stream, first)
+        })
+        .await
+        .expect("the answer and its first message arrive while the method still runs");
+        assert_eq!(first.order, run * 100);
+        drop(all);
+        let second = stream.next().await.unwrap().unwrap();
+        assert_eq!(second.order, run * 100 + 1);
+        assert!(stream.next().await.is_none());
+    }
+    assert_eq!(
+        orders.watched.load(Ordering::SeqCst),
+        2,
+        "unguarded: it ran twice"
     );
 }

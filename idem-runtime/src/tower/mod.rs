@@ -403,6 +403,8 @@ struct Config {
     namespace: String,
     route: Option<PartsFn>,
     principal: Option<PartsFn>,
+    /// Requests that pass through unguarded, whatever their method (streaming RPCs).
+    pass_through: Option<Arc<dyn Fn(&Parts) -> bool + Send + Sync>>,
     allow_anonymous: bool,
     body_limit: usize,
     stored_headers: Vec<HeaderName>,
@@ -430,6 +432,7 @@ impl fmt::Debug for Config {
             .field("namespace", &self.namespace)
             .field("route", &self.route.as_ref().map(|_| "fn"))
             .field("principal", &self.principal.as_ref().map(|_| "fn"))
+            .field("pass_through", &self.pass_through.as_ref().map(|_| "fn"))
             .field("allow_anonymous", &self.allow_anonymous)
             .field("body_limit", &self.body_limit)
             .field("stored_headers", &self.stored_headers)
@@ -462,6 +465,9 @@ enum Admission {
 
 impl Config {
     fn admit(&self, parts: &Parts) -> Admission {
+        if self.pass_through.as_ref().is_some_and(|f| f(parts)) {
+            return Admission::PassThrough;
+        }
         let required = self.require_key.contains(&parts.method);
         if !required && !self.when_keyed.contains(&parts.method) {
             return Admission::PassThrough;
@@ -622,6 +628,7 @@ impl<St: Store + Clone> GuardLayer<St> {
                 namespace: "http".to_owned(),
                 route: None,
                 principal: None,
+                pass_through: None,
                 allow_anonymous: false,
                 body_limit: DEFAULT_BODY_LIMIT,
                 stored_headers: vec![CONTENT_TYPE, CONTENT_ENCODING, LOCATION],
@@ -657,6 +664,22 @@ impl<St: Store + Clone> GuardLayer<St> {
     pub fn require_key(self, methods: impl IntoIterator<Item = Method>) -> Self {
         let methods = methods.into_iter().collect();
         self.edit(|c| c.require_key = methods)
+    }
+
+    /// Requests for which `f` holds pass through unguarded, whatever their method and key: the
+    /// streaming RPCs of a gRPC service (every gRPC call is a `POST`), whose answers must flow
+    /// as they come and cannot be replayed. Without it, a streaming answer is read up to the
+    /// policy's [`max_answer`](Policy::max_answer), then streams through from there, and its
+    /// record is completed without it (a retry is told 409 `ANSWER_NOT_KEPT`).
+    ///
+    /// ```
+    /// # use idem::{tower::GuardLayer, MemoryStore};
+    /// let layer = GuardLayer::new(MemoryStore::new())
+    ///     .pass_through(|parts| parts.uri.path() == "/shop.Orders/Watch");
+    /// # drop(layer);
+    /// ```
+    pub fn pass_through(self, f: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        self.edit(|c| c.pass_through = Some(Arc::new(f)))
     }
 
     /// The methods that are guarded when they carry a key and pass through when they do not
