@@ -308,6 +308,9 @@ const NO_ANSWER: &str = "the inner service did not answer";
 /// A function of a request's parts: the route or the principal.
 type PartsFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
+/// Whether a request passes through unguarded; see [`GuardLayer::pass_through`].
+type PartsRule = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
+
 /// The rule that decides which answers are stored.
 type StoreRule = Arc<dyn Fn(&Answer<'_>) -> bool + Send + Sync>;
 
@@ -404,7 +407,7 @@ struct Config {
     route: Option<PartsFn>,
     principal: Option<PartsFn>,
     /// Requests that pass through unguarded, whatever their method (streaming RPCs).
-    pass_through: Option<Arc<dyn Fn(&Parts) -> bool + Send + Sync>>,
+    pass_through: Option<PartsRule>,
     allow_anonymous: bool,
     body_limit: usize,
     stored_headers: Vec<HeaderName>,
