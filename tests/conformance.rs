@@ -72,6 +72,17 @@ async fn postgres_group_always() -> Env<PgStore> {
     Env::new(store).keep(schema)
 }
 
+/// Group commit as by default, each claim's end announced with `NOTIFY`.
+async fn postgres_notify() -> Env<PgStore> {
+    let schema = PgSchema::create(&common::pg_url(), 16).await;
+    let store = PgStore::builder()
+        .notify(true)
+        .build(schema.pool.clone())
+        .await
+        .expect("create the table");
+    Env::new(store).keep(schema)
+}
+
 /// MySQL (MariaDB here) in a database of the case's own, through the store's own pool
 /// (`READ COMMITTED`, strict mode).
 async fn mysql() -> Env<MySqlStore> {
@@ -107,12 +118,27 @@ async fn redis() -> Env<RedisStore> {
     Env::new(store).expires_by_itself().keep(keys)
 }
 
-/// The same on a cluster of three primaries.
+/// Redis with each claim's end announced with `PUBLISH`.
+async fn redis_notify() -> Env<RedisStore> {
+    let url = common::redis_url();
+    let keys = RedisKeys::new(std::slice::from_ref(&url));
+    let store = RedisStore::builder()
+        .prefix(keys.prefix.clone())
+        .notify(true)
+        .connect(&url)
+        .await
+        .expect("connect to Redis");
+    Env::new(store).expires_by_itself().keep(keys)
+}
+
+/// The same on a cluster of three primaries (announcing with `PUBLISH`, which a cluster
+/// passes to every node).
 async fn redis_cluster() -> Env<RedisStore> {
     let nodes = common::redis_cluster();
     let keys = RedisKeys::new(&nodes);
     let store = RedisStore::builder()
         .prefix(keys.prefix.clone())
+        .notify(true)
         .connect_cluster(&nodes)
         .await
         .expect("connect to the Redis cluster");
@@ -187,6 +213,16 @@ mod postgres_group_commit_always {
     );
 }
 
+mod postgres_notify {
+    idem::testkit::conformance_tests!(
+        #[cfg_attr(
+            not(idem_postgres),
+            ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+        )]
+        super::postgres_notify
+    );
+}
+
 mod mysql_store {
     idem::testkit::conformance_tests!(
         #[cfg_attr(
@@ -211,6 +247,13 @@ mod redis_store {
     idem::testkit::conformance_tests!(
         #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
         super::redis
+    );
+}
+
+mod redis_notify {
+    idem::testkit::conformance_tests!(
+        #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
+        super::redis_notify
     );
 }
 
@@ -1024,5 +1067,138 @@ mod group_commit_races {
             )
             .await;
         assert!(matches!(done, Err(Error::Store(_))), "{done:?}");
+    }
+}
+
+/// Two instances on one table (or one prefix): the end of a claim in one wakes a duplicate
+/// waiting in the other when both announce (`notify`), and only then.
+mod announcements_across_instances {
+    use std::time::{Duration, Instant};
+
+    use idem::{BeginOutcome, BeginRequest, ClaimRef, Fingerprint, Policy, Store, StoredResponse};
+
+    use super::common::{self, PgSchema, RedisKeys};
+    use idem::{PgStore, RedisStore};
+
+    const HEARD: Duration = Duration::from_secs(5);
+    const QUIET: Duration = Duration::from_millis(400);
+
+    /// Claims and completes a key on `a` while `b` listens for it; whether `b` heard.
+    async fn heard<S: Store>(a: &S, b: &S, key: &str, bound: Duration) -> bool {
+        let fp = Fingerprint::of("x").unwrap();
+        let req = BeginRequest::new("s", key, &fp, &Policy::DEFAULT);
+        let BeginOutcome::Claimed(claimed) = a.begin(req).await.unwrap() else {
+            panic!("a new key was not claimed");
+        };
+        let mut ear = b.changes().expect("the store announces").listen("s", key);
+        // The other instance's hearing task subscribes when its first listener does.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let claim = ClaimRef {
+            scope: "s",
+            key,
+            fence: claimed.fence,
+        };
+        a.complete(claim, &StoredResponse::ok(&b"done"[..]))
+            .await
+            .unwrap();
+        tokio::time::timeout(bound, ear.changed()).await.is_ok()
+    }
+
+    /// A waiting duplicate on `b` replays `a`'s answer long before its wait would have let it
+    /// ask again at the polls' pace (250 ms apart once it has waited a second).
+    async fn replays_promptly<S: Store + Clone>(a: &S, b: &S) {
+        let fp = Fingerprint::of("x").unwrap();
+        let policy = Policy::DEFAULT;
+        let req = BeginRequest::new("s", "k-wait", &fp, &policy);
+        let BeginOutcome::Claimed(claimed) = a.begin(req).await.unwrap() else {
+            panic!("a new key was not claimed");
+        };
+        let waiting = {
+            let b = b.clone();
+            tokio::spawn(async move {
+                let fp = Fingerprint::of("x").unwrap();
+                let policy = Policy::DEFAULT.wait(Duration::from_secs(20));
+                let key = idem::Key::parse("k-wait").unwrap();
+                let began = idem::begin(&b, "s".into(), key, fp, policy).await;
+                (
+                    began.map(|b| matches!(b, idem::Begun::Replay(_))),
+                    Instant::now(),
+                )
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let claim = ClaimRef {
+            scope: "s",
+            key: "k-wait",
+            fence: claimed.fence,
+        };
+        let completed = Instant::now();
+        a.complete(claim, &StoredResponse::ok(&b"done"[..]))
+            .await
+            .unwrap();
+        let (replayed, at) = waiting.await.unwrap();
+        assert!(replayed.unwrap(), "the waiting duplicate did not replay");
+        let after = at.saturating_duration_since(completed);
+        assert!(
+            after < Duration::from_millis(150),
+            "the waiting duplicate replayed {after:?} after the completion: it was not woken"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[cfg_attr(
+        not(idem_postgres),
+        ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+    )]
+    async fn postgres_notify_wakes_the_other_instance() {
+        let schema = PgSchema::create(&common::pg_url(), 4).await;
+        let build = |notify| {
+            let url = schema.url.clone();
+            let name = schema.name.clone();
+            async move {
+                let pool = PgSchema::pool_for(&url, &name, 4).await;
+                PgStore::builder()
+                    .notify(notify)
+                    .build(pool)
+                    .await
+                    .expect("create the table")
+            }
+        };
+        let (a, b) = (build(true).await, build(true).await);
+        assert!(
+            heard(&a, &b, "k-1", HEARD).await,
+            "the other instance did not hear"
+        );
+        replays_promptly(&a, &b).await;
+        // Without `notify` on the completing side, nobody else hears.
+        let quiet = build(false).await;
+        assert!(
+            !heard(&quiet, &b, "k-2", QUIET).await,
+            "an instance that does not announce was heard"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
+    async fn redis_notify_wakes_the_other_instance() {
+        let url = common::redis_url();
+        let keys = RedisKeys::new(std::slice::from_ref(&url));
+        let build = |notify| {
+            RedisStore::builder()
+                .prefix(keys.prefix.clone())
+                .notify(notify)
+                .connect(&url)
+        };
+        let (a, b) = (build(true).await.unwrap(), build(true).await.unwrap());
+        assert!(
+            heard(&a, &b, "k-1", HEARD).await,
+            "the other instance did not hear"
+        );
+        replays_promptly(&a, &b).await;
+        let quiet = build(false).await.unwrap();
+        assert!(
+            !heard(&quiet, &b, "k-2", QUIET).await,
+            "an instance that does not announce was heard"
+        );
     }
 }

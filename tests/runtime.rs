@@ -936,3 +936,66 @@ async fn new_keys_past_their_budget_are_refused_and_known_keys_are_always_served
     assert_eq!(replay.status(), 200);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// Claims `k-wait` on `store`, starts a duplicate that waits up to 10 s, completes the claim
+/// after a second (of Tokio's paused clock), and answers whether the duplicate replayed and
+/// how long it waited.
+async fn wait_for_a_completion<S: Store + Clone>(store: S) -> (bool, Duration) {
+    let fp = Fingerprint::of("x").unwrap();
+    let key = Key::parse("k-wait").unwrap();
+    let Begun::Claimed(guard) = idem::begin(&store, "s".into(), key.clone(), fp, Policy::DEFAULT)
+        .await
+        .unwrap()
+    else {
+        panic!("a new key was not claimed");
+    };
+    let duplicate = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            let policy = Policy::DEFAULT.wait(Duration::from_secs(10));
+            let began = idem::begin(&store, "s".into(), key, fp, policy).await;
+            (matches!(began, Ok(Begun::Replay(_))), started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    guard
+        .complete(&StoredResponse::ok(&b"first"[..]))
+        .await
+        .unwrap();
+    duplicate.await.unwrap()
+}
+
+/// A waiting duplicate is woken by the store's announcement that the running call completed,
+/// not by its next poll; behind a store that passes no announcements on, it still replays, at
+/// the polls' pace; and a call that finds no running claim asks the store once.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_duplicate_replays_the_moment_the_first_call_completes() {
+    let (replayed, took) = wait_for_a_completion(MemoryStore::new()).await;
+    assert!(replayed, "the waiting duplicate did not replay");
+    assert!(
+        took < Duration::from_millis(1005),
+        "woken {took:?} after it began waiting, not at the completion (1 s)"
+    );
+    let begins = Arc::new(AtomicUsize::new(0));
+    let unannounced = Counting {
+        inner: MemoryStore::new(),
+        begins: begins.clone(),
+    };
+    let (replayed, took) = wait_for_a_completion(unannounced.clone()).await;
+    assert!(
+        replayed,
+        "without announcements, the duplicate did not replay"
+    );
+    assert!(
+        took > Duration::from_millis(1005) && took < Duration::from_millis(1300),
+        "without announcements, the duplicate replays at its next ask ({took:?})"
+    );
+    begins.store(0, Ordering::SeqCst);
+    let fp = Fingerprint::of("x").unwrap();
+    let fresh = Key::parse("k-fresh").unwrap();
+    let policy = Policy::DEFAULT.wait(Duration::from_secs(10));
+    let began = idem::begin(&unannounced, "s".into(), fresh, fp, policy).await;
+    assert!(matches!(began, Ok(Begun::Claimed(_))));
+    assert_eq!(begins.load(Ordering::SeqCst), 1, "a new key is one ask");
+}

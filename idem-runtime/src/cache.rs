@@ -238,4 +238,8 @@ impl<S: Store> Store for CachedStore<S> {
     fn defer(&self, write: crate::store::Deferred) {
         self.inner().defer(write)
     }
+
+    fn changes(&self) -> Option<&crate::store::Changes> {
+        self.inner().changes()
+    }
 }

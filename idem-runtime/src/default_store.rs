@@ -42,4 +42,7 @@ impl Store for DefaultStore {
             }
         }
     }
+    fn changes(&self) -> Option<&crate::store::Changes> {
+        get().ok()?.changes()
+    }
 }

@@ -306,29 +306,56 @@ const FIRST_PAUSE: Duration = Duration::from_millis(5);
 const LONGEST_PAUSE: Duration = Duration::from_millis(250);
 
 /// Begins on the store; while the answer is "in progress" and the call's wait (its policy's,
-/// else its context's) has time left, asks again after a pause that doubles from 5 ms to
-/// 250 ms, cut to the time left. Nothing is held between two asks: each is one `begin`, which
-/// replays the running call's answer once it completed, or claims the key once it was released.
+/// else its context's) has time left, asks again: when the store announces that the running
+/// claim ended ([`Store::changes`]), else after a pause that doubles from 5 ms to 250 ms, cut
+/// to the time left. Nothing is held between two asks: each is one `begin`, which replays the
+/// running call's answer once it completed, or claims the key once it was released. A call
+/// that finds no running claim pays for none of it.
 async fn begin_waiting<S: Store>(
     store: &S,
     req: BeginRequest<'_>,
     policy: &Policy,
 ) -> Result<BeginOutcome> {
+    let outcome = store.begin(req).await;
+    if !matches!(outcome, Ok(BeginOutcome::InProgress { .. })) {
+        return outcome;
+    }
     let wait = if policy.wait.is_zero() {
         context::wait().unwrap_or(Duration::ZERO).min(policy.lease)
     } else {
         policy.wait
     };
-    let deadline = Instant::now() + wait;
-    let mut pause = FIRST_PAUSE;
+    if wait.is_zero() {
+        return outcome;
+    }
+    let deadline = tokio::time::Instant::now() + wait;
+    // Listening before the next ask: an end between that ask and the pause is heard.
+    let mut listening = store.changes().map(|c| c.listen(req.scope, req.key));
+    let mut pause = if listening.is_some() {
+        Duration::ZERO
+    } else {
+        FIRST_PAUSE
+    };
     loop {
-        let outcome = store.begin(req).await;
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || !matches!(outcome, Ok(BeginOutcome::InProgress { .. })) {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
             return outcome;
         }
-        tokio::time::sleep(pause.min(left)).await;
-        pause = (pause * 2).min(LONGEST_PAUSE);
+        let nap = tokio::time::sleep(pause.min(left));
+        match listening.as_mut() {
+            Some(listening) => {
+                tokio::select! {
+                    () = listening.changed() => {}
+                    () = nap => {}
+                }
+            }
+            None => nap.await,
+        }
+        let next = store.begin(req).await;
+        if !matches!(next, Ok(BeginOutcome::InProgress { .. })) {
+            return next;
+        }
+        pause = (pause * 2).clamp(FIRST_PAUSE, LONGEST_PAUSE);
     }
 }
 

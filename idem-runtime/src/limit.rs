@@ -222,4 +222,8 @@ impl<S: Store> Store for BoundedStore<S> {
     fn defer(&self, write: crate::store::Deferred) {
         self.shared.0.defer(write)
     }
+
+    fn changes(&self) -> Option<&crate::store::Changes> {
+        self.shared.0.changes()
+    }
 }

@@ -186,6 +186,7 @@ macro_rules! conformance_tests {
             waiting_duplicates_replay_the_first_answer,
             a_waiting_duplicate_is_told_in_progress_when_its_wait_runs_out,
             a_release_lets_one_waiting_duplicate_run_and_the_others_replay_it,
+            the_ends_of_claims_are_announced_to_their_listeners,
             retention_expiry_frees_the_identity,
             purge_removes_only_expired,
             a_purged_identity_never_reuses_a_fence,
@@ -815,6 +816,74 @@ pub mod cases {
             }
         }
         assert_eq!((ran, replayed), (1, 7), "exactly one waiter runs the call");
+    }
+
+    /// See [`conformance_tests!`](crate::conformance_tests). A store that announces the
+    /// ends of claims ([`Store::changes`]) wakes each claim's listeners when a completion, a
+    /// release, a suspension or an operator's release ends it, and nobody else: not a listener
+    /// on another key, not for a write that lost its fence. (A store that announces nothing
+    /// has nothing to check here: its waiters ask again on their own.)
+    pub async fn the_ends_of_claims_are_announced_to_their_listeners<S: Store + Clone>(
+        env: &Env<S>,
+    ) {
+        let Some(changes) = env.store().changes() else {
+            return;
+        };
+        let heard = Duration::from_secs(5);
+        let quiet = Duration::from_millis(100);
+        let f = fp("a");
+        let ks: Vec<Key> = ["k-ann-1", "k-ann-2", "k-ann-3", "k-ann-4"]
+            .into_iter()
+            .map(key)
+            .collect();
+        let mut claims = Vec::new();
+        for k in &ks {
+            claims.push(begin_claimed(env, req("s", k, &f, &POLICY)).await);
+        }
+        let mut ears: Vec<_> = ks.iter().map(|k| changes.listen("s", k.as_str())).collect();
+        let mut other = changes.listen("s", "k-ann-never");
+        // A write that lost its fence ends nothing, and is not announced.
+        let stale = claim("s", &ks[0], claims[0].fence + 1);
+        assert!(matches!(
+            env.store().release(stale).await,
+            Err(Error::FenceLost { .. })
+        ));
+        assert!(
+            tokio::time::timeout(quiet, ears[0].changed())
+                .await
+                .is_err(),
+            "a write that lost its fence was announced"
+        );
+        complete_ok(
+            env,
+            claim("s", &ks[0], claims[0].fence),
+            &StoredResponse::ok(&b"one"[..]),
+        )
+        .await;
+        env.store()
+            .release(claim("s", &ks[1], claims[1].fence))
+            .await
+            .unwrap();
+        env.store()
+            .suspend(claim("s", &ks[2], claims[2].fence), "unknown", POLICY.lease)
+            .await
+            .unwrap();
+        env.store()
+            .force_release_fenced("s", ks[3].as_str(), claims[3].fence)
+            .await
+            .unwrap();
+        for (ear, what) in
+            ears.iter_mut()
+                .zip(["completion", "release", "suspension", "forced release"])
+        {
+            tokio::time::timeout(heard, ear.changed())
+                .await
+                .unwrap_or_else(|_| panic!("a {what} was not announced to its listener"));
+        }
+        assert!(
+            tokio::time::timeout(quiet, other.changed()).await.is_err(),
+            "a listener on another key was woken"
+        );
     }
 
     /// See [`conformance_tests!`](crate::conformance_tests).

@@ -18,7 +18,10 @@ use crate::lifecycle::{Decision, Seen, State, decide, next_attempt, owns};
 use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, Record, RecordState, StoredResponse, Unfinished,
 };
-use crate::store::{ForcedRelease, Operation, RecordInfo, Reply, Retried, Store, StoreStats};
+use crate::store::changes;
+use crate::store::{
+    Changes, ForcedRelease, Operation, RecordInfo, Reply, Retried, Store, StoreStats,
+};
 
 const SHARDS: usize = 64;
 
@@ -55,6 +58,7 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// When the next `begin` purges expired records, in the clock's milliseconds.
     next_purge: AtomicI64,
+    changes: Changes,
 }
 
 struct Entry {
@@ -230,6 +234,7 @@ impl MemoryStore {
                 hasher: hashbrown::DefaultHashBuilder::default(),
                 clock: Arc::new(clock),
                 next_purge: AtomicI64::new(next_purge),
+                changes: Changes::new(),
             }),
         }
     }
@@ -424,16 +429,30 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Store for MemoryStore {
     fn call<'a>(&'a self, op: Operation<'a>) -> impl Future<Output = Result<Reply>> + Send + 'a {
-        ready(self.call_now(op))
+        ready(self.call_announced(op))
     }
 
     fn defer(&self, write: crate::store::Deferred) {
         // In memory, every write is immediate and cannot block.
-        let _ = self.call_now(write.operation());
+        let _ = self.call_announced(write.operation());
+    }
+
+    fn changes(&self) -> Option<&Changes> {
+        Some(&self.inner.changes)
     }
 }
 
 impl MemoryStore {
+    /// [`MemoryStore::call_now`], announcing a claim it ended to this process's waiters.
+    fn call_announced(&self, op: Operation<'_>) -> Result<Reply> {
+        let ends = changes::ends(&op);
+        let reply = self.call_now(op);
+        if let (Some((scope, key)), Ok(_)) = (ends, &reply) {
+            self.inner.changes.announce_here(scope, key);
+        }
+        reply
+    }
+
     /// Every operation is answered at once: the records are in this process.
     fn call_now(&self, op: Operation<'_>) -> Result<Reply> {
         match op {

@@ -16,9 +16,11 @@ use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, Record, StoredResponse, Unfinished};
 
 pub mod admin;
+pub(crate) mod changes;
 pub use admin::{
     ForcedRelease, ListOrder, Listing, RecordInfo, RecordQuery, Retried, StateCounts, StoreStats,
 };
+pub use changes::{Changes, Listening};
 
 pub mod memory;
 #[cfg(feature = "mysql")]
@@ -337,6 +339,14 @@ pub trait Store: Send + Sync + 'static {
     /// once runs [`Deferred::operation`] through its `call`.
     fn defer(&self, write: Deferred);
 
+    /// Where this store announces that a running claim ended ([`Changes`]), so that a waiting
+    /// duplicate replays the first answer as soon as it is stored rather than at its next
+    /// ask. `None` (the default): waiting duplicates only ask again on their own schedule.
+    /// A store that wraps another passes the inner store's on.
+    fn changes(&self) -> Option<&Changes> {
+        None
+    }
+
     /// [`Operation::Begin`].
     fn begin<'a>(
         &'a self,
@@ -627,6 +637,8 @@ pub trait DynStore: Send + Sync + 'static {
     fn call_dyn<'a>(&'a self, op: Operation<'a>) -> BoxFuture<'a, Result<Reply>>;
     /// See [`Store::defer`].
     fn defer_dyn(&self, write: Deferred);
+    /// See [`Store::changes`].
+    fn changes_dyn(&self) -> Option<&Changes>;
 }
 
 impl<S: Store> DynStore for S {
@@ -635,6 +647,9 @@ impl<S: Store> DynStore for S {
     }
     fn defer_dyn(&self, write: Deferred) {
         self.defer(write)
+    }
+    fn changes_dyn(&self) -> Option<&Changes> {
+        self.changes()
     }
 }
 
@@ -664,6 +679,9 @@ impl Store for SharedStore {
     }
     fn defer(&self, write: Deferred) {
         self.0.defer_dyn(write)
+    }
+    fn changes(&self) -> Option<&Changes> {
+        self.0.changes_dyn()
     }
 }
 

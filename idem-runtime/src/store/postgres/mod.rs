@@ -1,6 +1,7 @@
 //! The PostgreSQL store: production, shared by any number of service instances.
 
 mod group;
+mod notify;
 
 use std::fmt;
 use std::future::Future;
@@ -13,12 +14,13 @@ use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
 use self::group::{ClaimJob, ClaimReply, CompleteJob, Group};
 use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
+use crate::store::changes;
 use crate::store::schema::Database;
 use crate::store::sql::{
     self, AddColumn, Arg, Dialect, DuplicateWaits, Engine, Next, SqlKind, SqlStoreBuilder, Stmt,
     Types, WaitingRoom, map_err,
 };
-use crate::store::{Operation, Reply, Store, TxStore};
+use crate::store::{Changes, Operation, Reply, Store, TxStore};
 
 pub use crate::store::sql::waits::DEFAULT_DUPLICATE_WAIT;
 
@@ -180,6 +182,9 @@ pub struct PgStore {
     group: Option<Arc<Group>>,
     /// How transactional claims meet a duplicate's transaction.
     tx: Arc<TxClaims>,
+    /// Where claims this store ends are announced: within the process, and with `NOTIFY`
+    /// when built with [`notify`](SqlStoreBuilder::notify).
+    changes: Changes,
 }
 
 /// Transactional claims: each takes a transaction-scoped advisory lock on its identity in the
@@ -244,6 +249,7 @@ pub type PgStoreBuilder = SqlStoreBuilder<PgStore>;
 pub struct PgOptions {
     group_commit: Option<GroupCommit>,
     waits: DuplicateWaits,
+    notify: bool,
 }
 
 impl Default for PgOptions {
@@ -251,6 +257,7 @@ impl Default for PgOptions {
         PgOptions {
             group_commit: Some(GroupCommit::default()),
             waits: DuplicateWaits::default(),
+            notify: false,
         }
     }
 }
@@ -291,7 +298,17 @@ impl SqlStoreBuilder<PgStore> {
             None => None,
         };
         let tx = Arc::new(TxClaims::new(&inner.sql.table, room));
-        Ok(PgStore { inner, group, tx })
+        let changes = if options.notify {
+            notify::changes(&inner.writer, &inner.sql.table).await
+        } else {
+            Changes::new()
+        };
+        Ok(PgStore {
+            inner,
+            group,
+            tx,
+            changes,
+        })
     }
 
     /// Connects a pool to `url` and builds the store on it.
@@ -323,7 +340,12 @@ impl PgStore {
             .map(Arc::new);
         let room = WaitingRoom::default_for(inner.writer.options().get_max_connections());
         let tx = Arc::new(TxClaims::new(&inner.sql.table, room));
-        PgStore { inner, group, tx }
+        PgStore {
+            inner,
+            group,
+            tx,
+            changes: Changes::new(),
+        }
     }
 
     /// The pool.
@@ -390,16 +412,28 @@ impl Store for PgStore {
     async fn call(&self, op: Operation<'_>) -> Result<Reply> {
         match op {
             Operation::Begin(req) => self.begin_grouped(req).await.map(Reply::Begun),
-            Operation::Complete { claim, response } => self
-                .complete_grouped(claim, response)
-                .await
-                .map(|()| Reply::Done),
-            op => self.inner.call(op).await,
+            Operation::Complete { claim, response } => {
+                let done = async {
+                    self.complete_grouped(claim, response)
+                        .await
+                        .map(|()| Reply::Done)
+                };
+                let ends = Some((claim.scope, claim.key));
+                self.changes.after(ends, done).await
+            }
+            op => {
+                let ends = changes::ends(&op);
+                self.changes.after(ends, self.inner.call(op)).await
+            }
         }
     }
 
     fn defer(&self, write: super::Deferred) {
         super::spawn_deferred(self.clone(), write)
+    }
+
+    fn changes(&self) -> Option<&Changes> {
+        Some(&self.changes)
     }
 }
 

@@ -131,12 +131,15 @@ use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, ExpiredLease, Record, RecordState,
     StoredResponse, Unfinished,
 };
+use crate::store::changes;
 use crate::store::{
-    ForcedRelease, ListOrder, Operation, RecordInfo, Reply, Retried, Store, StoreStats,
+    Changes, ForcedRelease, ListOrder, Operation, RecordInfo, Reply, Retried, Store, StoreStats,
 };
 
 #[cfg(test)]
 mod tests;
+
+mod notify;
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "idem:";
@@ -229,6 +232,9 @@ pub struct RedisStore {
 struct Inner {
     conn: Conn,
     prefix: String,
+    /// Where claims this store ends are announced: within the process, and with `PUBLISH`
+    /// when built with [`notify`](RedisStoreBuilder::notify).
+    changes: Changes,
 }
 
 #[derive(Clone)]
@@ -268,6 +274,7 @@ pub struct RedisStoreBuilder {
     allow_eviction: bool,
     connection_timeout: Duration,
     response_timeout: Duration,
+    notify: bool,
 }
 
 impl Default for RedisStoreBuilder {
@@ -277,6 +284,7 @@ impl Default for RedisStoreBuilder {
             allow_eviction: false,
             connection_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(2),
+            notify: false,
         }
     }
 }
@@ -342,7 +350,7 @@ impl RedisStoreBuilder {
             .await
             .map_err(map_err)?;
         let conn = Conn::Standalone(manager);
-        self.finish(conn).await
+        self.finish(conn, url).await
     }
 
     /// Connects to a Redis Cluster or Valkey Cluster through any of its nodes (the client
@@ -357,6 +365,7 @@ impl RedisStoreBuilder {
         if nodes.is_empty() {
             return Err(Error::Config("no Redis cluster node was given".into()));
         }
+        let first = nodes[0].clone();
         let client = ClusterClientBuilder::new(nodes)
             .connection_timeout(self.connection_timeout)
             .response_timeout(self.response_timeout)
@@ -364,15 +373,22 @@ impl RedisStoreBuilder {
             .build()
             .map_err(config_err)?;
         let conn = client.get_async_connection().await.map_err(map_err)?;
-        self.finish(Conn::Cluster(conn)).await
+        self.finish(Conn::Cluster(conn), &first).await
     }
 
-    async fn finish(self, conn: Conn) -> Result<RedisStore> {
+    /// The store on `conn`; `url` is where it subscribes to announcements, if it does.
+    async fn finish(self, conn: Conn, url: &str) -> Result<RedisStore> {
         check_eviction(&conn, self.allow_eviction).await?;
+        let changes = if self.notify {
+            notify::changes(conn.clone(), url.to_owned(), &self.prefix)
+        } else {
+            Changes::new()
+        };
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 conn,
                 prefix: self.prefix,
+                changes,
             }),
         })
     }
@@ -556,6 +572,22 @@ fn ms(d: Duration) -> u64 {
 
 impl Store for RedisStore {
     async fn call(&self, op: Operation<'_>) -> Result<Reply> {
+        let ends = changes::ends(&op);
+        self.inner.changes.after(ends, self.run_op(op)).await
+    }
+
+    fn changes(&self) -> Option<&Changes> {
+        Some(&self.inner.changes)
+    }
+
+    fn defer(&self, write: super::Deferred) {
+        super::spawn_deferred(self.clone(), write)
+    }
+}
+
+impl RedisStore {
+    /// One operation, unannounced.
+    async fn run_op(&self, op: Operation<'_>) -> Result<Reply> {
         match op {
             Operation::Suspend {
                 claim,
@@ -674,10 +706,6 @@ impl Store for RedisStore {
                 Ok(Reply::Stats(Box::new(stats)))
             }
         }
-    }
-
-    fn defer(&self, write: super::Deferred) {
-        super::spawn_deferred(self.clone(), write)
     }
 }
 

@@ -23,12 +23,19 @@ macro_rules! engine_store_api {
             async fn call(&self, op: Operation<'_>) -> Result<Reply> {
                 match op {
                     Operation::Begin(req) => self.inner.begin(None, &req).await.map(Reply::Begun),
-                    op => self.inner.call(op).await,
+                    op => {
+                        let ends = crate::store::changes::ends(&op);
+                        self.inner.changes.after(ends, self.inner.call(op)).await
+                    }
                 }
             }
 
             fn defer(&self, write: crate::store::Deferred) {
                 crate::store::spawn_deferred(self.clone(), write)
+            }
+
+            fn changes(&self) -> Option<&crate::store::Changes> {
+                Some(&self.inner.changes)
             }
         }
 

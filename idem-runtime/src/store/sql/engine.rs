@@ -220,6 +220,8 @@ pub(crate) struct Engine<D: Dialect> {
     /// The background purge, when there is one: it ends when the engine is dropped, with the
     /// last handle of its store.
     pub(super) purging: OnceLock<Sweeper>,
+    /// Where its writes that end a claim are announced to this process's waiting duplicates.
+    pub(crate) changes: crate::store::Changes,
 }
 
 impl<D: Dialect> Engine<D> {
@@ -234,6 +236,7 @@ impl<D: Dialect> Engine<D> {
             sql: Statements::new::<D>(table)?,
             read_first: ReadFirst::adaptive(),
             purging: OnceLock::new(),
+            changes: crate::store::Changes::new(),
         })
     }
 
