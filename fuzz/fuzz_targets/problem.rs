@@ -16,7 +16,7 @@ use axum::response::IntoResponse;
 use bytes::Bytes;
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use idem::problem::{PROBLEM_JSON, Problem};
+use idem::http::{PROBLEM_JSON, Problem};
 use idem::{Error, KeyError};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;

@@ -32,12 +32,13 @@ use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request, StatusCode};
 
 use crate::context::{self, ReplayWatch, Replayed};
-use crate::error::{Error, KeyError, codes};
+use crate::error::{Error, codes};
 use crate::key::{Key, KeyPolicy, ToKey};
 use crate::record::{RecordState, StoredResponse};
 use crate::store::Store;
 
-pub use crate::problem::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Problem};
+use crate::http as http_api;
+pub use crate::http::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Problem};
 
 /// Which header carries the key, and which keys are accepted. Set on [`IdempotencyLayer`]; the
 /// extractor falls back to `Idempotency-Key` with [`KeyPolicy::DEFAULT`].
@@ -82,11 +83,7 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Error> {
         let default = KeyConfig::default();
         let config = parts.extensions.get::<KeyConfig>().unwrap_or(&default);
-        let value = parts
-            .headers
-            .get(&config.header)
-            .ok_or(Error::InvalidKey(KeyError::Missing))?;
-        Key::parse_bytes(value.as_bytes(), config.policy).map(IdempotencyKey)
+        http_api::key_in(&parts.headers, &config.header, config.policy).map(IdempotencyKey)
     }
 }
 
@@ -112,17 +109,10 @@ impl<T: IntoResponse> IntoResponse for crate::replay::Idempotent<T> {
         let replayed = self.is_replay();
         let mut resp = self.into_inner().into_response();
         if replayed {
-            mark_replayed(resp.headers_mut());
+            http_api::mark_replayed(resp.headers_mut());
         }
         resp
     }
-}
-
-/// Marks an answer as a replay: `Idempotent-Replayed: true`, and `Cache-Control: no-store`, for
-/// it is one caller's stored answer, never something a cache on the way may keep and share.
-fn mark_replayed(headers: &mut http::HeaderMap) {
-    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
 }
 
 /// The answer for a client recovering from a timeout, asking whether its request happened.
@@ -157,7 +147,7 @@ pub async fn lookup<S: Store>(store: &S, scope: &str, key: &Key) -> Response {
             }
             (RecordState::Completed, Some(stored)) => match stored_answer(stored) {
                 Ok(mut resp) => {
-                    mark_replayed(resp.headers_mut());
+                    http_api::mark_replayed(resp.headers_mut());
                     resp
                 }
                 Err(e) => Error::Decode(format!(
@@ -392,7 +382,7 @@ async fn answer_replay(
         parts.status = status;
     }
     parts.headers.remove(CONTENT_LENGTH);
-    mark_replayed(&mut parts.headers);
+    http_api::mark_replayed(&mut parts.headers);
     Response::from_parts(parts, Body::from(stored.body))
 }
 

@@ -95,16 +95,6 @@ pub mod error;
 pub mod fingerprint;
 pub mod flow;
 pub mod guard;
-pub mod key;
-pub mod lifecycle;
-pub mod limit;
-mod observe;
-#[cfg(feature = "utoipa")]
-#[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
-pub mod openapi;
-#[cfg(feature = "sql")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sql")))]
-pub mod outbox;
 #[cfg(any(
     feature = "axum",
     feature = "tower",
@@ -120,7 +110,17 @@ pub mod outbox;
         feature = "utoipa"
     )))
 )]
-pub mod problem;
+pub mod http;
+pub mod key;
+pub mod lifecycle;
+pub mod limit;
+mod observe;
+#[cfg(feature = "utoipa")]
+#[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
+pub mod openapi;
+#[cfg(feature = "sql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sql")))]
+pub mod outbox;
 pub mod record;
 pub mod replay;
 pub mod scope;

@@ -49,9 +49,9 @@ use utoipa::openapi::path::{Operation, ParameterBuilder, ParameterIn};
 use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::{Content, Header, OpenApi, RefOr, Required, Response, Schema};
 
-use crate::error::codes;
+use crate::error::{Error, KeyError};
+use crate::http::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use crate::key::KeyPolicy;
-use crate::problem::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use crate::record::Policy;
 
 /// What one `#[idempotent]` function promises, as its attribute says it: registered by the
@@ -192,31 +192,33 @@ impl Idempotency {
                 );
             }
         }
-        let refusals = [
-            (
-                "400",
-                "The idempotency key is missing or malformed.",
-                vec![codes::INVALID_IDEMPOTENCY_KEY],
-                false,
-            ),
-            (
-                "409",
-                "The request with this key is still running (try again after `Retry-After`), its work was parked for an operator, its answer was too large to keep, or a newer attempt took it over. It did not run again.",
-                vec![
-                    codes::REQUEST_IN_PROGRESS,
-                    codes::REQUEST_PARKED,
-                    codes::ANSWER_NOT_KEPT,
-                    codes::REQUEST_SUPERSEDED,
-                ],
-                true,
-            ),
-            (
-                "422",
-                "The key was used before with another request body: send a new key for a new request.",
-                vec![codes::KEY_REUSED_WITH_DIFFERENT_BODY],
-                false,
-            ),
+        // The statuses and codes as idem answers them (`Error::status`, `Error::code`), from
+        // each refusal a guarded call can meet: grouped by status, in order.
+        let refused = [
+            Error::InvalidKey(KeyError::Missing),
+            Error::InProgress {
+                retry_after: Duration::from_secs(1),
+            },
+            Error::Parked,
+            Error::AnswerNotKept { len: None, max: 0 },
+            Error::FenceLost { fence: 0 },
+            Error::KeyReused,
         ];
+        let mut refusals: Vec<(String, &str, Vec<&str>, bool)> = Vec::new();
+        for error in &refused {
+            let status = error.status().to_string();
+            let retry_after = error.retry_after().is_some();
+            match refusals.iter_mut().find(|r| r.0 == status) {
+                Some(r) => {
+                    r.2.push(error.code());
+                    r.3 |= retry_after;
+                }
+                None => {
+                    let description = refusal_description(error.status());
+                    refusals.push((status, description, vec![error.code()], retry_after));
+                }
+            }
+        }
         for (status, description, codes, retry_after) in refusals {
             let mut response = Response::new(description);
             response.content.insert(
@@ -234,7 +236,7 @@ impl Idempotency {
             }
             op.responses
                 .responses
-                .entry(status.to_owned())
+                .entry(status)
                 .or_insert(RefOr::T(response));
         }
         let seconds = |d: Option<Duration>| d.map(|d| d.as_secs());
@@ -366,4 +368,18 @@ fn problem(codes: &[&str]) -> Schema {
         .required("code")
         .build()
         .into()
+}
+
+/// What a refusal's status means to the client, as its operation documents it.
+fn refusal_description(status: u16) -> &'static str {
+    match status {
+        400 => "The idempotency key is missing or malformed.",
+        409 => {
+            "The request with this key is still running (try again after `Retry-After`), its work was parked for an operator, its answer was too large to keep, or a newer attempt took it over. It did not run again."
+        }
+        422 => {
+            "The key was used before with another request body: send a new key for a new request."
+        }
+        _ => "The idempotency guard refused the request.",
+    }
 }

@@ -15,8 +15,8 @@ use super::outcome::{Answer, Attempts, Error, Last, Refusal};
 use super::retry::{Retry, retry_after};
 use super::{Attempt, Lookup};
 use crate::error::codes;
+use crate::http::IDEMPOTENCY_KEY;
 use crate::key::Key;
-use crate::problem::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
 /// A call under way.
 pub(super) struct Call {
@@ -218,10 +218,7 @@ impl Call {
                 };
             }
         };
-        let replayed = read
-            .headers
-            .get(IDEMPOTENT_REPLAYED)
-            .is_some_and(|v| v == "true");
+        let replayed = crate::http::is_replayed(&read.headers);
         if step == Step::Ask && !replayed {
             read.lookup_answer()
         } else {

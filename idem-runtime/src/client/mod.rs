@@ -89,8 +89,8 @@ pub use reqwest;
 /// The middleware crate: build the client with its `ClientBuilder`.
 pub use reqwest_middleware;
 
+use crate::http::IDEMPOTENCY_KEY;
 use crate::key::{Key, KeyPolicy};
-use crate::problem::IDEMPOTENCY_KEY;
 
 /// The middleware: see the [module](self) documentation.
 ///

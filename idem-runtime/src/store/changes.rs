@@ -21,9 +21,6 @@ use std::sync::{Arc, Weak};
 use sha2::{Digest, Sha256};
 use tokio::sync::{broadcast, watch};
 
-use crate::error::Result;
-use crate::store::{Operation, Reply};
-
 /// How many announcements a slow listener may fall behind before it is woken to ask anyway.
 const BUFFER: usize = 1024;
 
@@ -94,6 +91,7 @@ impl Changes {
     /// logged: waiters ask again anyway), and `start` spawns the task that hears them and hands
     /// each to [`Hearing::heard`]. `start` is called on the first listener, and again on a
     /// later one after that task ended (its [`Hearing`] dropped).
+    #[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
     pub(crate) fn across(
         publish: impl Fn(u64) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync + 'static,
         start: impl Fn(Hearing) + Send + Sync + 'static,
@@ -166,21 +164,6 @@ impl Changes {
             changes: self.clone(),
         }
     }
-
-    /// Announces after `call` when it succeeded and `ends` names the claim its operation ends
-    /// or pauses ([`ends`]): what a store's [`Store::call`](crate::Store::call) wraps its
-    /// writes in.
-    pub(crate) async fn after(
-        &self,
-        ends: Option<(&str, &str)>,
-        call: impl Future<Output = Result<Reply>>,
-    ) -> Result<Reply> {
-        let reply = call.await;
-        if let (Some((scope, key)), Ok(_)) = (ends, &reply) {
-            self.announce(scope, key).await;
-        }
-        reply
-    }
 }
 
 impl Inner {
@@ -195,11 +178,13 @@ impl Inner {
 /// The task that hears other processes' announcements holds this: it hands on what it hears,
 /// and learns when the store is gone. When it is dropped (the task ended, or its runtime shut
 /// down), the next listener starts another task.
+#[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
 pub(crate) struct Hearing {
     inner: Weak<Inner>,
     gone: watch::Receiver<()>,
 }
 
+#[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
 impl Hearing {
     /// Wakes this process's listeners on `id`.
     pub(crate) fn heard(&self, id: u64) {
@@ -221,18 +206,6 @@ impl Drop for Hearing {
         if let Some(inner) = self.inner.upgrade() {
             inner.hearing.store(false, Ordering::Release);
         }
-    }
-}
-
-/// The claim `op` ends or pauses, if it does.
-pub(crate) fn ends<'a>(op: &Operation<'a>) -> Option<(&'a str, &'a str)> {
-    match *op {
-        Operation::Complete { claim, .. }
-        | Operation::Release(claim)
-        | Operation::Suspend { claim, .. }
-        | Operation::Park { claim, .. } => Some((claim.scope, claim.key)),
-        Operation::ForceRelease { scope, key, .. } => Some((scope, key)),
-        _ => None,
     }
 }
 
@@ -268,9 +241,10 @@ impl Drop for Listening {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
     use std::time::Duration;
 
-    use super::*;
+    use crate::store::changes::Changes;
 
     #[tokio::test]
     async fn a_listener_hears_its_claim_and_no_other() {

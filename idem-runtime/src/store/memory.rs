@@ -18,7 +18,7 @@ use crate::lifecycle::{Decision, Seen, State, decide, next_attempt, owns};
 use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, Record, RecordState, StoredResponse, Unfinished,
 };
-use crate::store::changes;
+use crate::store;
 use crate::store::{
     Changes, ForcedRelease, Operation, RecordInfo, Reply, Retried, Store, StoreStats,
 };
@@ -445,7 +445,7 @@ impl Store for MemoryStore {
 impl MemoryStore {
     /// [`MemoryStore::call_now`], announcing a claim it ended to this process's waiters.
     fn call_announced(&self, op: Operation<'_>) -> Result<Reply> {
-        let ends = changes::ends(&op);
+        let ends = store::ends(&op);
         let reply = self.call_now(op);
         if let (Some((scope, key)), Ok(_)) = (ends, &reply) {
             self.inner.changes.announce_here(scope, key);

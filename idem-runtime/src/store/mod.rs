@@ -628,6 +628,34 @@ fn done<'a>(
     })
 }
 
+/// The claim `op` ends or pauses, if it does: what a store announces ([`Changes`]) once the
+/// operation succeeded.
+pub(crate) fn ends<'a>(op: &Operation<'a>) -> Option<(&'a str, &'a str)> {
+    match *op {
+        Operation::Complete { claim, .. }
+        | Operation::Release(claim)
+        | Operation::Suspend { claim, .. }
+        | Operation::Park { claim, .. } => Some((claim.scope, claim.key)),
+        Operation::ForceRelease { scope, key, .. } => Some((scope, key)),
+        _ => None,
+    }
+}
+
+/// Runs `call`, and when it succeeded and `ends` names the claim its operation ends or pauses
+/// ([`ends`]), announces it on `changes`: what a store's [`Store::call`] wraps its writes in.
+#[cfg_attr(not(any(feature = "sql", feature = "redis")), allow(dead_code))]
+pub(crate) async fn announced(
+    changes: &Changes,
+    ends: Option<(&str, &str)>,
+    call: impl Future<Output = Result<Reply>>,
+) -> Result<Reply> {
+    let reply = call.await;
+    if let (Some((scope, key)), Ok(_)) = (ends, &reply) {
+        changes.announce(scope, key).await;
+    }
+    reply
+}
+
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The object-safe form of [`Store`], for a store chosen at run time (see [`SharedStore`]).

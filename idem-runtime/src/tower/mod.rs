@@ -263,17 +263,17 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
+use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
 use http::request::Parts;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode};
 use http_body::Body;
 
 use crate::error::{BoxError, Error, KeyError, Result};
 use crate::fingerprint::{Fingerprint, Fingerprinter};
 use crate::flow::{Begun, begin, begin_resumable};
 use crate::guard::{Guard, Recorded};
+use crate::http::{self as http_api, Problem};
 use crate::key::{Key, KeyPolicy};
-use crate::problem::Problem;
 use crate::record::{Policy, RequestCap, StoredRequest};
 use crate::scope::ScopeBuilder;
 use crate::store::Store;
@@ -283,7 +283,7 @@ pub use body::GuardBody;
 pub use envelope::{StoredHttpRequest, StoredHttpResponse};
 pub use resume::resend;
 
-pub use crate::problem::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+pub use crate::http::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
 /// How many bytes of a guarded request's body are read by default: 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
@@ -475,15 +475,11 @@ impl Config {
         if !required && !self.when_keyed.contains(&parts.method) {
             return Admission::PassThrough;
         }
-        let Some(value) = parts.headers.get(&self.header) else {
-            return if required {
-                Admission::Refuse(Problem::from_error(&Error::InvalidKey(KeyError::Missing)))
-            } else {
-                Admission::PassThrough
-            };
-        };
-        let key = match key_of(value, self.key_policy) {
+        let key = match http_api::key_in(&parts.headers, &self.header, self.key_policy) {
             Ok(key) => key,
+            Err(Error::InvalidKey(KeyError::Missing)) if !required => {
+                return Admission::PassThrough;
+            }
             Err(e) => return Admission::Refuse(Problem::from_error(&e)),
         };
         match self.principal.as_ref().and_then(|f| f(parts)) {
@@ -584,11 +580,6 @@ impl Config {
         }
         s.finish()
     }
-}
-
-/// The key in a header value, checked as the `IdempotencyKey` extractor checks it.
-fn key_of(value: &HeaderValue, policy: KeyPolicy) -> Result<Key> {
-    Key::parse_bytes(value.as_bytes(), policy)
 }
 
 /// Hashes bytes as one byte string (not as a sequence of numbers).
@@ -949,7 +940,7 @@ where
         // The instance that was polled ready serves this request; a clone takes its place.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let grpc = is_grpc(req.headers());
+        let grpc = http_api::is_grpc(req.headers());
         let answer = handle(inner, self.store.clone(), self.config.clone(), req);
         Box::pin(async move {
             let resp = answer.await?;
@@ -961,18 +952,6 @@ where
             })
         })
     }
-}
-
-/// Whether a request is a gRPC call: its content type is `application/grpc` (or a subtype,
-/// `application/grpc+proto`).
-fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.strip_prefix("application/grpc")
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['+', ';']))
-        })
 }
 
 fn problem<B>(e: &Error) -> Response<GuardBody<B>> {
@@ -1301,12 +1280,7 @@ fn replay<B>(stored: StoredHttpResponse) -> Response<GuardBody<B>> {
     let mut resp = Response::new(GuardBody::buffered(body, trailers));
     *resp.status_mut() = status;
     *resp.headers_mut() = headers;
-    resp.headers_mut()
-        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    // One caller's stored answer: no cache on the way may keep it (a stored `Cache-Control`
-    // gives way).
-    resp.headers_mut()
-        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    http_api::mark_replayed(resp.headers_mut());
     resp
 }
 

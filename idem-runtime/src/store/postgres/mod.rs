@@ -14,7 +14,7 @@ use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
 use self::group::{ClaimJob, ClaimReply, CompleteJob, Group};
 use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
-use crate::store::changes;
+use crate::store;
 use crate::store::schema::Database;
 use crate::store::sql::{
     self, AddColumn, Arg, Dialect, DuplicateWaits, Engine, Next, SqlKind, SqlStoreBuilder, Stmt,
@@ -419,11 +419,11 @@ impl Store for PgStore {
                         .map(|()| Reply::Done)
                 };
                 let ends = Some((claim.scope, claim.key));
-                self.changes.after(ends, done).await
+                store::announced(&self.changes, ends, done).await
             }
             op => {
-                let ends = changes::ends(&op);
-                self.changes.after(ends, self.inner.call(op)).await
+                let ends = store::ends(&op);
+                store::announced(&self.changes, ends, self.inner.call(op)).await
             }
         }
     }

@@ -131,7 +131,7 @@ use crate::record::{
     BeginOutcome, BeginRequest, ClaimRef, Claimed, ExpiredLease, Record, RecordState,
     StoredResponse, Unfinished,
 };
-use crate::store::changes;
+use crate::store;
 use crate::store::{
     Changes, ForcedRelease, ListOrder, Operation, RecordInfo, Reply, Retried, Store, StoreStats,
 };
@@ -572,8 +572,8 @@ fn ms(d: Duration) -> u64 {
 
 impl Store for RedisStore {
     async fn call(&self, op: Operation<'_>) -> Result<Reply> {
-        let ends = changes::ends(&op);
-        self.inner.changes.after(ends, self.run_op(op)).await
+        let ends = store::ends(&op);
+        store::announced(&self.inner.changes, ends, self.run_op(op)).await
     }
 
     fn changes(&self) -> Option<&Changes> {

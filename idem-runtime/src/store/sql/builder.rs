@@ -24,8 +24,9 @@ macro_rules! engine_store_api {
                 match op {
                     Operation::Begin(req) => self.inner.begin(None, &req).await.map(Reply::Begun),
                     op => {
-                        let ends = crate::store::changes::ends(&op);
-                        self.inner.changes.after(ends, self.inner.call(op)).await
+                        let ends = crate::store::ends(&op);
+                        crate::store::announced(&self.inner.changes, ends, self.inner.call(op))
+                            .await
                     }
                 }
             }

@@ -220,7 +220,9 @@ pub(crate) struct Engine<D: Dialect> {
     /// The background purge, when there is one: it ends when the engine is dropped, with the
     /// last handle of its store.
     pub(super) purging: OnceLock<Sweeper>,
-    /// Where its writes that end a claim are announced to this process's waiting duplicates.
+    /// Where its writes that end a claim are announced to this process's waiting duplicates
+    /// (PostgreSQL's store, which may announce across instances, keeps its own).
+    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
     pub(crate) changes: crate::store::Changes,
 }
 

@@ -1,13 +1,22 @@
-//! What idem says over HTTP, independent of any web framework: its two headers, and RFC 9457
-//! problem details, [`Problem`]: idem's errors ([`Problem::from_error`]: the status, the
-//! `application/problem+json` body and the `Retry-After` seconds of each [`Error`]) and an
-//! application's own.
+//! What idem says to other software over HTTP (and gRPC, which is HTTP/2), written once and
+//! independent of any web framework: the axum integration ([`axum`](crate::axum)), the guard for
+//! any `http` service ([`tower`](crate::tower), tonic's servers among them), the client
+//! ([`client`](crate::client)) and the OpenAPI contract ([`openapi`](crate::openapi)) all speak
+//! through it, so a request, a replay and a refusal read the same whichever one a service uses.
 //!
-//! The axum integration (`http`, feature `axum`) and the guard for any `http` service (`tower`,
-//! feature `tower`) both answer with it, so a request and an error read the same through either.
+//! - The headers: [`IDEMPOTENCY_KEY`] (the request's key, the IETF draft's header) and
+//!   [`IDEMPOTENT_REPLAYED`] (on an answer replayed from a record).
+//! - Reading the key: [`key_in`], with the [`KeyPolicy`] a service sets.
+//! - Marking a replay: [`mark_replayed`] (the header, and `Cache-Control: no-store`), read back
+//!   by [`is_replayed`].
+//! - Refusals: RFC 9457 problem details, [`Problem`]: idem's errors ([`Problem::from_error`]:
+//!   the status ([`Error::status`]), the code ([`Error::code`]), the
+//!   `application/problem+json` body and the `Retry-After` seconds of each [`Error`]) and an
+//!   application's own; as a gRPC status for a gRPC call ([`is_grpc`],
+//!   [`Problem::into_grpc`]).
 //!
 //! ```
-//! use idem::problem::Problem;
+//! use idem::http::Problem;
 //! use idem::Error;
 //!
 //! let p = Problem::from_error(&Error::KeyReused);
@@ -20,11 +29,12 @@
 //! ```
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderValue, Response, StatusCode};
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use serde_json::{Map, Value};
 
-use crate::error::{Error, whole_seconds};
+use crate::error::{Error, KeyError, Result, whole_seconds};
+use crate::key::{Key, KeyPolicy};
 
 /// `Idempotency-Key`, the request header of the IETF draft: where the key is read by default.
 pub const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
@@ -32,6 +42,54 @@ pub const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("ide
 /// `Idempotent-Replayed: true` marks an answer that was replayed, not computed.
 pub const IDEMPOTENT_REPLAYED: http::HeaderName =
     http::HeaderName::from_static("idempotent-replayed");
+
+/// The idempotency key a request carries in `header`, checked with `policy`: a missing header
+/// is [`KeyError::Missing`], and a value that is not a key the policy accepts its own
+/// [`KeyError`] (bytes that are not text among them), each answered 400
+/// `INVALID_IDEMPOTENCY_KEY`.
+///
+/// ```
+/// use idem::http::{key_in, IDEMPOTENCY_KEY};
+/// use idem::KeyPolicy;
+///
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert(IDEMPOTENCY_KEY, "k-1".parse().unwrap());
+/// assert_eq!(key_in(&headers, &IDEMPOTENCY_KEY, KeyPolicy::DEFAULT).unwrap().as_str(), "k-1");
+/// assert!(key_in(&headers, &IDEMPOTENCY_KEY, KeyPolicy::Uuid).is_err());
+/// ```
+pub fn key_in(headers: &HeaderMap, header: &HeaderName, policy: KeyPolicy) -> Result<Key> {
+    let value = headers
+        .get(header)
+        .ok_or(Error::InvalidKey(KeyError::Missing))?;
+    Key::parse_bytes(value.as_bytes(), policy)
+}
+
+/// Marks an answer as a replay: `Idempotent-Replayed: true`, and `Cache-Control: no-store`
+/// (replacing a stored one), for it is one caller's stored answer, never something a cache on
+/// the way may keep and share.
+pub fn mark_replayed(headers: &mut HeaderMap) {
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+}
+
+/// Whether an answer is marked as a replay ([`mark_replayed`]).
+pub fn is_replayed(headers: &HeaderMap) -> bool {
+    headers
+        .get(IDEMPOTENT_REPLAYED)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
+}
+
+/// Whether a request is a gRPC call: its content type is `application/grpc` (or a subtype,
+/// `application/grpc+proto`), whose refusals are answered with [`Problem::into_grpc`].
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.strip_prefix("application/grpc")
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['+', ';']))
+        })
+}
 
 /// The media type of a problem detail.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -238,6 +296,57 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn a_replay_is_marked_uncacheable_and_read_back() {
+        let mut headers = HeaderMap::new();
+        assert!(!is_replayed(&headers));
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("max-age=600"));
+        mark_replayed(&mut headers);
+        assert!(is_replayed(&headers));
+        assert_eq!(
+            headers[CACHE_CONTROL], "no-store",
+            "a stored Cache-Control gives way"
+        );
+        headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("false"));
+        assert!(!is_replayed(&headers));
+    }
+
+    #[test]
+    fn the_key_is_read_as_its_policy_says() {
+        let mut headers = HeaderMap::new();
+        let missing = key_in(&headers, &IDEMPOTENCY_KEY, KeyPolicy::DEFAULT);
+        assert!(matches!(missing, Err(Error::InvalidKey(KeyError::Missing))));
+        headers.insert(IDEMPOTENCY_KEY, HeaderValue::from_bytes(b"k\xff").unwrap());
+        let not_text = key_in(&headers, &IDEMPOTENCY_KEY, KeyPolicy::DEFAULT);
+        assert!(
+            matches!(not_text, Err(Error::InvalidKey(_))),
+            "{not_text:?}"
+        );
+        let other = HeaderName::from_static("x-request-key");
+        headers.insert(other.clone(), HeaderValue::from_static("k-1"));
+        assert_eq!(
+            key_in(&headers, &other, KeyPolicy::DEFAULT)
+                .unwrap()
+                .as_str(),
+            "k-1"
+        );
+    }
+
+    #[test]
+    fn grpc_calls_are_told_by_their_content_type() {
+        let with = |ct: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(ct));
+            is_grpc(&headers)
+        };
+        assert!(with("application/grpc"));
+        assert!(with("application/grpc+proto"));
+        assert!(with("application/grpc; charset=utf-8"));
+        assert!(!with("application/grpc-web"));
+        assert!(!with("application/json"));
+        assert!(!is_grpc(&HeaderMap::new()));
+    }
 
     #[test]
     fn in_progress_carries_retry_after_in_whole_seconds() {
