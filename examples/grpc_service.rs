@@ -22,8 +22,6 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use http::HeaderName;
@@ -31,6 +29,7 @@ use http::header::CONTENT_TYPE;
 use http::uri::PathAndQuery;
 use idem::SqliteStore;
 use idem::tower::GuardLayer;
+use sqlx::SqlitePool;
 use tonic::Status;
 use tonic::client::Grpc;
 
@@ -52,10 +51,11 @@ struct Receipt {
     sku: String,
 }
 
-/// `shop.Orders`: numbers the orders it creates. Behind the guard, a retry never reaches it.
-#[derive(Clone, Default)]
+/// `shop.Orders`: writes the orders it creates to its database, which numbers them. Behind
+/// the guard, a retry never reaches it.
+#[derive(Clone)]
 struct Orders {
-    next: Arc<AtomicU64>,
+    db: SqlitePool,
 }
 
 impl tonic::server::NamedService for Orders {
@@ -93,13 +93,23 @@ impl tonic::server::UnaryService<OrderRequest> for Create {
     type Future = BoxFuture<Result<tonic::Response<Receipt>, Status>>;
 
     fn call(&mut self, req: tonic::Request<OrderRequest>) -> Self::Future {
-        let order = self.0.next.fetch_add(1, Ordering::SeqCst) + 1;
+        let db = self.0.db.clone();
         Box::pin(async move {
             let req = req.into_inner();
             if req.qty == 0 {
                 // A refusal: not stored, so the same key can be sent again with a valid order.
                 return Err(Status::invalid_argument("qty must be at least 1"));
             }
+            // Numbered by the database, so numbers never repeat across restarts, as the
+            // receipts the guard replays never change.
+            let order: i64 =
+                sqlx::query_scalar("INSERT INTO orders (sku, qty) VALUES (?, ?) RETURNING id")
+                    .bind(&req.sku)
+                    .bind(req.qty)
+                    .fetch_one(&db)
+                    .await
+                    .map_err(|e| Status::unavailable(format!("the orders database: {e}")))?;
+            let order = order as u64;
             tracing::info!(order, sku = %req.sku, "order created");
             let mut resp = tonic::Response::new(Receipt {
                 order,
@@ -114,6 +124,13 @@ impl tonic::server::UnaryService<OrderRequest> for Create {
 
 async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let store = SqliteStore::connect("sqlite://grpc_service.db").await?;
+    // The orders live beside the records, in the same file.
+    let db = store.pool().clone();
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY AUTOINCREMENT, sku TEXT NOT NULL, qty INTEGER NOT NULL)",
+    )
+    .execute(&db)
+    .await?;
     // The key is the `idempotency-key` metadata; the receipt's `x-order` metadata is replayed
     // with it. Its refusals reach gRPC clients as gRPC statuses.
     let guard = GuardLayer::new(store)
@@ -122,7 +139,7 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     println!("shop.Orders on {ADDR}; try `cargo run --example grpc_service -- client`");
     tonic::transport::Server::builder()
         .layer(guard)
-        .add_service(Orders::default())
+        .add_service(Orders { db })
         .serve(ADDR.parse()?)
         .await?;
     Ok(())
