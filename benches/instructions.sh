@@ -14,7 +14,7 @@ ir() {
   valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" "$1" "$2" 2>&1 |
     sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
-for mode in fresh replay; do
+for mode in fresh handwritten replay; do
   base=$(ir "$mode" 0)
   total=$(ir "$mode" "$n")
   echo "INSTRUCTIONS memory mode=$mode per_call=$(( (total - base) / n ))"

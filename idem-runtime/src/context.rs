@@ -72,7 +72,7 @@
 //! ```
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -258,12 +258,22 @@ impl Context {
     /// Runs `fut` in this context: the guarded calls it awaits on this task (and on tasks it
     /// starts with [`spawn`]) see it.
     pub fn scope<F: Future>(self, fut: F) -> TaskLocalFuture<Context, F> {
+        ENTERED.store(true, Ordering::Relaxed);
         CONTEXT.scope(self, fut)
     }
 }
 
+/// Whether any context was ever entered in this process ([`Context::scope`], set before the
+/// scope's future is first polled). Until then no task has one, and a guarded call does not
+/// look: a task-local lookup costs more than this load.
+static ENTERED: AtomicBool = AtomicBool::new(false);
+
 /// `f` applied to the context of this task, if it runs in one.
+#[inline]
 fn with<R>(f: impl FnOnce(&Context) -> R) -> Option<R> {
+    if !ENTERED.load(Ordering::Relaxed) {
+        return None;
+    }
     CONTEXT.try_with(f).ok()
 }
 
@@ -295,6 +305,7 @@ pub fn with_retry_hint<F: Future>(hint: RetryHint, fut: F) -> TaskLocalFuture<Co
 
 /// The policy an `#[idempotent]` call starts from: its context's, else [`Policy::DEFAULT`].
 /// The attribute's own `lease`, `retain` and `on_expired_lease` apply on top.
+#[inline]
 pub fn default_policy() -> Policy {
     with(|c| c.policy).flatten().unwrap_or(Policy::DEFAULT)
 }

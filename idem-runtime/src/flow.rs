@@ -492,6 +492,7 @@ struct Call {
 impl Prepared {
     /// The call's parts. A bad key is the client's error and is reported before anything about
     /// the scope.
+    #[inline]
     pub fn new(
         key: Result<Key>,
         scope: Result<String>,
@@ -537,6 +538,7 @@ impl Prepared {
     }
 
     /// The call's parts, its policy and its timing, or why it has none.
+    #[inline]
     fn split(self) -> Result<Call> {
         let Parts {
             scope,
@@ -554,6 +556,7 @@ impl Prepared {
     }
 
     /// Measures the call's duration into `timing`, and uses it for "in progress" hints.
+    #[inline]
     pub fn timed(mut self, timing: &'static Timing) -> Prepared {
         self.timing = Some(timing);
         self
@@ -650,7 +653,14 @@ where
     match body.start(|| guard.info()).await.into_result() {
         // The completion policy decides what becomes of the answer and of the claim.
         Ok(v) => {
-            let recorded = guard.record(v.encode()).await;
+            // `Guard::record`, its halves around the completion awaited here.
+            let recorded = match guard.to_record(v.encode()) {
+                Some(stored) => {
+                    let result = guard.finish(stored).await;
+                    guard.recorded(result)
+                }
+                None => Recorded::Unstored,
+            };
             observe(&recorded);
             match recorded {
                 Recorded::Stored | Recorded::Unstored => R::from_ok(v),

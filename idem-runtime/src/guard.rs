@@ -619,15 +619,35 @@ impl<'s, S: Store> Guard<'s, S> {
     /// - A newer attempt took the record over: [`Recorded::Lost`], with the error the caller
     ///   answers; the newer attempt's answer is the one a retry gets.
     pub(crate) async fn record(&mut self, encoded: Result<StoredResponse>) -> Recorded {
-        let stored = match encoded {
-            Ok(stored) => kept(&self.claim, &self.policy, stored),
+        match self.to_record(encoded) {
+            Some(stored) => {
+                let result = self.finish(stored).await;
+                self.recorded(result)
+            }
+            None => Recorded::Unstored,
+        }
+    }
+
+    /// [`Guard::record`]'s first half: what to store of an answer (`None` when it could not be
+    /// encoded: logged, and the claim kept). A caller that awaits [`Guard::finish`] in its own
+    /// future (the macro's flow) calls the halves itself, so its future carries one state
+    /// machine for the completion, not two.
+    #[inline]
+    pub(crate) fn to_record(&mut self, encoded: Result<StoredResponse>) -> Option<StoredResponse> {
+        match encoded {
+            Ok(stored) => Some(kept(&self.claim, &self.policy, stored)),
             Err(e) => {
                 tracing::error!(target: "idem", scope = self.claim.scope(), key = %self.claim.key(), error = %e, "cannot encode the answer for storage: returning it unstored; the claim is kept until its lease runs out");
                 self.keep_claimed();
-                return Recorded::Unstored;
+                None
             }
-        };
-        match self.finish(stored).await {
+        }
+    }
+
+    /// [`Guard::record`]'s second half: the verdict on what [`Guard::finish`] answered.
+    #[inline]
+    pub(crate) fn recorded(&self, result: Result<()>) -> Recorded {
+        match result {
             Ok(()) => Recorded::Stored,
             Err(e @ Error::FenceLost { .. }) => Recorded::Lost(e),
             Err(e) => {
@@ -650,11 +670,19 @@ impl<'s, S: Store> Guard<'s, S> {
 /// is larger than the policy keeps ([`Policy::max_answer`]), the mark that it ran and was not
 /// kept (the caller gets it, a retry is told `ANSWER_NOT_KEPT`). Every completion asks it, in
 /// separate commits and in a transaction.
+#[inline]
 pub(crate) fn kept(claim: &ClaimInfo, policy: &Policy, stored: StoredResponse) -> StoredResponse {
-    let (len, max) = (stored.body.len(), policy.max_answer);
-    if len <= max {
+    if stored.body.len() <= policy.max_answer {
         return stored;
     }
+    not_kept(claim, policy, &stored)
+}
+
+/// [`kept`]'s answer for an answer larger than the policy keeps: out of the hot path.
+#[cold]
+#[inline(never)]
+fn not_kept(claim: &ClaimInfo, policy: &Policy, stored: &StoredResponse) -> StoredResponse {
+    let (len, max) = (stored.body.len(), policy.max_answer);
     tracing::warn!(target: "idem", scope = claim.scope(), key = %claim.key(), len, max, "the answer is larger than the policy keeps (max_answer): returned to this caller only; the record is completed without it, and a retry is told ANSWER_NOT_KEPT");
     StoredResponse::answer_not_kept(Some(len), max)
 }

@@ -41,6 +41,7 @@ pub trait Replay<M = marker::Serde>: Sized {
 }
 
 impl<T: Serialize + DeserializeOwned> Replay<marker::Serde> for T {
+    #[inline]
     fn encode(&self) -> Result<StoredResponse, Error> {
         serde_json::to_vec(self)
             .map(StoredResponse::ok)
