@@ -654,7 +654,7 @@ where
         // The completion policy decides what becomes of the answer and of the claim.
         Ok(v) => {
             // `Guard::record`, its halves around the completion awaited here.
-            let recorded = match guard.to_record(v.encode()) {
+            let recorded = match guard.answer_to_store(v.encode()) {
                 Some(stored) => {
                     let result = guard.finish(stored).await;
                     guard.recorded(result)

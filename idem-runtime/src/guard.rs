@@ -619,7 +619,7 @@ impl<'s, S: Store> Guard<'s, S> {
     /// - A newer attempt took the record over: [`Recorded::Lost`], with the error the caller
     ///   answers; the newer attempt's answer is the one a retry gets.
     pub(crate) async fn record(&mut self, encoded: Result<StoredResponse>) -> Recorded {
-        match self.to_record(encoded) {
+        match self.answer_to_store(encoded) {
             Some(stored) => {
                 let result = self.finish(stored).await;
                 self.recorded(result)
@@ -633,7 +633,10 @@ impl<'s, S: Store> Guard<'s, S> {
     /// future (the macro's flow) calls the halves itself, so its future carries one state
     /// machine for the completion, not two.
     #[inline]
-    pub(crate) fn to_record(&mut self, encoded: Result<StoredResponse>) -> Option<StoredResponse> {
+    pub(crate) fn answer_to_store(
+        &mut self,
+        encoded: Result<StoredResponse>,
+    ) -> Option<StoredResponse> {
         match encoded {
             Ok(stored) => Some(kept(&self.claim, &self.policy, stored)),
             Err(e) => {

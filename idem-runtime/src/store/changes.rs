@@ -128,7 +128,14 @@ impl Changes {
         let id = Changes::identity(scope, key);
         self.heard(id);
         if let Some(publish) = &inner.publish {
-            publish(id).await;
+            // On a task of its own: the caller's completion is done, and waits for no one's
+            // announcement of it (a database that just went away would hold it for as long as
+            // its pool waits for a connection).
+            let telling = publish(id);
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn(telling)),
+                Err(_) => telling.await,
+            }
         }
     }
 
