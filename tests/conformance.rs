@@ -1152,11 +1152,13 @@ mod announcements_across_instances {
     )]
     async fn postgres_notify_wakes_the_other_instance() {
         let schema = PgSchema::create(&common::pg_url(), 4).await;
+        // Pools of one connection: the listening connection is the store's own, so a waiting
+        // duplicate never starves the pool its store answers from.
         let build = |notify| {
             let url = schema.url.clone();
             let name = schema.name.clone();
             async move {
-                let pool = PgSchema::pool_for(&url, &name, 4).await;
+                let pool = PgSchema::pool_for(&url, &name, 1).await;
                 PgStore::builder()
                     .notify(notify)
                     .build(pool)

@@ -2,27 +2,34 @@
 //! asks, so that it replays the first answer as soon as it is stored instead of at its next
 //! poll.
 //!
-//! Every store that idem ships announces, within its process, each write that ends or pauses
-//! a running claim (a completion, a release, a suspension, a park, an operator's release).
+//! Every store that idem ships announces, within its process, each write through
+//! [`Store::call`](crate::Store::call) that ends or pauses a running claim (a completion, a
+//! release, a suspension, a park, an operator's release). Transactional completions are not
+//! announced: their duplicates wait on the record's lock, not on announcements.
 //! PostgreSQL and Redis can also announce across processes (`NOTIFY`, `PUBLISH`) when their
 //! builder is told to ([`SqlStoreBuilder::notify`](crate::store::SqlStoreBuilder::notify),
 //! [`RedisStoreBuilder::notify`](crate::store::redis::RedisStoreBuilder::notify)). An
 //! announcement only wakes a waiter early: a waiter asks the store again on its own schedule
 //! too, so an announcement that is lost (a dropped listener connection, a full buffer, a
-//! store wrapped by one that does not pass [`Store::changes`](crate::Store::changes) on) costs
-//! time, never an answer.
+//! publisher that fell behind, a store wrapped by one that does not pass
+//! [`Store::changes`](crate::Store::changes) on) costs time, never an answer.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 use sha2::{Digest, Sha256};
 use tokio::sync::{broadcast, watch};
 
-/// How many announcements a slow listener may fall behind before it is woken to ask anyway.
-const BUFFER: usize = 1024;
+/// How many announcements a slow listener may fall behind before it misses some.
+const BUFFER: usize = 256;
+
+/// How many announcements to other processes may be on their way at once: past it (the
+/// database or server is slow or gone) the next are not sent, rather than pile up tasks that
+/// wait for connections live requests need.
+const MAX_PUBLISHING: usize = 64;
 
 type Publish = dyn Fn(u64) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
 type Start = dyn Fn(Hearing) + Send + Sync;
@@ -48,13 +55,16 @@ pub struct Changes {
 }
 
 struct Inner {
-    local: broadcast::Sender<u64>,
+    /// Created by the first listener: a store nobody waits on allocates no buffer.
+    local: OnceLock<broadcast::Sender<u64>>,
     listening: AtomicUsize,
     /// Tells other processes (`NOTIFY`, `PUBLISH`).
     publish: Option<Box<Publish>>,
     /// Starts the task that hears other processes' announcements, when none runs.
     start: Option<Box<Start>>,
     hearing: AtomicBool,
+    /// Announcements to other processes on their way.
+    publishing: Arc<AtomicUsize>,
     /// Dropped with the store: tells the hearing task to end.
     gone: watch::Sender<()>,
 }
@@ -62,11 +72,12 @@ struct Inner {
 impl Default for Inner {
     fn default() -> Self {
         Inner {
-            local: broadcast::channel(BUFFER).0,
+            local: OnceLock::new(),
             listening: AtomicUsize::new(0),
             publish: None,
             start: None,
             hearing: AtomicBool::new(false),
+            publishing: Arc::default(),
             gone: watch::channel(()).0,
         }
     }
@@ -131,11 +142,21 @@ impl Changes {
             // On a task of its own: the caller's completion is done, and waits for no one's
             // announcement of it (a database that just went away would hold it for as long as
             // its pool waits for a connection).
-            let telling = publish(id);
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => drop(rt.spawn(telling)),
-                Err(_) => telling.await,
+            let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                return publish(id).await;
+            };
+            if inner.publishing.fetch_add(1, Ordering::AcqRel) >= MAX_PUBLISHING {
+                inner.publishing.fetch_sub(1, Ordering::AcqRel);
+                tracing::debug!(target: "idem", "announcements to other instances fell behind; this one is not sent (their waiters find it at their next ask)");
+                return;
             }
+            let telling = publish(id);
+            // Counted down when the task ends, or is dropped with its runtime unrun.
+            let in_flight = InFlight(inner.publishing.clone());
+            drop(rt.spawn(async move {
+                let _in_flight = in_flight;
+                telling.await;
+            }));
         }
     }
 
@@ -155,7 +176,10 @@ impl Changes {
     /// ask of the store, so that an end between that ask and the wait is not missed.
     pub fn listen(&self, scope: &str, key: &str) -> Listening {
         let inner = &*self.inner;
-        let rx = inner.local.subscribe();
+        let rx = inner
+            .local
+            .get_or_init(|| broadcast::channel(BUFFER).0)
+            .subscribe();
         inner.listening.fetch_add(1, Ordering::Relaxed);
         if let Some(start) = &inner.start
             && !inner.hearing.swap(true, Ordering::AcqRel)
@@ -173,11 +197,22 @@ impl Changes {
     }
 }
 
+/// One announcement to other processes on its way ([`MAX_PUBLISHING`]).
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl Inner {
     fn heard(&self, id: u64) {
-        if self.listening.load(Ordering::Relaxed) > 0 {
+        if self.listening.load(Ordering::Relaxed) > 0
+            && let Some(local) = self.local.get()
+        {
             // An error only says that nobody listens any more.
-            let _ = self.local.send(id);
+            let _ = local.send(id);
         }
     }
 }
@@ -225,15 +260,16 @@ pub struct Listening {
 }
 
 impl Listening {
-    /// Returns once the claim was announced ended (or once announcements were lost, since one
-    /// of them may have been this claim's). Never returns when neither happens: race it with
-    /// a timer.
+    /// Returns once the claim was announced ended. Never returns when it is not, or when its
+    /// announcement was lost (this listener fell more than a buffer behind while it did not
+    /// listen): race it with a timer, as a waiter's own asks do.
     pub async fn changed(&mut self) {
         loop {
             match self.rx.recv().await {
                 Ok(id) if id == self.id => return,
-                Ok(_) => {}
-                Err(broadcast::error::RecvError::Lagged(_)) => return,
+                // Under a burst of announcements, waking every waiter to ask again would add
+                // to the burst; its own schedule finds the answer.
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
                 Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
             }
         }
@@ -264,6 +300,33 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), mine.changed())
             .await
             .expect("not woken by its own key's announcement");
+    }
+
+    #[tokio::test]
+    async fn announcements_to_other_processes_are_bounded_in_flight() {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicUsize;
+
+        use crate::store::changes::MAX_PUBLISHING;
+
+        let sent = Arc::new(AtomicUsize::new(0));
+        let counted = sent.clone();
+        // A publisher that never finishes: the server went away mid-send.
+        let changes = Changes::across(
+            move |_| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Box::pin(std::future::pending())
+            },
+            drop,
+        );
+        for i in 0..(MAX_PUBLISHING + 36) {
+            changes.announce("s", &format!("k{i}")).await;
+        }
+        assert_eq!(sent.load(Ordering::SeqCst), MAX_PUBLISHING);
+        assert_eq!(
+            changes.inner.publishing.load(Ordering::SeqCst),
+            MAX_PUBLISHING
+        );
     }
 
     #[test]
