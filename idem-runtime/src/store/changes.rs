@@ -32,7 +32,9 @@ const BUFFER: usize = 256;
 const MAX_PUBLISHING: usize = 64;
 
 type Publish = dyn Fn(u64) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
-type Start = dyn Fn(Hearing) + Send + Sync;
+/// One listening connection's life, from connecting to its end, answered with why it ended.
+type Listen =
+    dyn for<'a> Fn(&'a Hearing) -> Pin<Box<dyn Future<Output = String> + Send + 'a>> + Send + Sync;
 
 /// Where a store announces that a running claim ended, and where waiting duplicates listen.
 ///
@@ -60,8 +62,8 @@ struct Inner {
     listening: AtomicUsize,
     /// Tells other processes (`NOTIFY`, `PUBLISH`).
     publish: Option<Box<Publish>>,
-    /// Starts the task that hears other processes' announcements, when none runs.
-    start: Option<Box<Start>>,
+    /// How the task that hears other processes' announcements listens, started when none runs.
+    listen: Option<Arc<Listen>>,
     hearing: AtomicBool,
     /// Announcements to other processes on their way.
     publishing: Arc<AtomicUsize>,
@@ -75,7 +77,7 @@ impl Default for Inner {
             local: OnceLock::new(),
             listening: AtomicUsize::new(0),
             publish: None,
-            start: None,
+            listen: None,
             hearing: AtomicBool::new(false),
             publishing: Arc::default(),
             gone: watch::channel(()).0,
@@ -99,18 +101,23 @@ impl Changes {
     }
 
     /// Announcements across processes: `publish` tells the others (its failure is only
-    /// logged: waiters ask again anyway), and `start` spawns the task that hears them and hands
-    /// each to [`Hearing::heard`]. `start` is called on the first listener, and again on a
-    /// later one after that task ended (its [`Hearing`] dropped).
+    /// logged: waiters ask again anyway), and `listen` is one connection's life in the task
+    /// that hears them (it hands each to [`Hearing::heard`], and answers why the connection
+    /// ended). The task starts with the first listener, on its runtime, and listens again a
+    /// second after each end until the store is gone; another starts with a later listener
+    /// after that task ended with its runtime.
     #[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
     pub(crate) fn across(
         publish: impl Fn(u64) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync + 'static,
-        start: impl Fn(Hearing) + Send + Sync + 'static,
+        listen: impl for<'a> Fn(&'a Hearing) -> Pin<Box<dyn Future<Output = String> + Send + 'a>>
+        + Send
+        + Sync
+        + 'static,
     ) -> Self {
         Changes {
             inner: Arc::new(Inner {
                 publish: Some(Box::new(publish)),
-                start: Some(Box::new(start)),
+                listen: Some(Arc::new(listen)),
                 ..Inner::default()
             }),
         }
@@ -181,18 +188,39 @@ impl Changes {
             .get_or_init(|| broadcast::channel(BUFFER).0)
             .subscribe();
         inner.listening.fetch_add(1, Ordering::Relaxed);
-        if let Some(start) = &inner.start
+        if let Some(listen) = &inner.listen
             && !inner.hearing.swap(true, Ordering::AcqRel)
         {
-            start(Hearing {
+            let hearing = Hearing {
                 inner: Arc::downgrade(&self.inner),
                 gone: inner.gone.subscribe(),
-            });
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn(keep_listening(listen.clone(), hearing))),
+                // Outside a runtime nobody can wait: the next listener, in one, starts it.
+                Err(_) => drop(hearing),
+            }
         }
         Listening {
             rx,
             id: Changes::identity(scope, key),
             changes: self.clone(),
+        }
+    }
+}
+
+/// The task that hears other processes: `listen` until the store is gone, again a second after
+/// each end.
+async fn keep_listening(listen: Arc<Listen>, hearing: Hearing) {
+    loop {
+        let ended = tokio::select! {
+            () = hearing.gone() => return,
+            ended = listen(&hearing) => ended,
+        };
+        tracing::debug!(target: "idem", error = %ended, "the connection listening for claims ended elsewhere failed; listening again in a second");
+        tokio::select! {
+            () = hearing.gone() => return,
+            () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
         }
     }
 }
@@ -317,7 +345,7 @@ mod tests {
                 counted.fetch_add(1, Ordering::SeqCst);
                 Box::pin(std::future::pending())
             },
-            drop,
+            |_| Box::pin(std::future::pending()),
         );
         for i in 0..(MAX_PUBLISHING + 36) {
             changes.announce("s", &format!("k{i}")).await;

@@ -2,7 +2,6 @@
 //! one `LISTEN`ing connection per store ([`SqlStoreBuilder::notify`]).
 
 use std::convert::Infallible;
-use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
@@ -81,30 +80,16 @@ pub(super) async fn changes(pool: &PgPool, table: &str) -> Changes {
                 }
             })
         },
-        move |hearing| match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(hear(hear_pool.clone(), channel.clone(), hearing));
-            }
-            // Outside a runtime nobody can wait: the next listener, in one, starts it.
-            Err(_) => drop(hearing),
+        move |hearing| {
+            let (pool, channel) = (hear_pool.clone(), channel.clone());
+            Box::pin(async move {
+                match listen(&pool, &channel, hearing).await {
+                    Err(e) => e.to_string(),
+                    Ok(never) => match never {},
+                }
+            })
         },
     )
-}
-
-/// Listens on `channel` until the store is gone, handing every claim heard to this process's
-/// waiters; reconnects after a failure.
-async fn hear(pool: PgPool, channel: String, hearing: Hearing) {
-    loop {
-        let failed = tokio::select! {
-            () = hearing.gone() => return,
-            Err(e) = listen(&pool, &channel, &hearing) => e,
-        };
-        tracing::debug!(target: "idem", error = %failed, "the connection listening for claims ended elsewhere failed; listening again in a second");
-        tokio::select! {
-            () = hearing.gone() => return,
-            () = tokio::time::sleep(Duration::from_secs(1)) => {}
-        }
-    }
 }
 
 /// One listening connection, until it fails.

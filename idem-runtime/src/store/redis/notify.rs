@@ -1,8 +1,6 @@
 //! Announcements across instances on Redis: `PUBLISH` on a channel of the prefix, heard by one
 //! subscribed connection per store ([`RedisStoreBuilder::notify`]).
 
-use std::time::Duration;
-
 use futures_util::StreamExt as _;
 
 use super::{Conn, RedisStoreBuilder};
@@ -50,30 +48,11 @@ pub(super) fn changes(conn: Conn, url: String, prefix: &str) -> Changes {
                 }
             })
         },
-        move |hearing| match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(hear(url.clone(), channel.clone(), hearing));
-            }
-            // Outside a runtime nobody can wait: the next listener, in one, starts it.
-            Err(_) => drop(hearing),
+        move |hearing| {
+            let (url, channel) = (url.clone(), channel.clone());
+            Box::pin(async move { listen(&url, &channel, hearing).await })
         },
     )
-}
-
-/// Subscribes to `channel` until the store is gone, handing every claim heard to this process's
-/// waiters; subscribes again after a failure.
-async fn hear(url: String, channel: String, hearing: Hearing) {
-    loop {
-        let failed = tokio::select! {
-            () = hearing.gone() => return,
-            failed = listen(&url, &channel, &hearing) => failed,
-        };
-        tracing::debug!(target: "idem", error = %failed, "the connection listening for claims ended elsewhere failed; listening again in a second");
-        tokio::select! {
-            () = hearing.gone() => return,
-            () = tokio::time::sleep(Duration::from_secs(1)) => {}
-        }
-    }
 }
 
 /// One subscribed connection, until it fails or ends.
