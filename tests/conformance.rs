@@ -483,6 +483,19 @@ mod older_tables {
             .unwrap();
         attempts_work(&store).await;
         store.migrate().await.unwrap();
+        // Migrated, it names the format it now has.
+        let comment: Option<String> =
+            sqlx::query_scalar("SELECT obj_description(to_regclass('idem_records'), 'pg_class')")
+                .fetch_one(&schema.pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            comment,
+            Some(format!(
+                "idem records, format {}",
+                idem::store::schema::RECORDS_FORMAT
+            ))
+        );
     }
 }
 
@@ -598,6 +611,173 @@ mod tables_before_the_work_index {
         .unwrap();
         lists_its_work(&store, indexes == 1).await;
         store.migrate().await.unwrap();
+    }
+}
+
+/// A records table names the format of its records. A new table names this version's; a table
+/// that names a later one is refused, whether the store would create its table or not, and is
+/// left as it was; a table that names none (created before formats were named) is opened.
+mod records_format {
+    use idem::store::schema::{MYSQL_RECORDS, POSTGRES_RECORDS, RECORDS_FORMAT, SQLITE_RECORDS};
+    use idem::{Error, Fingerprint, Policy, Store};
+
+    fn this_format() -> String {
+        format!("idem records, format {RECORDS_FORMAT}")
+    }
+
+    /// A table of a later format is refused with an error that says which and what to do.
+    fn refused<S>(opened: Result<S, Error>) {
+        match opened {
+            Err(Error::Config(message)) => {
+                assert!(
+                    message.contains("format 99") && message.contains("upgrade idem"),
+                    "{message}"
+                );
+            }
+            Err(other) => panic!("refused as a configuration error, not {other:?}"),
+            Ok(_) => panic!("a table of a later format is refused"),
+        }
+    }
+
+    /// One record written and read back: the store works on the table.
+    async fn works<S: Store>(store: &S) {
+        let f = Fingerprint::of("a").unwrap();
+        let claimed = store
+            .begin(idem::BeginRequest::new(
+                "s",
+                "k-format",
+                &f,
+                &Policy::DEFAULT,
+            ))
+            .await
+            .unwrap();
+        assert!(matches!(claimed, idem::BeginOutcome::Claimed(_)));
+    }
+
+    #[tokio::test]
+    async fn sqlite() {
+        let definition = |file: &crate::SqliteFile| {
+            let url = file.url.clone();
+            async move {
+                let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+                let sql: String = sqlx::query_scalar(
+                    "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'idem_records'",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                pool.close().await;
+                sql
+            }
+        };
+        let new = crate::SqliteFile::new();
+        let store = idem::SqliteStore::connect(&new.url).await.unwrap();
+        works(&store).await;
+        drop(store);
+        assert!(definition(&new).await.contains(&this_format()));
+
+        let later = crate::SqliteFile::new();
+        let raw = idem::SqliteStore::builder()
+            .create_table(false)
+            .connect(&later.url)
+            .await
+            .unwrap();
+        let ddl = SQLITE_RECORDS[0].replace(&this_format(), "idem records, format 99");
+        sqlx::query(sqlx::AssertSqlSafe(ddl))
+            .execute(raw.pool())
+            .await
+            .unwrap();
+        drop(raw);
+        refused(idem::SqliteStore::connect(&later.url).await);
+        refused(
+            idem::SqliteStore::builder()
+                .create_table(false)
+                .connect(&later.url)
+                .await,
+        );
+        assert!(definition(&later).await.contains("format 99"));
+    }
+
+    #[tokio::test]
+    #[cfg_attr(
+        not(idem_postgres),
+        ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+    )]
+    async fn postgres() {
+        let comment = |pool: sqlx::PgPool| async move {
+            sqlx::query_scalar::<_, Option<String>>(
+                "SELECT obj_description(to_regclass('idem_records'), 'pg_class')",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        };
+        let new = crate::PgSchema::create(&crate::common::pg_url(), 4).await;
+        let store = idem::PgStore::builder()
+            .build(new.pool.clone())
+            .await
+            .unwrap();
+        works(&store).await;
+        assert_eq!(comment(new.pool.clone()).await, Some(this_format()));
+
+        let later = crate::PgSchema::create(&crate::common::pg_url(), 4).await;
+        for stmt in POSTGRES_RECORDS {
+            let stmt = stmt.replace(&this_format(), "idem records, format 99");
+            sqlx::query(sqlx::AssertSqlSafe(stmt))
+                .execute(&later.pool)
+                .await
+                .unwrap();
+        }
+        refused(idem::PgStore::builder().build(later.pool.clone()).await);
+        refused(
+            idem::PgStore::builder()
+                .create_table(false)
+                .build(later.pool.clone())
+                .await,
+        );
+        assert_eq!(
+            comment(later.pool.clone()).await.as_deref(),
+            Some("idem records, format 99")
+        );
+    }
+
+    #[tokio::test]
+    #[cfg_attr(
+        not(idem_mysql),
+        ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+    )]
+    async fn mysql() {
+        let comment = |pool: sqlx::MySqlPool| async move {
+            sqlx::query_scalar::<_, String>(
+                "SELECT table_comment FROM information_schema.tables \
+                 WHERE table_schema = DATABASE() AND table_name = 'idem_records'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        };
+        let new = crate::MyDatabase::create(&crate::common::mysql_url(), 4).await;
+        let store = idem::MySqlStore::builder()
+            .build(new.pool.clone())
+            .await
+            .unwrap();
+        works(&store).await;
+        assert_eq!(comment(new.pool.clone()).await, this_format());
+
+        let later = crate::MyDatabase::create(&crate::common::mysql_url(), 4).await;
+        let ddl = MYSQL_RECORDS[0].replace(&this_format(), "idem records, format 99");
+        sqlx::query(sqlx::AssertSqlSafe(ddl))
+            .execute(&later.pool)
+            .await
+            .unwrap();
+        refused(idem::MySqlStore::builder().build(later.pool.clone()).await);
+        refused(
+            idem::MySqlStore::builder()
+                .create_table(false)
+                .build(later.pool.clone())
+                .await,
+        );
+        assert_eq!(comment(later.pool.clone()).await, "idem records, format 99");
     }
 }
 

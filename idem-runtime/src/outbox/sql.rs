@@ -175,6 +175,8 @@ impl OutboxStatements {
                     &ADDED_COLUMNS.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
                 ),
                 widen: None,
+                // Outbox events keep the layout they were first written in.
+                format: None,
             },
             enqueue: D::enqueue(format!(
                 "INSERT INTO {t} (id, topic, partition_key, payload, created_at) \

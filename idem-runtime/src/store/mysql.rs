@@ -194,6 +194,13 @@ impl Dialect for My {
         )))
     }
 
+    fn format_note(t: &str, _table: &str) -> Stmt {
+        Self::stmt(format!(
+            "SELECT table_comment AS note FROM information_schema.tables WHERE {}",
+            in_schema(&t.replace('"', ""))
+        ))
+    }
+
     fn scope_prefix(col: &str) -> String {
         format!("SUBSTRING_INDEX({col}, ':', 1)")
     }

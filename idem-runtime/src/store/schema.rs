@@ -14,6 +14,11 @@
 //! (`attempt`, `request`, `resume_at`, `note`, the `parked` state; the outbox's `failures`
 //! and `parked_at`) when a store migrates.
 //!
+//! Each records table names the format of its records, [`RECORDS_FORMAT`]: in the table's
+//! comment on PostgreSQL and MySQL, in a comment of its definition on SQLite. A store refuses a
+//! table that names a later format than its own; one that names none was created before formats
+//! were named, and is format 1.
+//!
 //! ```
 //! use idem::store::schema::{self, Database};
 //!
@@ -25,6 +30,6 @@
 
 pub use crate::store::sql::ddl::{
     Database, MYSQL_OUTBOX, MYSQL_RECORDS, OUTBOX_TABLE, POSTGRES_OUTBOX, POSTGRES_OUTBOX_NOTIFY,
-    POSTGRES_RECORDS, RECORDS_TABLE, SQLITE_OUTBOX, SQLITE_RECORDS, outbox, outbox_notify, records,
-    script,
+    POSTGRES_RECORDS, RECORDS_FORMAT, RECORDS_TABLE, SQLITE_OUTBOX, SQLITE_RECORDS, outbox,
+    outbox_notify, records, script,
 };

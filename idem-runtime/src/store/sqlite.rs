@@ -94,6 +94,14 @@ impl Dialect for Lite {
         )
     }
 
+    fn format_note(_t: &str, table: &str) -> Stmt {
+        // SQLite keeps a table's definition as it was written, comments included. `table` is a
+        // checked identifier: it can stand in a string literal.
+        Stmt::plain(format!(
+            "SELECT sql AS note FROM sqlite_master WHERE type = 'table' AND name = '{table}' COLLATE NOCASE"
+        ))
+    }
+
     fn allow_states(t: &str, table: &str, _states: &str) -> Option<(Stmt, Vec<Stmt>)> {
         // SQLite cannot alter a check: a table created before `parked` was a state is rebuilt
         // with today's DDL, its rows copied, in the migration's transaction. `table` is a

@@ -124,6 +124,13 @@ impl Dialect for Pg {
         )))
     }
 
+    fn format_note(t: &str, _table: &str) -> Stmt {
+        // `t` is a checked, quoted identifier: it can stand in a string literal.
+        Stmt::plain(format!(
+            "SELECT obj_description(to_regclass('{t}'), 'pg_class') AS note"
+        ))
+    }
+
     fn scope_prefix(col: &str) -> String {
         format!("split_part({col}, ':', 1)")
     }

@@ -245,6 +245,8 @@ impl<S: SqlKind> SqlStoreBuilder<S> {
         }
         if self.create_table {
             engine.migrate().await?;
+        } else {
+            engine.check_format().await?;
         }
         let engine = engine.start(self.background_purge.then_some(self.purge_every));
         Ok((engine, self.options))

@@ -189,6 +189,11 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
         None
     }
 
+    /// A query of the catalog whose `note` column holds the text in which the table `t` (quoted;
+    /// `table` as given) names its records' format: its comment, or its definition where the
+    /// database keeps no comment. No row, or `NULL`, when the table does not exist or has none.
+    fn format_note(t: &str, table: &str) -> Stmt;
+
     /// The text of `col` up to its first `:` (all of it when there is none): a scope's prefix,
     /// as `StoreStats` counts it.
     fn scope_prefix(col: &str) -> String;

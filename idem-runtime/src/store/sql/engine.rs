@@ -289,6 +289,11 @@ impl<D: Dialect> Engine<D> {
         self.sql.migration.run::<D>(&self.writer).await
     }
 
+    /// Refuses a table of a later records format than this version's (see `migrate`).
+    pub(crate) async fn check_format(&self) -> Result<()> {
+        self.sql.migration.check_format::<D>(&self.writer).await
+    }
+
     /// A first claim's row (`RETURNING fence`), as the claim it is.
     pub(crate) fn first_claim(row: &D::Row) -> Result<Claimed> {
         Ok(Claimed {

@@ -1,6 +1,6 @@
 //! Every statement of one SQL store, built once from its table name, and the migration.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::lifecycle::State;
 use crate::record::BeginRequest;
 use crate::store::{ListOrder, RecordQuery};
@@ -84,6 +84,9 @@ pub(crate) struct Migration {
     pub(crate) widen: Option<(Stmt, Vec<Stmt>)>,
     /// The dialect's catalog probe that finds the table up to date without locking it.
     pub(crate) up_to_date: Option<Stmt>,
+    /// For a records table: where it names its format ([`ddl::RECORDS_FORMAT`]), and the table
+    /// as the error names it.
+    pub(crate) format: Option<(Stmt, String)>,
 }
 
 impl Migration {
@@ -91,6 +94,7 @@ impl Migration {
     /// to run from many instances at once. A table found up to date by the probe is not
     /// touched.
     pub(crate) async fn run<D: Dialect>(&self, pool: &sqlx::Pool<D::Db>) -> Result<()> {
+        self.check_format::<D>(pool).await?;
         if let Some(probe) = &self.up_to_date {
             let mut conn = pool.acquire().await.map_err(map_err)?;
             if let Some(row) = D::fetch(&mut conn, probe, &[]).await?
@@ -127,6 +131,29 @@ impl Migration {
             D::fetch(&mut tx, stmt, &[]).await?;
         }
         tx.commit().await.map_err(map_err)
+    }
+
+    /// Refuses a records table that names a later format than this version's: its records would
+    /// be misread, or overwritten in a form the version that wrote them cannot read. A table
+    /// that names none, or does not exist yet, passes.
+    pub(crate) async fn check_format<D: Dialect>(&self, pool: &sqlx::Pool<D::Db>) -> Result<()> {
+        let Some((probe, table)) = &self.format else {
+            return Ok(());
+        };
+        let mut conn = pool.acquire().await.map_err(map_err)?;
+        let note = match D::fetch(&mut conn, probe, &[]).await? {
+            Some(row) => row.opt_text("note").map_err(map_err)?,
+            None => None,
+        };
+        match note.as_deref().and_then(ddl::format_in) {
+            Some(format) if format > ddl::RECORDS_FORMAT => Err(Error::Config(format!(
+                "the table {table} holds idem records of format {format}, written by a later \
+                 version of idem; this version reads format {}: upgrade idem, or give this \
+                 store a table of its own",
+                ddl::RECORDS_FORMAT
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -288,6 +315,7 @@ impl Statements {
                 ),
                 widen: D::allow_states(&t, table, &states),
                 finish,
+                format: Some((D::format_note(&t, table), table.to_owned())),
             },
         })
     }

@@ -15,6 +15,24 @@ pub use self::sqlite::*;
 /// The default name of the records table.
 pub const RECORDS_TABLE: &str = "idem_records";
 
+/// The format of the records the SQL stores keep: which columns a record has and what each
+/// holds. A records table names its format in its own definition (PostgreSQL's and MySQL's
+/// comment on the table, a comment in SQLite's `CREATE TABLE`), so that a later version can
+/// tell a table of an earlier format and migrate it, and an earlier version refuses to open a
+/// table of a later one instead of misreading it. A table that names no format was created
+/// before formats were named, and is format 1 once migrated.
+pub const RECORDS_FORMAT: u32 = 1;
+
+/// How a records table's definition names its format: this text, then the number.
+pub(crate) const FORMAT_MARK: &str = "idem records, format ";
+
+/// The format a records table's comment or definition names, if it names one.
+pub(crate) fn format_in(text: &str) -> Option<u32> {
+    let (_, after) = text.split_once(FORMAT_MARK)?;
+    let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+    after[..digits].parse().ok()
+}
+
 /// The default name of the outbox table.
 pub const OUTBOX_TABLE: &str = "idem_outbox";
 
@@ -198,6 +216,24 @@ fn rename(template: &str, quote: char, rename: impl Fn(&str, bool) -> Option<Str
 mod tests {
     use super::*;
     use crate::lifecycle::State;
+
+    #[test]
+    fn every_records_table_names_its_format() {
+        let mark = format!("{FORMAT_MARK}{RECORDS_FORMAT}");
+        for &db in Database::ALL {
+            let Ok(ddl) = records(db, "app_recs") else {
+                continue;
+            };
+            let named: Vec<_> = ddl.iter().filter_map(|s| format_in(s)).collect();
+            assert_eq!(named, [RECORDS_FORMAT], "{db:?}: {ddl:?}");
+            assert!(ddl.iter().any(|s| s.contains(&mark)));
+        }
+        assert_eq!(format_in("idem records, format 12, and more"), Some(12));
+        assert_eq!(format_in("-- idem records, format 3\n scope TEXT"), Some(3));
+        assert_eq!(format_in("idem records, format x"), None);
+        assert_eq!(format_in("a table of ours"), None);
+        assert_eq!(format_in(""), None);
+    }
 
     #[test]
     fn default_names_give_the_constants() {

@@ -10,7 +10,8 @@
 /// The records table of MySQL and MariaDB (`idem_records`) with its indexes on `expires_at`
 /// (the purge, the operators' listings), `resume_at` (the completers) and `work_fence` (the
 /// operators' index of unfinished work: a virtual column, the fence of a record that may hold
-/// work, else `NULL`, as MySQL has no partial index).
+/// work, else `NULL`, as MySQL has no partial index). The table's comment names the
+/// [format](super::RECORDS_FORMAT) of its records.
 pub const MYSQL_RECORDS: &[&str] = &["CREATE TABLE IF NOT EXISTS `idem_records` (
     scope VARBINARY(1024) NOT NULL,
     `key` VARBINARY(1024) NOT NULL,
@@ -34,7 +35,7 @@ pub const MYSQL_RECORDS: &[&str] = &["CREATE TABLE IF NOT EXISTS `idem_records` 
     INDEX `idem_records_expires_at_idx` (expires_at),
     INDEX `idem_records_resume_at_idx` (resume_at),
     INDEX `idem_records_work_idx` (work_fence)
-) ENGINE = InnoDB"];
+) ENGINE = InnoDB COMMENT = 'idem records, format 1'"];
 
 /// The outbox table of MySQL and MariaDB (`idem_outbox`) and its indexes, declared in the
 /// table: waiting events by partition (a relay's check that an event heads its partition reads

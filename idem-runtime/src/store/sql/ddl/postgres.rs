@@ -4,7 +4,8 @@ use super::{PARKED_INDEX, PENDING_INDEX, RESUME_INDEX, SENT_INDEX, WORK_INDEX};
 
 /// The records table of PostgreSQL (`idem_records`), its index on `expires_at`, which the
 /// purge and the operators' listings scan, its index on `resume_at`, which completers scan,
-/// and its index of the records that may hold unfinished work, which operators list and count.
+/// and its index of the records that may hold unfinished work, which operators list and count,
+/// and the table's comment, which names the [format](super::RECORDS_FORMAT) of its records.
 /// `fillfactor = 80` leaves room on each page for a completion's update to stay there (it
 /// changes no indexed column, nor one an index's condition names, so it is a HOT update). Scopes are ordered by their bytes (`COLLATE "C"`), so that the primary
 /// key serves the operators' listings by scope prefix, and compares them without the locale.
@@ -32,6 +33,7 @@ pub const POSTGRES_RECORDS: &[&str] = &[
     "CREATE INDEX IF NOT EXISTS \"idem_records_expires_at_idx\" ON \"idem_records\" (expires_at)",
     RESUME_INDEX,
     WORK_INDEX,
+    "COMMENT ON TABLE \"idem_records\" IS 'idem records, format 1'",
 ];
 
 /// The outbox table of PostgreSQL (`idem_outbox`) and its indexes: unsent events by partition

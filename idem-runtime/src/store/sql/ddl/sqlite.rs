@@ -4,9 +4,11 @@ use super::{PARKED_INDEX, PENDING_INDEX, RESUME_INDEX, SENT_INDEX, WORK_INDEX};
 
 /// The records table of SQLite (`idem_records`) and its indexes on `expires_at` and
 /// `resume_at`, and of the records that may hold unfinished work. Timestamps are
-/// integer milliseconds since the Unix epoch, read from SQLite's own clock.
+/// integer milliseconds since the Unix epoch, read from SQLite's own clock. A comment in the
+/// table's definition, which SQLite keeps, names the [format](super::RECORDS_FORMAT) of its
+/// records.
 pub const SQLITE_RECORDS: &[&str] = &[
-    "CREATE TABLE IF NOT EXISTS \"idem_records\" (
+    "CREATE TABLE IF NOT EXISTS \"idem_records\" ( -- idem records, format 1
     scope TEXT NOT NULL,
     key TEXT NOT NULL,
     fingerprint BLOB NOT NULL,
