@@ -94,6 +94,18 @@ async fn mysql() -> Env<MySqlStore> {
     Env::new(store).keep(db)
 }
 
+/// MySQL whose transactional claims read the record with the probe first, as on MySQL 8, where
+/// MariaDB claims at once with a lock wait of zero.
+async fn mysql_probe_first() -> Env<MySqlStore> {
+    let db = MyDatabase::create(&common::mysql_url(), 4).await;
+    let store = MySqlStore::builder()
+        .probe_first(true)
+        .connect(&db.url)
+        .await
+        .expect("create the table");
+    Env::new(store).keep(db)
+}
+
 /// MySQL with every claim reading first.
 async fn mysql_read_first() -> Env<MySqlStore> {
     let db = MyDatabase::create(&common::mysql_url(), 4).await;
@@ -288,6 +300,16 @@ mod mysql_transactional {
             ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
         )]
         super::mysql
+    );
+}
+
+mod mysql_probe_first_transactional {
+    idem::testkit::tx_conformance_tests!(
+        #[cfg_attr(
+            not(idem_mysql),
+            ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+        )]
+        super::mysql_probe_first
     );
 }
 

@@ -7,6 +7,8 @@
 //!     [--variants a,b] only these variants (unguarded always runs: ratios are against it)
 //!     [--read-first true|false] SQLite: claims always (never) read on the readers first
 //!                      (`SqliteStoreBuilder::read_first`; default: the store chooses as it goes)
+//!     [--probe-first true] MySQL on MariaDB: transactional claims read the record with the
+//!                      probe first, as on MySQL 8 (default: MariaDB claims at once)
 //!     [--group-wait-us N] PostgreSQL, `separate_group`: the batch's `max_wait` (default 200)
 //!     [--group-min N] PostgreSQL, `separate_group`: `GroupCommit::min_in_flight` (default its own)
 //! ```
@@ -662,13 +664,14 @@ struct Args {
     rounds: usize,
     only: Option<Vec<String>>,
     read_first: Option<bool>,
+    probe_first: bool,
     group_wait_us: u64,
     group_min: Option<usize>,
 }
 
 const USAGE: &str = "\
 usage: bench --store sqlite|postgres|mysql|memory|redis [--concurrency N] [--seconds S] [--rounds R]
-             [--variants a,b] [--read-first true|false] [--group-wait-us N] [--group-min N]
+             [--variants a,b] [--read-first true|false] [--probe-first true|false] [--group-wait-us N] [--group-min N]
 (what each variant measures: the header of benches/programs/bench.rs)";
 
 fn args() -> Args {
@@ -679,6 +682,7 @@ fn args() -> Args {
         rounds: 3,
         only: None,
         read_first: None,
+        probe_first: false,
         group_wait_us: 200,
         group_min: None,
     };
@@ -695,6 +699,7 @@ fn args() -> Args {
             "--rounds" => a.rounds = value.parse().expect("--rounds R"),
             "--variants" => a.only = Some(value.split(',').map(str::to_owned).collect()),
             "--read-first" => a.read_first = Some(value.parse().expect("--read-first true|false")),
+            "--probe-first" => a.probe_first = value.parse().expect("--probe-first true|false"),
             "--group-wait-us" => a.group_wait_us = value.parse().expect("--group-wait-us N"),
             "--group-min" => a.group_min = Some(value.parse().expect("--group-min N")),
             other => cli::usage(USAGE, Some(&format!("unknown flag {other}"))),
@@ -871,7 +876,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             admin.close().await;
             let run_url = format!("{server}/{name}");
             mysql_cleanup = Some((server, name));
-            let store = idem::MySqlStore::builder().connect(&run_url).await?;
+            let store = idem::MySqlStore::builder()
+                .probe_first(a.probe_first)
+                .connect(&run_url)
+                .await?;
             // The business statements on the store's own pool, as a service would share it.
             let pool = store.pool().clone();
             for stmt in MYSQL_SCHEMA {

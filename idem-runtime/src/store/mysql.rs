@@ -9,6 +9,10 @@
 //! sets the fence sets it through `LAST_INSERT_ID(…)`, which the reply carries; a first claim
 //! is `INSERT … ON DUPLICATE KEY UPDATE` that resets it when the key exists. Only a take-over,
 //! which answers more than its fence, reads its row after the write, on the same connection.
+//!
+//! In a transaction, a claim must not wait on a record another transaction holds for longer
+//! than the duplicates' bound: on MariaDB its insert is sent with a lock wait of zero
+//! (`SET STATEMENT … FOR`), on MySQL 8 a `FOR UPDATE NOWAIT` read goes first (`TxClaims`).
 
 use std::fmt;
 use std::future::Future;
@@ -525,6 +529,7 @@ pub type MySqlStoreBuilder = SqlStoreBuilder<MySqlStore>;
 #[derive(Debug, Clone, Default)]
 pub struct MySqlOptions {
     waits: DuplicateWaits,
+    probe_first: bool,
 }
 
 impl sql::sealed::Sealed for MySqlStore {}
@@ -539,22 +544,30 @@ impl sql::sealed::WaitingKind for MySqlStore {
     }
 }
 
-/// Transactional claims: before its claim, a transaction reads the record with a lock it does
-/// not wait for (`FOR UPDATE NOWAIT`). A record another transaction inserted or holds is
-/// locked: the duplicate then waits for it within a bound (`innodb_lock_wait_timeout`, set for
+/// Transactional claims: a transaction's claim takes the record's lock without waiting for it
+/// (on MariaDB the insert itself, with a lock wait of zero; on MySQL a `FOR UPDATE NOWAIT` read
+/// before it). A record another transaction inserted or holds is locked: the duplicate then
+/// waits for it within a bound (`innodb_lock_wait_timeout`, set for
 /// that read only), and only so many at once, instead of waiting on the row for as long as the
 /// first transaction runs while holding a pool connection.
 struct TxClaims {
     /// The read that does not wait, and the one that waits.
     probe: Stmt,
     wait_for: Stmt,
+    /// On MariaDB, the first claim itself with a lock wait of zero (`SET STATEMENT
+    /// innodb_lock_wait_timeout = 0 FOR INSERT …`), in place of the probe: a new key is one
+    /// round trip, as in a hand-written inbox, and a record another transaction inserted or
+    /// holds refuses the insert at once, as it refuses the probe. MySQL has no statement-scoped
+    /// setting of the wait, nor a wait of zero: it reads with the probe first.
+    claim_at_once: Option<Stmt>,
     room: WaitingRoom,
 }
 
 impl TxClaims {
-    fn new(table: &str, room: WaitingRoom) -> Result<TxClaims> {
+    fn new(table: &str, room: WaitingRoom, claim_at_once: Option<Stmt>) -> Result<TxClaims> {
         let t = sql::quote_table(table, true)?;
         Ok(TxClaims {
+            claim_at_once,
             probe: My::stmt(format!(
                 "SELECT 1 AS held FROM {t} WHERE scope = $1 AND key = $2 FOR UPDATE NOWAIT"
             )),
@@ -577,6 +590,27 @@ fn is_deadlock(e: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
     })
 }
 
+/// `insert` (the first claim) with a lock wait of zero, on MariaDB: it fails at once (1205),
+/// its statement alone rolled back, where it would wait for another transaction's lock.
+fn claim_without_waiting(insert: &Stmt) -> Stmt {
+    use sqlx::SqlSafeStr as _;
+    Stmt {
+        sql: sqlx::AssertSqlSafe(format!(
+            "SET STATEMENT innodb_lock_wait_timeout = 0 FOR {}",
+            insert.sql.as_str()
+        ))
+        .into_sql_str(),
+        binds: insert.binds.clone(),
+        returns: insert.returns.clone(),
+    }
+}
+
+/// [`lock_not_granted`], for a driver error as the store's errors carry it.
+fn not_granted(e: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
+    e.downcast_ref::<sqlx::Error>()
+        .is_some_and(lock_not_granted)
+}
+
 /// Whether `e` says a row lock was not granted: at once (`NOWAIT`: MySQL's 3572, MariaDB's
 /// 1205) or within the wait (1205).
 fn lock_not_granted(e: &sqlx::Error) -> bool {
@@ -593,8 +627,9 @@ impl SqlStoreBuilder<MySqlStore> {
     /// refusing it. A server with `innodb_rollback_on_timeout=ON` is refused too: a lock wait
     /// that runs out would end the caller's transaction, not just its statement.
     pub async fn build(self, pool: MySqlPool) -> Result<MySqlStore> {
-        let (mode, rollback_on_timeout): (String, i64) = sqlx::query_as(
-            "SELECT @@SESSION.sql_mode, CAST(@@GLOBAL.innodb_rollback_on_timeout AS SIGNED)",
+        let (mode, rollback_on_timeout, version): (String, i64, String) = sqlx::query_as(
+            "SELECT @@SESSION.sql_mode, CAST(@@GLOBAL.innodb_rollback_on_timeout AS SIGNED), \
+             VERSION()",
         )
         .fetch_one(&pool)
         .await
@@ -610,9 +645,19 @@ impl SqlStoreBuilder<MySqlStore> {
             )));
         }
         let room = WaitingRoom::new(&self.options.waits, pool.options().get_max_connections())?;
+        let probe_first = self.options.probe_first || !version.contains("MariaDB");
         let (inner, _) = self.open(pool.clone(), pool).await?;
-        let tx = Arc::new(TxClaims::new(&inner.sql.table, room)?);
+        let claim_at_once = (!probe_first).then(|| claim_without_waiting(&inner.sql.insert));
+        let tx = Arc::new(TxClaims::new(&inner.sql.table, room, claim_at_once)?);
         Ok(MySqlStore { inner, tx })
+    }
+
+    /// Tests only: a transactional claim reads the record with its probe first on MariaDB too,
+    /// as it does on MySQL, so that one server tests both ways.
+    #[doc(hidden)]
+    pub fn probe_first(mut self, probe_first: bool) -> Self {
+        self.options.probe_first = probe_first;
+        self
     }
 
     /// Connects a pool of up to 16 connections to `url` with
@@ -643,8 +688,8 @@ impl MySqlStore {
     /// A store on `inner`, with the transactional duplicates' defaults.
     fn on_engine(inner: Arc<Engine<My>>) -> MySqlStore {
         let room = WaitingRoom::default_for(inner.writer.options().get_max_connections());
-        let tx =
-            TxClaims::new(&inner.sql.table, room).expect("the engine's table name was checked");
+        let tx = TxClaims::new(&inner.sql.table, room, None)
+            .expect("the engine's table name was checked");
         MySqlStore {
             inner,
             tx: Arc::new(tx),
@@ -670,14 +715,29 @@ impl MySqlStore {
 }
 
 impl MySqlStore {
-    /// `begin` inside the caller's transaction: the record read with a lock that does not
-    /// wait, then claimed as outside a transaction (the transaction holds the record's lock
-    /// from then on); a record another transaction holds is waited for within the bound.
+    /// `begin` inside the caller's transaction: the first claim sent with a lock wait of zero
+    /// (MariaDB), or the record read with a lock that does not wait and then claimed as outside
+    /// a transaction (MySQL); the transaction holds the record's lock from then on. A record
+    /// another transaction holds is waited for within the bound.
     async fn begin_in_transaction(
         &self,
         conn: &mut MySqlConnection,
         req: BeginRequest<'_>,
     ) -> Result<BeginOutcome> {
+        if let Some(claim) = &self.tx.claim_at_once {
+            let args = sql::Statements::claim_args(&req);
+            return match My::fetch(conn, claim, &args).await {
+                Ok(Some(row)) => Ok(BeginOutcome::Claimed(Engine::<My>::first_claim(&row)?)),
+                // The record exists and this transaction now holds its lock: decided on as
+                // after the probe.
+                Ok(None) => self.claim_in(conn, &req).await,
+                Err(Error::Unavailable(e) | Error::Store(e)) if not_granted(&*e) => {
+                    self.wait_for_claimer(conn, &req).await
+                }
+                Err(Error::Unavailable(e)) if is_deadlock(&*e) => Ok(self.tx.room.busy()),
+                Err(e) => Err(e),
+            };
+        }
         let key = [Arg::Text(req.scope), Arg::Text(req.key)];
         match sql::bound::<sqlx::MySql>(&self.tx.probe, &key)
             .fetch_optional(&mut *conn)
