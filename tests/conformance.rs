@@ -1042,6 +1042,80 @@ async fn postgres_completions_stay_heap_only_updates() {
     );
 }
 
+/// On MariaDB a transactional first claim is one statement, the insert itself (sent with a lock
+/// wait of zero): no read goes before it, so that the call sends no more than a hand-written
+/// inbox. MySQL 8, or `probe_first(true)`, reads the record first, and that read is counted too.
+#[tokio::test]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+async fn mysql_transactional_first_claim_sends_no_read() {
+    use idem::{
+        BeginOutcome, BeginRequest, ClaimRef, Fingerprint, Policy, StoredResponse, TxStore,
+    };
+
+    /// The session's count of one statement kind (`Com_select`, `Com_insert`). `SHOW` is
+    /// counted as neither.
+    async fn count(conn: &mut sqlx::MySqlConnection, name: &str) -> u64 {
+        let show = sqlx::AssertSqlSafe(format!("SHOW SESSION STATUS LIKE '{name}'"));
+        let (_, value): (String, String) = sqlx::query_as(show).fetch_one(conn).await.unwrap();
+        value.parse().unwrap()
+    }
+
+    let db = MyDatabase::create(&common::mysql_url(), 2).await;
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let mariadb = version.contains("MariaDB");
+    let f = Fingerprint::of("a").unwrap();
+    for probe_first in [false, true] {
+        let store = MySqlStore::builder()
+            .probe_first(probe_first)
+            .build(db.pool.clone())
+            .await
+            .unwrap();
+        let key = format!("k-{probe_first}");
+        let mut tx = store.begin_transaction().await.unwrap();
+        let (selects, inserts) = (
+            count(&mut tx, "Com_select").await,
+            count(&mut tx, "Com_insert").await,
+        );
+        let BeginOutcome::Claimed(c) = store
+            .begin_in(
+                &mut tx,
+                BeginRequest::new("order:1", &key, &f, &Policy::DEFAULT),
+            )
+            .await
+            .unwrap()
+        else {
+            panic!("a new key is claimed")
+        };
+        let reads = count(&mut tx, "Com_select").await - selects;
+        let writes = count(&mut tx, "Com_insert").await - inserts;
+        let claim = ClaimRef {
+            scope: "order:1",
+            key: &key,
+            fence: c.fence,
+        };
+        store
+            .complete_in(&mut tx, claim, &StoredResponse::ok(&b"{}"[..]))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(
+            writes, 1,
+            "the claim is one insert (probe_first {probe_first})"
+        );
+        let expected = u64::from(probe_first || !mariadb);
+        assert_eq!(
+            reads, expected,
+            "reads before the claim's insert (probe_first {probe_first}, {version})"
+        );
+    }
+}
+
 /// Group commit under concurrency: many tasks on the same and on different keys, in batches.
 mod group_commit_races {
     use std::sync::Arc;
