@@ -3,12 +3,12 @@
 # to each size in turn and measures claim + complete and replays there; the GROWTH lines go to
 # benches/results/growth-<store>.txt and the plot to growth-<store>.svg.
 #
-#   benches/growth.sh postgres|sqlite [100000,1000000,10000000] [samples]
+#   benches/growth.sh postgres|sqlite|mysql [100000,1000000,10000000] [samples]
 #
-# PostgreSQL needs DATABASE_URL.
+# PostgreSQL needs DATABASE_URL, MySQL IDEM_MYSQL_URL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-store="${1:?usage: benches/growth.sh postgres|sqlite [sizes] [samples]}"
+store="${1:?usage: benches/growth.sh postgres|sqlite|mysql [sizes] [samples]}"
 sizes="${2:-100000,1000000,10000000}"
 samples="${3:-3000}"
 out="benches/results/growth-$store.txt"

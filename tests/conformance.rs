@@ -608,13 +608,15 @@ mod tables_before_the_work_index {
     )]
     async fn mysql() {
         let db = crate::MyDatabase::create(&crate::common::mysql_url(), 4).await;
+        // A table from before the work index, whose resume index was on `resume_at` alone.
         let old: String = MYSQL_RECORDS[0]
             .lines()
             .filter(|l| !l.contains("work"))
             .collect::<Vec<_>>()
             .join("\n")
-            .replace("(resume_at),\n)", "(resume_at)\n)");
+            .replace("(resume_at, created_at),\n)", "(resume_at)\n)");
         assert!(!old.contains("work"), "{old}");
+        assert!(old.contains("(resume_at)\n)"), "{old}");
         sqlx::query(sqlx::AssertSqlSafe(old))
             .execute(&db.pool)
             .await
@@ -623,16 +625,51 @@ mod tables_before_the_work_index {
             .build(db.pool.clone())
             .await
             .unwrap();
-        let indexes: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM information_schema.statistics \
-             WHERE table_schema = DATABASE() AND table_name = 'idem_records' \
-             AND index_name = 'idem_records_work_idx'",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        lists_its_work(&store, indexes == 1).await;
+        /// An index's columns, in order.
+        async fn columns(pool: &sqlx::MySqlPool, index: &str) -> Vec<String> {
+            sqlx::query_scalar(
+                "SELECT column_name FROM information_schema.statistics \
+                 WHERE table_schema = DATABASE() AND table_name = 'idem_records' \
+                 AND index_name = ? ORDER BY seq_in_index",
+            )
+            .bind(index)
+            .fetch_all(pool)
+            .await
+            .unwrap()
+        }
+        let work = columns(&db.pool, "idem_records_work_idx").await;
+        assert_eq!(work, ["work_fence", "created_at"]);
+        assert_eq!(
+            columns(&db.pool, "idem_records_resume_at_idx").await,
+            ["resume_at", "created_at"],
+            "the older resume index is rebuilt to end in created_at"
+        );
+        lists_its_work(&store, !work.is_empty()).await;
         store.migrate().await.unwrap();
+
+        // A table with both indexes, each on its column alone: not up to date, rebuilt.
+        let both = crate::MyDatabase::create(&crate::common::mysql_url(), 4).await;
+        let old = MYSQL_RECORDS[0]
+            .replace("(resume_at, created_at)", "(resume_at)")
+            .replace("(work_fence, created_at)", "(work_fence)");
+        sqlx::query(sqlx::AssertSqlSafe(old))
+            .execute(&both.pool)
+            .await
+            .unwrap();
+        idem::MySqlStore::builder()
+            .build(both.pool.clone())
+            .await
+            .unwrap();
+        for (index, column) in [
+            ("idem_records_resume_at_idx", "resume_at"),
+            ("idem_records_work_idx", "work_fence"),
+        ] {
+            assert_eq!(
+                columns(&both.pool, index).await,
+                [column, "created_at"],
+                "{index}"
+            );
+        }
     }
 }
 

@@ -1,9 +1,9 @@
 //! How the guard's cost grows with the records table and how live traffic fares while the purge
-//! runs, on PostgreSQL and SQLite.
+//! runs, on PostgreSQL, SQLite and MySQL.
 //!
 //! ```text
-//! cargo run --release -p idem-tests --example scale -- --store postgres|sqlite growth [--sizes 100000,1000000,10000000] [--samples N]
-//! cargo run --release -p idem-tests --example scale -- --store postgres|sqlite purge [--expired 1000000] [--concurrency C]
+//! cargo run --release -p idem-tests --example scale -- --store postgres|sqlite|mysql growth [--sizes 100000,1000000,10000000] [--samples N]
+//! cargo run --release -p idem-tests --example scale -- --store postgres|sqlite|mysql purge [--expired 1000000] [--concurrency C]
 //! ```
 //!
 //! `growth` fills the store's table with completed records (random keys, as real keys are) up to
@@ -24,8 +24,9 @@
 //! PURGE store=postgres expired=1000000 deleted=1000000 purge_ms=… concurrency=8 before_p50_us=… before_p99_us=… during_p50_us=… during_p99_us=… during_ops=…
 //! ```
 //!
-//! PostgreSQL needs `DATABASE_URL`; the run works in a schema of its own and drops it. SQLite
-//! works in a file in a temporary directory.
+//! PostgreSQL needs `DATABASE_URL`; the run works in a schema of its own and drops it. MySQL
+//! needs `IDEM_MYSQL_URL` (MariaDB here); the run works in a database of its own and drops it.
+//! SQLite works in a file in a temporary directory.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -67,10 +68,14 @@ const FILL_COLUMNS: &str = "scope, key, fingerprint, state, fence, lease_until, 
 /// How many records one prefill statement writes.
 const FILL_BATCH: u64 = 250_000;
 
+/// How many on MySQL, whose statement numbers its rows from tables of digits.
+const MYSQL_FILL_BATCH: u64 = 100_000;
+
 #[derive(Clone)]
 enum Target {
     Postgres(idem::PgStore),
     Sqlite(idem::SqliteStore),
+    Mysql(idem::MySqlStore),
 }
 
 impl Target {
@@ -78,6 +83,7 @@ impl Target {
         match self {
             Target::Postgres(s) => guarded(s, key, amount).await,
             Target::Sqlite(s) => guarded(s, key, amount).await,
+            Target::Mysql(s) => guarded(s, key, amount).await,
         }
     }
 
@@ -86,6 +92,7 @@ impl Target {
         match self {
             Target::Postgres(s) => s.purge_expired().await,
             Target::Sqlite(s) => s.purge_expired().await,
+            Target::Mysql(s) => s.purge_expired().await,
         }
     }
 
@@ -134,6 +141,40 @@ impl Target {
                         .execute(s.pool())
                         .await?;
                 }
+                Target::Mysql(s) => {
+                    // The server's clock in UTC milliseconds, as the store reads it; numbers
+                    // from five tables of digits (100,000 a statement), no recursion limit.
+                    let now = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', \
+                               UTC_TIMESTAMP(6)) DIV 1000)";
+                    let expires = if expired {
+                        format!("{now} - 86400000")
+                    } else {
+                        format!("{now} + 86400000")
+                    };
+                    let digits = "(SELECT 0 d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL \
+                                  SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL \
+                                  SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL \
+                                  SELECT 9)";
+                    let end = (at + MYSQL_FILL_BATCH).min(to);
+                    let sql = format!(
+                        "INSERT INTO idem_records ({}) \
+                         SELECT 'scale', MD5(CONCAT(RAND(), '-', ? + n)), \
+                                UNHEX(SHA2(? + n, 256)), 'completed', 1, {now}, {expires}, 1, \
+                                NULL, FALSE, X'7b7d', {now}, {now} \
+                         FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d AS n \
+                               FROM {digits} a, {digits} b, {digits} c, {digits} e, {digits} f) g \
+                         WHERE n < ?",
+                        FILL_COLUMNS.replace(" key,", " `key`,")
+                    );
+                    sqlx::query(sqlx::AssertSqlSafe(sql))
+                        .bind(at as i64)
+                        .bind(at as i64)
+                        .bind((end - at) as i64)
+                        .execute(s.pool())
+                        .await?;
+                    at = end;
+                    continue;
+                }
             }
             at = end;
         }
@@ -146,6 +187,11 @@ impl Target {
             Target::Sqlite(s) => {
                 sqlx::query("ANALYZE").execute(s.pool()).await?;
             }
+            Target::Mysql(s) => {
+                sqlx::query("ANALYZE TABLE idem_records")
+                    .execute(s.pool())
+                    .await?;
+            }
         }
         Ok(())
     }
@@ -155,6 +201,7 @@ impl Target {
         match self {
             Target::Postgres(s) => sqlx::query_scalar(q).fetch_one(s.pool()).await,
             Target::Sqlite(s) => sqlx::query_scalar(q).fetch_one(s.pool()).await,
+            Target::Mysql(s) => sqlx::query_scalar(q).fetch_one(s.pool()).await,
         }
     }
 }
@@ -204,8 +251,8 @@ struct Args {
 }
 
 const USAGE: &str = "\
-usage: scale --store postgres|sqlite growth [--sizes 100000,1000000,10000000] [--samples N]
-       scale --store postgres|sqlite purge [--expired 1000000] [--concurrency C]
+usage: scale --store postgres|sqlite|mysql growth [--sizes 100000,1000000,10000000] [--samples N]
+       scale --store postgres|sqlite|mysql purge [--expired 1000000] [--concurrency C]
 (what each mode measures: the header of benches/programs/scale.rs)";
 
 fn args() -> Args {
@@ -250,6 +297,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = args();
     let _dir;
     let mut pg_cleanup = None;
+    let mut mysql_cleanup: Option<(String, String)> = None;
     let target = match a.store.as_str() {
         "postgres" => {
             let url =
@@ -280,7 +328,34 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .await?,
             )
         }
-        other => return Err(format!("unknown store {other}: postgres or sqlite").into()),
+        "mysql" => {
+            let url = std::env::var("IDEM_MYSQL_URL")
+                .map_err(|_| "--store mysql needs IDEM_MYSQL_URL")?;
+            // A database of the run's own, on the server the URL names.
+            let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+            let server = format!("mysql://{}", rest.split('/').next().unwrap_or(rest));
+            let name = format!("idem_scale_{}", std::process::id());
+            let admin = sqlx::MySqlPool::connect(&server).await?;
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+                .execute(&admin)
+                .await?;
+            admin.close().await;
+            let store = idem::MySqlStore::builder()
+                .background_purge(false)
+                .connect(&format!("{server}/{name}"))
+                .await;
+            mysql_cleanup = Some((server, name));
+            match store {
+                Ok(store) => Target::Mysql(store),
+                Err(e) => {
+                    drop_database(mysql_cleanup).await?;
+                    return Err(e.into());
+                }
+            }
+        }
+        other => {
+            return Err(format!("unknown store {other}: postgres, sqlite or mysql").into());
+        }
     };
 
     let result = match a.mode.as_str() {
@@ -292,7 +367,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(schema) = pg_cleanup {
         schema.drop().await?;
     }
+    drop_database(mysql_cleanup).await?;
     result
+}
+
+/// Drops the MySQL run's database, if there is one.
+async fn drop_database(database: Option<(String, String)>) -> Result<(), sqlx::Error> {
+    if let Some((server, name)) = database {
+        let admin = sqlx::MySqlPool::connect(&server).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE `{name}`")))
+            .execute(&admin)
+            .await?;
+    }
+    Ok(())
 }
 
 async fn growth(a: &Args, target: &Target) -> Result<(), Box<dyn std::error::Error>> {

@@ -165,9 +165,11 @@ impl Dialect for My {
                     in_schema(table)
                 ))),
                 alter: Self::stmt(format!(
-                    "ALTER TABLE {t} ADD INDEX \"{index}\" (work_fence)"
+                    "ALTER TABLE {t} ADD INDEX \"{index}\" (work_fence, created_at)"
                 )),
             },
+            reorder(t, table, &resume_index(index), "resume_at"),
+            reorder(t, table, index, "work_fence"),
         ]
     }
 
@@ -189,12 +191,17 @@ impl Dialect for My {
             )
         };
         let index_names: Vec<String> = indexes.iter().map(|i| format!("'{i}'")).collect();
+        // Each index also ends in `created_at` (see `MYSQL_RECORDS`): one of an older table
+        // that does not is rebuilt.
         Some(Self::stmt(format!(
             "SELECT CASE WHEN (SELECT count(DISTINCT index_name) FROM information_schema.statistics \
-               WHERE {} AND index_name IN ({})) = {} AND {has_columns} THEN 1 ELSE 0 END AS present",
-            in_schema(&table),
-            index_names.join(", "),
-            indexes.len()
+               WHERE {schema} AND index_name IN ({names})) = {n} \
+             AND (SELECT count(DISTINCT index_name) FROM information_schema.statistics \
+               WHERE {schema} AND index_name IN ({names}) AND column_name = 'created_at') = {n} \
+             AND {has_columns} THEN 1 ELSE 0 END AS present",
+            schema = in_schema(&table),
+            names = index_names.join(", "),
+            n = indexes.len()
         )))
     }
 
@@ -279,6 +286,32 @@ impl Dialect for My {
 
 /// `information_schema`'s condition for the table `table` (`name` or `database.name`), in the
 /// connection's database when it names none.
+/// The name of the `resume_at` index beside the work index `work` (`<base>_work_idx`).
+fn resume_index(work: &str) -> String {
+    format!(
+        "{}_resume_at_idx",
+        work.strip_suffix("_work_idx").unwrap_or(work)
+    )
+}
+
+/// Rebuilds `index` on `(column, created_at)` where a table created before it ended in
+/// `created_at` has it on `column` alone (see `MYSQL_RECORDS`): dropped and added in one
+/// `ALTER TABLE`, which MySQL and MariaDB run without blocking the table's writes.
+fn reorder(t: &str, table: &str, index: &str, column: &str) -> AddColumn {
+    // `table` is a checked identifier, `index` one made of it: they can stand in string
+    // literals.
+    AddColumn {
+        probe: Some(My::stmt(format!(
+            "SELECT count(*) AS present FROM information_schema.statistics \
+             WHERE {} AND index_name = '{index}' AND column_name = 'created_at'",
+            in_schema(table)
+        ))),
+        alter: My::stmt(format!(
+            "ALTER TABLE {t} DROP INDEX \"{index}\", ADD INDEX \"{index}\" ({column}, created_at)"
+        )),
+    }
+}
+
 fn in_schema(table: &str) -> String {
     match table.rsplit_once('.') {
         Some((database, name)) => {

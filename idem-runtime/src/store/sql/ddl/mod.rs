@@ -277,10 +277,13 @@ mod tests {
             "{my}"
         );
         assert!(
-            my.contains("INDEX `recs_resume_at_idx` (resume_at)"),
+            my.contains("INDEX `recs_resume_at_idx` (resume_at, created_at)"),
             "{my}"
         );
-        assert!(my.contains("INDEX `recs_work_idx` (work_fence)"), "{my}");
+        assert!(
+            my.contains("INDEX `recs_work_idx` (work_fence, created_at)"),
+            "{my}"
+        );
         assert!(
             all.contains("\"recs_work_idx\" ON \"app\".\"recs\" (fence)"),
             "{all}"
