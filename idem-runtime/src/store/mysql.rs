@@ -284,8 +284,6 @@ impl Dialect for My {
     sql::run_statements!(execute: sqlx::MySql, MySqlConnection, my_err);
 }
 
-/// `information_schema`'s condition for the table `table` (`name` or `database.name`), in the
-/// connection's database when it names none.
 /// The name of the `resume_at` index beside the work index `work` (`<base>_work_idx`).
 fn resume_index(work: &str) -> String {
     format!(
@@ -312,6 +310,8 @@ fn reorder(t: &str, table: &str, index: &str, column: &str) -> AddColumn {
     }
 }
 
+/// `information_schema`'s condition for the table `table` (`name` or `database.name`), in the
+/// connection's database when it names none.
 fn in_schema(table: &str) -> String {
     match table.rsplit_once('.') {
         Some((database, name)) => {
