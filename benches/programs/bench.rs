@@ -54,8 +54,11 @@ use serde::{Deserialize, Serialize};
 
 #[path = "support/cli.rs"]
 mod cli;
+#[path = "support/my_database.rs"]
+mod my_database;
 #[path = "support/pg_schema.rs"]
 mod pg_schema;
+use my_database::RunDatabase;
 use pg_schema::RunSchema;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -788,7 +791,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = args();
     let _file;
     let mut pg_cleanup: Option<RunSchema> = None;
-    let mut mysql_cleanup: Option<(String, String)> = None;
+    let mut mysql_cleanup: Option<RunDatabase> = None;
     let mut redis_cleanup: Option<(String, String)> = None;
     let target = match a.store.as_str() {
         "memory" => {
@@ -866,16 +869,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let url = std::env::var("IDEM_MYSQL_URL")
                 .map_err(|_| "--store mysql needs IDEM_MYSQL_URL")?;
             // A database of the run's own, on the server the URL names.
-            let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
-            let server = format!("mysql://{}", rest.split('/').next().unwrap_or(rest));
-            let name = format!("idem_bench_{}", std::process::id());
-            let admin = sqlx::MySqlPool::connect(&server).await?;
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
-                .execute(&admin)
-                .await?;
-            admin.close().await;
-            let run_url = format!("{server}/{name}");
-            mysql_cleanup = Some((server, name));
+            let database = RunDatabase::create(&url, "idem_bench").await?;
+            let run_url = database.url();
+            mysql_cleanup = Some(database);
             let store = idem::MySqlStore::builder()
                 .probe_first(a.probe_first)
                 .connect(&run_url)
@@ -1061,11 +1057,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let deleted = delete_prefix(&url, &prefix).await?;
         println!("deleted {deleted} Redis keys under {prefix}");
     }
-    if let Some((server, name)) = mysql_cleanup {
-        let admin = sqlx::MySqlPool::connect(&server).await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE `{name}`")))
-            .execute(&admin)
-            .await?;
+    if let Some(database) = mysql_cleanup {
+        database.drop().await?;
     }
     if let Some(schema) = pg_cleanup {
         schema.drop().await?;

@@ -37,8 +37,11 @@ use serde::{Deserialize, Serialize};
 
 #[path = "support/cli.rs"]
 mod cli;
+#[path = "support/my_database.rs"]
+mod my_database;
 #[path = "support/pg_schema.rs"]
 mod pg_schema;
+use my_database::RunDatabase;
 use pg_schema::RunSchema;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -297,7 +300,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = args();
     let _dir;
     let mut pg_cleanup = None;
-    let mut mysql_cleanup: Option<(String, String)> = None;
+    let mut mysql_cleanup: Option<RunDatabase> = None;
     let target = match a.store.as_str() {
         "postgres" => {
             let url =
@@ -332,23 +335,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let url = std::env::var("IDEM_MYSQL_URL")
                 .map_err(|_| "--store mysql needs IDEM_MYSQL_URL")?;
             // A database of the run's own, on the server the URL names.
-            let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
-            let server = format!("mysql://{}", rest.split('/').next().unwrap_or(rest));
-            let name = format!("idem_scale_{}", std::process::id());
-            let admin = sqlx::MySqlPool::connect(&server).await?;
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
-                .execute(&admin)
-                .await?;
-            admin.close().await;
+            let database = RunDatabase::create(&url, "idem_scale").await?;
             let store = idem::MySqlStore::builder()
                 .background_purge(false)
-                .connect(&format!("{server}/{name}"))
+                .connect(&database.url())
                 .await;
-            mysql_cleanup = Some((server, name));
             match store {
-                Ok(store) => Target::Mysql(store),
+                Ok(store) => {
+                    mysql_cleanup = Some(database);
+                    Target::Mysql(store)
+                }
                 Err(e) => {
-                    drop_database(mysql_cleanup).await?;
+                    database.drop().await?;
                     return Err(e.into());
                 }
             }
@@ -367,19 +365,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(schema) = pg_cleanup {
         schema.drop().await?;
     }
-    drop_database(mysql_cleanup).await?;
-    result
-}
-
-/// Drops the MySQL run's database, if there is one.
-async fn drop_database(database: Option<(String, String)>) -> Result<(), sqlx::Error> {
-    if let Some((server, name)) = database {
-        let admin = sqlx::MySqlPool::connect(&server).await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE `{name}`")))
-            .execute(&admin)
-            .await?;
+    if let Some(database) = mysql_cleanup {
+        database.drop().await?;
     }
-    Ok(())
+    result
 }
 
 async fn growth(a: &Args, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
