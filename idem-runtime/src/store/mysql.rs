@@ -26,8 +26,8 @@ use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
 use crate::store::schema::Database;
 use crate::store::sql::{
-    self, AddColumn, Arg, Columns, Dialect, DuplicateWaits, Engine, FenceFrom, Returns, SqlKind,
-    SqlStoreBuilder, Stmt, Types, WaitingRoom, map_err,
+    self, AddColumn, Arg, Columns, Dialect, DuplicateWaits, Engine, FenceFrom, RecordIndexes,
+    Returns, SqlKind, SqlStoreBuilder, Stmt, Types, WaitingRoom, map_err,
 };
 use crate::store::{Operation, Reply, Store, TxStore};
 
@@ -153,23 +153,24 @@ impl Dialect for My {
         }
     }
 
-    fn work_index(t: &str, table: &str, index: &str) -> Vec<AddColumn> {
-        // `table` is a checked identifier, `index` one made of it: they can stand in string
+    fn upgrade_indexes(t: &str, table: &str, indexes: &RecordIndexes) -> Vec<AddColumn> {
+        // `table` is a checked identifier, the index names made of it: they can stand in string
         // literals.
+        let work = &indexes.work;
         vec![
             Self::add_column(t, table, "work_fence", WORK_FENCE),
             AddColumn {
                 probe: Some(Self::stmt(format!(
                     "SELECT count(*) AS present FROM information_schema.statistics \
-                     WHERE {} AND index_name = '{index}'",
+                     WHERE {} AND index_name = '{work}'",
                     in_schema(table)
                 ))),
                 alter: Self::stmt(format!(
-                    "ALTER TABLE {t} ADD INDEX \"{index}\" (work_fence, created_at)"
+                    "ALTER TABLE {t} ADD INDEX \"{work}\" (work_fence, created_at)"
                 )),
             },
-            reorder(t, table, &resume_index(index), "resume_at"),
-            reorder(t, table, index, "work_fence"),
+            reorder(t, table, &indexes.resume, "resume_at"),
+            reorder(t, table, work, "work_fence"),
         ]
     }
 
@@ -284,17 +285,11 @@ impl Dialect for My {
     sql::run_statements!(execute: sqlx::MySql, MySqlConnection, my_err);
 }
 
-/// The name of the `resume_at` index beside the work index `work` (`<base>_work_idx`).
-fn resume_index(work: &str) -> String {
-    format!(
-        "{}_resume_at_idx",
-        work.strip_suffix("_work_idx").unwrap_or(work)
-    )
-}
-
 /// Rebuilds `index` on `(column, created_at)` where a table created before it ended in
 /// `created_at` has it on `column` alone (see `MYSQL_RECORDS`): dropped and added in one
-/// `ALTER TABLE`, which MySQL and MariaDB run without blocking the table's writes.
+/// `ALTER TABLE`. MySQL and MariaDB build the new index while the table takes writes, but the
+/// statement waits for the transactions running on the table when it starts and ends, and the
+/// migration returns only once the index is built.
 fn reorder(t: &str, table: &str, index: &str, column: &str) -> AddColumn {
     // `table` is a checked identifier, `index` one made of it: they can stand in string
     // literals.

@@ -324,9 +324,8 @@ mod tests {
     /// memory, the writer and the readers alike.
     #[tokio::test]
     async fn connect_opens_pools_that_do_not_ping() {
-        let dir = std::env::temp_dir().join(format!("idem-ping-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = format!("sqlite://{}", dir.join("records.db").display());
+        let dir = tempfile::tempdir().unwrap();
+        let file = format!("sqlite://{}", dir.path().join("records.db").display());
         for url in [file.as_str(), "sqlite::memory:"] {
             let store = crate::store::sqlite::SqliteStore::connect(url)
                 .await
@@ -335,7 +334,6 @@ mod tests {
                 assert!(!pool.options().get_test_before_acquire(), "{url}");
             }
         }
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Every statement behind an operator's page reads a bounded part of an index: a search,

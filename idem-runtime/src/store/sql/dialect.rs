@@ -169,10 +169,11 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     /// statement, and, where the database cannot say `IF NOT EXISTS`, a query whose `present`
     /// column counts the column if it is there already.
     fn add_column(t: &str, table: &str, column: &str, definition: &str) -> AddColumn;
-    /// What a records table created before the index of unfinished work needs for it, beyond
-    /// the statements of its DDL that a migration runs again (none where that index is a
-    /// `CREATE INDEX IF NOT EXISTS` of them). `index` is its name.
-    fn work_index(_t: &str, _table: &str, _index: &str) -> Vec<AddColumn> {
+    /// What an older records table needs to reach this version's indexes, beyond the
+    /// statements of its DDL that a migration runs again (none where each index is a
+    /// `CREATE INDEX IF NOT EXISTS` of them): the index of unfinished work where it was created
+    /// before it, and an index rebuilt where its columns changed. `indexes` names them.
+    fn upgrade_indexes(_t: &str, _table: &str, _indexes: &RecordIndexes) -> Vec<AddColumn> {
         Vec::new()
     }
 
@@ -220,10 +221,20 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     ) -> impl Future<Output = Result<u64>> + Send + 'a;
 }
 
-/// A column added to tables created before it existed.
+/// A step that brings a table created earlier up to date (a column or an index it lacks): the
+/// statement, and, where it cannot say `IF NOT EXISTS`, a query whose `present` column is
+/// non-zero when there is nothing to do.
 pub(crate) struct AddColumn {
     pub(crate) probe: Option<Stmt>,
     pub(crate) alter: Stmt,
+}
+
+/// The names of the records table's indexes that a dialect may have to upgrade.
+pub(crate) struct RecordIndexes {
+    /// The index on `resume_at` the completer reads.
+    pub(crate) resume: String,
+    /// The index of unfinished work, on `work_fence`.
+    pub(crate) work: String,
 }
 
 /// Columns added since the table was first created, with their definitions: tables created

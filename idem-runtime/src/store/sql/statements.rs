@@ -182,6 +182,10 @@ impl Statements {
         // The completer's index is on a column that tables created earlier gain by migrating:
         // it is created once the columns are there.
         let mut create = ddl::records(D::DATABASE, table)?;
+        let indexes = RecordIndexes {
+            resume: index_name(table, "resume_at"),
+            work: index_name(table, "work"),
+        };
         let finish: Vec<Stmt> = create
             .split_off(create.len().min(2))
             .into_iter()
@@ -306,11 +310,11 @@ impl Statements {
                             .replace("{text}", types.text);
                         D::add_column(&t, table, column, &definition)
                     })
-                    .chain(D::work_index(&t, table, &index_name(table, "work")))
+                    .chain(D::upgrade_indexes(&t, table, &indexes))
                     .collect(),
                 up_to_date: D::up_to_date(
                     &t,
-                    &[index_name(table, "resume_at"), index_name(table, "work")],
+                    &[indexes.resume, indexes.work],
                     &ADDED_COLUMNS.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
                 ),
                 widen: D::allow_states(&t, table, &states),
