@@ -934,6 +934,101 @@ redis_tests! {
     redis_take_over_reply_lost: |rig| take_over(rig, Fault::CutAfterReply);
 }
 
+// ---- a pooled connection the server closed while it sat idle ----------------------------------------
+
+/// A store opened with `connect` pings a pooled connection before lending it only when it has
+/// been idle for half a second or more. `kill` closes, on the server, every connection of the
+/// store's pool and says how many it closed.
+///
+/// - Right after a call, a closed connection may be lent unpinged: the statement fails, always
+///   retryably (`Unavailable`, 503), the connection is dropped, and a retry succeeds within as
+///   many attempts as the pool has connections.
+/// - Past the half second, the ping finds the connection closed and a new one is lent instead:
+///   the first call succeeds.
+async fn connection_closed_while_idle<S, K, Fut>(store: &S, kill: K)
+where
+    S: Store,
+    K: Fn() -> Fut,
+    Fut: Future<Output = usize>,
+{
+    let f = Fingerprint::of("a").unwrap();
+    let call = |key: String| {
+        let f = &f;
+        async move {
+            store
+                .begin(idem::BeginRequest::new("idle", &key, f, &Policy::DEFAULT))
+                .await
+        }
+    };
+    call("k-first".into()).await.unwrap();
+    assert!(kill().await >= 1, "the store's connection was closed");
+    let mut failures = 0;
+    while let Err(e) = call(format!("k-within-{failures}")).await {
+        assert!(matches!(e, Error::Unavailable(_)), "retryable: {e}");
+        failures += 1;
+        assert!(failures <= 16, "a retry is lent a live connection");
+    }
+
+    assert!(kill().await >= 1, "the store's connection was closed");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    call("k-past".into())
+        .await
+        .expect("a connection idle past the half second is pinged, and replaced when closed");
+}
+
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+#[tokio::test]
+async fn postgres_connection_closed_while_idle() {
+    let schema = common::PgSchema::create(&common::pg_url(), 1).await;
+    let app = common::unique("idle");
+    let url = format!("{}&application_name={app}", schema.scoped_url());
+    let store = PgStore::builder().connect(&url).await.unwrap();
+    let kill = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name = $1",
+        )
+        .bind(&app)
+        .fetch_one(&schema.pool)
+        .await
+        .unwrap() as usize
+    };
+    connection_closed_while_idle(&store, kill).await;
+}
+
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+#[tokio::test]
+async fn mysql_connection_closed_while_idle() {
+    // One connection of the test's own, which the kill leaves alone; every other connection to
+    // the database is the store's.
+    let database = common::MyDatabase::create(&common::mysql_url(), 1).await;
+    let store = MySqlStore::builder().connect(&database.url).await.unwrap();
+    let kill = || async {
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM information_schema.processlist \
+             WHERE db = ? AND id <> CONNECTION_ID()",
+        )
+        .bind(&database.name)
+        .fetch_all(&database.pool)
+        .await
+        .unwrap();
+        for id in &ids {
+            sqlx::query(sqlx::AssertSqlSafe(format!("KILL CONNECTION {id}")))
+                .execute(&database.pool)
+                .await
+                .unwrap();
+        }
+        ids.len()
+    };
+    connection_closed_while_idle(&store, kill).await;
+}
+
 // ---- records a store cannot read: errors naming the record, never answers --------------------------
 
 #[idempotent(scope = "created:<id>", key = key, store = store)]

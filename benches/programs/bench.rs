@@ -11,6 +11,9 @@
 //!                      probe first, as on MySQL 8 (default: MariaDB claims at once)
 //!     [--group-wait-us N] PostgreSQL, `separate_group`: the batch's `max_wait` (default 200)
 //!     [--group-min N] PostgreSQL, `separate_group`: `GroupCommit::min_in_flight` (default its own)
+//!     [--ping-always true] PostgreSQL: the run's pool pings every connection before lending it
+//!                      (sqlx's default) instead of only one idle for half a second or more, as
+//!                      `PgStore::connect`'s pool does (default false)
 //! ```
 //!
 //! PostgreSQL needs `DATABASE_URL`; the run works in a schema of its own and drops it. MySQL
@@ -670,11 +673,13 @@ struct Args {
     probe_first: bool,
     group_wait_us: u64,
     group_min: Option<usize>,
+    ping_always: bool,
 }
 
 const USAGE: &str = "\
 usage: bench --store sqlite|postgres|mysql|memory|redis [--concurrency N] [--seconds S] [--rounds R]
              [--variants a,b] [--read-first true|false] [--probe-first true|false] [--group-wait-us N] [--group-min N]
+             [--ping-always true|false]
 (what each variant measures: the header of benches/programs/bench.rs)";
 
 fn args() -> Args {
@@ -688,6 +693,7 @@ fn args() -> Args {
         probe_first: false,
         group_wait_us: 200,
         group_min: None,
+        ping_always: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -705,6 +711,7 @@ fn args() -> Args {
             "--probe-first" => a.probe_first = value.parse().expect("--probe-first true|false"),
             "--group-wait-us" => a.group_wait_us = value.parse().expect("--group-wait-us N"),
             "--group-min" => a.group_min = Some(value.parse().expect("--group-min N")),
+            "--ping-always" => a.ping_always = value.parse().expect("--ping-always true|false"),
             other => cli::usage(USAGE, Some(&format!("unknown flag {other}"))),
         }
     }
@@ -830,8 +837,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let options = schema.connect_options(&url)?;
             pg_cleanup = Some(schema);
             // One connection per task, up to 64: the server's default `max_connections` is 100,
-            // and other clients (the tests) share it.
-            let pool = sqlx::postgres::PgPoolOptions::new()
+            // and other clients (the tests) share it. A connection is pinged before it is lent
+            // as `PgStore::connect`'s are: only after half a second idle (`ping_when_idle`).
+            let pool_options = match a.ping_always {
+                true => sqlx::postgres::PgPoolOptions::new(),
+                false => idem::store::ping_when_idle(sqlx::postgres::PgPoolOptions::new()),
+            };
+            let pool = pool_options
                 .max_connections(a.concurrency.min(64) as u32)
                 .connect_with(
                     options.options([(

@@ -517,9 +517,10 @@ impl SqliteDb {
 }
 
 impl PgDb {
-    /// Connects, and runs the migrations.
+    /// Connects, and runs the migrations. The pool pings a connection before lending it only
+    /// after half a second idle, as `PgStore::connect`'s does: one round trip less per statement.
     pub async fn connect(url: &str) -> Result<PgDb, Error> {
-        let pool = sqlx::postgres::PgPoolOptions::new()
+        let pool = idem::store::ping_when_idle(sqlx::postgres::PgPoolOptions::new())
             .max_connections(16)
             .connect(url)
             .await

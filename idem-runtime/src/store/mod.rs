@@ -46,7 +46,7 @@ mod tx;
 
 #[cfg(feature = "sql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sql")))]
-pub use sql::{SqlKind, SqlStoreBuilder};
+pub use sql::{SqlKind, SqlStoreBuilder, ping_when_idle};
 #[cfg(feature = "sql")]
 pub use tx::TxStore;
 

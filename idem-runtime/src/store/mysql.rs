@@ -690,8 +690,16 @@ impl SqlStoreBuilder<MySqlStore> {
 
     /// Connects a pool of up to 16 connections to `url` with
     /// [`MySqlStore::connect_options`] and builds the store on it.
+    ///
+    /// The pool pings a connection before lending it only when it has been idle for half a
+    /// second or more: a connection used more recently is lent as it is, which saves a round
+    /// trip per statement on a busy pool. One that the server closed in between (a restart
+    /// within that half second) fails the statement it is lent for with
+    /// [`Error::Unavailable`](crate::Error::Unavailable), which the caller retries, and is
+    /// dropped. A pool of your own, passed to [`build`](Self::build), keeps its own settings;
+    /// [`ping_when_idle`](crate::store::ping_when_idle) gives it the same.
     pub async fn connect(self, url: &str) -> Result<MySqlStore> {
-        let pool = MySqlPoolOptions::new()
+        let pool = sql::ping_when_idle(MySqlPoolOptions::new())
             .max_connections(16)
             .after_connect(|conn, _| {
                 Box::pin(async move {

@@ -13,6 +13,53 @@ use super::*;
 /// The default table name of the SQL stores.
 pub(crate) const DEFAULT_TABLE: &str = "idem_records";
 
+/// How long a pooled connection to a database server may have sat idle and still be lent
+/// without a ping first (see [`ping_when_idle`]).
+pub(crate) const LENT_UNPINGED_WITHIN: Duration = Duration::from_millis(500);
+
+/// Pool options that ping a connection before lending it only when it has been idle for half a
+/// second or more, as the pools of `PgStore::connect` and `MySqlStore::connect` do: for a pool
+/// of your own, shared with the store.
+///
+/// sqlx pings every connection before lending it by default: on a database server, a round trip
+/// before each statement, about as long as the statement itself on a busy pool. A connection
+/// that went back to the pool less than half a second ago answered its last statement then (and
+/// sqlx pings it as it goes back). What closes one in between, a server restart or failover, or
+/// a proxy that cuts idle connections, fails the one statement it is lent for, with an error
+/// the stores report as [`Error::Unavailable`] (503, which a client retries), and the
+/// connection is dropped. Past the half second the ping finds it closed, and the pool lends a
+/// new one instead.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// use idem::store::ping_when_idle;
+/// use sqlx::postgres::PgPoolOptions;
+///
+/// let pool = ping_when_idle(PgPoolOptions::new())
+///     .max_connections(16)
+///     .connect("postgres://postgres@127.0.0.1/app")
+///     .await?;
+/// let store = idem::PgStore::builder().build(pool.clone()).await?;
+/// # Ok(()) }
+/// ```
+///
+/// It sets `test_before_acquire(false)` and a `before_acquire` hook: a hook of your own set
+/// after it replaces it.
+pub fn ping_when_idle<DB: sqlx::Database>(
+    options: sqlx::pool::PoolOptions<DB>,
+) -> sqlx::pool::PoolOptions<DB> {
+    options
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= LENT_UNPINGED_WITHIN {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
 /// What every SQL store offers the same way, on its engine (`inner`): `Debug`, `builder`, `new`,
 /// `table`, `migrate`, and the transactional methods that need no dialect. With
 /// `engine_calls`, also `Store` itself, every operation run by the engine as it is (a store
@@ -75,8 +122,10 @@ macro_rules! engine_store_api {
                 &self.inner.sql.table
             }
 
-            /// Creates the table and its index if missing. Any number of processes may do it at
-            /// once: PostgreSQL migrates under an advisory lock, SQLite under its write lock.
+            /// Creates the table and its indexes if missing, and brings a table created by an
+            /// earlier version up to date. Any number of processes may do it at once: PostgreSQL
+            /// migrates under an advisory lock, SQLite under its write lock, MySQL behind the
+            /// table's metadata lock.
             pub async fn migrate(&self) -> Result<()> {
                 self.inner.migrate().await
             }

@@ -19,7 +19,7 @@ mod statements;
 pub(crate) mod waits;
 
 pub(crate) use self::builder::*;
-pub use self::builder::{SqlKind, SqlStoreBuilder};
+pub use self::builder::{SqlKind, SqlStoreBuilder, ping_when_idle};
 pub(crate) use self::dialect::*;
 pub(crate) use self::engine::*;
 pub(crate) use self::errors::*;
