@@ -27,6 +27,29 @@ async fn sqlite() -> Env<SqliteStore> {
     Env::new(store).keep(file)
 }
 
+/// Group commit off: every write runs its own statement on the writer.
+async fn sqlite_no_group() -> Env<SqliteStore> {
+    let file = SqliteFile::new();
+    let store = SqliteStore::builder()
+        .group_commit(false)
+        .connect(&file.url)
+        .await
+        .expect("open SQLite");
+    Env::new(store).keep(file)
+}
+
+/// Group commit with every first claim and completion sent through the lane, alone or not:
+/// the sequential cases check the batched path's semantics record by record.
+async fn sqlite_group_always() -> Env<SqliteStore> {
+    let file = SqliteFile::new();
+    let store = SqliteStore::builder()
+        .group_commit_alone()
+        .connect(&file.url)
+        .await
+        .expect("open SQLite");
+    Env::new(store).keep(file)
+}
+
 /// Claims read on the readers first (`read_first`): replays never take the writer.
 async fn sqlite_read_first() -> Env<SqliteStore> {
     let file = SqliteFile::new();
@@ -189,6 +212,14 @@ mod shared_store {
 
 mod sqlite_store {
     idem::testkit::conformance_tests!(super::sqlite);
+}
+
+mod sqlite_no_group_commit {
+    idem::testkit::conformance_tests!(super::sqlite_no_group);
+}
+
+mod sqlite_group_commit_always {
+    idem::testkit::conformance_tests!(super::sqlite_group_always);
 }
 
 mod sqlite_read_first {
@@ -1163,8 +1194,6 @@ mod group_commit_races {
         Store, StoredResponse,
     };
 
-    /// 16 keys asked for 8 times each and 64 keys once, all at once: exactly one claim per key;
-    /// every claim's completion persists, and every key then replays its own answer.
     async fn races(config: GroupCommit) {
         let schema = crate::PgSchema::create(&crate::common::pg_url(), 16).await;
         let store = PgStore::builder()
@@ -1172,6 +1201,12 @@ mod group_commit_races {
             .build(schema.pool.clone())
             .await
             .unwrap();
+        races_on(store).await;
+    }
+
+    /// 16 keys asked for 8 times each and 64 keys once, all at once: exactly one claim per key;
+    /// every claim's completion persists, and every key then replays its own answer.
+    async fn races_on<S: Store + Clone + 'static>(store: S) {
         let keys: Vec<String> = (0..16)
             .flat_map(|k| std::iter::repeat_n(format!("dup-{k}"), 8))
             .chain((0..64).map(|k| format!("one-{k}")))
@@ -1257,6 +1292,25 @@ mod group_commit_races {
     )]
     async fn one_claim_per_key() {
         races(GroupCommit::default()).await;
+    }
+
+    /// The same races on SQLite, whose group commit runs each write's own statement in a
+    /// shared transaction; the writes did share transactions.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn sqlite_one_claim_per_key() {
+        for store in [
+            idem::SqliteStore::builder(),
+            idem::SqliteStore::builder().group_commit_alone(),
+        ] {
+            let file = crate::SqliteFile::new();
+            let store = store.connect(&file.url).await.unwrap();
+            races_on(store.clone()).await;
+            let (batches, batched) = store.group_commit_stats().unwrap();
+            assert!(
+                batches > 0 && batched >= 2 * batches,
+                "{batches} / {batched}"
+            );
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -14,6 +14,8 @@
 //!     [--ping-always true] PostgreSQL: the run's pool pings every connection before lending it
 //!                      (sqlx's default) instead of only one idle for half a second or more, as
 //!                      `PgStore::connect`'s pool does (default false)
+//!     [--sqlite-group-commit false] SQLite: the store's group commit off
+//!                      (`SqliteStoreBuilder::group_commit`; default on, as the store's)
 //! ```
 //!
 //! PostgreSQL needs `DATABASE_URL`; the run works in a schema of its own and drops it. MySQL
@@ -674,12 +676,13 @@ struct Args {
     group_wait_us: u64,
     group_min: Option<usize>,
     ping_always: bool,
+    sqlite_group_commit: bool,
 }
 
 const USAGE: &str = "\
 usage: bench --store sqlite|postgres|mysql|memory|redis [--concurrency N] [--seconds S] [--rounds R]
              [--variants a,b] [--read-first true|false] [--probe-first true|false] [--group-wait-us N] [--group-min N]
-             [--ping-always true|false]
+             [--ping-always true|false] [--sqlite-group-commit true|false]
 (what each variant measures: the header of benches/programs/bench.rs)";
 
 fn args() -> Args {
@@ -694,6 +697,7 @@ fn args() -> Args {
         group_wait_us: 200,
         group_min: None,
         ping_always: false,
+        sqlite_group_commit: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -712,6 +716,9 @@ fn args() -> Args {
             "--group-wait-us" => a.group_wait_us = value.parse().expect("--group-wait-us N"),
             "--group-min" => a.group_min = Some(value.parse().expect("--group-min N")),
             "--ping-always" => a.ping_always = value.parse().expect("--ping-always true|false"),
+            "--sqlite-group-commit" => {
+                a.sqlite_group_commit = value.parse().expect("--sqlite-group-commit true|false")
+            }
             other => cli::usage(USAGE, Some(&format!("unknown flag {other}"))),
         }
     }
@@ -815,7 +822,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             _file = dir;
             // One writer connection for idem's writes and the business inserts alike; readers
             // for replays.
-            let mut builder = idem::SqliteStore::builder();
+            let mut builder = idem::SqliteStore::builder().group_commit(a.sqlite_group_commit);
             if let Some(read_first) = a.read_first {
                 builder = builder.read_first(read_first);
             }

@@ -14,7 +14,6 @@ use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
 use self::group::{ClaimJob, ClaimReply, CompleteJob, Group};
 use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
-use crate::store;
 use crate::store::schema::Database;
 use crate::store::sql::{
     self, AddColumn, Arg, Dialect, DuplicateWaits, Engine, Next, SqlKind, SqlStoreBuilder, Stmt,
@@ -423,34 +422,7 @@ impl PgStore {
     }
 }
 
-impl Store for PgStore {
-    async fn call(&self, op: Operation<'_>) -> Result<Reply> {
-        match op {
-            Operation::Begin(req) => self.begin_grouped(req).await.map(Reply::Begun),
-            Operation::Complete { claim, response } => {
-                let done = async {
-                    self.complete_grouped(claim, response)
-                        .await
-                        .map(|()| Reply::Done)
-                };
-                let ends = Some((claim.scope, claim.key));
-                store::announced(&self.changes, ends, done).await
-            }
-            op => {
-                let ends = store::ends(&op);
-                store::announced(&self.changes, ends, self.inner.call(op)).await
-            }
-        }
-    }
-
-    fn defer(&self, write: super::Deferred) {
-        super::spawn_deferred(self.clone(), write)
-    }
-
-    fn changes(&self) -> Option<&Changes> {
-        Some(&self.changes)
-    }
-}
+sql::grouped_store!(PgStore, changes);
 
 impl PgStore {
     /// `begin`, batched with others in flight when group commit is on.

@@ -170,6 +170,46 @@ macro_rules! engine_store_api {
 }
 pub(crate) use engine_store_api;
 
+/// `Store` for a store that batches first claims and completions (its own `begin_grouped` and
+/// `complete_grouped`) and runs every other operation on its engine as it is; `$changes` is the
+/// path of its [`Changes`](crate::store::Changes) from `self`.
+#[cfg(feature = "sql-groups")]
+macro_rules! grouped_store {
+    ($store:ident, $($changes:ident).+) => {
+        impl Store for $store {
+            async fn call(&self, op: Operation<'_>) -> Result<Reply> {
+                match op {
+                    Operation::Begin(req) => self.begin_grouped(req).await.map(Reply::Begun),
+                    Operation::Complete { claim, response } => {
+                        let done = async {
+                            self.complete_grouped(claim, response)
+                                .await
+                                .map(|()| Reply::Done)
+                        };
+                        let ends = Some((claim.scope, claim.key));
+                        crate::store::announced(&self.$($changes).+, ends, done).await
+                    }
+                    op => {
+                        let ends = crate::store::ends(&op);
+                        crate::store::announced(&self.$($changes).+, ends, self.inner.call(op))
+                            .await
+                    }
+                }
+            }
+
+            fn defer(&self, write: crate::store::Deferred) {
+                crate::store::spawn_deferred(self.clone(), write)
+            }
+
+            fn changes(&self) -> Option<&crate::store::Changes> {
+                Some(&self.$($changes).+)
+            }
+        }
+    };
+}
+#[cfg(feature = "sql-groups")]
+pub(crate) use grouped_store;
+
 /// Builds a SQL store: the table name, whether to create it, and how expired records are
 /// purged. `PgStore::builder()` and `SqliteStore::builder()` start one; each store adds its own
 /// `build` and `connect`.
