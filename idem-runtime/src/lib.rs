@@ -168,10 +168,13 @@ pub use crate::store::TxStore;
 pub use crate::store::mysql::MySqlStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use crate::store::postgres::{GroupCommit, GroupCommitStats, PgStore};
+pub use crate::store::postgres::{GroupCommit, PgStore};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use crate::store::redis::{RedisStore, RedisStoreBuilder};
+#[cfg(feature = "sql-groups")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
+pub use crate::store::sql::GroupCommitStats;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use crate::store::sqlite::SqliteStore;

@@ -15,7 +15,8 @@ use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
 use crate::store::schema::Database;
 use crate::store::sql::{
-    self, AddColumn, Arg, Dialect, Engine, SqlKind, SqlStoreBuilder, Stmt, Types, map_err,
+    self, AddColumn, Arg, Dialect, Engine, GroupCommitStats, SqlKind, SqlStoreBuilder, Stmt, Types,
+    map_err,
 };
 use crate::store::{Operation, Reply, Store, TxStore};
 
@@ -190,10 +191,14 @@ pub struct SqliteOptions {
     group_from: Option<usize>,
 }
 
+/// Writes in flight, this one included, from which they share a transaction when group commit
+/// is on: any two.
+const GROUP_FROM: usize = 2;
+
 impl Default for SqliteOptions {
     fn default() -> Self {
         SqliteOptions {
-            group_from: Some(2),
+            group_from: Some(GROUP_FROM),
         }
     }
 }
@@ -216,7 +221,7 @@ impl SqlStoreBuilder<SqliteStore> {
     /// concurrent requests of the benchmark in `BENCHMARKS.md` ran 1.14–1.25× as many guarded
     /// calls per second as without, 32 concurrent requests 1.4–1.7×; 2 about as many.
     pub fn group_commit(mut self, on: bool) -> Self {
-        self.options.group_from = on.then_some(2);
+        self.options.group_from = on.then_some(GROUP_FROM);
         self
     }
 
@@ -289,9 +294,9 @@ impl SqliteStore {
         SqliteStore { inner, group }
     }
 
-    /// With group commit on, how many transactions of more than one write ran since the store
-    /// was built, and how many writes they held; `None` with group commit off.
-    pub fn group_commit_stats(&self) -> Option<(u64, u64)> {
+    /// With group commit on, what the transactions of more than one write held since the store
+    /// was built; `None` with group commit off.
+    pub fn group_commit_stats(&self) -> Option<GroupCommitStats> {
         self.group.as_ref().map(|g| g.stats())
     }
 

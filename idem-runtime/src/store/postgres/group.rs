@@ -17,8 +17,8 @@
 
 use std::collections::HashSet;
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgRow;
@@ -30,7 +30,8 @@ use crate::error::{Error, Result};
 use crate::lifecycle::State;
 use crate::record::{ClaimRef, Claimed, StoredResponse};
 use crate::store::sql::{
-    Columns as _, CurRow, Dialect, Engine, fence_to_db, map_err, ms, quote_table,
+    Columns as _, CurRow, Dialect, Engine, GroupCommitStats, InFlight, InFlightCount, LaneSender,
+    fence_to_db, map_err, ms, quote_table,
 };
 
 /// Group commit for [`PgStore`](crate::PgStore): concurrent claims share one multi-row claim
@@ -227,7 +228,7 @@ pub(crate) struct LaneShared {
     sql: SqlStr,
     config: GroupCommit,
     /// Callers of this kind between entering and being answered.
-    in_flight: AtomicUsize,
+    in_flight: InFlightCount,
     /// Requests in batches now running.
     running: AtomicUsize,
     /// Batches run, and the requests they held, since the store was built.
@@ -235,37 +236,10 @@ pub(crate) struct LaneShared {
     batched: AtomicU64,
 }
 
-/// How much group commit batched, since the store was built: [`PgStore::group_commit_stats`](crate::PgStore::group_commit_stats).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GroupCommitStats {
-    /// Multi-row claim statements run.
-    pub claim_batches: u64,
-    /// Claims that went through them.
-    pub claims_batched: u64,
-    /// Multi-row completion statements run.
-    pub completion_batches: u64,
-    /// Completions that went through them.
-    pub completions_batched: u64,
-}
-
 /// One kind of request, batched.
 pub(crate) struct Lane<J> {
     shared: Arc<LaneShared>,
-    // Started on first use, on the caller's runtime, and again if that runtime shut down.
-    tx: Mutex<Option<mpsc::UnboundedSender<J>>>,
-}
-
-/// A caller in flight, counted until it is answered (or dropped).
-pub(crate) struct InFlight<'a> {
-    lane: &'a LaneShared,
-    /// No other caller of this kind was in flight: run the single-row path.
-    pub(crate) alone: bool,
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.lane.in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
+    tx: LaneSender<J>,
 }
 
 impl<J: Job> Lane<J> {
@@ -275,43 +249,32 @@ impl<J: Job> Lane<J> {
                 engine,
                 sql,
                 config,
-                in_flight: AtomicUsize::new(0),
+                in_flight: InFlightCount::default(),
                 running: AtomicUsize::new(0),
                 batches: AtomicU64::new(0),
                 batched: AtomicU64::new(0),
             }),
-            tx: Mutex::new(None),
+            tx: LaneSender::new(),
         }
     }
 
     /// Counts a caller in. It batches when, with it, at least `min_in_flight` callers of its
     /// kind are in flight.
     pub(crate) fn enter(&self) -> InFlight<'_> {
-        let before = self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
         let config = &self.shared.config;
-        InFlight {
-            lane: &self.shared,
-            alone: before + 1 < config.min_in_flight && !config.batch_alone,
-        }
+        let from = if config.batch_alone {
+            1
+        } else {
+            config.min_in_flight
+        };
+        self.shared.in_flight.enter(from)
     }
 
     /// Queues `job`; `None` when there is no runtime to batch on (the caller runs the
     /// single-row path).
     pub(crate) fn send(&self, job: J) -> Option<()> {
-        let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-        let job = match tx.as_ref() {
-            Some(sender) => match sender.send(job) {
-                Ok(()) => return Some(()),
-                Err(mpsc::error::SendError(job)) => job,
-            },
-            None => job,
-        };
-        let rt = tokio::runtime::Handle::try_current().ok()?;
-        let (sender, receiver) = mpsc::unbounded_channel();
-        rt.spawn(run_lane(self.shared.clone(), receiver));
-        let sent = sender.send(job).is_ok();
-        *tx = Some(sender);
-        sent.then_some(())
+        self.tx
+            .send(job, |receiver| run_lane(self.shared.clone(), receiver))
     }
 }
 
@@ -339,8 +302,7 @@ async fn run_lane<J: Job>(shared: Arc<LaneShared>, mut rx: mpsc::UnboundedReceiv
         // run. No one on the way, no wait.
         let deadline = Instant::now() + shared.config.max_wait;
         while batch.len() < max
-            && shared.in_flight.load(Ordering::Acquire)
-                > batch.len() + shared.running.load(Ordering::Acquire)
+            && shared.in_flight.now() > batch.len() + shared.running.load(Ordering::Acquire)
             && Instant::now() < deadline
         {
             tokio::task::yield_now().await;

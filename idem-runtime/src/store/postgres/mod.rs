@@ -16,8 +16,8 @@ use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
 use crate::store::schema::Database;
 use crate::store::sql::{
-    self, AddColumn, Arg, Dialect, DuplicateWaits, Engine, Next, SqlKind, SqlStoreBuilder, Stmt,
-    Types, WaitingRoom, map_err,
+    self, AddColumn, Arg, Dialect, DuplicateWaits, Engine, GroupCommitStats, Next, SqlKind,
+    SqlStoreBuilder, Stmt, Types, WaitingRoom, map_err,
 };
 use crate::store::{Changes, Operation, Reply, Store, TxStore};
 
@@ -244,7 +244,7 @@ impl TxClaims {
     }
 }
 
-pub use self::group::{GroupCommit, GroupCommitStats};
+pub use self::group::GroupCommit;
 
 /// Builds a [`PgStore`]: table name, whether to create the table, group commit.
 pub type PgStoreBuilder = SqlStoreBuilder<PgStore>;

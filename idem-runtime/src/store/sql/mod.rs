@@ -14,6 +14,8 @@ mod dialect;
 mod engine;
 mod errors;
 mod ident;
+#[cfg(feature = "sql-groups")]
+mod lanes;
 mod statements;
 #[cfg(feature = "sql-waits")]
 pub(crate) mod waits;
@@ -24,6 +26,10 @@ pub(crate) use self::dialect::*;
 pub(crate) use self::engine::*;
 pub(crate) use self::errors::*;
 pub(crate) use self::ident::*;
+#[cfg(feature = "sql-groups")]
+pub use self::lanes::GroupCommitStats;
+#[cfg(feature = "sql-groups")]
+pub(crate) use self::lanes::{InFlight, InFlightCount, LaneSender};
 pub(crate) use self::statements::*;
 #[cfg(feature = "sql-waits")]
 pub(crate) use self::waits::*;

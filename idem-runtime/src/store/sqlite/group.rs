@@ -14,7 +14,6 @@
 //! every request of a batch in which a statement or the commit failed (the transaction rolls
 //! back, so none of them was written).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sqlx::SqliteConnection;
@@ -23,7 +22,9 @@ use tokio::sync::{mpsc, oneshot};
 use super::Lite;
 use crate::error::{Error, Result};
 use crate::record::{BeginRequest, ClaimRef, Claimed, StoredResponse};
-use crate::store::sql::{Dialect as _, Engine, Statements};
+use crate::store::sql::{
+    Dialect as _, Engine, GroupCommitStats, InFlight, InFlightCount, LaneSender, Statements,
+};
 use crate::{Fingerprint, Policy};
 
 /// The most requests one transaction holds.
@@ -69,76 +70,39 @@ enum Done {
 pub(crate) struct Group {
     engine: Arc<Engine<Lite>>,
     /// Writes of this store between entering and being answered.
-    in_flight: AtomicUsize,
+    in_flight: InFlightCount,
     /// How many writes must be in flight, this one included, before one joins a batch.
     min_in_flight: usize,
-    /// Transactions of more than one request, and the requests they held.
-    batches: AtomicU64,
-    batched: AtomicU64,
-    // Started on first use, on the caller's runtime, and again if that runtime shut down.
-    tx: Mutex<Option<mpsc::UnboundedSender<Job>>>,
-}
-
-/// A write in flight, counted until it is answered (or dropped).
-pub(crate) struct InFlight<'a> {
-    group: &'a Group,
-    /// Fewer than `min_in_flight` writes were in flight with it: run the single-row path.
-    pub(crate) alone: bool,
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.group.in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
+    /// What transactions of more than one write held.
+    stats: Mutex<GroupCommitStats>,
+    tx: LaneSender<Job>,
 }
 
 impl Group {
     pub(crate) fn new(engine: Arc<Engine<Lite>>, min_in_flight: usize) -> Group {
         Group {
             engine,
-            in_flight: AtomicUsize::new(0),
+            in_flight: InFlightCount::default(),
             min_in_flight: min_in_flight.max(1),
-            batches: AtomicU64::new(0),
-            batched: AtomicU64::new(0),
-            tx: Mutex::new(None),
+            stats: Mutex::new(GroupCommitStats::default()),
+            tx: LaneSender::new(),
         }
     }
 
-    /// Transactions of more than one request run so far, and the requests they held.
-    pub(crate) fn stats(&self) -> (u64, u64) {
-        (
-            self.batches.load(Ordering::Relaxed),
-            self.batched.load(Ordering::Relaxed),
-        )
+    /// What transactions of more than one write held, so far.
+    pub(crate) fn stats(&self) -> GroupCommitStats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Counts a write in; it batches when, with it, `min_in_flight` writes are in flight.
     pub(crate) fn enter(&self) -> InFlight<'_> {
-        let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight {
-            group: self,
-            alone: before + 1 < self.min_in_flight,
-        }
+        self.in_flight.enter(self.min_in_flight)
     }
 
-    /// Queues `job`; false when there is no runtime to run the lane on.
-    fn send(self: &Arc<Self>, job: Job) -> bool {
-        let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-        let job = match tx.as_ref() {
-            Some(sender) => match sender.send(job) {
-                Ok(()) => return true,
-                Err(mpsc::error::SendError(job)) => job,
-            },
-            None => job,
-        };
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return false;
-        };
-        let (sender, receiver) = mpsc::unbounded_channel();
-        rt.spawn(run_lane(Arc::downgrade(self), receiver));
-        let sent = sender.send(job).is_ok();
-        *tx = Some(sender);
-        sent
+    /// Queues `job`; `None` when there is no runtime to run the lane on.
+    fn send(self: &Arc<Self>, job: Job) -> Option<()> {
+        self.tx
+            .send(job, |receiver| run_lane(Arc::downgrade(self), receiver))
     }
 
     /// A first claim through the lane: `None` when the caller runs the single-row path.
@@ -151,9 +115,7 @@ impl Group {
             policy: *req.policy,
             reply,
         };
-        if !self.send(job) {
-            return None;
-        }
+        self.send(job)?;
         // A lane that ended without answering (its runtime shut down) wrote nothing it did
         // not answer: its transaction rolled back.
         answer.await.ok().flatten()
@@ -173,10 +135,24 @@ impl Group {
             response: response.clone(),
             reply,
         };
-        if !self.send(job) {
-            return None;
-        }
+        self.send(job)?;
         answer.await.ok().flatten()
+    }
+}
+
+impl Group {
+    /// Counts a committed transaction of more than one write.
+    fn count(&self, batch: &[Job]) {
+        let claims = batch
+            .iter()
+            .filter(|job| matches!(job, Job::Claim { .. }))
+            .count() as u64;
+        let completions = batch.len() as u64 - claims;
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        stats.claim_batches += u64::from(claims > 0);
+        stats.claims_batched += claims;
+        stats.completion_batches += u64::from(completions > 0);
+        stats.completions_batched += completions;
     }
 }
 
@@ -208,12 +184,11 @@ async fn run_batch(group: &Group, batch: Vec<Job>) {
             Ok(mut conn) => run_jobs(engine, &mut conn, &batch).await,
             Err(_) => None,
         },
-        n => match engine.begin_transaction().await {
+        _ => match engine.begin_transaction().await {
             // Dropped without its commit, the transaction rolls back.
             Ok(mut tx) => match run_jobs(engine, &mut tx, &batch).await {
                 Some(done) if tx.commit().await.is_ok() => {
-                    group.batches.fetch_add(1, Ordering::Relaxed);
-                    group.batched.fetch_add(n as u64, Ordering::Relaxed);
+                    group.count(&batch);
                     Some(done)
                 }
                 _ => None,
