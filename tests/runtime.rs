@@ -999,3 +999,86 @@ async fn a_waiting_duplicate_replays_the_moment_the_first_call_completes() {
     assert!(matches!(began, Ok(Begun::Claimed(_))));
     assert_eq!(begins.load(Ordering::SeqCst), 1, "a new key is one ask");
 }
+
+/// The sizes of the futures a guarded call carries on `store`: the store's `begin` and
+/// `complete`, and the macro's whole call.
+fn future_sizes<S: Store + Clone>(store: &S) -> [(&'static str, usize); 3] {
+    fn size<F>(_: &F) -> usize {
+        std::mem::size_of::<F>()
+    }
+    let key = Key::parse("k").unwrap();
+    let fp = Fingerprint::of("a").unwrap();
+    let claim = ClaimRef {
+        scope: "s",
+        key: "k",
+        fence: 1,
+    };
+    let answer = StoredResponse::ok(b"1".to_vec());
+    [
+        ("begin", size(&store.begin(req(&key, &fp)))),
+        ("complete", size(&store.complete(claim, &answer))),
+        ("guarded call", size(&pay(store, "u", "k"))),
+    ]
+}
+
+/// Every request in flight holds its guarded call's future, and each level of the call copies
+/// its part once when it starts: they stay at a few kilobytes on every store (an `async` block
+/// that holds a store's future twice, or a pool's `acquire` held inline, made `begin` tens of
+/// kilobytes on the SQL stores).
+async fn futures_stay_small<S: Store + Clone>(store: S, what: &str) {
+    for (future, size) in future_sizes(&store) {
+        eprintln!("{what} {future} {size}");
+        assert!(size <= FUTURE_BUDGET, "{what}: {future} is {size} bytes");
+    }
+}
+
+/// What each may take, in bytes (in a debug build, as the tests run).
+const FUTURE_BUDGET: usize = 8 << 10;
+
+#[tokio::test]
+async fn the_futures_of_a_guarded_call_stay_small() {
+    let file = common::SqliteFile::new();
+    futures_stay_small(MemoryStore::new(), "memory").await;
+    futures_stay_small(SqliteStore::connect(&file.url).await.unwrap(), "sqlite").await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+async fn the_futures_of_a_guarded_call_stay_small_on_postgres() {
+    let schema = common::PgSchema::create(&common::pg_url(), 2).await;
+    let store = idem::PgStore::builder()
+        .build(schema.pool.clone())
+        .await
+        .unwrap();
+    futures_stay_small(store, "postgres").await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+async fn the_futures_of_a_guarded_call_stay_small_on_mysql() {
+    let database = common::MyDatabase::create(&common::mysql_url(), 2).await;
+    let store = idem::MySqlStore::builder()
+        .connect(&database.url)
+        .await
+        .unwrap();
+    futures_stay_small(store, "mysql").await;
+}
+
+#[tokio::test]
+#[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
+async fn the_futures_of_a_guarded_call_stay_small_on_redis() {
+    let url = common::redis_url();
+    let keys = common::RedisKeys::new(std::slice::from_ref(&url));
+    let store = idem::RedisStore::builder()
+        .prefix(keys.prefix.clone())
+        .connect(&url)
+        .await
+        .unwrap();
+    futures_stay_small(store, "redis").await;
+}

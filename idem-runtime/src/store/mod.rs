@@ -9,6 +9,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use futures_util::FutureExt as _;
+use futures_util::future::Either;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -353,16 +354,16 @@ pub trait Store: Send + Sync + 'static {
         req: BeginRequest<'a>,
     ) -> impl Future<Output = Result<BeginOutcome>> + Send + 'a {
         // A policy that would let a record expire under its running body never reaches the
-        // store, however it was built ([`Policy::check`](crate::Policy::check)).
-        let call = match req.policy.check() {
-            Ok(()) => Ok(self.call(Operation::Begin(req))),
-            Err(refused) => Err(refused),
-        };
-        async move {
-            match call?.await? {
+        // store, however it was built ([`Policy::check`](crate::Policy::check)). Combinators,
+        // not an `async` block: the future a guarded call carries is the store's own plus a
+        // tag, where a block would hold the store's future twice (once as what it captured,
+        // once as what it awaits).
+        match req.policy.check() {
+            Ok(()) => Either::Left(self.call(Operation::Begin(req)).map(|reply| match reply? {
                 Reply::Begun(outcome) => Ok(outcome),
                 other => Err(mismatched("begin", &other)),
-            }
+            })),
+            Err(refused) => Either::Right(std::future::ready(Err(refused))),
         }
     }
 
@@ -607,12 +608,12 @@ impl<S: Store + ?Sized> StoreAdmin for S {}
 
 /// The typed end of an operation: `pick` takes the reply the operation names, or hands back
 /// another, which is a bug in the store.
-async fn expect<T>(
-    call: impl Future<Output = Result<Reply>>,
+fn expect<'a, T>(
+    call: impl Future<Output = Result<Reply>> + Send + 'a,
     operation: &'static str,
-    pick: impl FnOnce(Reply) -> std::result::Result<T, Reply>,
-) -> Result<T> {
-    pick(call.await?).map_err(|other| mismatched(operation, &other))
+    pick: impl FnOnce(Reply) -> std::result::Result<T, Reply> + Send + 'a,
+) -> impl Future<Output = Result<T>> + Send + 'a {
+    call.map(move |reply| pick(reply?).map_err(|other| mismatched(operation, &other)))
 }
 
 /// The typed end of a write that answers [`Reply::Done`]. A combinator rather than an `async`
@@ -643,17 +644,21 @@ pub(crate) fn ends<'a>(op: &Operation<'a>) -> Option<(&'a str, &'a str)> {
 
 /// Runs `call`, and when it succeeded and `ends` names the claim its operation ends or pauses
 /// ([`ends`]), announces it on `changes`: what a store's [`Store::call`] wraps its writes in.
+///
+/// A combinator, not an `async fn`: an `async fn` holds its argument and the future it awaits
+/// apart, so the store's future would be carried twice.
 #[cfg_attr(not(any(feature = "sql", feature = "redis")), allow(dead_code))]
-pub(crate) async fn announced(
-    changes: &Changes,
-    ends: Option<(&str, &str)>,
-    call: impl Future<Output = Result<Reply>>,
-) -> Result<Reply> {
-    let reply = call.await;
-    if let (Some((scope, key)), Ok(_)) = (ends, &reply) {
-        changes.announce(scope, key).await;
-    }
-    reply
+pub(crate) fn announced<'a>(
+    changes: &'a Changes,
+    ends: Option<(&'a str, &'a str)>,
+    call: impl Future<Output = Result<Reply>> + 'a,
+) -> impl Future<Output = Result<Reply>> + 'a {
+    call.then(move |reply| async move {
+        if let (Some((scope, key)), Ok(_)) = (ends, &reply) {
+            changes.announce(scope, key).await;
+        }
+        reply
+    })
 }
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

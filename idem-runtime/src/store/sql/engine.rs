@@ -271,12 +271,16 @@ impl<D: Dialect> Engine<D> {
         engine
     }
 
+    /// A connection of the writer pool. The pool's `acquire` future is boxed: it can open a
+    /// connection, so it is kilobytes large, and held inline it would make every future that
+    /// awaits a statement as large, copied at each level a guarded call nests it in.
     pub(crate) async fn write_conn(&self) -> Result<PoolConnection<D::Db>> {
-        self.writer.acquire().await.map_err(map_err)
+        Box::pin(self.writer.acquire()).await.map_err(map_err)
     }
 
+    /// A connection of the reader pool, as [`write_conn`](Self::write_conn).
     pub(crate) async fn read_conn(&self) -> Result<PoolConnection<D::Db>> {
-        self.reader.acquire().await.map_err(map_err)
+        Box::pin(self.reader.acquire()).await.map_err(map_err)
     }
 
     /// Opens a transaction for a guarded body.
