@@ -19,3 +19,29 @@ INSERT INTO idem_pgbench.idem_records (scope, key, fingerprint, state, fence, le
 SELECT 'bench', g::text, '\x00', 'completed', 1, now(), now() + interval '1 day', '\x7b7d'
   FROM generate_series(1, 400000) g;
 VACUUM ANALYZE idem_pgbench.idem_records;
+-- For the pair_*.sql scripts: the records table as PgStore creates it now (format 1, with the
+-- columns of resumable work and their partial indexes), and a narrow one (the key, the
+-- fingerprint, the fence, one time, the answer) that shows what the row's width costs.
+CREATE TABLE idem_pgbench.records_now (
+    scope text COLLATE "C" NOT NULL, key text NOT NULL, fingerprint bytea NOT NULL,
+    state text NOT NULL CHECK (state IN ('in_progress', 'completed', 'released', 'parked')),
+    fence bigint NOT NULL, lease_until timestamptz NOT NULL, expires_at timestamptz NOT NULL,
+    recovery_point bytea, attempt integer NOT NULL DEFAULT 1, response_status integer,
+    response_error boolean NOT NULL DEFAULT false, response_body bytea, request bytea,
+    resume_at timestamptz, note text, created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL, PRIMARY KEY (scope, key)
+) WITH (fillfactor = 80);
+CREATE INDEX ON idem_pgbench.records_now (expires_at);
+CREATE INDEX ON idem_pgbench.records_now (resume_at) WHERE resume_at IS NOT NULL;
+CREATE INDEX ON idem_pgbench.records_now (fence) WHERE request IS NOT NULL OR note IS NOT NULL;
+CREATE TABLE idem_pgbench.records_narrow (
+    scope text COLLATE "C" NOT NULL, key text NOT NULL, fingerprint bytea NOT NULL,
+    fence bigint NOT NULL, until_ms bigint NOT NULL, response bytea, PRIMARY KEY (scope, key)
+) WITH (fillfactor = 80);
+-- records_now without its retention index (`expires_at`), for pair_records_no_retention_index.sql.
+CREATE TABLE idem_pgbench.records_no_retention_index (
+    LIKE idem_pgbench.records_now INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
+    PRIMARY KEY (scope, key)
+) WITH (fillfactor = 80);
+CREATE INDEX ON idem_pgbench.records_no_retention_index (resume_at) WHERE resume_at IS NOT NULL;
+CREATE INDEX ON idem_pgbench.records_no_retention_index (fence) WHERE request IS NOT NULL OR note IS NOT NULL;
