@@ -302,7 +302,8 @@ async fn run_lane<J: Job>(shared: Arc<LaneShared>, mut rx: mpsc::UnboundedReceiv
         // run. No one on the way, no wait.
         let deadline = Instant::now() + shared.config.max_wait;
         while batch.len() < max
-            && shared.in_flight.now() > batch.len() + shared.running.load(Ordering::Acquire)
+            && shared.in_flight.0.load(Ordering::Acquire)
+                > batch.len() + shared.running.load(Ordering::Acquire)
             && Instant::now() < deadline
         {
             tokio::task::yield_now().await;

@@ -24,9 +24,10 @@ pub struct GroupCommitStats {
     pub completions_batched: u64,
 }
 
-/// Writes of one kind in flight: counted from entering until answered (or dropped).
+/// Writes of one kind in flight: counted from entering until answered (or dropped). A lane
+/// that waits for callers on their way reads the count itself.
 #[derive(Debug, Default)]
-pub(crate) struct InFlightCount(AtomicUsize);
+pub(crate) struct InFlightCount(pub(crate) AtomicUsize);
 
 /// A write in flight, counted until it is answered (or dropped).
 pub(crate) struct InFlight<'a> {
@@ -50,12 +51,6 @@ impl InFlightCount {
             count: self,
             alone: before + 1 < min_in_flight,
         }
-    }
-
-    /// Writes in flight now: a lane that waits for callers on their way reads it (PostgreSQL's).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn now(&self) -> usize {
-        self.0.load(Ordering::Acquire)
     }
 }
 
