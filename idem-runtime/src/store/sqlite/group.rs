@@ -138,9 +138,7 @@ impl Group {
         self.send(job)?;
         answer.await.ok().flatten()
     }
-}
 
-impl Group {
     /// Counts a committed transaction of more than one write.
     fn count(&self, batch: &[Job]) {
         let claims = batch
