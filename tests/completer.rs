@@ -67,13 +67,7 @@ impl Backend for MySqlStore {
 
 impl Backend for RedisStore {
     async fn fresh() -> (Self, Box<dyn std::any::Any + Send>) {
-        let url = common::redis_url();
-        let keys = RedisKeys::new(std::slice::from_ref(&url));
-        let store = RedisStore::builder()
-            .prefix(keys.prefix.clone())
-            .connect(&url)
-            .await
-            .expect("connect to Redis");
+        let (keys, store) = common::redis_store().await;
         (store, Box::new(keys))
     }
 }

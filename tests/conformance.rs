@@ -143,13 +143,7 @@ async fn mysql_read_first() -> Env<MySqlStore> {
 /// Redis under a key prefix of the case's own. Records leave by their time to live, so
 /// `purge_expired` has nothing to delete.
 async fn redis() -> Env<RedisStore> {
-    let url = common::redis_url();
-    let keys = RedisKeys::new(std::slice::from_ref(&url));
-    let store = RedisStore::builder()
-        .prefix(keys.prefix.clone())
-        .connect(&url)
-        .await
-        .expect("connect to Redis");
+    let (keys, store) = common::redis_store().await;
     Env::new(store).expires_by_itself().keep(keys)
 }
 

@@ -93,13 +93,7 @@ async fn sqlite() -> Server {
 
 /// Orders in a SQLite file, idempotency records in Redis under a prefix of the test's own.
 async fn redis() -> Server {
-    let url = common::redis_url();
-    let keys = common::RedisKeys::new(std::slice::from_ref(&url));
-    let store = idem::RedisStore::builder()
-        .prefix(keys.prefix.clone())
-        .connect(&url)
-        .await
-        .expect("connect to Redis");
+    let (keys, store) = common::redis_store().await;
     let file = common::SqliteFile::new();
     let (router, _, completer) = app::build(&file.url, Some(store), None)
         .await

@@ -1587,13 +1587,7 @@ async fn storm_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
 async fn storm_redis() {
-    let url = common::redis_url();
-    let keys = common::RedisKeys::new(std::slice::from_ref(&url));
-    let store = idem::RedisStore::builder()
-        .prefix(keys.prefix.clone())
-        .connect(&url)
-        .await
-        .expect("connect to Redis");
+    let (_keys, store) = common::redis_store().await;
     storm(store).await;
 }
 

@@ -1073,12 +1073,6 @@ async fn the_futures_of_a_guarded_call_stay_small_on_mysql() {
 #[tokio::test]
 #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
 async fn the_futures_of_a_guarded_call_stay_small_on_redis() {
-    let url = common::redis_url();
-    let keys = common::RedisKeys::new(std::slice::from_ref(&url));
-    let store = idem::RedisStore::builder()
-        .prefix(keys.prefix.clone())
-        .connect(&url)
-        .await
-        .unwrap();
+    let (_keys, store) = common::redis_store().await;
     futures_stay_small(store, "redis").await;
 }

@@ -359,6 +359,19 @@ pub fn redis_url() -> String {
     }
 }
 
+/// A store on the standalone Redis of [`redis_url`], under a key prefix of the test's own, and
+/// the prefix, whose keys go when it is dropped: keep it for as long as the store.
+pub async fn redis_store() -> (RedisKeys, idem::RedisStore) {
+    let url = redis_url();
+    let keys = RedisKeys::new(std::slice::from_ref(&url));
+    let store = idem::RedisStore::builder()
+        .prefix(keys.prefix.clone())
+        .connect(&url)
+        .await
+        .expect("connect to Redis");
+    (keys, store)
+}
+
 /// The nodes of a Redis (or Valkey) Cluster for tests: `IDEM_REDIS_CLUSTER`, comma-separated
 /// URLs. Tests that call this carry `#[cfg_attr(not(idem_redis_cluster), ignore = "…")]`.
 pub fn redis_cluster() -> Vec<String> {
