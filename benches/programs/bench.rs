@@ -4,6 +4,8 @@
 //! ```text
 //! cargo run --release --example bench -- --store sqlite|postgres|mysql|memory|redis --concurrency N --seconds S
 //!     [--rounds R]     rounds of every variant, interleaved (default 3)
+//!     [--calls N]      N calls of each variant per round instead of `--seconds` of them (for
+//!                      `benches/sql_instructions.sh`, which counts instructions per call)
 //!     [--variants a,b] only these variants (unguarded always runs: ratios are against it)
 //!     [--read-first true|false] SQLite: claims always (never) read on the readers first
 //!                      (`SqliteStoreBuilder::read_first`; default: the store chooses as it goes)
@@ -669,6 +671,8 @@ struct Args {
     store: String,
     concurrency: usize,
     seconds: f64,
+    /// A fixed number of calls per variant and round instead of `seconds`.
+    calls: Option<u64>,
     rounds: usize,
     only: Option<Vec<String>>,
     read_first: Option<bool>,
@@ -681,7 +685,7 @@ struct Args {
 
 const USAGE: &str = "\
 usage: bench --store sqlite|postgres|mysql|memory|redis [--concurrency N] [--seconds S] [--rounds R]
-             [--variants a,b] [--read-first true|false] [--probe-first true|false] [--group-wait-us N] [--group-min N]
+             [--calls N] [--variants a,b] [--read-first true|false] [--probe-first true|false] [--group-wait-us N] [--group-min N]
              [--ping-always true|false] [--sqlite-group-commit true|false]
 (what each variant measures: the header of benches/programs/bench.rs)";
 
@@ -690,6 +694,7 @@ fn args() -> Args {
         store: "sqlite".into(),
         concurrency: 8,
         seconds: 2.0,
+        calls: None,
         rounds: 3,
         only: None,
         read_first: None,
@@ -709,6 +714,7 @@ fn args() -> Args {
             "--store" => a.store = value,
             "--concurrency" => a.concurrency = value.parse().expect("--concurrency N"),
             "--seconds" => a.seconds = value.parse().expect("--seconds S"),
+            "--calls" => a.calls = Some(value.parse().expect("--calls N")),
             "--rounds" => a.rounds = value.parse().expect("--rounds R"),
             "--variants" => a.only = Some(value.split(',').map(str::to_owned).collect()),
             "--read-first" => a.read_first = Some(value.parse().expect("--read-first true|false")),
@@ -768,14 +774,25 @@ async fn run_variant(
     tally: &mut Tally,
 ) {
     let deadline = Instant::now() + Duration::from_secs_f64(a.seconds);
+    // With `--calls`, the tasks share a count of the calls left instead.
+    let left = Arc::new(AtomicU64::new(a.calls.unwrap_or(0)));
+    let fixed = a.calls.is_some();
     let (cpu_before, redis_before) = (process_cpu(), target.redis_cpu().await);
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..a.concurrency {
-        let (target, counter) = (target.clone(), counter.clone());
+        let (target, counter, left) = (target.clone(), counter.clone(), left.clone());
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
-            while Instant::now() < deadline {
+            let more = || {
+                if fixed {
+                    left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                        .is_ok()
+                } else {
+                    Instant::now() < deadline
+                }
+            };
+            while more() {
                 let n = counter.fetch_add(1, Ordering::Relaxed);
                 let t = Instant::now();
                 target
