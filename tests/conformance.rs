@@ -513,6 +513,81 @@ mod older_tables {
         store.migrate().await.unwrap();
     }
 
+    /// A SQLite table of the first format as it was created before its check on `state` was
+    /// written as comparisons (an `IN` list, which SQLite evaluates through a temporary table on
+    /// every write that sets the state) is rebuilt with today's check when a store opens it:
+    /// its records kept and answered, its indexes there, the check still refusing a state
+    /// outside the list.
+    #[tokio::test]
+    async fn sqlite_with_the_state_check_as_a_list() {
+        use idem::store::schema::SQLITE_RECORDS;
+        const LIST: &str = "state IN ('in_progress', 'completed', 'released', 'parked')";
+        const COMPARISONS: &str = "state = 'in_progress' OR state = 'completed' \
+            OR state = 'released' OR state = 'parked'";
+        let file = crate::SqliteFile::new();
+        let old = idem::SqliteStore::builder()
+            .create_table(false)
+            .connect(&file.url)
+            .await
+            .unwrap();
+        let ddl = SQLITE_RECORDS[0].replace(COMPARISONS, LIST);
+        assert_ne!(
+            ddl, SQLITE_RECORDS[0],
+            "today's check is written as comparisons"
+        );
+        for stmt in std::iter::once(ddl.as_str()).chain(SQLITE_RECORDS[1..].iter().copied()) {
+            sqlx::query(sqlx::AssertSqlSafe(stmt.to_owned()))
+                .execute(old.pool())
+                .await
+                .unwrap();
+        }
+        let f = Fingerprint::of("before").unwrap();
+        let before = BeginRequest::new("t", "k-before", &f, &Policy::DEFAULT);
+        let BeginOutcome::Claimed(c) = old.begin(before).await.unwrap() else {
+            panic!("a first claim")
+        };
+        let answer = idem::StoredResponse::ok(b"kept".to_vec());
+        old.complete(
+            ClaimRef {
+                scope: "t",
+                key: "k-before",
+                fence: c.fence,
+            },
+            &answer,
+        )
+        .await
+        .unwrap();
+        drop(old);
+
+        let store = idem::SqliteStore::connect(&file.url).await.unwrap();
+        let sql: String = sqlx::query_scalar(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'idem_records'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        assert!(sql.contains(COMPARISONS), "{sql}");
+        let indexes: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = 'idem_records' \
+             AND sql IS NOT NULL",
+        )
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(indexes, SQLITE_RECORDS.len() as i64 - 1, "{sql}");
+        match store.begin(before).await.unwrap() {
+            BeginOutcome::Replay(stored) => assert_eq!(stored.body.as_ref(), b"kept"),
+            other => panic!("the record written before is replayed, not {other:?}"),
+        }
+        let refused = sqlx::query("UPDATE idem_records SET state = 'done' WHERE key = 'k-before'")
+            .execute(store.pool())
+            .await;
+        assert!(refused.is_err(), "a state outside the list is refused");
+        attempts_work(&store).await;
+        // Migrating again changes nothing.
+        store.migrate().await.unwrap();
+    }
+
     #[tokio::test]
     #[cfg_attr(
         not(idem_postgres),

@@ -45,3 +45,20 @@ CREATE TABLE idem_pgbench.records_no_retention_index (
 ) WITH (fillfactor = 80);
 CREATE INDEX ON idem_pgbench.records_no_retention_index (resume_at) WHERE resume_at IS NOT NULL;
 CREATE INDEX ON idem_pgbench.records_no_retention_index (fence) WHERE request IS NOT NULL OR note IS NOT NULL;
+-- records_now with its retention index spread over sixteen parts, each in order, so that
+-- concurrent claims do not all insert at the right edge of one B-tree: by a hash of the key
+-- (pair_records_bucketed.sql) and by the fence (pair_records_fencebucket.sql).
+CREATE TABLE idem_pgbench.records_bucketed (
+    LIKE idem_pgbench.records_now INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
+    PRIMARY KEY (scope, key)
+) WITH (fillfactor = 80);
+CREATE INDEX ON idem_pgbench.records_bucketed ((hashtext(key) & 15), expires_at);
+CREATE INDEX ON idem_pgbench.records_bucketed (resume_at) WHERE resume_at IS NOT NULL;
+CREATE INDEX ON idem_pgbench.records_bucketed (fence) WHERE request IS NOT NULL OR note IS NOT NULL;
+CREATE TABLE idem_pgbench.records_fencebucket (
+    LIKE idem_pgbench.records_now INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
+    PRIMARY KEY (scope, key)
+) WITH (fillfactor = 80);
+CREATE INDEX ON idem_pgbench.records_fencebucket ((fence & 15), expires_at);
+CREATE INDEX ON idem_pgbench.records_fencebucket (resume_at) WHERE resume_at IS NOT NULL;
+CREATE INDEX ON idem_pgbench.records_fencebucket (fence) WHERE request IS NOT NULL OR note IS NOT NULL;

@@ -15,8 +15,8 @@ use crate::error::{Error, Result};
 use crate::record::{BeginOutcome, BeginRequest, ClaimRef, StoredResponse};
 use crate::store::schema::Database;
 use crate::store::sql::{
-    self, AddColumn, Arg, Dialect, Engine, GroupCommitStats, SqlKind, SqlStoreBuilder, Stmt, Types,
-    map_err,
+    self, AddColumn, Arg, Dialect, Engine, FenceFrom, GroupCommitStats, SqlKind, SqlStoreBuilder,
+    Stmt, Types, map_err,
 };
 use crate::store::{Operation, Reply, Store, TxStore};
 
@@ -49,6 +49,25 @@ impl Dialect for Lite {
     // A transaction that writes takes the write lock up front: two that started reading could
     // otherwise deadlock upgrading their locks.
     const BEGIN: Option<&'static str> = Some("BEGIN IMMEDIATE");
+
+    fn returning(update: String, _t: &str, columns: &str, fence: FenceFrom) -> Stmt {
+        match (columns, fence) {
+            // A fenced write answers only whether it matched: `changes()` says so
+            // (`write_fenced`). `RETURNING` would cost SQLite a temporary table each time, to
+            // hold the rows it returns.
+            ("fence", FenceFrom::Arg(_)) => Stmt::plain(update),
+            _ => Stmt::plain(format!("{update} RETURNING {columns}")),
+        }
+    }
+
+    fn write_fenced<'a>(
+        conn: &'a mut SqliteConnection,
+        sql: &'a Stmt,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = Result<bool>> + Send + 'a {
+        let matched = Self::execute(conn, sql, args);
+        async move { Ok(matched.await? > 0) }
+    }
 
     fn after(param: &str) -> String {
         format!("{NOW} + {param}")
@@ -104,12 +123,13 @@ impl Dialect for Lite {
     }
 
     fn allow_states(t: &str, table: &str, _states: &str) -> Option<(Stmt, Vec<Stmt>)> {
-        // SQLite cannot alter a check: a table created before `parked` was a state is rebuilt
-        // with today's DDL, its rows copied, in the migration's transaction. `table` is a
-        // checked identifier, so it can stand in a string literal.
+        // SQLite cannot alter a check: a table created before `parked` was a state, or before
+        // the check was written as comparisons (see `SQLITE_RECORDS`), is rebuilt with today's
+        // DDL, its rows copied, in the migration's transaction. `table` is a checked
+        // identifier, so it can stand in a string literal.
         let probe = format!(
             "SELECT count(*) AS present FROM sqlite_master \
-             WHERE type = 'table' AND name = '{table}' AND sql LIKE '%parked%'"
+             WHERE type = 'table' AND name = '{table}' AND sql LIKE '%OR state = ''parked''%'"
         );
         let new = format!("{table}__idem_rebuild");
         let mut widen = Vec::new();

@@ -219,6 +219,17 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
         sql: &'a Stmt,
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = Result<u64>> + Send + 'a;
+
+    /// Runs the fenced write `sql` (made by [`returning`](Self::returning) with
+    /// [`FenceFrom::Arg`]) with `args` on `conn`: whether it matched its record.
+    fn write_fenced<'a>(
+        conn: &'a mut <Self::Db as sqlx::Database>::Connection,
+        sql: &'a Stmt,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = Result<bool>> + Send + 'a {
+        let row = Self::fetch(conn, sql, args);
+        async move { Ok(row.await?.is_some()) }
+    }
 }
 
 /// A step that brings a table created earlier up to date (a column or an index it lacks): the

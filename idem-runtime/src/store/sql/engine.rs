@@ -462,7 +462,10 @@ impl<D: Dialect> Engine<D> {
             Arg::Bool(response.is_error),
             Arg::Bytes(&response.body),
         ];
-        owned(D::fetch(conn, &self.sql.complete, &args).await?, claim)
+        owned(
+            D::write_fenced(conn, &self.sql.complete, &args).await?,
+            claim,
+        )
     }
 
     pub(crate) async fn complete(
@@ -477,7 +480,10 @@ impl<D: Dialect> Engine<D> {
     pub(crate) async fn release(&self, claim: ClaimRef<'_>) -> Result<()> {
         let args = fenced_args(claim);
         let mut conn = self.write_conn().await?;
-        owned(D::fetch(&mut conn, &self.sql.release, &args).await?, claim)
+        owned(
+            D::write_fenced(&mut conn, &self.sql.release, &args).await?,
+            claim,
+        )
     }
 
     pub(crate) async fn checkpoint(
@@ -496,7 +502,7 @@ impl<D: Dialect> Engine<D> {
         ];
         let mut conn = self.write_conn().await?;
         owned(
-            D::fetch(&mut conn, &self.sql.checkpoint, &args).await?,
+            D::write_fenced(&mut conn, &self.sql.checkpoint, &args).await?,
             claim,
         )
     }
@@ -505,7 +511,10 @@ impl<D: Dialect> Engine<D> {
         let [scope, key, fence] = fenced_args(claim);
         let args = [scope, key, fence, Arg::Int(ms(lease))];
         let mut conn = self.write_conn().await?;
-        owned(D::fetch(&mut conn, &self.sql.renew, &args).await?, claim)
+        owned(
+            D::write_fenced(&mut conn, &self.sql.renew, &args).await?,
+            claim,
+        )
     }
 
     /// Every operation but `begin`, where the databases differ and each store answers itself:
@@ -603,8 +612,11 @@ impl<D: Dialect> Engine<D> {
                 let [scope, key, fence] = fenced_args(claim);
                 let args = [scope, key, fence, Arg::Text(note), Arg::Int(ms(resume_in))];
                 let mut conn = self.write_conn().await?;
-                owned(D::fetch(&mut conn, &self.sql.suspend, &args).await?, claim)
-                    .map(|()| Reply::Done)
+                owned(
+                    D::write_fenced(&mut conn, &self.sql.suspend, &args).await?,
+                    claim,
+                )
+                .map(|()| Reply::Done)
             }
             Operation::Due { limit } => {
                 let args = [Arg::Int(i64::try_from(limit).unwrap_or(i64::MAX))];
@@ -619,8 +631,11 @@ impl<D: Dialect> Engine<D> {
                 let [scope, key, fence] = fenced_args(claim);
                 let args = [scope, key, fence, Arg::Text(note)];
                 let mut conn = self.write_conn().await?;
-                owned(D::fetch(&mut conn, &self.sql.park, &args).await?, claim)
-                    .map(|()| Reply::Done)
+                owned(
+                    D::write_fenced(&mut conn, &self.sql.park, &args).await?,
+                    claim,
+                )
+                .map(|()| Reply::Done)
             }
             Operation::Retry { scope, key } => {
                 let args = [Arg::Text(scope), Arg::Text(key)];
@@ -758,10 +773,10 @@ pub(super) fn fenced_args<'a>(claim: ClaimRef<'a>) -> [Arg<'a>; 3] {
 
 /// A fenced write's answer: it returned the row (the claim was live and ours), or the fence is
 /// lost.
-pub(super) fn owned<R>(row: Option<R>, claim: ClaimRef<'_>) -> Result<()> {
-    match row {
-        Some(_) => Ok(()),
-        None => Err(Error::FenceLost { fence: claim.fence }),
+pub(super) fn owned(matched: bool, claim: ClaimRef<'_>) -> Result<()> {
+    match matched {
+        true => Ok(()),
+        false => Err(Error::FenceLost { fence: claim.fence }),
     }
 }
 

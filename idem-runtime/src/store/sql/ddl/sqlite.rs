@@ -6,13 +6,15 @@ use super::{PARKED_INDEX, PENDING_INDEX, RESUME_INDEX, SENT_INDEX, WORK_INDEX};
 /// `resume_at`, and of the records that may hold unfinished work. Timestamps are
 /// integer milliseconds since the Unix epoch, read from SQLite's own clock. A comment in the
 /// table's definition, which SQLite keeps, names the [format](super::RECORDS_FORMAT) of its
-/// records.
+/// records. The check on `state` is written as comparisons, not `IN (…)`: SQLite evaluates an
+/// `IN` list of more than two values through a temporary table, which every write that sets
+/// the state would build again.
 pub const SQLITE_RECORDS: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS \"idem_records\" ( -- idem records, format 1
     scope TEXT NOT NULL,
     key TEXT NOT NULL,
     fingerprint BLOB NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('in_progress', 'completed', 'released', 'parked')),
+    state TEXT NOT NULL CHECK (state = 'in_progress' OR state = 'completed' OR state = 'released' OR state = 'parked'),
     fence INTEGER NOT NULL,
     lease_until INTEGER NOT NULL,
     expires_at INTEGER NOT NULL,
