@@ -7,7 +7,7 @@ use super::{PARKED_INDEX, PENDING_INDEX, RESUME_INDEX, SENT_INDEX, WORK_INDEX};
 /// integer milliseconds since the Unix epoch, read from SQLite's own clock. A comment in the
 /// table's definition, which SQLite keeps, names the [format](super::RECORDS_FORMAT) of its
 /// records. The check on `state` is written as comparisons, not `IN (…)`: SQLite evaluates an
-/// `IN` list of more than two values through a temporary table, which every write that sets
+/// `IN` list of more than two values through a temporary index, which every write that sets
 /// the state would build again.
 pub const SQLITE_RECORDS: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS \"idem_records\" ( -- idem records, format 1
