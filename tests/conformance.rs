@@ -497,15 +497,27 @@ mod older_tables {
         );
     }
 
-    #[tokio::test]
-    async fn sqlite() {
+    /// A SQLite file with the records table `ddl` creates, as an earlier version created it,
+    /// and a store on it that does not migrate.
+    async fn sqlite_created_by(ddl: &[&str]) -> (crate::SqliteFile, idem::SqliteStore) {
         let file = crate::SqliteFile::new();
         let old = idem::SqliteStore::builder()
             .create_table(false)
             .connect(&file.url)
             .await
             .unwrap();
-        sqlx::query(OLD_SQLITE).execute(old.pool()).await.unwrap();
+        for stmt in ddl {
+            sqlx::query(sqlx::AssertSqlSafe(stmt.to_string()))
+                .execute(old.pool())
+                .await
+                .unwrap();
+        }
+        (file, old)
+    }
+
+    #[tokio::test]
+    async fn sqlite() {
+        let (file, old) = sqlite_created_by(&[OLD_SQLITE]).await;
         drop(old);
         let store = idem::SqliteStore::connect(&file.url).await.unwrap();
         attempts_work(&store).await;
@@ -514,7 +526,7 @@ mod older_tables {
     }
 
     /// A SQLite table of the first format as it was created before its check on `state` was
-    /// written as comparisons (an `IN` list, which SQLite evaluates through a temporary table on
+    /// written as comparisons (an `IN` list, which SQLite evaluates through a temporary index on
     /// every write that sets the state) is rebuilt with today's check when a store opens it:
     /// its records kept and answered, its indexes there, the check still refusing a state
     /// outside the list.
@@ -524,23 +536,15 @@ mod older_tables {
         const LIST: &str = "state IN ('in_progress', 'completed', 'released', 'parked')";
         const COMPARISONS: &str = "state = 'in_progress' OR state = 'completed' \
             OR state = 'released' OR state = 'parked'";
-        let file = crate::SqliteFile::new();
-        let old = idem::SqliteStore::builder()
-            .create_table(false)
-            .connect(&file.url)
-            .await
-            .unwrap();
         let ddl = SQLITE_RECORDS[0].replace(COMPARISONS, LIST);
         assert_ne!(
             ddl, SQLITE_RECORDS[0],
             "today's check is written as comparisons"
         );
-        for stmt in std::iter::once(ddl.as_str()).chain(SQLITE_RECORDS[1..].iter().copied()) {
-            sqlx::query(sqlx::AssertSqlSafe(stmt.to_owned()))
-                .execute(old.pool())
-                .await
-                .unwrap();
-        }
+        let old_ddl: Vec<&str> = std::iter::once(ddl.as_str())
+            .chain(SQLITE_RECORDS[1..].iter().copied())
+            .collect();
+        let (file, old) = sqlite_created_by(&old_ddl).await;
         let f = Fingerprint::of("before").unwrap();
         let before = BeginRequest::new("t", "k-before", &f, &Policy::DEFAULT);
         let BeginOutcome::Claimed(c) = old.begin(before).await.unwrap() else {
