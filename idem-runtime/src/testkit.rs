@@ -539,6 +539,29 @@ pub mod cases {
             BeginOutcome::Replay(r) => assert_eq!(r, answer),
             other => panic!("expected the first answer replayed, got {other:?}"),
         }
+        // An answer without a status (a consumer's) and an error's are recognised alike.
+        for (name, answer) in [
+            ("k-complete-twice-message", StoredResponse::ok(b"acked".to_vec())),
+            (
+                "k-complete-twice-error",
+                StoredResponse {
+                    status: Some(422),
+                    is_error: true,
+                    body: bytes::Bytes::from_static(b"refused"),
+                },
+            ),
+        ] {
+            let k = key(name);
+            let c = begin_claimed(env, req("s", &k, &f, &POLICY)).await;
+            complete_ok(env, claim("s", &k, c.fence), &answer).await;
+            complete_ok(env, claim("s", &k, c.fence), &answer).await;
+            let flipped = StoredResponse {
+                is_error: !answer.is_error,
+                ..answer.clone()
+            };
+            let done = env.store().complete(claim("s", &k, c.fence), &flipped).await;
+            assert!(matches!(done, Err(Error::FenceLost { .. })), "{done:?}");
+        }
     }
 
     /// See [`conformance_tests!`](crate::conformance_tests).

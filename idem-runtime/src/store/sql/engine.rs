@@ -462,10 +462,21 @@ impl<D: Dialect> Engine<D> {
             Arg::Bool(response.is_error),
             Arg::Bytes(&response.body),
         ];
-        owned(
-            D::write_fenced(conn, &self.sql.complete, &args).await?,
-            claim,
-        )
+        if D::write_fenced(conn, &self.sql.complete, &args).await? {
+            return Ok(());
+        }
+        // Not a live claim of this fence: the fence is lost, unless this very completion was
+        // made already and only its reply was lost (`Guard::finish` retries it then). Asked
+        // only here, so that a completion's own statement carries no second condition.
+        let made = D::fetch(conn, &self.sql.completed, &args).await?;
+        owned(made.is_some(), claim)
+    }
+
+    /// Runs the fenced write `stmt` with `args` on the writer: done when it matched the
+    /// claim's live record, [`Error::FenceLost`] when it did not.
+    async fn write_owned(&self, stmt: &Stmt, args: &[Arg<'_>], claim: ClaimRef<'_>) -> Result<()> {
+        let mut conn = self.write_conn().await?;
+        owned(D::write_fenced(&mut conn, stmt, args).await?, claim)
     }
 
     pub(crate) async fn complete(
@@ -479,11 +490,7 @@ impl<D: Dialect> Engine<D> {
 
     pub(crate) async fn release(&self, claim: ClaimRef<'_>) -> Result<()> {
         let args = fenced_args(claim);
-        let mut conn = self.write_conn().await?;
-        owned(
-            D::write_fenced(&mut conn, &self.sql.release, &args).await?,
-            claim,
-        )
+        self.write_owned(&self.sql.release, &args, claim).await
     }
 
     pub(crate) async fn checkpoint(
@@ -500,21 +507,13 @@ impl<D: Dialect> Engine<D> {
             Arg::Bytes(recovery_point),
             Arg::Int(ms(lease)),
         ];
-        let mut conn = self.write_conn().await?;
-        owned(
-            D::write_fenced(&mut conn, &self.sql.checkpoint, &args).await?,
-            claim,
-        )
+        self.write_owned(&self.sql.checkpoint, &args, claim).await
     }
 
     pub(crate) async fn renew(&self, claim: ClaimRef<'_>, lease: Duration) -> Result<()> {
         let [scope, key, fence] = fenced_args(claim);
         let args = [scope, key, fence, Arg::Int(ms(lease))];
-        let mut conn = self.write_conn().await?;
-        owned(
-            D::write_fenced(&mut conn, &self.sql.renew, &args).await?,
-            claim,
-        )
+        self.write_owned(&self.sql.renew, &args, claim).await
     }
 
     /// Every operation but `begin`, where the databases differ and each store answers itself:
@@ -611,11 +610,7 @@ impl<D: Dialect> Engine<D> {
             } => {
                 let [scope, key, fence] = fenced_args(claim);
                 let args = [scope, key, fence, Arg::Text(note), Arg::Int(ms(resume_in))];
-                let mut conn = self.write_conn().await?;
-                owned(
-                    D::write_fenced(&mut conn, &self.sql.suspend, &args).await?,
-                    claim,
-                )
+                self.write_owned(&self.sql.suspend, &args, claim).await
                 .map(|()| Reply::Done)
             }
             Operation::Due { limit } => {
@@ -630,11 +625,7 @@ impl<D: Dialect> Engine<D> {
             Operation::Park { claim, note } => {
                 let [scope, key, fence] = fenced_args(claim);
                 let args = [scope, key, fence, Arg::Text(note)];
-                let mut conn = self.write_conn().await?;
-                owned(
-                    D::write_fenced(&mut conn, &self.sql.park, &args).await?,
-                    claim,
-                )
+                self.write_owned(&self.sql.park, &args, claim).await
                 .map(|()| Reply::Done)
             }
             Operation::Retry { scope, key } => {

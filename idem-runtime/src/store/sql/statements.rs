@@ -19,6 +19,9 @@ pub(crate) struct Statements {
     pub(crate) select: Stmt,
     pub(super) reclaim: Stmt,
     pub(super) complete: Stmt,
+    /// The record completed already by the fence `$3` with the answer `$4`–`$6`: a retried
+    /// completion's, when `complete` matched nothing.
+    pub(super) completed: Stmt,
     pub(super) release: Stmt,
     pub(super) checkpoint: Stmt,
     pub(super) renew: Stmt,
@@ -241,17 +244,19 @@ impl Statements {
                 "fence, recovery_point, attempt",
                 FenceFrom::Set,
             ),
-            // A completion whose reply was lost after the database committed it is retried
-            // (`Guard::finish`): finding the record completed by this very fence with this very
-            // answer, the retry succeeds rather than report the fence lost for a completion
-            // that is in fact ours.
             complete: fenced(format!(
                 "UPDATE {t} SET state = '{completed}', response_status = $4, response_error = $5, \
                  response_body = $6, recovery_point = NULL, {no_work}, updated_at = {now} \
-                 WHERE scope = $1 AND key = $2 AND (({owned}) OR (fence = $3 \
+                 WHERE scope = $1 AND key = $2 AND {owned}"
+            )),
+            // A completion whose reply was lost after the database committed it is retried
+            // (`Guard::finish`): finding the record completed by this very fence with this very
+            // answer, the retry succeeds rather than report the fence lost for a completion
+            // that is in fact ours. Asked only when `complete` matched nothing.
+            completed: D::stmt(format!(
+                "SELECT fence FROM {t} WHERE scope = $1 AND key = $2 AND fence = $3 \
                  AND state = '{completed}' AND expires_at > {now} \
-                 AND response_status {} $4 AND response_error = $5 \
-                 AND response_body = $6))",
+                 AND response_status {} $4 AND response_error = $5 AND response_body = $6",
                 D::NULL_SAFE_EQ,
             )),
             release: fenced(format!(
