@@ -541,7 +541,10 @@ pub mod cases {
         }
         // An answer without a status (a consumer's) and an error's are recognised alike.
         for (name, answer) in [
-            ("k-complete-twice-message", StoredResponse::ok(b"acked".to_vec())),
+            (
+                "k-complete-twice-message",
+                StoredResponse::ok(b"acked".to_vec()),
+            ),
             (
                 "k-complete-twice-error",
                 StoredResponse {
@@ -559,7 +562,10 @@ pub mod cases {
                 is_error: !answer.is_error,
                 ..answer.clone()
             };
-            let done = env.store().complete(claim("s", &k, c.fence), &flipped).await;
+            let done = env
+                .store()
+                .complete(claim("s", &k, c.fence), &flipped)
+                .await;
             assert!(matches!(done, Err(Error::FenceLost { .. })), "{done:?}");
         }
     }

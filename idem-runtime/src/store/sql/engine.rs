@@ -610,8 +610,9 @@ impl<D: Dialect> Engine<D> {
             } => {
                 let [scope, key, fence] = fenced_args(claim);
                 let args = [scope, key, fence, Arg::Text(note), Arg::Int(ms(resume_in))];
-                self.write_owned(&self.sql.suspend, &args, claim).await
-                .map(|()| Reply::Done)
+                self.write_owned(&self.sql.suspend, &args, claim)
+                    .await
+                    .map(|()| Reply::Done)
             }
             Operation::Due { limit } => {
                 let args = [Arg::Int(i64::try_from(limit).unwrap_or(i64::MAX))];
@@ -625,8 +626,9 @@ impl<D: Dialect> Engine<D> {
             Operation::Park { claim, note } => {
                 let [scope, key, fence] = fenced_args(claim);
                 let args = [scope, key, fence, Arg::Text(note)];
-                self.write_owned(&self.sql.park, &args, claim).await
-                .map(|()| Reply::Done)
+                self.write_owned(&self.sql.park, &args, claim)
+                    .await
+                    .map(|()| Reply::Done)
             }
             Operation::Retry { scope, key } => {
                 let args = [Arg::Text(scope), Arg::Text(key)];
@@ -762,8 +764,8 @@ pub(super) fn fenced_args<'a>(claim: ClaimRef<'a>) -> [Arg<'a>; 3] {
     ]
 }
 
-/// A fenced write's answer: it returned the row (the claim was live and ours), or the fence is
-/// lost.
+/// A fenced write's answer: it matched the record (the claim was live and ours), or the fence
+/// is lost.
 pub(super) fn owned(matched: bool, claim: ClaimRef<'_>) -> Result<()> {
     match matched {
         true => Ok(()),
