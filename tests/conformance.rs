@@ -160,14 +160,31 @@ async fn redis_notify() -> Env<RedisStore> {
     Env::new(store).expires_by_itself().keep(keys)
 }
 
+/// Redis with every claim reading its record with `GET` first
+/// (`RedisStoreBuilder::read_first(true)`): each case's replays and refusals as a read answers
+/// them, and everything else through the script after the read.
+async fn redis_read_first() -> Env<RedisStore> {
+    let url = common::redis_url();
+    let keys = RedisKeys::new(std::slice::from_ref(&url));
+    let store = RedisStore::builder()
+        .prefix(keys.prefix.clone())
+        .read_first(true)
+        .connect(&url)
+        .await
+        .expect("connect to Redis");
+    Env::new(store).expires_by_itself().keep(keys)
+}
+
 /// The same on a cluster of three primaries (announcing with `PUBLISH`, which a cluster
-/// passes to every node).
+/// passes to every node), each claim reading with `GET` first, routed to its record's node,
+/// then running the script when the read does not answer.
 async fn redis_cluster() -> Env<RedisStore> {
     let nodes = common::redis_cluster();
     let keys = RedisKeys::new(&nodes);
     let store = RedisStore::builder()
         .prefix(keys.prefix.clone())
         .notify(true)
+        .read_first(true)
         .connect_cluster(&nodes)
         .await
         .expect("connect to the Redis cluster");
@@ -291,6 +308,13 @@ mod redis_notify {
     idem::testkit::conformance_tests!(
         #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
         super::redis_notify
+    );
+}
+
+mod redis_read_first {
+    idem::testkit::conformance_tests!(
+        #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
+        super::redis_read_first
     );
 }
 

@@ -239,10 +239,19 @@ async fn guarded(store: &RedisStore, order: &str, key: &str) -> Result<u32, Erro
 #[cfg_attr(not(idem_redis), ignore = "needs Redis: set IDEM_REDIS_URL=redis://…")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn values_that_are_not_our_records_are_store_errors_and_never_run_the_body() {
+    // Through the begin script alone, and with a `GET` first, which answers only a completed
+    // record of this identity and leaves everything else to the script.
+    for read_first in [false, true] {
+        values_that_are_not_our_records(read_first).await;
+    }
+}
+
+async fn values_that_are_not_our_records(read_first: bool) {
     let url = common::redis_url();
     let keys = RedisKeys::new(std::slice::from_ref(&url));
     let store = RedisStore::builder()
         .prefix(keys.prefix.clone())
+        .read_first(read_first)
         .connect(&url)
         .await
         .unwrap();
@@ -410,7 +419,9 @@ async fn values_that_are_not_our_records_are_store_errors_and_never_run_the_body
                 e.to_string().contains(&name),
                 "{what}: the error names the key: {e}"
             ),
-            other => panic!("{what}: expected a store error, got {other:?}"),
+            other => {
+                panic!("{what} (read first: {read_first}): expected a store error, got {other:?}")
+            }
         }
         assert_eq!(err.status(), 500, "{what}");
         let f = fp("x");
@@ -770,6 +781,131 @@ async fn a_flushed_script_cache_is_reloaded() {
         store.begin(req("s", "k", &f, &p)).await.unwrap(),
         BeginOutcome::Replay(_)
     ));
+}
+
+// ---- reads first ---------------------------------------------------------------------------------
+
+/// How many `GET`s and scripts the server ran since its counters were last reset, which this
+/// resets again. The server counts the commands a script runs too: the begin script reads the
+/// record with one `GET` of its own on these paths.
+async fn gets_and_scripts(conn: &mut redis::aio::MultiplexedConnection) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let calls = |name: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+            .map(|rest| rest.split(',').next().unwrap().parse().unwrap())
+            .unwrap_or(0)
+    };
+    let counted = (calls("get"), calls("evalsha") + calls("eval"));
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+        .unwrap();
+    counted
+}
+
+/// A replay read first is one `GET` and no script; a claim the read does not answer goes on to
+/// the script. Fixed on or off by the builder, or chosen as the store goes: on once replays are
+/// common, off again after a run of new keys.
+#[cfg_attr(
+    not(idem_redis_server),
+    ignore = "needs a redis-server binary to start private servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_are_read_with_a_get_while_replays_are_common() {
+    let bin = common::redis_server();
+    let server = PrivateRedis::start(bin, &[]);
+    let mut conn = raw(&server.url()).await;
+    let (f, other) = (fp("a"), fp("b"));
+    let p = Policy::DEFAULT;
+    for mode in [Some(true), Some(false), None] {
+        let mut builder = RedisStore::builder().prefix(format!("rf-{mode:?}:"));
+        if let Some(on) = mode {
+            builder = builder.read_first(on);
+        }
+        let store = builder.connect(&server.url()).await.unwrap();
+        let c = claimed(store.begin(req("s", "done", &f, &p)).await.unwrap());
+        let answer = StoredResponse::ok(b"first".to_vec());
+        store
+            .complete(claim("s", "done", c.fence), &answer)
+            .await
+            .unwrap();
+        let running = claimed(store.begin(req("s", "running", &f, &p)).await.unwrap());
+        gets_and_scripts(&mut conn).await;
+
+        for _ in 0..10 {
+            match store.begin(req("s", "done", &f, &p)).await.unwrap() {
+                BeginOutcome::Replay(r) => assert_eq!(r, answer, "{mode:?}"),
+                other => panic!("{mode:?}: expected the replay, got {other:?}"),
+            }
+        }
+        let replays = gets_and_scripts(&mut conn).await;
+        assert!(matches!(
+            store.begin(req("s", "done", &other, &p)).await.unwrap(),
+            BeginOutcome::KeyReused
+        ));
+        let reused = gets_and_scripts(&mut conn).await;
+        assert!(matches!(
+            store.begin(req("s", "running", &f, &p)).await.unwrap(),
+            BeginOutcome::InProgress { .. }
+        ));
+        let in_progress = gets_and_scripts(&mut conn).await;
+        match mode {
+            Some(true) => {
+                assert_eq!(replays, (10, 0), "each replay one GET, no script");
+                assert_eq!(reused, (1, 0), "another body refused from the GET");
+                assert_eq!(
+                    in_progress,
+                    (2, 1),
+                    "a claim in progress: the GET, then the script"
+                );
+            }
+            Some(false) => {
+                assert_eq!(replays, (10, 10), "the script's own GETs only");
+                assert_eq!(reused, (1, 1));
+                assert_eq!(in_progress, (1, 1));
+            }
+            None => {
+                // Two new keys before: the first replay runs the script, and finding a
+                // completed record turns reads on for the rest.
+                assert_eq!(replays, (1 + 9, 1), "reads turn on once replays come");
+                assert_eq!(reused, (1, 0));
+                assert_eq!(in_progress, (2, 1));
+                // A run of new keys turns them off again.
+                for i in 0..100 {
+                    claimed(
+                        store
+                            .begin(req("s", &format!("new-{i}"), &f, &p))
+                            .await
+                            .unwrap(),
+                    );
+                }
+                gets_and_scripts(&mut conn).await;
+                for i in 100..110 {
+                    claimed(
+                        store
+                            .begin(req("s", &format!("new-{i}"), &f, &p))
+                            .await
+                            .unwrap(),
+                    );
+                }
+                assert_eq!(
+                    gets_and_scripts(&mut conn).await,
+                    (10, 10),
+                    "new keys go straight to the script"
+                );
+            }
+        }
+        store
+            .release(claim("s", "running", running.fence))
+            .await
+            .unwrap();
+    }
 }
 
 // ---- time --------------------------------------------------------------------------------------

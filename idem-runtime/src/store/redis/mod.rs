@@ -49,6 +49,14 @@
 //! Everything else goes through the full check of `record.lua`; `lookup`, inspection and listing
 //! read the value with the server's clock (`read.lua`) and decode it here, with the same checks.
 //!
+//! While recent claims keep finding a completed record (retries, redeliveries), `begin` reads
+//! first with a plain `GET`, as the SQL stores read first on their readers: a completed record
+//! is answered from it with the same checks, which costs the server a fraction of the script,
+//! and anything else (no record, a claim in progress, parked work, a value that is not a
+//! record) goes on to the script, which decides as always. While claims are new keys it runs
+//! the script at once, with no `GET` before it. [`RedisStoreBuilder::read_first`] fixes either
+//! order.
+//!
 //! # The completer's index
 //!
 //! [`Operation::Due`] cannot scan every record. Records that hold resumable work have an entry
@@ -132,6 +140,7 @@ use crate::record::{
     StoredResponse, Unfinished,
 };
 use crate::store;
+use crate::store::read_first::ReadFirst;
 use crate::store::{
     Changes, ForcedRelease, ListOrder, Operation, RecordInfo, Reply, Retried, Store, StoreStats,
 };
@@ -176,6 +185,9 @@ struct Scripts {
 /// their usual case (`begin_fast.lua`: a replay or a first claim; `complete_fast.lua`: a claim
 /// in progress under the caller's fence) before the prelude is even set up. `Script` keeps the SHA1,
 /// so the server is sent the hash, and the source only when it does not know the hash yet.
+/// How a completed record's value starts (`begin_fast.lua` answers such a record as it is).
+const COMPLETED: &[u8] = b"idem2 c ";
+
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     macro_rules! script {
         ($file:literal) => {
@@ -235,6 +247,9 @@ struct Inner {
     /// Where claims this store ends are announced: within the process, and with `PUBLISH`
     /// when built with [`notify`](RedisStoreBuilder::notify).
     changes: Changes,
+    /// Whether a claim first reads its record with a plain `GET`
+    /// ([`read_first`](RedisStoreBuilder::read_first)).
+    read_first: ReadFirst,
 }
 
 #[derive(Clone)]
@@ -244,6 +259,16 @@ enum Conn {
 }
 
 impl Conn {
+    /// The value of `key`, as `GET` answers it.
+    async fn get(&self, key: &str) -> Result<Value, RedisError> {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(key);
+        match self {
+            Conn::Standalone(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+
     async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> Result<Value, RedisError> {
         match self {
             Conn::Standalone(c) => invocation.invoke_async(&mut c.clone()).await,
@@ -275,6 +300,7 @@ pub struct RedisStoreBuilder {
     connection_timeout: Duration,
     response_timeout: Duration,
     notify: bool,
+    read_first: Option<bool>,
 }
 
 impl Default for RedisStoreBuilder {
@@ -285,6 +311,7 @@ impl Default for RedisStoreBuilder {
             connection_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(2),
             notify: false,
+            read_first: None,
         }
     }
 }
@@ -318,6 +345,23 @@ impl RedisStoreBuilder {
     /// why a claim whose answer was lost is seen as in progress until its lease ends.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
+        self
+    }
+
+    /// Whether a claim always (`true`) or never (`false`) first reads its record with a plain
+    /// `GET`, and answers a replay (or "key reused") from it: a replay is then one `GET`, which
+    /// costs the server several times less than the claim's script, and a new key a `GET`
+    /// more (that finds nothing) before the script. Anything but a completed record (a claim in
+    /// progress, parked work, a value that is not a record) goes on to the script, which
+    /// decides as it always does.
+    ///
+    /// By default the store chooses as it goes, as the SQL stores do
+    /// (`SqlStoreBuilder::read_first`): it runs
+    /// the script first while claims are new keys, and reads first while recent claims found a
+    /// completed record (more than about one in nine). Fix it here for a workload known in
+    /// advance.
+    pub fn read_first(mut self, read_first: bool) -> Self {
+        self.read_first = Some(read_first);
         self
     }
 
@@ -389,6 +433,10 @@ impl RedisStoreBuilder {
                 conn,
                 prefix: self.prefix,
                 changes,
+                read_first: match self.read_first {
+                    Some(on) => ReadFirst::always(on),
+                    None => ReadFirst::adaptive(),
+                },
             }),
         })
     }
@@ -942,8 +990,37 @@ impl RedisStore {
             .arg(claim.fence)
     }
 
+    /// A completed record, as `GET` or the begin script answered it: checked here whole, then
+    /// replayed or refused.
+    fn answer_completed(&self, value: &[u8], req: &BeginRequest<'_>) -> Result<BeginOutcome> {
+        let record = self.unpack(value, req.scope, req.key)?;
+        match record.response {
+            Some(response) if record.fingerprint == *req.fingerprint => {
+                Ok(BeginOutcome::Replay(response))
+            }
+            Some(_) => Ok(BeginOutcome::KeyReused),
+            None => Err(protocol("a record marked completed without its answer")),
+        }
+    }
+
     async fn run_begin(&self, req: BeginRequest<'_>) -> Result<BeginOutcome> {
         let name = self.record_key(req.scope, req.key);
+        let read_first = &self.inner.read_first;
+        let read = read_first.now();
+        if read {
+            match self.inner.conn.get(&name).await {
+                // A completed record, exactly what the script would answer with.
+                Ok(Value::BulkString(value)) if value.starts_with(COMPLETED) => {
+                    read_first.answered();
+                    return self.answer_completed(&value, &req);
+                }
+                // The server is not there, or not ready: the script would fail alike.
+                Err(e) if is_transient(&e) => return Err(map_err(e)),
+                // Nothing, a claim, or a value that is not a string (a `WRONGTYPE` refusal):
+                // the script decides, and names what is wrong.
+                _ => read_first.missed(),
+            }
+        }
         if req.request.is_some() {
             // Before the record: a claim that is written must have its entry.
             self.index_set(&name, IndexAt::In(req.policy.lease)).await?;
@@ -967,20 +1044,20 @@ impl RedisStore {
         let reply = match self.inner.conn.invoke(&inv).await.map_err(map_err)? {
             // A completed record, as it is: checked here whole, then replayed or refused.
             Value::BulkString(value) => {
-                let record = self.unpack(&value, req.scope, req.key)?;
-                return match record.response {
-                    Some(response) if record.fingerprint == *req.fingerprint => {
-                        Ok(BeginOutcome::Replay(response))
-                    }
-                    Some(_) => Ok(BeginOutcome::KeyReused),
-                    None => Err(protocol("the begin script answered a record not completed")),
-                };
+                if !read {
+                    read_first.answered();
+                }
+                return self.answer_completed(&value, &req);
             }
             Value::Array(items) => items,
             other => {
                 return Err(protocol(format!("the begin script answered {other:?}")));
             }
         };
+        if !read {
+            // Only a completed record would have been answered by a read.
+            read_first.missed();
+        }
         match tag(&reply)? {
             1 => {
                 let claimed = Claimed {

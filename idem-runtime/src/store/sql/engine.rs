@@ -1,6 +1,5 @@
 //! The engine of the SQL stores: its pools and statements, `begin` and the fenced writes, and the rows it reads.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -18,6 +17,7 @@ use crate::store::{
 };
 
 use super::*;
+pub(crate) use crate::store::read_first::ReadFirst;
 
 /// How often `begin` looks again when concurrent attempts keep changing the record under it.
 pub(crate) const ATTEMPTS: usize = 8;
@@ -147,64 +147,6 @@ pub(crate) fn next(req: &BeginRequest<'_>, cur: &CurRow) -> Result<Next> {
         Decision::KeyReused => Next::Answer(BeginOutcome::KeyReused),
         Decision::Parked => Next::Answer(BeginOutcome::Parked),
     })
-}
-
-/// Whether a claim reads the record on the readers before it writes. Reading first answers a
-/// replay without the writer (one reader statement) and costs a new key a statement more (the
-/// read that finds nothing, then the insert); inserting first is the reverse. Unless the
-/// builder fixed it, the store reads first while recent claims found their record often
-/// enough to pay for the reads: a score that a claim which found its record raises by
-/// [`ReadFirst::FOUND`] and one that did not lowers by one, so reads stay on while more than
-/// about one claim in `FOUND + 1` is a replay (or a refusal), and a run of new keys turns
-/// them off within a few claims.
-pub(crate) struct ReadFirst {
-    pub(super) always: Option<bool>,
-    pub(super) score: AtomicU32,
-}
-
-impl ReadFirst {
-    pub(super) const FOUND: u32 = 8;
-    pub(super) const CAP: u32 = 64;
-
-    pub(crate) fn adaptive() -> ReadFirst {
-        ReadFirst {
-            always: None,
-            score: AtomicU32::new(0),
-        }
-    }
-
-    pub(crate) fn always(on: bool) -> ReadFirst {
-        ReadFirst {
-            always: Some(on),
-            score: AtomicU32::new(0),
-        }
-    }
-
-    /// Whether this claim should read first.
-    pub(crate) fn now(&self) -> bool {
-        self.always
-            .unwrap_or_else(|| self.score.load(Ordering::Relaxed) > 0)
-    }
-
-    /// A claim found its record (on a reader, or under its insert).
-    pub(super) fn answered(&self) {
-        if self.always.is_none() {
-            let _ = self
-                .score
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
-                    (s < Self::CAP).then(|| (s + Self::FOUND).min(Self::CAP))
-                });
-        }
-    }
-
-    /// A claim found no record to answer from.
-    pub(crate) fn missed(&self) {
-        if self.always.is_none() {
-            let _ = self
-                .score
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| s.checked_sub(1));
-        }
-    }
 }
 
 /// One SQL store: its pools and statements. `PgStore` and `SqliteStore` each hold one.
