@@ -181,13 +181,13 @@ struct Scripts {
     index: Script,
 }
 
+/// How a completed record's value starts (`begin_fast.lua` answers such a record as it is).
+const COMPLETED: &[u8] = b"idem2 c ";
+
 /// Each script is the shared prelude followed by its own body; `begin` and `complete` first try
 /// their usual case (`begin_fast.lua`: a replay or a first claim; `complete_fast.lua`: a claim
 /// in progress under the caller's fence) before the prelude is even set up. `Script` keeps the SHA1,
 /// so the server is sent the hash, and the source only when it does not know the hash yet.
-/// How a completed record's value starts (`begin_fast.lua` answers such a record as it is).
-const COMPLETED: &[u8] = b"idem2 c ";
-
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     macro_rules! script {
         ($file:literal) => {
@@ -356,10 +356,9 @@ impl RedisStoreBuilder {
     /// decides as it always does.
     ///
     /// By default the store chooses as it goes, as the SQL stores do
-    /// (`SqlStoreBuilder::read_first`): it runs
-    /// the script first while claims are new keys, and reads first while recent claims found a
-    /// completed record (more than about one in nine). Fix it here for a workload known in
-    /// advance.
+    /// (`SqlStoreBuilder::read_first`): it runs the script first while claims are new keys,
+    /// and reads first while recent claims found a completed record (more than about one in
+    /// nine). Fix it here for a workload known in advance.
     pub fn read_first(mut self, read_first: bool) -> Self {
         self.read_first = Some(read_first);
         self
