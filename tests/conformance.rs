@@ -149,14 +149,7 @@ async fn redis() -> Env<RedisStore> {
 
 /// Redis with each claim's end announced with `PUBLISH`.
 async fn redis_notify() -> Env<RedisStore> {
-    let url = common::redis_url();
-    let keys = RedisKeys::new(std::slice::from_ref(&url));
-    let store = RedisStore::builder()
-        .prefix(keys.prefix.clone())
-        .notify(true)
-        .connect(&url)
-        .await
-        .expect("connect to Redis");
+    let (keys, store) = common::redis_store_with(|builder| builder.notify(true)).await;
     Env::new(store).expires_by_itself().keep(keys)
 }
 
@@ -164,27 +157,29 @@ async fn redis_notify() -> Env<RedisStore> {
 /// (`RedisStoreBuilder::read_first(true)`): each case's replays and refusals as a read answers
 /// them, and everything else through the script after the read.
 async fn redis_read_first() -> Env<RedisStore> {
-    let url = common::redis_url();
-    let keys = RedisKeys::new(std::slice::from_ref(&url));
-    let store = RedisStore::builder()
-        .prefix(keys.prefix.clone())
-        .read_first(true)
-        .connect(&url)
-        .await
-        .expect("connect to Redis");
+    let (keys, store) = common::redis_store_with(|builder| builder.read_first(true)).await;
     Env::new(store).expires_by_itself().keep(keys)
 }
 
 /// The same on a cluster of three primaries (announcing with `PUBLISH`, which a cluster
-/// passes to every node), each claim reading with `GET` first, routed to its record's node,
-/// then running the script when the read does not answer.
+/// passes to every node), each claim running the script on its record's node.
 async fn redis_cluster() -> Env<RedisStore> {
+    redis_cluster_with(false).await
+}
+
+/// The cluster with each claim reading with `GET` first, routed to its record's node, then
+/// running the script when the read does not answer.
+async fn redis_cluster_read_first() -> Env<RedisStore> {
+    redis_cluster_with(true).await
+}
+
+async fn redis_cluster_with(read_first: bool) -> Env<RedisStore> {
     let nodes = common::redis_cluster();
     let keys = RedisKeys::new(&nodes);
     let store = RedisStore::builder()
         .prefix(keys.prefix.clone())
         .notify(true)
-        .read_first(true)
+        .read_first(read_first)
         .connect_cluster(&nodes)
         .await
         .expect("connect to the Redis cluster");
@@ -325,6 +320,16 @@ mod redis_cluster_store {
             ignore = "needs a Redis Cluster: set IDEM_REDIS_CLUSTER=redis://host:port,…"
         )]
         super::redis_cluster
+    );
+}
+
+mod redis_cluster_read_first {
+    idem::testkit::conformance_tests!(
+        #[cfg_attr(
+            not(idem_redis_cluster),
+            ignore = "needs a Redis Cluster: set IDEM_REDIS_CLUSTER=redis://host:port,…"
+        )]
+        super::redis_cluster_read_first
     );
 }
 

@@ -362,9 +362,16 @@ pub fn redis_url() -> String {
 /// A store on the standalone Redis of [`redis_url`], under a key prefix of the test's own, and
 /// the prefix, whose keys go when it is dropped: keep it for as long as the store.
 pub async fn redis_store() -> (RedisKeys, idem::RedisStore) {
+    redis_store_with(|builder| builder).await
+}
+
+/// [`redis_store`] with the builder's other options set by `options` (the prefix is set here).
+pub async fn redis_store_with(
+    options: impl FnOnce(idem::RedisStoreBuilder) -> idem::RedisStoreBuilder,
+) -> (RedisKeys, idem::RedisStore) {
     let url = redis_url();
     let keys = RedisKeys::new(std::slice::from_ref(&url));
-    let store = idem::RedisStore::builder()
+    let store = options(idem::RedisStore::builder())
         .prefix(keys.prefix.clone())
         .connect(&url)
         .await

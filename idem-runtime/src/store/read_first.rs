@@ -60,3 +60,70 @@ impl ReadFirst {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One claim as the stores score it (the SQL engine's `begin`, Redis's `run_begin`): a
+    /// read first while reads are on (which answers a found record), then the write (an insert,
+    /// the claim script), which finds the record or not; whether it read first.
+    fn claim(rf: &ReadFirst, found: bool) -> bool {
+        let read = rf.now();
+        if read {
+            if found {
+                rf.answered();
+                return true;
+            }
+            rf.missed();
+        }
+        if found {
+            rf.answered()
+        } else {
+            rf.missed()
+        }
+        read
+    }
+
+    /// Of `n` claims of which every `every`-th finds its record, how many read first.
+    fn reads(rf: &ReadFirst, n: usize, every: usize) -> usize {
+        (1..=n).filter(|i| claim(rf, i % every == 0)).count()
+    }
+
+    #[test]
+    fn reading_first_follows_the_share_of_claims_that_find_their_record() {
+        let rf = ReadFirst::adaptive();
+        assert!(!rf.now(), "a new store inserts first");
+        assert_eq!(reads(&rf, 100, usize::MAX), 0, "new keys never read first");
+        rf.answered();
+        assert!(rf.now(), "one record found turns reads on");
+        for _ in 0..ReadFirst::FOUND {
+            rf.missed();
+        }
+        assert!(!rf.now(), "as many new keys turn them off again");
+        // Retries common (one in four, one in two, all): nearly every claim reads first.
+        for every in [4, 2, 1] {
+            let rf = ReadFirst::adaptive();
+            let n = reads(&rf, 400, every);
+            assert!(n >= 390, "one in {every}: {n} of 400 read first");
+        }
+        // Retries rare (one in twenty, one in a hundred): few reads.
+        for every in [20, 100] {
+            let rf = ReadFirst::adaptive();
+            let n = reads(&rf, 400, every);
+            assert!(n <= 400 / 4, "one in {every}: {n} of 400 read first");
+        }
+        // The score is capped: a long run of replays is undone by a bounded run of new keys.
+        let rf = ReadFirst::adaptive();
+        assert_eq!(reads(&rf, 1_000, 1), 999);
+        assert!(reads(&rf, 1_000, usize::MAX) <= ReadFirst::CAP as usize);
+        assert!(!rf.now());
+        for (on, rf) in [
+            (true, ReadFirst::always(true)),
+            (false, ReadFirst::always(false)),
+        ] {
+            assert_eq!(reads(&rf, 100, 3), if on { 100 } else { 0 });
+            assert_eq!(reads(&rf, 100, usize::MAX), if on { 100 } else { 0 });
+        }
+    }
+}
