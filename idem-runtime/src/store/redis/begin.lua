@@ -4,6 +4,7 @@
 -- fail closed), ' 1 - - <ilen> - 0\n' (begin_fast.lua), and for a resumable call its stored
 -- request.
 -- Returns the record itself when it is completed (begin_fast.lua)
+--       | the fence alone for a first claim that is not resumable (begin_fast.lua)
 --       | {1, fence, reclaimed 0/1, attempt, recovery point or nil, lease_until}
 --       | {3, retry after ms} | {4} (key reused) | {5} (parked)
 --       | {0, why the key is not an idem record}.

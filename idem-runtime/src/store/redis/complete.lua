@@ -3,7 +3,8 @@
 -- ARGV: identity, fence, status ('-' for none), '1' for a final error else '0', body, then the
 -- parts complete_fast.lua puts together: 'idem2 i <fence> ', 'idem2 c <fence> ',
 -- ' <status> <error> <ilen> - <blen>\n', and the identity's length in decimal.
--- Returns {1} done | {2} fence lost | {0, why the key is not an idem record}.
+-- Returns 1 done (complete_fast.lua) | {1} done | {2} fence lost
+--       | {0, why the key is not an idem record}.
 -- A key that exists is within its retention (or holds unfinished work): no clock is needed,
 -- and the expiry is kept.
 local rec, why = load()

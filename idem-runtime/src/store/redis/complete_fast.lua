@@ -16,6 +16,7 @@ if type(v) == 'string' and string.sub(v, 1, #ARGV[6]) == ARGV[6] then
       ARGV[7] .. lease_until .. ' ' .. attempt .. ARGV[8] .. ident .. string.sub(v, fp_at)
         .. ARGV[5],
       'KEEPTTL')
-    return {1}
+    -- Written: the integer alone, which the client reads without an array.
+    return 1
   end
 end

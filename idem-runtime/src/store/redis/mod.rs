@@ -579,7 +579,16 @@ impl RedisStore {
 
     /// Runs one of the fence-conditional writes and reads its answer.
     async fn write(&self, claim: ClaimRef<'_>, invocation: &ScriptInvocation<'_>) -> Result<()> {
-        let reply = self.run(invocation).await?;
+        let reply = match self.inner.conn.invoke(invocation).await.map_err(map_err)? {
+            // complete_fast.lua's answer: written.
+            Value::Int(1) => return Ok(()),
+            Value::Array(items) => items,
+            other => {
+                return Err(protocol(format!(
+                    "a write script answered {other:?} instead of an array"
+                )));
+            }
+        };
         match tag(&reply)? {
             1 => Ok(()),
             2 => Err(Error::FenceLost { fence: claim.fence }),
@@ -1047,6 +1056,19 @@ impl RedisStore {
                     read_first.answered();
                 }
                 return self.answer_completed(&value, &req);
+            }
+            // begin_fast.lua's first claim: its fence alone (never for a resumable claim,
+            // whose index entry needs the lease the array carries).
+            Value::Int(fence) if req.request.is_none() => {
+                if !read {
+                    read_first.missed();
+                }
+                return Ok(BeginOutcome::Claimed(Claimed {
+                    fence: non_negative(fence)?,
+                    reclaimed: false,
+                    attempt: 1,
+                    recovery_point: None,
+                }));
             }
             Value::Array(items) => items,
             other => {
