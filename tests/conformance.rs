@@ -1009,6 +1009,86 @@ async fn postgres_starts_next_to_busy_instances_without_locking_the_table() {
     drop((first, second));
 }
 
+/// A store creates its table while other tables of the database come and go (other services'
+/// migrations, other tests' schemas dropped). The migration's probe of the table's state check
+/// used to read the definition of every check constraint a sequential scan of the catalog came
+/// to, and one whose table had just been dropped failed the store's start ("could not open
+/// relation with OID …"): PostgreSQL scans the catalog sequentially while it is small. Here the
+/// scan is the only plan the store's connections may use, and tables with checks are created
+/// and dropped beside the stores being opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+async fn postgres_creates_its_table_while_other_tables_are_dropped() {
+    use std::str::FromStr;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+    let schema = PgSchema::create(&common::pg_url(), 4).await;
+    let checks: Vec<String> = (0..20)
+        .map(|i| format!("c{i} int CHECK (c{i} > {i})"))
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn: Vec<_> = (0..2)
+        .map(|t| {
+            let (pool, stop) = (schema.pool.clone(), stop.clone());
+            let create = format!("CREATE TABLE churn_{t} ({})", checks.join(", "));
+            tokio::spawn(async move {
+                let mut rounds = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    let create = sqlx::AssertSqlSafe(create.clone());
+                    sqlx::query(create).execute(&pool).await.unwrap();
+                    let drop = sqlx::AssertSqlSafe(format!("DROP TABLE churn_{t}"));
+                    sqlx::query(drop).execute(&pool).await.unwrap();
+                    rounds += 1;
+                }
+                rounds
+            })
+        })
+        .collect();
+    let options = PgConnectOptions::from_str(&schema.url).unwrap().options([
+        ("search_path", schema.name.as_str()),
+        ("enable_indexscan", "off"),
+        ("enable_bitmapscan", "off"),
+    ]);
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut opened = 0;
+    let mut failed = None;
+    while started.elapsed() < Duration::from_secs(4) {
+        let store = PgStore::builder()
+            .table(format!("idem_records_{opened}"))
+            .background_purge(false)
+            .group_commit(None)
+            .build(pool.clone())
+            .await;
+        match store {
+            Ok(_) => opened += 1,
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in churn {
+        assert!(task.await.unwrap() > 0, "the other tables came and went");
+    }
+    if let Some(e) = failed {
+        panic!("store {opened} failed to create its table: {e}");
+    }
+    assert!(opened > 10, "only {opened} stores opened in four seconds");
+}
+
 /// A store on a pool of one connection in a schema of its own (so that the connection's
 /// statistics can be flushed on demand), and how to read them.
 async fn one_connection(schema: &PgSchema) -> (PgStore, sqlx::PgPool) {

@@ -137,11 +137,16 @@ impl Dialect for Pg {
     fn allow_states(t: &str, table: &str, states: &str) -> Option<(Stmt, Vec<Stmt>)> {
         // The check written inline in the DDL is named `<table>_state_check`; `t` is a checked,
         // quoted identifier, and the names identifiers, so they can stand in string literals.
+        // The definition is read only for this table's checks, which `CASE` guarantees: a
+        // condition beside the others may be evaluated first, on a sequential scan of the
+        // catalog (a small one is scanned so) for the check of a table dropped in the meantime,
+        // which fails the whole statement ("could not open relation").
         let check = format!("{}_state_check", sql::base_name(table));
         let probe = format!(
             "SELECT count(*)::int8 AS present FROM pg_constraint \
              WHERE conrelid = to_regclass('{t}') AND contype = 'c' \
-             AND pg_get_constraintdef(oid) LIKE '%parked%'"
+             AND CASE WHEN conrelid = to_regclass('{t}') AND contype = 'c' \
+                 THEN pg_get_constraintdef(oid) LIKE '%parked%' END"
         );
         let widen = format!(
             "ALTER TABLE {t} DROP CONSTRAINT IF EXISTS \"{check}\", \
