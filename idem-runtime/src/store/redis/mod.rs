@@ -569,12 +569,7 @@ impl RedisStore {
     }
 
     async fn run(&self, invocation: &ScriptInvocation<'_>) -> Result<Vec<Value>> {
-        match self.inner.conn.invoke(invocation).await.map_err(map_err)? {
-            Value::Array(items) => Ok(items),
-            other => Err(protocol(format!(
-                "a script answered {other:?} instead of an array"
-            ))),
-        }
+        items(self.inner.conn.invoke(invocation).await.map_err(map_err)?)
     }
 
     /// Runs one of the fence-conditional writes and reads its answer.
@@ -582,12 +577,7 @@ impl RedisStore {
         let reply = match self.inner.conn.invoke(invocation).await.map_err(map_err)? {
             // complete_fast.lua's answer: written.
             Value::Int(1) => return Ok(()),
-            Value::Array(items) => items,
-            other => {
-                return Err(protocol(format!(
-                    "a write script answered {other:?} instead of an array"
-                )));
-            }
+            other => items(other)?,
         };
         match tag(&reply)? {
             1 => Ok(()),
@@ -1049,20 +1039,22 @@ impl RedisStore {
         if let Some(request) = req.request {
             inv.arg(request);
         }
-        let reply = match self.inner.conn.invoke(&inv).await.map_err(map_err)? {
-            // A completed record, as it is: checked here whole, then replayed or refused.
-            Value::BulkString(value) => {
-                if !read {
-                    read_first.answered();
-                }
-                return self.answer_completed(&value, &req);
+        let answer = self.inner.conn.invoke(&inv).await.map_err(map_err)?;
+        // A completed record, as it is: checked here whole, then replayed or refused.
+        if let Value::BulkString(value) = &answer {
+            if !read {
+                read_first.answered();
             }
+            return self.answer_completed(value, &req);
+        }
+        if !read {
+            // Only a completed record would have been answered by a read.
+            read_first.missed();
+        }
+        let reply = match answer {
             // begin_fast.lua's first claim: its fence alone (never for a resumable claim,
             // whose index entry needs the lease the array carries).
             Value::Int(fence) if req.request.is_none() => {
-                if !read {
-                    read_first.missed();
-                }
                 return Ok(BeginOutcome::Claimed(Claimed {
                     fence: non_negative(fence)?,
                     reclaimed: false,
@@ -1070,15 +1062,8 @@ impl RedisStore {
                     recovery_point: None,
                 }));
             }
-            Value::Array(items) => items,
-            other => {
-                return Err(protocol(format!("the begin script answered {other:?}")));
-            }
+            other => items(other)?,
         };
-        if !read {
-            // Only a completed record would have been answered by a read.
-            read_first.missed();
-        }
         match tag(&reply)? {
             1 => {
                 let claimed = Claimed {
@@ -1629,6 +1614,16 @@ fn unpack(value: &[u8]) -> Result<Unpacked, String> {
 
 fn protocol(what: impl Into<String>) -> Error {
     Error::Store(format!("unexpected answer from Redis: {}", what.into()).into())
+}
+
+/// A script's answer as the array it should be.
+fn items(answer: Value) -> Result<Vec<Value>> {
+    match answer {
+        Value::Array(items) => Ok(items),
+        other => Err(protocol(format!(
+            "a script answered {other:?} instead of an array"
+        ))),
+    }
 }
 
 fn tag(reply: &[Value]) -> Result<i64> {
