@@ -439,9 +439,9 @@ mod unreadable_records {
     )]
     async fn postgres() {
         let env = super::postgres().await;
-        // The table's own CHECK refuses an unknown state: drop it, as a foreign writer might not
-        // have it.
-        sqlx::query("ALTER TABLE idem_records DROP CONSTRAINT idem_records_state_check")
+        // The column's domain refuses an unknown state: make it plain text, as a foreign
+        // writer's table might have it.
+        sqlx::query("ALTER TABLE idem_records ALTER COLUMN state TYPE text")
             .execute(env.store().pool())
             .await
             .unwrap();
@@ -637,6 +637,26 @@ mod older_tables {
             .await
             .unwrap();
         attempts_work(&store).await;
+        // Its states are the domain's now, and its own check (which did not allow `parked`)
+        // is gone: the domain refuses a state outside the list, and allows `parked`.
+        let (domain, checks): (Option<String>, i64) = sqlx::query_as(
+            "SELECT (SELECT domain_name::text FROM information_schema.columns \
+                     WHERE table_schema = current_schema() AND table_name = 'idem_records' \
+                     AND column_name = 'state'), \
+                    (SELECT count(*) FROM pg_constraint \
+                     WHERE conrelid = 'idem_records'::regclass AND contype = 'c')",
+        )
+        .fetch_one(&schema.pool)
+        .await
+        .unwrap();
+        assert_eq!((domain.as_deref(), checks), (Some("idem_records_state"), 0));
+        let set = |state: &'static str| {
+            sqlx::query("UPDATE idem_records SET state = $1 WHERE key = 'k-upgrade'")
+                .bind(state)
+                .execute(&schema.pool)
+        };
+        assert!(set("done").await.is_err(), "a state outside the list");
+        set("parked").await.unwrap();
         store.migrate().await.unwrap();
         // Migrated, it names the format it now has.
         let comment: Option<String> =
@@ -719,7 +739,8 @@ mod tables_before_the_work_index {
     )]
     async fn postgres() {
         let schema = crate::PgSchema::create(&crate::common::pg_url(), 4).await;
-        for statement in &POSTGRES_RECORDS[..3] {
+        // The state's domain, the table, and its first two indexes.
+        for statement in &POSTGRES_RECORDS[..4] {
             sqlx::query(*statement).execute(&schema.pool).await.unwrap();
         }
         let store = idem::PgStore::builder()
@@ -1022,11 +1043,8 @@ async fn postgres_starts_next_to_busy_instances_without_locking_the_table() {
     ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
 )]
 async fn postgres_creates_its_table_while_other_tables_are_dropped() {
-    use std::str::FromStr;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
-
-    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
     let schema = PgSchema::create(&common::pg_url(), 4).await;
     let checks: Vec<String> = (0..20)
@@ -1050,16 +1068,8 @@ async fn postgres_creates_its_table_while_other_tables_are_dropped() {
             })
         })
         .collect();
-    let options = PgConnectOptions::from_str(&schema.url).unwrap().options([
-        ("search_path", schema.name.as_str()),
-        ("enable_indexscan", "off"),
-        ("enable_bitmapscan", "off"),
-    ]);
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(options)
-        .await
-        .unwrap();
+    let settings = [("enable_indexscan", "off"), ("enable_bitmapscan", "off")];
+    let pool = schema.pool_with_settings(2, &settings).await;
     // A probe that read every check's definition failed one of the first thirty or so stores
     // in every run.
     let mut failed = None;
@@ -1087,18 +1097,7 @@ async fn postgres_creates_its_table_while_other_tables_are_dropped() {
 /// A store on a pool of one connection in a schema of its own (so that the connection's
 /// statistics can be flushed on demand), and how to read them.
 async fn one_connection(schema: &PgSchema) -> (PgStore, sqlx::PgPool) {
-    use std::str::FromStr;
-
-    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-
-    let options = PgConnectOptions::from_str(&schema.url)
-        .unwrap()
-        .options([("search_path", schema.name.as_str())]);
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(options)
-        .await
-        .unwrap();
+    let pool = schema.pool_with_settings(1, &[]).await;
     let store = PgStore::builder()
         .background_purge(false)
         .group_commit(None)

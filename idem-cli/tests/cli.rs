@@ -515,6 +515,7 @@ mod postgres {
         let queries = [
             "SELECT table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable \
                || ' ' || coalesce(column_default, '-') || ' ' || is_identity \
+               || ' ' || coalesce(domain_name, '-') \
              FROM information_schema.columns WHERE table_schema = $1 \
              ORDER BY table_name, ordinal_position",
             "SELECT indexname || ': ' || indexdef FROM pg_indexes WHERE schemaname = $1 \

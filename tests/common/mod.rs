@@ -211,9 +211,29 @@ impl PgSchema {
 
     /// A new pool whose connections see only `schema` (through `search_path`).
     pub async fn pool_for(url: &str, schema: &str, max_connections: u32) -> PgPool {
+        PgSchema::pool_with(url, schema, max_connections, &[]).await
+    }
+
+    /// A new pool of this schema's whose sessions also set each of `settings` (name, value),
+    /// such as the planner's `enable_*`.
+    pub async fn pool_with_settings(
+        &self,
+        max_connections: u32,
+        settings: &[(&str, &str)],
+    ) -> PgPool {
+        PgSchema::pool_with(&self.url, &self.name, max_connections, settings).await
+    }
+
+    async fn pool_with(
+        url: &str,
+        schema: &str,
+        max_connections: u32,
+        settings: &[(&str, &str)],
+    ) -> PgPool {
         let options = PgConnectOptions::from_str(url)
             .expect("DATABASE_URL")
-            .options([("search_path", schema)]);
+            .options([("search_path", schema)])
+            .options(settings.iter().copied());
         PgPoolOptions::new()
             .max_connections(max_connections)
             .connect_with(options)

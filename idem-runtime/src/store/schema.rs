@@ -12,7 +12,9 @@
 //! A store built with `create_table(false)` (or an outbox never `migrate`d) expects the tables
 //! to exist as written here. Tables created by earlier versions gain the columns added since
 //! (`attempt`, `request`, `resume_at`, `note`, the `parked` state; the outbox's `failures`
-//! and `parked_at`) when a store migrates.
+//! and `parked_at`) when a store migrates. On PostgreSQL the records' states are a domain's
+//! check (`<table>_state`), created first: a table of an earlier version, whose own check
+//! listed them, is moved to the domain by the migration (which rewrites it once).
 //!
 //! Each records table names the format of its records, [`RECORDS_FORMAT`]: in the table's
 //! comment on PostgreSQL and MySQL, in a comment of its definition on SQLite. A store refuses a
@@ -23,7 +25,8 @@
 //! use idem::store::schema::{self, Database};
 //!
 //! let ddl = schema::records(Database::Postgres, "billing.idem_records")?;
-//! assert!(ddl[0].starts_with("CREATE TABLE IF NOT EXISTS \"billing\".\"idem_records\" ("));
+//! assert!(ddl[0].contains("CREATE DOMAIN \"billing\".\"idem_records_state\" AS text"));
+//! assert!(ddl[1].starts_with("CREATE TABLE IF NOT EXISTS \"billing\".\"idem_records\" ("));
 //! assert_eq!(schema::records(Database::Sqlite, "idem_records")?, schema::SQLITE_RECORDS);
 //! # Ok::<(), idem::Error>(())
 //! ```

@@ -134,25 +134,26 @@ impl Dialect for Pg {
         format!("split_part({col}, ':', 1)")
     }
 
-    fn allow_states(t: &str, table: &str, states: &str) -> Option<(Stmt, Vec<Stmt>)> {
-        // The check written inline in the DDL is named `<table>_state_check`; `t` is a checked,
-        // quoted identifier, and the names identifiers, so they can stand in string literals.
-        // The definition is read only for this table's checks, which `CASE` guarantees: a
-        // condition beside the others may be evaluated first, on a sequential scan of the
-        // catalog (a small one is scanned so) for the check of a table dropped in the meantime,
-        // which fails the whole statement ("could not open relation").
+    fn allow_states(t: &str, table: &str, _states: &str) -> Option<(Stmt, Vec<Stmt>)> {
+        // Today's table keeps its states in the domain `<table>_state`, whose check allows each
+        // of them (`POSTGRES_RECORDS` creates it before the table). A table created before had
+        // them in its own check, named `<table>_state_check` when written inline in the DDL,
+        // and perhaps without a state added since: the column moves to the domain (PostgreSQL
+        // rewrites the table once, checking each record's state) and the old check goes. `t` is
+        // a checked, quoted identifier: it can stand in a string literal.
+        let domain = sql::ddl::state_domain(table, '"');
         let check = format!("{}_state_check", sql::base_name(table));
         let probe = format!(
-            "SELECT count(*)::int8 AS present FROM pg_constraint \
-             WHERE conrelid = to_regclass('{t}') AND contype = 'c' \
-             AND CASE WHEN conrelid = to_regclass('{t}') AND contype = 'c' \
-                 THEN pg_get_constraintdef(oid) LIKE '%parked%' END"
+            "SELECT count(*)::int8 AS present FROM pg_attribute a \
+             JOIN pg_type ty ON ty.oid = a.atttypid \
+             WHERE a.attrelid = to_regclass('{t}') AND a.attname = 'state' \
+             AND NOT a.attisdropped AND ty.oid = to_regtype('{domain}')"
         );
-        let widen = format!(
+        let convert = format!(
             "ALTER TABLE {t} DROP CONSTRAINT IF EXISTS \"{check}\", \
-             ADD CONSTRAINT \"{check}\" CHECK (state IN ({states}))"
+             ALTER COLUMN state TYPE {domain}"
         );
-        Some((Stmt::plain(probe), vec![Stmt::plain(widen)]))
+        Some((Stmt::plain(probe), vec![Stmt::plain(convert)]))
     }
 
     sql::run_statements!(sqlx::Postgres, PgConnection, PgRow);

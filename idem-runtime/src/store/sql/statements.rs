@@ -94,15 +94,24 @@ pub(crate) struct Migration {
 
 impl Migration {
     /// Creates what is missing, in one transaction opened by the dialect's `migration_start`; safe
-    /// to run from many instances at once. A table found up to date by the probe is not
-    /// touched.
+    /// to run from many instances at once. A table found up to date by the probes (its columns
+    /// and indexes, and its check where one may need widening) is not touched.
     pub(crate) async fn run<D: Dialect>(&self, pool: &sqlx::Pool<D::Db>) -> Result<()> {
         self.check_format::<D>(pool).await?;
         if let Some(probe) = &self.up_to_date {
             let mut conn = pool.acquire().await.map_err(map_err)?;
-            if let Some(row) = D::fetch(&mut conn, probe, &[]).await?
-                && row.int8("present").map_err(map_err)? > 0
-            {
+            let widen = self.widen.as_ref().map(|(probe, _)| probe);
+            let mut current = true;
+            for probe in std::iter::once(probe).chain(widen) {
+                current = match D::fetch(&mut conn, probe, &[]).await? {
+                    Some(row) => row.int8("present").map_err(map_err)? > 0,
+                    None => false,
+                };
+                if !current {
+                    break;
+                }
+            }
+            if current {
                 return Ok(());
             }
         }

@@ -100,11 +100,13 @@ pub fn records(db: Database, table: &str) -> Result<Vec<String>> {
     // Identifiers are checked: none holds a quote of either kind.
     let quoted = quote_table(table, qualified)?.replace('"', &q.to_string());
     let base = base_name(table);
+    let state_domain = state_domain(table, q);
     Ok(statements
         .iter()
         .map(|s| {
             rename(s, q, |ident, _| match ident {
                 RECORDS_TABLE => Some(quoted.clone()),
+                "idem_records_state" => Some(state_domain.clone()),
                 "idem_records_expires_at_idx" => Some(format!("{q}{base}_expires_at_idx{q}")),
                 "idem_records_resume_at_idx" => Some(format!("{q}{base}_resume_at_idx{q}")),
                 "idem_records_work_idx" => Some(format!("{q}{base}_work_idx{q}")),
@@ -112,6 +114,20 @@ pub fn records(db: Database, table: &str) -> Result<Vec<String>> {
             })
         })
         .collect())
+}
+
+/// The domain of the `state` column of the records table `table` (checked), quoted, in the
+/// table's schema: `<table>_state`. Only PostgreSQL's DDL names one.
+pub(crate) fn state_domain(table: &str, q: char) -> String {
+    let (schema, base) = match table.rsplit_once('.') {
+        Some((schema, base)) => (Some(schema), base),
+        None => (None, table),
+    };
+    let name = format!("{q}{base}_state{q}");
+    match schema {
+        Some(schema) => format!("{q}{schema}{q}.{name}"),
+        None => name,
+    }
 }
 
 /// The statements that create the outbox table `table` (an identifier, checked; `schema.table`
@@ -261,6 +277,19 @@ mod tests {
         .join("\n");
         assert!(!all.contains("idem_"), "{all}");
         assert!(all.contains("ON \"app\".\"recs\" (expires_at)"), "{all}");
+        assert!(
+            all.contains("CREATE DOMAIN \"app\".\"recs_state\" AS text"),
+            "{all}"
+        );
+        assert!(
+            all.contains("state \"app\".\"recs_state\" NOT NULL"),
+            "{all}"
+        );
+        let unqualified = records(Database::Postgres, "recs").unwrap().join("\n");
+        assert!(
+            unqualified.contains("state \"recs_state\" NOT NULL"),
+            "{unqualified}"
+        );
         assert!(all.contains("\"recs_expires_at_idx\""), "{all}");
         assert!(
             all.contains("FUNCTION \"app\".\"events_notify\"()"),
