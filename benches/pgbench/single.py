@@ -19,7 +19,10 @@ LAYOUT is the records table:
 - `no_check`: with no check on the states at all;
 - `no_times`, `no_retention_index`, `no_partial_indexes`: `domain` without `created_at` and
   `updated_at`, without the index on `expires_at`, without the two partial indexes;
-- `narrow`: the key, the fingerprint, the fence, one time and the answer.
+- `narrow`: the key, the fingerprint, the fence, one time and the answer;
+- `resume_index_only`, `work_index_only`: `domain` with one of its two partial indexes, the
+  completers' (`resume_at`) or the unfinished work's (`fence`); `plain_indexes`: with both as
+  indexes of every row, without their conditions.
 """
 
 import sys
@@ -61,9 +64,13 @@ def records(check="domain", times=True, retention=True, partial=True):
     stmt(f"CREATE TABLE t ({columns}) WITH (fillfactor = 80)")
     if retention:
         stmt("CREATE INDEX ON t (expires_at)")
-    if partial:
+    if partial in (True, "resume"):
         stmt("CREATE INDEX ON t (resume_at) WHERE resume_at IS NOT NULL")
+    if partial in (True, "work"):
         stmt("CREATE INDEX ON t (fence) WHERE request IS NOT NULL OR note IS NOT NULL")
+    if partial == "plain":
+        stmt("CREATE INDEX ON t (resume_at)")
+        stmt("CREATE INDEX ON t (fence)")
     tc, tv, tu = (", created_at, updated_at", ", now(), now()", ", updated_at = now()") if times else ("", "", "")
     return loop(
         "INSERT INTO t (scope, key, fingerprint, state, fence, lease_until, expires_at, request, "
@@ -110,6 +117,9 @@ LAYOUTS = {
     "no_retention_index": lambda: records(retention=False),
     "no_partial_indexes": lambda: records(partial=False),
     "narrow": narrow,
+    "resume_index_only": lambda: records(partial="resume"),
+    "work_index_only": lambda: records(partial="work"),
+    "plain_indexes": lambda: records(partial="plain"),
 }
 
 if __name__ == "__main__":
