@@ -672,6 +672,62 @@ mod older_tables {
             ))
         );
     }
+
+    /// Stores that open a table of an earlier version all at once: one moves its states to the
+    /// domain, every one of them starts, and the records written before are answered by each.
+    #[tokio::test]
+    #[cfg_attr(
+        not(idem_postgres),
+        ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+    )]
+    async fn postgres_stores_migrate_an_older_table_at_once() {
+        let schema = crate::PgSchema::create(&crate::common::pg_url(), 16).await;
+        sqlx::query(OLD_POSTGRES)
+            .execute(&schema.pool)
+            .await
+            .unwrap();
+        let f = Fingerprint::of("before").unwrap();
+        for i in 0..50 {
+            sqlx::query(
+                "INSERT INTO idem_records (scope, key, fingerprint, state, fence, lease_until, \
+                 expires_at, response_status, response_body) \
+                 VALUES ('s', $1, $2, 'completed', 1, now(), now() + interval '1 day', NULL, '\\x7b7d')",
+            )
+            .bind(format!("k-{i}"))
+            .bind(f.as_bytes().to_vec())
+            .execute(&schema.pool)
+            .await
+            .unwrap();
+        }
+        let opened = futures_util::future::join_all((0..8).map(|_| {
+            idem::PgStore::builder()
+                .background_purge(false)
+                .build(schema.pool.clone())
+        }))
+        .await;
+        for store in opened {
+            let store = store.expect("every store starts");
+            for key in ["k-0", "k-49"] {
+                match store
+                    .begin(BeginRequest::new("s", key, &f, &Policy::DEFAULT))
+                    .await
+                    .unwrap()
+                {
+                    BeginOutcome::Replay(stored) => assert_eq!(stored.body.as_ref(), b"{}"),
+                    other => panic!("{key}: a replay, not {other:?}"),
+                }
+            }
+        }
+        let domain: Option<String> = sqlx::query_scalar(
+            "SELECT domain_name::text FROM information_schema.columns \
+             WHERE table_schema = current_schema() AND table_name = 'idem_records' \
+             AND column_name = 'state'",
+        )
+        .fetch_one(&schema.pool)
+        .await
+        .unwrap();
+        assert_eq!(domain.as_deref(), Some("idem_records_state"));
+    }
 }
 
 /// A records table created before the index of unfinished work (every column there, the
