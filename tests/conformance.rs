@@ -639,17 +639,10 @@ mod older_tables {
         attempts_work(&store).await;
         // Its states are the domain's now, and its own check (which did not allow `parked`)
         // is gone: the domain refuses a state outside the list, and allows `parked`.
-        let (domain, checks): (Option<String>, i64) = sqlx::query_as(
-            "SELECT (SELECT domain_name::text FROM information_schema.columns \
-                     WHERE table_schema = current_schema() AND table_name = 'idem_records' \
-                     AND column_name = 'state'), \
-                    (SELECT count(*) FROM pg_constraint \
-                     WHERE conrelid = 'idem_records'::regclass AND contype = 'c')",
-        )
-        .fetch_one(&schema.pool)
-        .await
-        .unwrap();
-        assert_eq!((domain.as_deref(), checks), (Some("idem_records_state"), 0));
+        assert_eq!(
+            states_of(&schema.pool).await,
+            (Some("idem_records_state".into()), 0)
+        );
         let set = |state: &'static str| {
             sqlx::query("UPDATE idem_records SET state = $1 WHERE key = 'k-upgrade'")
                 .bind(state)
@@ -718,15 +711,25 @@ mod older_tables {
                 }
             }
         }
-        let domain: Option<String> = sqlx::query_scalar(
-            "SELECT domain_name::text FROM information_schema.columns \
-             WHERE table_schema = current_schema() AND table_name = 'idem_records' \
-             AND column_name = 'state'",
+        assert_eq!(
+            states_of(&schema.pool).await,
+            (Some("idem_records_state".into()), 0)
+        );
+    }
+
+    /// The domain of the records table's `state` column, if it has one, and how many checks
+    /// of its own the table has.
+    async fn states_of(pool: &sqlx::PgPool) -> (Option<String>, i64) {
+        sqlx::query_as(
+            "SELECT (SELECT domain_name::text FROM information_schema.columns \
+                     WHERE table_schema = current_schema() AND table_name = 'idem_records' \
+                     AND column_name = 'state'), \
+                    (SELECT count(*) FROM pg_constraint \
+                     WHERE conrelid = 'idem_records'::regclass AND contype = 'c')",
         )
-        .fetch_one(&schema.pool)
+        .fetch_one(pool)
         .await
-        .unwrap();
-        assert_eq!(domain.as_deref(), Some("idem_records_state"));
+        .unwrap()
     }
 }
 
