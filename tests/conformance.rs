@@ -1153,6 +1153,43 @@ async fn postgres_creates_its_table_while_other_tables_are_dropped() {
     }
 }
 
+/// A store whose records table's state domain would have the name of another table of its
+/// schema (`<table>_state`) refuses to start, saying so, rather than create its table with a
+/// `state` of that table's row type.
+#[tokio::test]
+#[cfg_attr(
+    not(idem_postgres),
+    ignore = "needs PostgreSQL: set DATABASE_URL=postgres://…"
+)]
+async fn postgres_refuses_a_state_domain_named_as_another_table() {
+    let schema = PgSchema::create(&common::pg_url(), 2).await;
+    sqlx::query("CREATE TABLE payments_state (id int)")
+        .execute(&schema.pool)
+        .await
+        .unwrap();
+    let refused = PgStore::builder()
+        .table("payments")
+        .background_purge(false)
+        .build(schema.pool.clone())
+        .await;
+    let Err(e) = refused else {
+        panic!("a store whose state domain is another table's name started")
+    };
+    assert!(e.to_string().contains("already exists"), "{e}");
+    let created: Option<String> = sqlx::query_scalar("SELECT to_regclass('payments')::text")
+        .fetch_one(&schema.pool)
+        .await
+        .unwrap();
+    assert_eq!(created, None, "no records table was created");
+    // Under another name it starts.
+    PgStore::builder()
+        .table("payments_records")
+        .background_purge(false)
+        .build(schema.pool.clone())
+        .await
+        .unwrap();
+}
+
 /// A store on a pool of one connection in a schema of its own (so that the connection's
 /// statistics can be flushed on demand), and how to read them.
 async fn one_connection(schema: &PgSchema) -> (PgStore, sqlx::PgPool) {

@@ -129,7 +129,7 @@ impl Dialect for My {
         vec![stmt]
     }
 
-    fn allow_states(_t: &str, _table: &str, _states: &str) -> Option<(Stmt, Vec<Stmt>)> {
+    fn update_state_check(_t: &str, _table: &str) -> Option<(Stmt, Vec<Stmt>)> {
         // Every MySQL table was created with today's states.
         None
     }

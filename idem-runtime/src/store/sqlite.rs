@@ -122,7 +122,7 @@ impl Dialect for Lite {
         ))
     }
 
-    fn allow_states(t: &str, table: &str, _states: &str) -> Option<(Stmt, Vec<Stmt>)> {
+    fn update_state_check(t: &str, table: &str) -> Option<(Stmt, Vec<Stmt>)> {
         // SQLite cannot alter a check: a table created before `parked` was a state, or before
         // the check was written as comparisons (see `SQLITE_RECORDS`), is rebuilt with today's
         // DDL, its rows copied, in the migration's transaction. `table` is a checked

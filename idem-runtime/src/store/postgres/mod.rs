@@ -134,7 +134,7 @@ impl Dialect for Pg {
         format!("split_part({col}, ':', 1)")
     }
 
-    fn allow_states(t: &str, table: &str, _states: &str) -> Option<(Stmt, Vec<Stmt>)> {
+    fn update_state_check(t: &str, table: &str) -> Option<(Stmt, Vec<Stmt>)> {
         // Today's table keeps its states in the domain `<table>_state`, whose check allows each
         // of them (`POSTGRES_RECORDS` creates it before the table). A table created before had
         // them in its own check, named `<table>_state_check` when written inline in the DDL,
@@ -144,10 +144,9 @@ impl Dialect for Pg {
         let domain = sql::ddl::state_domain(table, '"');
         let check = format!("{}_state_check", sql::base_name(table));
         let probe = format!(
-            "SELECT count(*)::int8 AS present FROM pg_attribute a \
-             JOIN pg_type ty ON ty.oid = a.atttypid \
-             WHERE a.attrelid = to_regclass('{t}') AND a.attname = 'state' \
-             AND NOT a.attisdropped AND ty.oid = to_regtype('{domain}')"
+            "SELECT count(*)::int8 AS present FROM pg_attribute \
+             WHERE attrelid = to_regclass('{t}') AND attname = 'state' AND NOT attisdropped \
+             AND atttypid = to_regtype('{domain}')"
         );
         let convert = format!(
             "ALTER TABLE {t} DROP CONSTRAINT IF EXISTS \"{check}\", \

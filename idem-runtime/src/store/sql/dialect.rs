@@ -158,10 +158,11 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     /// The statements that delete a batch of the records of table `t` for which `expired` (a
     /// condition on its columns) holds, the last one returning how many (`deleted`).
     fn purge(t: &str, expired: &str) -> Vec<Stmt>;
-    /// Widens the `state` check of a table created before `parked` was a state: a query whose
-    /// `present` column is 1 when the check allows it already, and the statements that make
-    /// it do (`states` is the list, written for the DDL).
-    fn allow_states(t: &str, table: &str, states: &str) -> Option<(Stmt, Vec<Stmt>)>;
+    /// Brings the check of the `state` column of a table created by an earlier version to
+    /// today's DDL (a state added since, such as `parked`; the form of the check): a query whose
+    /// `present` column is 1 when the table has today's check already, and the statements that
+    /// give it.
+    fn update_state_check(t: &str, table: &str) -> Option<(Stmt, Vec<Stmt>)>;
     /// A statement run first in a migration's transaction, before any table is created: what
     /// serialises concurrent migrations where the transaction does not, and keeps them quiet.
     fn migration_start() -> Option<Stmt>;

@@ -82,8 +82,9 @@ pub(crate) struct Migration {
     pub(crate) upgrade: Vec<AddColumn>,
     /// Statements run once the columns are there (an index on an added column).
     pub(crate) finish: Vec<Stmt>,
-    /// A check to widen, when the table was created before a value it must allow: a query
-    /// whose `present` column is 1 when it allows it already, and what widens it.
+    /// A check to bring up to date, when the table was created before a value it must allow
+    /// or before the check took today's form: a query whose `present` column is 1 when it is
+    /// up to date already, and what updates it.
     pub(crate) widen: Option<(Stmt, Vec<Stmt>)>,
     /// The dialect's catalog probe that finds the table up to date without locking it.
     pub(crate) up_to_date: Option<Stmt>,
@@ -95,7 +96,7 @@ pub(crate) struct Migration {
 impl Migration {
     /// Creates what is missing, in one transaction opened by the dialect's `migration_start`; safe
     /// to run from many instances at once. A table found up to date by the probes (its columns
-    /// and indexes, and its check where one may need widening) is not touched.
+    /// and indexes, and its check where one may need updating) is not touched.
     pub(crate) async fn run<D: Dialect>(&self, pool: &sqlx::Pool<D::Db>) -> Result<()> {
         self.check_format::<D>(pool).await?;
         if let Some(probe) = &self.up_to_date {
@@ -188,9 +189,6 @@ impl Statements {
         let no_work = "request = NULL, resume_at = NULL, note = NULL";
         // A write fenced by `$3`, which it leaves as it is: it answers that fence.
         let fenced = |update: String| D::returning(update, &t, "fence", FenceFrom::Arg(3));
-        let states = [in_progress, completed, released, parked]
-            .map(|s| format!("'{s}'"))
-            .join(", ");
         // The completer's index is on a column that tables created earlier gain by migrating:
         // it is created once the columns are there.
         let mut create = ddl::records(D::DATABASE, table)?;
@@ -331,7 +329,7 @@ impl Statements {
                     &[indexes.resume, indexes.work],
                     &ADDED_COLUMNS.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
                 ),
-                widen: D::allow_states(&t, table, &states),
+                widen: D::update_state_check(&t, table),
                 finish,
                 format: Some((D::format_note(&t, table), table.to_owned())),
             },

@@ -15,11 +15,16 @@ use super::{PARKED_INDEX, PENDING_INDEX, RESUME_INDEX, SENT_INDEX, WORK_INDEX};
 /// reads a table's checks from their stored text again for every statement that writes the
 /// table, and the list of states cost a claim and its completion more than the rest of the
 /// table's definition together, where a domain's check is read once per session and kept.
+/// The domain is created unless it exists; a type of its name that is not a domain (the row
+/// type of a table called so) fails the statement, rather than giving `state` that type.
 pub const POSTGRES_RECORDS: &[&str] = &[
     "DO $$ BEGIN
     CREATE DOMAIN \"idem_records_state\" AS text
         CHECK (VALUE IN ('in_progress', 'completed', 'released', 'parked'));
-EXCEPTION WHEN duplicate_object THEN NULL;
+EXCEPTION WHEN duplicate_object THEN
+    IF (SELECT typtype FROM pg_type WHERE oid = to_regtype('\"idem_records_state\"')) <> 'd' THEN
+        RAISE;
+    END IF;
 END $$",
     "CREATE TABLE IF NOT EXISTS \"idem_records\" (
     scope text COLLATE \"C\" NOT NULL,
