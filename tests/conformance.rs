@@ -1457,6 +1457,56 @@ async fn mysql_transactional_first_claim_sends_no_read() {
     }
 }
 
+/// A guarded body's transaction reads committed rows on MySQL, whoever set up the pool: the
+/// store's own (`connect`, whose sessions are `READ COMMITTED` from the start and whose
+/// transactions open with a plain `BEGIN`) and a pool of the caller's with the server's default
+/// (`REPEATABLE READ`, which the transaction's own `SET TRANSACTION` overrides). A snapshot
+/// read would keep seeing the table as at the transaction's first read.
+#[tokio::test]
+#[cfg_attr(
+    not(idem_mysql),
+    ignore = "needs MySQL or MariaDB: set IDEM_MYSQL_URL=mysql://…"
+)]
+async fn mysql_guarded_transactions_read_committed() {
+    use idem::TxStore;
+
+    let db = MyDatabase::create(&common::mysql_url(), 2).await;
+    sqlx::query("CREATE TABLE seen (id INT PRIMARY KEY) ENGINE = InnoDB")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let own = MySqlStore::builder().connect(&db.url).await.unwrap();
+    let callers = MySqlStore::builder().build(db.pool.clone()).await.unwrap();
+    let session: String = sqlx::query_scalar("SELECT @@SESSION.tx_isolation")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        session, "REPEATABLE-READ",
+        "the caller's pool keeps the default"
+    );
+    for (id, (name, store)) in [("connect", &own), ("build", &callers)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut tx = store.begin_transaction().await.unwrap();
+        let count = "SELECT COUNT(*) FROM seen";
+        let before: i64 = sqlx::query_scalar(count).fetch_one(&mut *tx).await.unwrap();
+        sqlx::query("INSERT INTO seen (id) VALUES (?)")
+            .bind(id as i64)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        let after: i64 = sqlx::query_scalar(count).fetch_one(&mut *tx).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(
+            after,
+            before + 1,
+            "a transaction of the store built with {name} reads the row committed since its first read"
+        );
+    }
+}
+
 /// Group commit under concurrency: many tasks on the same and on different keys, in batches.
 mod group_commit_races {
     use std::sync::Arc;

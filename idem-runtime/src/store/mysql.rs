@@ -68,6 +68,9 @@ impl Dialect for My {
     // key's record goes, and hold up every other key's first claim into it).
     const BEGIN: Option<&'static str> =
         Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION");
+    // `connect`'s sessions are `READ COMMITTED` from the start: a plain `BEGIN` (one statement
+    // where the server parsed and ran two).
+    const BEGIN_SET_UP: Option<&'static str> = None;
     const NULL_SAFE_EQ: &'static str = "<=>";
     // No partial indexes: a virtual column, `NULL` but where a record may hold work.
     const WORK: &'static str = "work_fence IS NOT NULL";
@@ -526,9 +529,12 @@ impl Columns for MyRow {
 /// clocks agree. `begin` inserts first: a new key is one `INSERT … ON DUPLICATE KEY UPDATE`
 /// that writes nothing when the key exists, then a `SELECT`; while recent claims keep finding
 /// their record (retries), it reads first. `complete`, `release` and `checkpoint` are one
-/// `UPDATE … WHERE fence = ?` each, answered from the server's reply. The store's own pool
-/// runs `READ COMMITTED`, so that InnoDB locks the rows a statement touches and not the gaps
-/// between them, and strict SQL mode, so that nothing it writes is cut short.
+/// `UPDATE … WHERE fence = ?` each, answered from the server's reply. A guarded body's
+/// transaction runs `READ COMMITTED`, so that InnoDB locks the rows a statement touches and not
+/// the gaps between them: the store's own pool ([`connect`](Self::connect)) sets its sessions so
+/// once and opens each transaction with a plain `BEGIN`; on a pool of your own
+/// ([`build`](crate::store::SqlStoreBuilder::build)) each transaction sets it as it starts. The
+/// own pool also runs strict SQL mode, so that nothing it writes is cut short.
 ///
 /// Expired records are deleted in the background, once a minute by default, in batches of
 /// 1,000 (`DELETE … LIMIT`); see [Retention](SqlStoreBuilder#retention).
@@ -716,7 +722,9 @@ impl SqlStoreBuilder<MySqlStore> {
             .connect_with(MySqlStore::connect_options(url)?)
             .await
             .map_err(my_err)?;
-        self.build(pool).await
+        let mut builder = self;
+        builder.sessions_set_up = true;
+        builder.build(pool).await
     }
 }
 

@@ -229,6 +229,9 @@ pub struct SqlStoreBuilder<S: SqlKind> {
     pub(crate) table: String,
     pub(crate) create_table: bool,
     pub(crate) read_first: Option<bool>,
+    /// Whether the pool's sessions were set up by the store's own `connect`
+    /// ([`Dialect::BEGIN_SET_UP`]).
+    pub(crate) sessions_set_up: bool,
     purge_every: Duration,
     background_purge: bool,
     /// What only this kind of store sets (SQLite's has no settings).
@@ -262,6 +265,7 @@ impl<S: SqlKind> Default for SqlStoreBuilder<S> {
             table: DEFAULT_TABLE.to_owned(),
             create_table: true,
             read_first: None,
+            sessions_set_up: false,
             purge_every: DEFAULT_PURGE_EVERY,
             background_purge: true,
             options: S::Options::default(),
@@ -331,6 +335,9 @@ impl<S: SqlKind> SqlStoreBuilder<S> {
         let mut engine = Engine::new(writer, reader, &self.table)?;
         if let Some(always) = self.read_first {
             engine.read_first = ReadFirst::always(always);
+        }
+        if self.sessions_set_up {
+            engine.begin = D::BEGIN_SET_UP;
         }
         if self.create_table {
             engine.migrate().await?;

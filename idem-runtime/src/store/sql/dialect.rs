@@ -110,6 +110,9 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     /// The statement that opens a transaction for a guarded body, when the driver's default
     /// will not do.
     const BEGIN: Option<&'static str>;
+    /// The same on a pool of the store's own, whose sessions it set up when connecting (what
+    /// `BEGIN` sets per transaction may already be the session's).
+    const BEGIN_SET_UP: Option<&'static str> = Self::BEGIN;
 
     /// `IS NOT DISTINCT FROM`: equality that holds between two NULLs.
     const NULL_SAFE_EQ: &'static str = "IS NOT DISTINCT FROM";

@@ -26,7 +26,15 @@ pub(crate) const ATTEMPTS: usize = 8;
 pub(crate) async fn begin_on<D: Dialect>(
     pool: &sqlx::Pool<D::Db>,
 ) -> Result<sqlx::Transaction<'static, D::Db>> {
-    match D::BEGIN {
+    begin_with::<D>(pool, D::BEGIN).await
+}
+
+/// Opens a transaction on `pool` with `stmt`, or the driver's `BEGIN` when `None`.
+async fn begin_with<D: Dialect>(
+    pool: &sqlx::Pool<D::Db>,
+    stmt: Option<&'static str>,
+) -> Result<sqlx::Transaction<'static, D::Db>> {
+    match stmt {
         Some(stmt) => pool.begin_with(stmt).await,
         None => pool.begin().await,
     }
@@ -166,6 +174,10 @@ pub(crate) struct Engine<D: Dialect> {
     /// (PostgreSQL's store, which may announce across instances, keeps its own).
     #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
     pub(crate) changes: crate::store::Changes,
+    /// The statement that opens a guarded body's transaction: the dialect's
+    /// ([`Dialect::BEGIN`]), or the driver's `BEGIN` on a pool whose sessions the store set up
+    /// already (`SqlStoreBuilder::sessions_set_up`).
+    pub(crate) begin: Option<&'static str>,
 }
 
 impl<D: Dialect> Engine<D> {
@@ -181,6 +193,7 @@ impl<D: Dialect> Engine<D> {
             read_first: ReadFirst::adaptive(),
             purging: OnceLock::new(),
             changes: crate::store::Changes::new(),
+            begin: D::BEGIN,
         })
     }
 
@@ -227,7 +240,7 @@ impl<D: Dialect> Engine<D> {
 
     /// Opens a transaction for a guarded body.
     pub(crate) async fn begin_transaction(&self) -> Result<sqlx::Transaction<'static, D::Db>> {
-        begin_on::<D>(&self.writer).await
+        begin_with::<D>(&self.writer, self.begin).await
     }
 
     /// Creates the table and its index if missing; safe to run from many instances at once.
