@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-2200}
-layouts=${2:-handwritten,domain,table_check,no_check,no_times,no_retention_index,no_partial_indexes,narrow,resume_index_only,work_index_only,plain_indexes}
+layouts=${2:-handwritten,domain,table_check,no_check,no_times,no_retention_index,no_partial_indexes,narrow,resume_index_only,work_index_only,plain_indexes,tx_lock,tx_lock_with,tx_no_lock,tx_handwritten}
 base=200
 bin=${PG_BIN:-/usr/lib/postgresql/15/bin}
 work=$(mktemp -d)

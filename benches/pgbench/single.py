@@ -23,6 +23,15 @@ LAYOUT is the records table:
 - `resume_index_only`, `work_index_only`: `domain` with one of its two partial indexes, the
   completers' (`resume_at`) or the unfinished work's (`fence`); `plain_indexes`: with both as
   indexes of every row, without their conditions.
+
+A transactional call's two statements instead, one commit for both (the body's own statement
+left out), on the `domain` table:
+
+- `tx_lock`: the claim as `PgStore` sends it, the identity's advisory lock the condition of the
+  insert's `SELECT`;
+- `tx_lock_with`: the claim as it was, a `WITH` that takes the lock, inserts, and answers both;
+- `tx_no_lock`: the single-row claim, without a lock;
+- `tx_handwritten`: the hand-written guard's two statements, in one commit.
 """
 
 import sys
@@ -44,15 +53,17 @@ def stmt(s):
     out.append(s.strip() + ";\n\n")
 
 
-def loop(claim, done):
-    """A DO block of N calls: `claim` returns the fence into `f`, `done` is fenced by `f`."""
-    return ("DO $$ DECLARE f int8; g int8; BEGIN FOR i IN 1..{n} LOOP "
-            f"{claim}; COMMIT; {done}; "
+def loop(claim, done, one_commit=False):
+    """A DO block of N calls: `claim` returns the fence into `f`, `done` is fenced by `f`; each
+    committed on its own, or both in one commit."""
+    between = "" if one_commit else "COMMIT; "
+    return ("DO $$ DECLARE f int8; g int8; locked bool; BEGIN FOR i IN 1..{n} LOOP "
+            f"{claim}; {between}{done}; "
             "IF NOT FOUND THEN RAISE EXCEPTION 'call %: the completion matched no row', i; END IF; "
             "COMMIT; END LOOP; END $$")
 
 
-def records(check="domain", times=True, retention=True, partial=True):
+def records(check="domain", times=True, retention=True, partial=True, tx=None):
     if check == "domain":
         stmt(f"CREATE DOMAIN idem_state AS text CHECK (VALUE IN {STATES})")
         state = "idem_state NOT NULL"
@@ -72,28 +83,41 @@ def records(check="domain", times=True, retention=True, partial=True):
         stmt("CREATE INDEX ON t (resume_at)")
         stmt("CREATE INDEX ON t (fence)")
     tc, tv, tu = (", created_at, updated_at", ", now(), now()", ", updated_at = now()") if times else ("", "", "")
+    columns = ("scope, key, fingerprint, state, fence, lease_until, expires_at, request, "
+               f"resume_at{tc}")
+    values = (f"'bench', 'k' || i, {FP}, 'in_progress', "
+              "(EXTRACT(EPOCH FROM now()) * 1000)::int8, now() + 300000::int8 * interval '1 millisecond', "
+              "now() + 86400000::int8 * interval '1 millisecond', NULL::bytea, "
+              f"CASE WHEN NULL::bytea IS NULL THEN NULL ELSE now() END{tv}")
+    conflict = "ON CONFLICT (scope, key) DO NOTHING RETURNING fence"
+    if tx == "lock":
+        claim = (f"INSERT INTO t ({columns}) SELECT {values} WHERE pg_try_advisory_xact_lock(i) "
+                 f"{conflict} INTO f")
+    elif tx == "lock_with":
+        claim = ("WITH lock AS (SELECT pg_try_advisory_xact_lock(i) AS got), "
+                 f"claimed AS (INSERT INTO t ({columns}) SELECT {values} FROM lock WHERE lock.got "
+                 f"{conflict}) SELECT (SELECT got FROM lock) AS got, "
+                 "(SELECT fence FROM claimed) AS fence INTO locked, f")
+    else:
+        claim = f"INSERT INTO t ({columns}) VALUES ({values}) {conflict} INTO f"
     return loop(
-        "INSERT INTO t (scope, key, fingerprint, state, fence, lease_until, expires_at, request, "
-        f"resume_at{tc}) VALUES ('bench', 'k' || i, {FP}, 'in_progress', "
-        "(EXTRACT(EPOCH FROM now()) * 1000)::int8, now() + 300000::int8 * interval '1 millisecond', "
-        "now() + 86400000::int8 * interval '1 millisecond', NULL::bytea, "
-        f"CASE WHEN NULL::bytea IS NULL THEN NULL ELSE now() END{tv}) "
-        "ON CONFLICT (scope, key) DO NOTHING RETURNING fence INTO f",
+        claim,
         "UPDATE t SET state = 'completed', response_status = NULL, response_error = false, "
         f"response_body = {BODY}, recovery_point = NULL, request = NULL, resume_at = NULL, "
         f"note = NULL{tu} WHERE scope = 'bench' AND key = 'k' || i AND fence = f "
         "AND state = 'in_progress' AND (expires_at > now() OR (state = 'parked' "
         "OR (state = 'in_progress' AND (request IS NOT NULL OR note IS NOT NULL)))) "
-        "RETURNING fence INTO g")
+        "RETURNING fence INTO g",
+        one_commit=tx is not None)
 
 
-def handwritten():
+def handwritten(one_commit=False):
     stmt("CREATE TABLE t (key text PRIMARY KEY, request_hash text NOT NULL, status text NOT NULL, result text)")
     return loop(
         "INSERT INTO t (key, request_hash, status) VALUES ('k' || i, "
         "'abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789', 'PROCESSING')",
         "UPDATE t SET status = 'DONE', result = '{\"order_no\":\"r0\",\"amount\":100}' "
-        "WHERE key = 'k' || i")
+        "WHERE key = 'k' || i", one_commit=one_commit)
 
 
 def narrow():
@@ -120,6 +144,10 @@ LAYOUTS = {
     "resume_index_only": lambda: records(partial="resume"),
     "work_index_only": lambda: records(partial="work"),
     "plain_indexes": lambda: records(partial="plain"),
+    "tx_lock": lambda: records(tx="lock"),
+    "tx_lock_with": lambda: records(tx="lock_with"),
+    "tx_no_lock": lambda: records(tx="none"),
+    "tx_handwritten": lambda: handwritten(one_commit=True),
 }
 
 if __name__ == "__main__":
