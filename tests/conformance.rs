@@ -1459,9 +1459,9 @@ async fn mysql_transactional_first_claim_sends_no_read() {
 
 /// A guarded body's transaction reads committed rows on MySQL, whoever set up the pool: the
 /// store's own (`connect`, whose sessions are `READ COMMITTED` from the start and whose
-/// transactions open with a plain `BEGIN`) and a pool of the caller's with the server's default
-/// (`REPEATABLE READ`, which the transaction's own `SET TRANSACTION` overrides). A snapshot
-/// read would keep seeing the table as at the transaction's first read.
+/// transactions open with a plain `BEGIN`) and a pool of the caller's whose sessions run
+/// `REPEATABLE READ` (which the transaction's own `SET TRANSACTION` overrides). A snapshot read
+/// would keep seeing the table as at the transaction's first read.
 #[tokio::test]
 #[cfg_attr(
     not(idem_mysql),
@@ -1476,15 +1476,21 @@ async fn mysql_guarded_transactions_read_committed() {
         .await
         .unwrap();
     let own = MySqlStore::builder().connect(&db.url).await.unwrap();
-    let callers = MySqlStore::builder().build(db.pool.clone()).await.unwrap();
-    let session: String = sqlx::query_scalar("SELECT @@SESSION.tx_isolation")
-        .fetch_one(&db.pool)
+    // The caller's pool: sessions at `REPEATABLE READ`, whatever the server's default.
+    let repeatable = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(2)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                use sqlx::Executor as _;
+                conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect(&db.url)
         .await
         .unwrap();
-    assert_eq!(
-        session, "REPEATABLE-READ",
-        "the caller's pool keeps the default"
-    );
+    let callers = MySqlStore::builder().build(repeatable).await.unwrap();
     for (id, (name, store)) in [("connect", &own), ("build", &callers)]
         .into_iter()
         .enumerate()
