@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Instructions PostgreSQL's server spends on a separate-commits call's two statements, per
-# layout of the records table (benches/pgbench/single.py): each layout's script of N calls and
+# Instructions PostgreSQL's server spends on a call's two statements (a separate-commits call's,
+# or a transactional one's in one commit), per layout of the records table
+# (benches/pgbench/single.py): each layout's script of N calls and
 # of BASE calls runs in a stand-alone backend (`postgres --single`) under callgrind, on a copy of
 # a database cluster made once; the difference divided by N - BASE is one call's work, its
 # prepared statements' first executions and the start-up left out.
