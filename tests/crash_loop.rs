@@ -24,8 +24,9 @@
 //!
 //! Then the same with clients that go away: a second loop sends resumable moves
 //! (`#[idempotent(resumable)]`) whose clients mostly try once and never come back (a kill, a
-//! 409, a 503 ends their interest), while some first attempts lose their answer on purpose
-//! (`ClaimInfo::outcome_unknown`, the claim kept) and every service process runs a completer.
+//! 409, a 503 ends their interest), while the first attempt of one key in six loses its answer
+//! on purpose (`ClaimInfo::outcome_unknown`, the claim kept) and every service process runs a
+//! completer.
 //! With the kills over and nobody retrying, the completers alone must finish every move that
 //! started, within the settle time: each ends completed exactly once (or parked), none is left
 //! in progress, no step moved money twice, and every answer a client got is the stored one.
@@ -72,8 +73,9 @@ const DEFAULT_KILLS: usize = 50;
 const COMPLETER_EVERY: Duration = Duration::from_millis(200);
 /// Attempts before a move is parked: far more than the kills one key can meet here.
 const MAX_ATTEMPTS: u32 = 20;
-/// How many first attempts of resumable moves lose their answer (percent).
-const LOST_ANSWER_PERCENT: usize = 15;
+/// One key in this many loses the answer of its first attempt of a resumable move (keys are
+/// sent in order, so every loop that sends a few keys has some).
+const LOST_ANSWER_EVERY: usize = 6;
 /// A client of the abandoned-work loop pauses this long (milliseconds) before each new key.
 const NEW_KEY_PAUSE_MS: (u64, u64) = (400, 1200);
 /// How long abandoned moves may take to be finished once the kills stopped.
@@ -336,8 +338,8 @@ async fn transfer<S: Store + Clone>(
 }
 
 /// The same money move, resumable: its account and amount are stored with its claim, and a
-/// completer in any service process finishes it when its client went away. On its first
-/// attempt it sometimes ends as a gateway whose answer was lost would: the money of the steps
+/// completer in any service process finishes it when its client went away. For one key in
+/// [`LOST_ANSWER_EVERY`], the first attempt ends as a gateway whose answer was lost would: the money of the steps
 /// so far moved, the outcome unknown, the claim suspended.
 #[idempotent(
     scope = "abandoned:<account>",
@@ -372,15 +374,10 @@ async fn move_money<S: Store + Clone>(
         .unwrap_or(0);
     app.db.log_run(k, claim, resumed_from).await?;
     // Where a first attempt of a resumable move loses its answer, if it does (STEPS: never).
-    let lost_after = if app.loses_answers && claim.attempt() == 1 && !claim.is_reclaim() {
-        let mut rng = app.rng.lock().unwrap();
-        if rng.below(100) < LOST_ANSWER_PERCENT {
-            rng.below(STEPS as usize) as u32
-        } else {
-            STEPS
-        }
-    } else {
-        STEPS
+    // Chosen by the key, not drawn: a drawn loss can miss every key of a short loop.
+    let lost_after = match loses_answer(k) {
+        Some(step) if app.loses_answers && claim.attempt() == 1 && !claim.is_reclaim() => step,
+        _ => STEPS,
     };
     for step in resumed_from..STEPS {
         let pause = app
@@ -608,6 +605,13 @@ async fn start(kind: &str, target: &str, seed: u64, mode: &str) -> Service {
 /// Every key's identity and request: a few accounts (scopes), an amount of its own.
 fn account(i: usize) -> String {
     format!("acct-{}", i % 7)
+}
+
+/// After which step the first attempt of key `key` ("abandon-00042") loses its answer: one key
+/// in [`LOST_ANSWER_EVERY`], each at a step of its own.
+fn loses_answer(key: &str) -> Option<u32> {
+    let i: usize = key.rsplit('-').next()?.parse().ok()?;
+    (i % LOST_ANSWER_EVERY == 2).then_some((i / LOST_ANSWER_EVERY) as u32 % STEPS)
 }
 
 fn key_name(i: usize) -> String {
@@ -1119,7 +1123,7 @@ async fn abandon_loop<S: Store>(
     println!(
         "{kind}: abandoned work: {kills} kills, {keys} keys, {PROCESSES} service processes with a \
          completer each (every {COMPLETER_EVERY:?}), {CLIENTS} clients that mostly give up after \
-         one try, {LOST_ANSWER_PERCENT}% of first attempts losing their answer"
+         one try, the first attempt of one key in {LOST_ANSWER_EVERY} losing its answer"
     );
     let began = Instant::now();
     let budget = Duration::from_secs(120) + Duration::from_millis(1500) * kills as u32;
@@ -1201,6 +1205,16 @@ async fn abandon_loop<S: Store>(
             began.elapsed() < budget,
             "{kind}: the abandoned-work loop ran past {budget:?}"
         );
+    }
+    // A short loop (few kills) goes on without kills until enough keys were sent that some
+    // of them lose their answer: each client holds one key in its pause when it stops.
+    let enough = (3 * LOST_ANSWER_EVERY + CLIENTS).min(keys);
+    while next.load(Ordering::Relaxed) < enough {
+        assert!(
+            began.elapsed() < budget,
+            "{kind}: the abandoned-work loop ran past {budget:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let looped = began.elapsed();
     driver.stop.store(true, Ordering::Relaxed);
