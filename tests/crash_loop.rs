@@ -339,8 +339,8 @@ async fn transfer<S: Store + Clone>(
 
 /// The same money move, resumable: its account and amount are stored with its claim, and a
 /// completer in any service process finishes it when its client went away. For one key in
-/// [`LOST_ANSWER_EVERY`], the first attempt ends as a gateway whose answer was lost would: the money of the steps
-/// so far moved, the outcome unknown, the claim suspended.
+/// [`LOST_ANSWER_EVERY`], the first attempt ends as a gateway whose answer was lost would: the
+/// money of the steps so far moved, the outcome unknown, the claim suspended.
 #[idempotent(
     scope = "abandoned:<account>",
     key = key,
